@@ -1,0 +1,5 @@
+import sys
+
+from cutedebug.cli import main
+
+sys.exit(main())

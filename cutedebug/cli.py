@@ -1,0 +1,190 @@
+"""`cutedebug` command line.
+
+    cutedebug run SCENARIO.toml|DIR|FILE.py:ENTRY [...]   one verdict (and report) per scenario
+    cutedebug list [DIR]                                  scenarios as a table
+    cutedebug faults                                      the fault registry
+
+Exit codes: 0 every verdict matched its expectation, 1 some did not, 2 usage or input error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from cutedebug import scenario as S
+from cutedebug.verdict import ALL as VERDICTS
+
+EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    pass
+
+
+def _kv(items: list[str], what: str) -> dict[str, Any]:
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise UsageError(f"{what} {item!r}: expected NAME=VALUE")
+        k, v = item.split("=", 1)
+        out[k.strip()] = S.parse_value(v.strip())
+    return out
+
+
+def parse_fault(text: str | None) -> tuple[str | None, dict[str, Any]]:
+    """`name` or `name:arg=v,arg2=w`."""
+    if not text:
+        return None, {}
+    name, _, rest = text.partition(":")
+    args = _kv([a for a in rest.split(",") if a], "--fault argument") if rest else {}
+    return name, args
+
+
+def load_targets(args: argparse.Namespace) -> list[S.Scenario]:
+    scenarios: list[S.Scenario] = []
+    for target in args.targets:
+        p = Path(target)
+        if target.endswith(".toml") or p.is_dir():
+            files = S.discover(p)
+            if not files:
+                raise UsageError(f"{target}: no scenario files (*.toml) found")
+            scenarios += [S.load(f) for f in files]
+        else:
+            fault, fault_args = parse_fault(args.fault)
+            archs = tuple(args.arch) if args.arch else ("sm_90a",)
+            scenarios.append(S.adhoc(target, _kv(args.param, "--param"), fault, fault_args,
+                                     args.expect or "PASS", archs))
+    overrides: dict[str, Any] = {}
+    if args.expect and all(t.endswith(".toml") or Path(t).is_dir() for t in args.targets):
+        overrides["expect"] = S.Expect(verdict=args.expect)
+    limit_over = {k: v for k, v in (("deadline_s", args.deadline), ("stall_s", args.stall),
+                                     ("compile_s", args.compile_deadline)) if v is not None}
+    out = []
+    for sc in scenarios:
+        kw = dict(overrides)
+        if limit_over:
+            kw["limits"] = S.Limits(**{**vars(sc.limits), **limit_over})
+        out.append(sc.with_overrides(**kw) if kw else sc)
+    return out
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from cutedebug import report, runner
+
+    scenarios = load_targets(args)
+    mode = "compile" if args.compile_only else "run"
+    status = EXIT_OK
+    results = []
+    for sc in scenarios:
+        res = runner.run_scenario(sc, runs_root=args.runs_dir, mode=mode, probes=args.probes,
+                                  wait_budget_ms=args.wait_budget_ms, repeat=args.repeat,
+                                  command=report.command_line() if len(scenarios) == 1 else "")
+        _, md = report.write(res)
+        results.append(res)
+        print(report.tldr(res))
+        comp = res.evidence.get("compiled")
+        if res.verdict.value == "UNSUPPORTED":
+            state = (f"compiled for {comp['arch']} in {comp['secs']} s" if comp else
+                     "did not compile")
+            print(f"  {state}; the kernel was not run")
+        print(f"  report: {md}")
+        if not res.expected:
+            status = EXIT_MISMATCH
+    if len(results) > 1:
+        ok = sum(r.expected for r in results)
+        print(f"{ok} of {len(results)} scenarios as expected")
+    return status
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    files = S.discover(args.dir)
+    rows = []
+    for f in files:
+        try:
+            sc = S.load(f)
+            rows.append((sc.id, f"{Path(sc.kernel_file).name}:{sc.kernel_entry}",
+                         sc.fault or "-", sc.expect.verdict))
+        except S.ScenarioError as e:
+            rows.append((str(f), "INVALID", str(e).split(": ", 1)[-1][:60], "-"))
+    if args.json:
+        print(json.dumps([dict(zip(("id", "kernel", "fault", "expect"), r)) for r in rows],
+                         indent=1))
+        return EXIT_OK
+    head = ("scenario", "kernel", "fault", "expected")
+    widths = [max(len(str(r[i])) for r in rows + [head]) for i in range(4)]
+    for r in [head] + rows:
+        print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip())
+    return EXIT_OK
+
+
+def cmd_faults(args: argparse.Namespace) -> int:
+    from cutedebug import faults
+
+    entries = faults.describe_all()
+    if args.json:
+        print(json.dumps(entries, indent=1))
+        return EXIT_OK
+    for e in entries:
+        params = ", ".join(f"{p['name']}={p['default']!r}" for p in e.get("params", [])) \
+            if isinstance(e.get("params"), list) else \
+            ", ".join(f"{k}={v}" for k, v in (e.get("params") or {}).items())
+        print(f"{e['name']}({params})  [{e.get('kind', 'patch')}] -> {e.get('expected')}")
+        print(f"    {e['description']}")
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="cutedebug", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    r = sub.add_parser("run", help="run scenarios and give verdicts")
+    r.add_argument("targets", nargs="+", help="scenario .toml, a directory of them, or "
+                   "FILE.py:ENTRY for an ad-hoc run")
+    r.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                   help="kernel parameter (ad-hoc runs)")
+    r.add_argument("--fault", metavar="NAME[:ARG=V,...]", help="fault to inject (ad-hoc runs)")
+    r.add_argument("--expect", choices=VERDICTS, help="expected verdict (default PASS for "
+                   "ad-hoc runs; overrides the scenario's)")
+    r.add_argument("--arch", action="append", choices=S.ARCHS, help="ad-hoc: archs it runs on")
+    r.add_argument("--compile-only", action="store_true", help="compile and stop")
+    r.add_argument("--probes", action=argparse.BooleanOptionalAction, default=None,
+                   help="bounded waits + beacons (default: the scenario's setting)")
+    r.add_argument("--wait-budget-ms", type=int, help="bounded-wait budget with probes on")
+    r.add_argument("--repeat", type=int, default=1, help="run N times; disagreeing runs are "
+                   "NONDETERMINISTIC")
+    r.add_argument("--deadline", type=float, help="kernel deadline in seconds")
+    r.add_argument("--stall", type=float, help="stall window in seconds (probes on)")
+    r.add_argument("--compile-deadline", type=float, help="compile deadline in seconds")
+    r.add_argument("--runs-dir", default="runs", help="where run directories go")
+    r.set_defaults(func=cmd_run)
+
+    ls = sub.add_parser("list", help="list scenarios")
+    ls.add_argument("dir", nargs="?", default="scenarios")
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=cmd_list)
+
+    f = sub.add_parser("faults", help="list injectable faults")
+    f.add_argument("--json", action="store_true")
+    f.set_defaults(func=cmd_faults)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (S.ScenarioError, UsageError) as e:
+        print(f"cutedebug: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("cutedebug: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

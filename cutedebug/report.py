@@ -1,0 +1,169 @@
+"""Reports: report.json (machine, schema-versioned) and report.md (human) for one run.
+
+Markdown follows the order a stranger needs: TL;DR (verdict, expected, where, why), evidence,
+what was ruled out, then the exact command that reproduces it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from cutedebug.runner import RunResult
+
+SCHEMA_VERSION = 1
+
+
+def atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def where(result: RunResult) -> str:
+    """One phrase for where the problem is, if known."""
+    sites = result.evidence.get("stuck_sites") or []
+    if sites:
+        s = sites[0]
+        parts = [s.get("role"), s.get("op"),
+                 f"{s.get('barrier')}[{s.get('stage')}]" if s.get("barrier") else None,
+                 f"phase {s.get('phase')}" if s.get("phase") is not None else None,
+                 s.get("location")]
+        return " ".join(str(p) for p in parts if p)
+    checked = result.evidence.get("checked") or {}
+    if checked.get("first_bad_index") is not None:
+        return f"first bad element at index {checked['first_bad_index']}"
+    return ""
+
+
+def tldr(result: RunResult) -> str:
+    exp = result.scenario.expect.verdict
+    mark = "as expected" if result.expected else f"EXPECTED {exp}"
+    w = where(result)
+    return (f"{result.verdict.value} ({mark}) — {result.scenario.id}"
+            + (f" — {w}" if w else "") + f": {result.reason}")
+
+
+def to_json(result: RunResult) -> dict[str, Any]:
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "scenario": result.scenario.to_json(),
+        "mode": result.mode,
+        "verdict": result.verdict.value,
+        "expected_verdict": result.scenario.expect.verdict,
+        "verdict_ok": result.verdict_ok,
+        "localization": result.localization,
+        "as_expected": result.expected,
+        "reason": result.reason,
+        "tldr": tldr(result),
+        "evidence": result.evidence,
+        "timings": result.timings,
+        "health": result.health,
+        "repeats": result.repeats,
+        "run_dir": str(result.run_dir),
+        "command": result.command,
+        "log_tail": result.outcome.log_tail[-2000:],
+    }
+
+
+def _md_evidence(result: RunResult) -> list[str]:
+    ev = result.evidence
+    out = []
+    dev = ev.get("device") or {}
+    if dev:
+        out.append(f"- device: {dev.get('name', '')} {dev.get('arch', '')}"
+                   if dev.get("present") else f"- device: none ({dev.get('reason')})")
+    if (c := ev.get("compiled")) is not None:
+        out.append(f"- compiled for {c.get('arch')} in {c.get('secs')} s, "
+                   f"PTX {c.get('ptx_bytes')} bytes; fault applied at "
+                   f"{c.get('fault_count') if c.get('fault_count') is not None else 'n/a'} site(s)")
+    if (ce := ev.get("compile_error")) is not None:
+        out.append(f"- compile error ({ce.get('type')}):\n\n```\n{ce.get('message', '')[:3000]}\n```")
+    if (cu := ev.get("cuda_error")) is not None:
+        out.append(f"- CUDA error {cu.get('name')}: `{cu.get('message', '')[:300]}`")
+    if (ck := ev.get("checked")) is not None:
+        out.append(f"- comparison: {ck.get('n_bad')} / {ck.get('numel')} bad "
+                   f"(atol {ck.get('atol')}, rtol {ck.get('rtol')}), max abs err "
+                   f"{ck.get('max_abs_err')}, max rel err {ck.get('max_rel_err')}, first bad "
+                   f"index {ck.get('first_bad_index')}, NaNs {ck.get('n_nan')}")
+    if ev.get("killed_by_watchdog"):
+        out.append(f"- watchdog: killed the child ({ev['killed_by_watchdog']}) in phase "
+                   f"{ev.get('phase')}")
+    if result.health is not None:
+        out.append(f"- GPU health check afterwards: {result.health}")
+    for d in ev.get("diagnosis", []) or []:
+        out.append(f"- diagnosis: {d}")
+    if ev.get("swept_pids"):
+        out.append(f"- swept leftover processes: {ev['swept_pids']}")
+    t = result.timings
+    out.append("- timings: " + ", ".join(f"{k} {v}" for k, v in t.items()))
+    return out
+
+
+def to_markdown(result: RunResult, extra_sections: list[str] | None = None) -> str:
+    sc = result.scenario
+    lines = [f"# {sc.id}: {result.verdict.value}", "", f"**TL;DR** {tldr(result)}", ""]
+    if sc.description:
+        lines += [f"_{sc.description}_", ""]
+    lines += ["## Scenario", "",
+              f"- kernel: `{sc.kernel_file}:{sc.kernel_entry}`",
+              f"- params: `{json.dumps(sc.params)}`",
+              f"- fault: `{sc.fault or 'none'}` {json.dumps(sc.fault_args) if sc.fault else ''}",
+              f"- expected: {sc.expect.verdict}"
+              + (f" at {sc.expect.localization()}" if sc.expect.localization() else "")
+              + (f" — {sc.expect.note}" if sc.expect.note else ""), ""]
+    loc = result.localization
+    if loc["ok"] is not None:
+        lines += [f"- localization: {'right' if loc['ok'] else 'WRONG'} "
+                  f"(expected {loc['expected']}, matched {loc.get('matched')})", ""]
+    lines += ["## Evidence", ""] + _md_evidence(result) + [""]
+    sites = result.evidence.get("stuck_sites") or []
+    if sites:
+        lines += ["## Stuck sites", "", "| cta | warp | role | op | barrier | stage | phase | "
+                  "waited ms | where |", "|---|---|---|---|---|---|---|---|---|"]
+        for s in sites[:64]:
+            lines.append(f"| {s.get('cta')} | {s.get('warp')} | {s.get('role')} | {s.get('op')} "
+                         f"| {s.get('barrier')} | {s.get('stage')} | {s.get('phase')} | "
+                         f"{s.get('waited_ms')} | {s.get('location')} |")
+        lines.append("")
+    if result.repeats:
+        lines += ["## Repeats", ""] + [f"- run {i}: {r['verdict']} (output {r['digest']})"
+                                       for i, r in enumerate(result.repeats)] + [""]
+    for sec in extra_sections or []:
+        lines += [sec, ""]
+    if result.outcome.log_tail.strip():
+        lines += ["## Worker log (tail)", "", "```", result.outcome.log_tail[-1500:], "```", ""]
+    lines += ["## Reproduce", "", "```", result.command or reproduce_command(result), "```", "",
+              f"Run directory: `{result.run_dir}` (events.jsonl, worker.log, kernel.ptx)", ""]
+    return "\n".join(lines)
+
+
+def reproduce_command(result: RunResult) -> str:
+    sc = result.scenario
+    if sc.source:
+        return f"cutedebug run {shlex.quote(os.path.relpath(sc.source))}"
+    parts = ["cutedebug", "run", f"{os.path.relpath(sc.kernel_file)}:{sc.kernel_entry}"]
+    for k, v in sc.params.items():
+        parts += ["--param", f"{k}={json.dumps(v)}"]
+    if sc.fault:
+        args = ",".join(f"{k}={json.dumps(v)}" for k, v in sc.fault_args.items())
+        parts += ["--fault", sc.fault + (f":{args}" if args else "")]
+    parts += ["--expect", sc.expect.verdict]
+    return shlex.join(parts)
+
+
+def write(result: RunResult, extra_sections: list[str] | None = None) -> tuple[Path, Path]:
+    if not result.command:
+        result.command = reproduce_command(result)
+    jpath, mpath = result.run_dir / "report.json", result.run_dir / "report.md"
+    atomic_write(jpath, json.dumps(to_json(result), indent=1, default=str))
+    atomic_write(mpath, to_markdown(result, extra_sections))
+    return jpath, mpath
+
+
+def command_line() -> str:
+    return shlex.join(["cutedebug"] + sys.argv[1:])

@@ -1,0 +1,386 @@
+"""The parent side: spawn the worker, watch it, kill it when it hangs, classify what happened.
+
+Never imports torch or cutlass. Every child runs in its own session with a tag in its
+environment (CUTEDEBUG_RUN_TAG), so that anything it leaves behind, grandchildren that
+started sessions of their own included, can be found and killed afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from cutedebug import verdict as V
+from cutedebug.scenario import Limits, Scenario, ScenarioError
+
+TAG_VAR = "CUTEDEBUG_RUN_TAG"
+POLL_S = 0.02
+MAX_EVENT_LINE = 1 << 20
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class RunResult:
+    scenario: Scenario
+    verdict: V.Verdict
+    reason: str
+    run_dir: Path
+    outcome: V.Outcome
+    evidence: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    health: dict[str, Any] | None = None
+    repeats: list[dict[str, Any]] = field(default_factory=list)
+    mode: str = "run"
+    command: str = ""
+
+    @property
+    def verdict_ok(self) -> bool:
+        return self.verdict.value == self.scenario.expect.verdict
+
+    @property
+    def localization(self) -> dict[str, Any]:
+        return grade_localization(self.scenario.expect.localization(),
+                                  self.evidence.get("stuck_sites", []))
+
+    @property
+    def expected(self) -> bool:
+        if self.mode == "compile":
+            return self.outcome.event("compiled") is not None
+        loc = self.localization
+        return self.verdict_ok and loc["ok"] is not False
+
+
+def grade_localization(expected: dict[str, Any], sites: list[dict[str, Any]]) -> dict[str, Any]:
+    """Does any stuck site agree with every expected field? ok=None when nothing is expected."""
+    if not expected:
+        return {"ok": None, "expected": {}, "matched": None}
+    for site in sites:
+        if all(site.get(k) == v or (k == "role" and v == "any") for k, v in expected.items()):
+            return {"ok": True, "expected": expected, "matched": site}
+    return {"ok": False, "expected": expected, "matched": None,
+            "why": "no stuck site was reported" if not sites else
+            "no stuck site agrees with every expected field"}
+
+
+# ---- process handling -----------------------------------------------------------------
+def tagged_processes(tag: str) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.pid != os.getpid() and p.environ().get(TAG_VAR) == tag:
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            continue
+    return found
+
+
+def kill_tree(proc: subprocess.Popen, tag: str) -> list[int]:
+    """Kill the child's process group, then everything still carrying its tag. Returns the
+    pids that had to be swept beyond the group."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    return sweep(tag)
+
+
+def sweep(tag: str, timeout: float = 3.0) -> list[int]:
+    """Kill what carries the tag: children first, then wait, then SIGKILL what is left."""
+    swept: list[int] = []
+    for _ in range(3):
+        procs = tagged_processes(tag)
+        if not procs:
+            break
+        for p in procs:
+            try:
+                for c in p.children(recursive=True):
+                    c.kill()
+                p.kill()
+                swept.append(p.pid)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                pass
+        psutil.wait_procs(procs, timeout=timeout)
+    return sorted(set(swept))
+
+
+def _phase_deadline(phase: str, limits: Limits) -> float:
+    if phase == "compiling":
+        return limits.compile_s
+    if phase == "launched":
+        return limits.deadline_s
+    if phase in ("synced", "checked"):
+        return limits.check_s
+    return limits.import_s
+
+
+class EventReader:
+    """Reads complete JSON lines from a file that another process appends to."""
+
+    def __init__(self, path: Path):
+        self.path, self.offset, self.partial = path, 0, b""
+
+    def poll(self) -> tuple[list[dict[str, Any]], list[str]]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return [], []
+        self.offset += len(chunk)
+        data = self.partial + chunk
+        lines = data.split(b"\n")
+        self.partial = lines.pop()
+        bad: list[str] = []
+        if len(self.partial) > MAX_EVENT_LINE:
+            bad.append(self.partial[:200].decode("utf-8", "replace"))
+            self.partial = b""
+        events = []
+        for raw in lines:
+            if not raw.strip():
+                continue
+            try:
+                ev = json.loads(raw)
+                if not isinstance(ev, dict) or not isinstance(ev.get("event"), str):
+                    raise ValueError("not an event object")
+                events.append(ev)
+            except ValueError:
+                bad.append(raw[:200].decode("utf-8", "replace"))
+        return events, bad
+
+
+def watch(argv: list[str], events_path: Path, log_path: Path, limits: Limits, *,
+          env: dict[str, str] | None = None, stall_s: float | None = None,
+          on_event=None) -> tuple[V.Outcome, dict[str, Any]]:
+    """Run argv as a watched child. Returns the outcome and process-level facts."""
+    tag = uuid.uuid4().hex
+    child_env = dict(os.environ if env is None else env)
+    child_env[TAG_VAR] = tag
+    child_env.setdefault("PYTHONUNBUFFERED", "1")
+    outcome = V.Outcome()
+    facts: dict[str, Any] = {"tag": tag}
+    reader = EventReader(events_path)
+    t_start = time.monotonic()
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=child_env,
+                                start_new_session=True, cwd=str(REPO_ROOT))
+    phase_t = t_start
+    last_counter, counter_t = None, None
+    try:
+        while True:
+            exited = proc.poll() is not None
+            evs, bad = reader.poll()
+            now = time.monotonic()
+            for ev in evs:
+                outcome.events.append(ev)
+                name = ev["event"]
+                if name in V.PHASES and V.PHASES.index(name) > V.PHASES.index(outcome.phase):
+                    outcome.phase, phase_t = name, now
+                    if name == "launched":
+                        counter_t = now
+                if name == "progress":
+                    if ev.get("counter") != last_counter:
+                        last_counter, counter_t = ev.get("counter"), now
+                if on_event is not None:
+                    on_event(ev)
+            outcome.malformed_lines.extend(bad)
+            if exited:
+                break
+            if outcome.phase == "launched" and stall_s is not None and counter_t is not None \
+                    and last_counter is not None and now - counter_t > stall_s:
+                outcome.killed_by_watchdog = "stall"
+                facts["stall_detected_after_s"] = round(now - counter_t, 3)
+            elif now - phase_t > _phase_deadline(outcome.phase, limits):
+                outcome.killed_by_watchdog = (f"deadline:{outcome.phase}:"
+                                              f"{_phase_deadline(outcome.phase, limits):g}s")
+            if outcome.killed_by_watchdog:
+                facts["kill_t"] = round(now - t_start, 3)
+                facts["swept"] = kill_tree(proc, tag)
+                proc.wait(timeout=10)
+                evs, bad = reader.poll()
+                outcome.events.extend(evs)
+                outcome.malformed_lines.extend(bad)
+                break
+            time.sleep(POLL_S)
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc, tag)
+            proc.wait(timeout=10)
+        # Grandchildren may outlive a child that exited on its own.
+        facts["swept_after_exit"] = sweep(tag)
+    outcome.returncode = proc.returncode
+    outcome.elapsed_s = round(time.monotonic() - t_start, 3)
+    outcome.log_tail = _tail(log_path)
+    return outcome, facts
+
+
+def _tail(path: Path, nbytes: int = 4000) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - nbytes))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def health_check(timeout_s: float = 60.0) -> dict[str, Any]:
+    """A tiny GPU job in a fresh process: is the GPU usable after a kill?"""
+    t0 = time.monotonic()
+    tag = uuid.uuid4().hex
+    env = dict(os.environ, **{TAG_VAR: tag})
+    try:
+        out = subprocess.run([sys.executable, "-m", "cutedebug.health"], capture_output=True,
+                             text=True, timeout=timeout_s, env=env, cwd=str(REPO_ROOT),
+                             start_new_session=True)
+        res = json.loads(out.stdout.strip().splitlines()[-1]) if out.stdout.strip() else \
+            {"healthy": False, "error": out.stderr[-500:]}
+    except subprocess.TimeoutExpired:
+        res = {"healthy": False, "error": f"health check did not finish in {timeout_s:g}s"}
+    except (ValueError, IndexError) as e:
+        res = {"healthy": False, "error": f"unreadable health check output: {e}"}
+    finally:
+        sweep(tag)
+    res["secs"] = round(time.monotonic() - t0, 3)
+    return res
+
+
+# ---- one scenario ---------------------------------------------------------------------
+def new_run_dir(scenario: Scenario, root: Path | str = "runs") -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    name = scenario.id.replace("/", "__") + f"-{stamp}-{uuid.uuid4().hex[:6]}"
+    d = Path(root) / name
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def worker_argv(request_path: Path) -> list[str]:
+    return [sys.executable, "-m", "cutedebug.worker", str(request_path)]
+
+
+def _evidence(o: V.Outcome, facts: dict[str, Any]) -> dict[str, Any]:
+    ev: dict[str, Any] = {"phase": o.phase, "returncode": o.returncode,
+                          "killed_by_watchdog": o.killed_by_watchdog}
+    for name in ("device", "compiled", "checked", "cuda_error", "compile_error", "unsupported",
+                 "probe_report", "harness_error"):
+        e = o.event(name)
+        if e is not None:
+            ev[name] = {k: v for k, v in e.items() if k not in ("event", "t")}
+    pr = o.event("probe_report") or _last_probe_picture(o)
+    if pr:
+        ev["stuck_sites"] = pr.get("stuck_sites", [])
+        ev["diagnosis"] = pr.get("diagnosis", [])
+    if facts.get("swept") or facts.get("swept_after_exit"):
+        ev["swept_pids"] = sorted(set(facts.get("swept", []) + facts.get("swept_after_exit", [])))
+    if o.malformed_lines:
+        ev["malformed_lines"] = o.malformed_lines[:5]
+    return ev
+
+
+def _last_probe_picture(o: V.Outcome) -> dict[str, Any] | None:
+    for e in reversed(o.events):
+        if e.get("event") == "progress" and e.get("picture"):
+            return e["picture"]
+    return None
+
+
+def _timings(o: V.Outcome, facts: dict[str, Any]) -> dict[str, float]:
+    t: dict[str, float] = {"total_s": o.elapsed_s}
+    if (c := o.event("compiled")) is not None:
+        t["compile_s"] = c.get("secs", 0.0)
+    if (s := o.event("synced")) is not None:
+        t["kernel_s"] = s.get("kernel_s", 0.0)
+    if "stall_detected_after_s" in facts:
+        t["stall_to_verdict_s"] = facts["stall_detected_after_s"]
+    if (launched := o.event("launched")) is not None and "kill_t" in facts:
+        # kill_t counts from spawn, event times from the worker's start: close enough to
+        # report how long the kernel ran before the watchdog ended it.
+        t["launch_to_kill_s"] = round(facts["kill_t"] - launched["t"], 3)
+    return t
+
+
+def run_once(scenario: Scenario, run_dir: Path, *, mode: str = "run",
+             probes: dict[str, Any] | None = None, lineinfo: bool = False,
+             index: int = 0, wrap=None, extra_env: dict[str, str] | None = None,
+             deadline_scale: float = 1.0) -> tuple[V.Classified, V.Outcome, dict[str, Any]]:
+    sub = run_dir if index == 0 else run_dir / f"repeat{index}"
+    sub.mkdir(parents=True, exist_ok=True)
+    events_path, log_path = sub / "events.jsonl", sub / "worker.log"
+    events_path.write_text("")
+    request = {"scenario": scenario.to_json(), "mode": mode, "events": str(events_path),
+               "probes": probes, "lineinfo": lineinfo, "ptx_path": str(sub / "kernel.ptx")}
+    req_path = sub / "request.json"
+    req_path.write_text(json.dumps(request, indent=1))
+    argv = worker_argv(req_path)
+    if wrap is not None:
+        argv = wrap(argv, sub)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env.update(extra_env or {})
+    limits = scenario.limits
+    if deadline_scale != 1.0:
+        limits = Limits(**{k: (v * deadline_scale if k.endswith("_s") else v)
+                           for k, v in vars(limits).items()})
+    stall = limits.stall_s if probes else None
+    outcome, facts = watch(argv, events_path, log_path, limits, env=env, stall_s=stall)
+    if (ke := outcome.event("kernel_error")) is not None:
+        raise ScenarioError(ke.get("message", "kernel could not be loaded") +
+                            f"\n(worker log: {log_path})")
+    classified = V.classify(outcome)
+    return classified, outcome, facts
+
+
+def run_scenario(scenario: Scenario, *, runs_root: Path | str = "runs",
+                 run_dir: Path | None = None, mode: str = "run", probes: bool | None = None,
+                 wait_budget_ms: int | None = None, repeat: int = 1,
+                 command: str = "") -> RunResult:
+    """Run a scenario (``repeat`` times) and return its classified result."""
+    run_dir = Path(run_dir) if run_dir else new_run_dir(scenario, runs_root)
+    use_probes = scenario.probes if probes is None else probes
+    probe_cfg = None
+    if use_probes:
+        budget = wait_budget_ms or scenario.limits.wait_budget_ms
+        probe_cfg = {"budget_ns": int(budget) * 1_000_000}
+    attempts = []
+    for i in range(max(1, repeat)):
+        classified, outcome, facts = run_once(scenario, run_dir, mode=mode, probes=probe_cfg,
+                                              index=i)
+        health = None
+        if outcome.killed_by_watchdog and outcome.phase in ("launched", "synced") and \
+                (outcome.event("device") or {}).get("present"):
+            health = health_check()
+        attempts.append((classified, outcome, facts, health))
+
+    classified, outcome, facts, health = attempts[0]
+    verdict, reason = classified.verdict, classified.reason
+    repeats = []
+    if len(attempts) > 1:
+        repeats = [{"verdict": a[0].verdict.value,
+                    "digest": (a[1].event("checked") or {}).get("digest")} for a in attempts]
+        verdicts = Counter(r["verdict"] for r in repeats)
+        digests = {r["digest"] for r in repeats if r["digest"]}
+        if len(verdicts) > 1 or len(digests) > 1:
+            verdict = V.Verdict.NONDETERMINISTIC
+            reason = (f"{len(attempts)} runs disagree: verdicts {dict(verdicts)}, "
+                      f"{len(digests)} distinct outputs")
+    evidence = _evidence(outcome, facts)
+    evidence["rule"] = classified.evidence.get("rule")
+    for a in attempts:
+        if a[3] is not None:
+            health = a[3]
+    return RunResult(scenario=scenario, verdict=verdict, reason=reason, run_dir=run_dir,
+                     outcome=outcome, evidence=evidence, timings=_timings(outcome, facts),
+                     health=health, repeats=repeats, mode=mode, command=command)

@@ -1,0 +1,975 @@
+"""compute-sanitizer around the worker: command, environment, parsing, triage, shrinking.
+
+The runner wraps the same worker command (``python -m cutedebug.worker request.json``) in
+``compute-sanitizer --tool T --xml --save F ...`` under its watchdog. This module builds that
+command and environment, turns the XML file (and the plain-text stdout, as fallback and as a
+cross-check) into one record type, ``Finding``, filters known noise with the reason kept,
+groups duplicates, classifies the run, renders the triage report, and shrinks the problem
+size while the same finding persists.
+
+It never imports torch or cutlass: the parent process imports it.
+
+Output formats, as far as they are known (each parser names its sample):
+- XML (REFERENCE.md, "Seen on an H200", compute-sanitizer 2025.3.1)::
+
+    <record><kind>Hazard</kind><what><text>...</text><common><type>RAW</type>
+    <address>...</address><blockIdx>...</blockIdx></common>
+    <thread0><access>Write</access><threadIdx>...</threadIdx><where><func/><path/>
+    <line>72</line><pc/></where></thread0><thread1>...</thread1></what><hostStack/></record>
+
+  Element names for other record kinds are not pinned down yet, so the XML reader looks
+  elements up by name anywhere inside a record (host stacks excluded) and derives the
+  finding's kind from the record's message text, which is the same sentence the plain-text
+  report prints.
+- Plain text (``========= `` prefixed blocks)::
+
+    ========= Invalid __global__ write of size 4 bytes
+    =========     at kernel+0xd0 in /path/file.py:25
+    =========     by thread (0,0,0) in block (0,0,0)
+    ...
+    ========= ERROR SUMMARY: 1 error
+    ========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import shlex
+import shutil
+import sys
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
+
+# Distinct from the worker's own exit codes so the runner can tell "sanitizer found errors".
+ERROR_EXITCODE = 86
+DEFAULT_PRINT_LIMIT = 1000
+
+# ---- finding kinds -----------------------------------------------------------------------
+RAW_HAZARD, WAR_HAZARD, WAW_HAZARD = "RAW_HAZARD", "WAR_HAZARD", "WAW_HAZARD"
+RACE = "RACE"  # racecheck analysis record ("Race reported between ..."): no hazard type given
+MISALIGNED = "MISALIGNED"
+HARDWARE_EXCEPTION = "HARDWARE_EXCEPTION"  # "Warp Illegal Address", "Illegal Instruction", ...
+LEAK = "LEAK"
+UNINIT_READ = "UNINIT_READ"
+BARRIER_MISUSE = "BARRIER_MISUSE"
+API_ERROR = "API_ERROR"
+PARSE_FAILURE = "PARSE_FAILURE"
+UNKNOWN = "UNKNOWN"  # a record we could read but not name: kept, never dropped
+# plus INVALID_<SPACE>_<READ|WRITE|ATOMIC>, e.g. INVALID_GLOBAL_WRITE, INVALID_SHARED_READ
+
+HAZARD_KINDS = frozenset({RAW_HAZARD, WAR_HAZARD, WAW_HAZARD, RACE})
+
+# ---- run classes (closed set) ------------------------------------------------------------
+CLEAN = "CLEAN"
+CLASSES = ("RACE", "MEMORY_ERROR", "SYNC_ERROR", "UNINIT", "API_ERROR", "UNREADABLE", CLEAN)
+TOOL_CLASS = {"memcheck": "MEMORY_ERROR", "racecheck": "RACE", "synccheck": "SYNC_ERROR",
+              "initcheck": "UNINIT"}
+
+
+def kind_class(kind: str, tool: str) -> str:
+    """The run class a finding kind stands for."""
+    if kind in HAZARD_KINDS:
+        return "RACE"
+    if kind.startswith("INVALID_") or kind in (MISALIGNED, HARDWARE_EXCEPTION, LEAK):
+        return "MEMORY_ERROR"
+    if kind == BARRIER_MISUSE:
+        return "SYNC_ERROR"
+    if kind == UNINIT_READ:
+        return "UNINIT"
+    if kind == API_ERROR:
+        return "API_ERROR"
+    if kind == PARSE_FAILURE:
+        return "UNREADABLE"
+    return TOOL_CLASS.get(tool, "UNREADABLE")
+
+
+# Which class wins when one run has several: the tool's own class first, then this order.
+_CLASS_PRIORITY = ("MEMORY_ERROR", "RACE", "SYNC_ERROR", "UNINIT", "API_ERROR", "UNREADABLE")
+
+
+# ---- locating and running the tool -------------------------------------------------------
+def find_sanitizer() -> str | None:
+    """Path of compute-sanitizer: $COMPUTE_SANITIZER, PATH, $CUDA_HOME/bin, /usr/local/cuda*."""
+    candidates: list[str] = []
+    if os.environ.get("COMPUTE_SANITIZER"):
+        candidates.append(os.environ["COMPUTE_SANITIZER"])
+    on_path = shutil.which("compute-sanitizer")
+    if on_path:
+        candidates.append(on_path)
+    for var in ("CUDA_HOME", "CUDA_PATH", "CUDA_ROOT"):
+        if os.environ.get(var):
+            candidates.append(os.path.join(os.environ[var], "bin", "compute-sanitizer"))
+    candidates.append("/usr/local/cuda/bin/compute-sanitizer")
+    versioned = glob.glob("/usr/local/cuda-*/bin/compute-sanitizer")
+    candidates.extend(sorted(versioned, key=_version_key, reverse=True))
+    candidates.append("/opt/nvidia/compute-sanitizer/compute-sanitizer")
+    for path in candidates:
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def _version_key(path: str) -> tuple[int, ...]:
+    m = re.search(r"cuda-(\d+(?:\.\d+)*)", path)
+    return tuple(int(p) for p in m.group(1).split(".")) if m else ()
+
+
+def build_command(tool: str, worker_argv: list[str], xml_path: str, *, sanitizer: str,
+                  print_limit: int = DEFAULT_PRINT_LIMIT, report_api_errors: bool = False,
+                  racecheck_report: str = "all", deadlock_timeout_s: int | None = None,
+                  extra: Sequence[str] = ()) -> list[str]:
+    """compute-sanitizer argv around ``worker_argv``; XML goes to ``xml_path``.
+
+    Line info is not a flag here: the worker's kernels get it from CUTE_DSL_LINEINFO=1
+    (``child_env``).
+    """
+    if tool not in TOOLS:
+        raise ValueError(f"unknown sanitizer tool {tool!r}; choose from {TOOLS}")
+    cmd = [sanitizer, "--tool", tool,
+           "--xml", "--save", xml_path,  # spelling seen working on 2025.3.1 (REFERENCE.md)
+           "--print-limit", str(print_limit),
+           "--error-exitcode", str(ERROR_EXITCODE),
+           # cuda-bindings probes the driver with cuGetProcAddress; each miss is an API error.
+           "--report-api-errors", "all" if report_api_errors else "no",
+           "--show-backtrace", "device",  # Python host frames say nothing about the kernel
+           "--target-processes", "all"]
+    if tool == "racecheck":
+        # "all" = per-hazard records (RAW/WAR/WAW, both threads) + the analysis summary.
+        cmd += ["--racecheck-report", racecheck_report]
+        if deadlock_timeout_s is not None:
+            cmd += ["--racecheck-deadlock-timeout", str(deadlock_timeout_s)]
+    cmd += list(extra)
+    return cmd + list(worker_argv)
+
+
+def child_env(tool: str) -> dict[str, str]:
+    """Environment additions for the sanitized worker."""
+    env = {"CUTE_DSL_LINEINFO": "1"}  # kernel .py file:line in the cubin, nothing else
+    if tool in ("memcheck", "initcheck"):
+        # The caching allocator hands out slices of big segments: an out-of-bounds store
+        # inside a segment is invisible to memcheck (REFERENCE.md: 0 errors with caching on),
+        # and reused blocks look initialised to initcheck.
+        env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
+    return env
+
+
+# ---- the record type ---------------------------------------------------------------------
+Triple = tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class Site:
+    """One source location a finding points at (a hazard has two: both accesses)."""
+
+    file: str | None
+    line: int | None
+    func: str | None = None
+    access: str | None = None  # "Read" / "Write" for hazards
+    thread: Triple | None = None
+
+
+@dataclass(frozen=True)
+class Finding:
+    tool: str
+    kind: str
+    severity: str  # "error" | "warning" | "info"
+    kernel: str | None
+    file: str | None
+    line: int | None
+    threads: tuple[Triple, ...] = ()
+    blocks: tuple[Triple, ...] = ()
+    address_space: str | None = None  # "global" | "shared" | "local" | ...
+    size: int | None = None  # bytes per access
+    count: int = 1  # hazards/errors this record stands for
+    text: str = ""
+    noise_reason: str | None = None  # None unless filtered
+    sites: tuple[Site, ...] = ()
+    api: str | None = None  # CUDA API call, for API_ERROR
+    address: str | None = None
+
+    @property
+    def lines(self) -> tuple[tuple[str | None, int | None], ...]:
+        if self.sites:
+            return tuple((s.file, s.line) for s in self.sites)
+        return ((self.file, self.line),)
+
+    @property
+    def signature(self) -> tuple[str, tuple[tuple[str | None, int | None], ...]]:
+        """What makes two findings "the same": kind + source lines (threads may differ)."""
+        return (self.kind, self.lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _failure(tool: str, text: str) -> Finding:
+    return Finding(tool=tool, kind=PARSE_FAILURE, severity="error", kernel=None, file=None,
+                   line=None, text=text)
+
+
+# ---- message text → kind, space, size ----------------------------------------------------
+_SPACE_RE = r"(?:__(\w+?)__|(\w+))"
+_INVALID_RE = re.compile(rf"Invalid {_SPACE_RE} (read|write|atomic)", re.I)
+_HAZARD_RE = re.compile(r"Potential (RAW|WAR|WAW) hazard", re.I)
+_SIZE_RE = re.compile(r"of size (\d+) bytes?", re.I)
+_API_RE = re.compile(r"on CUDA API call to (\w+)", re.I)
+_SPACE_WORD_RE = re.compile(r"__(global|shared|local|generic)__")
+
+
+def _kind_from_text(tool: str, text: str) -> str:
+    if m := _HAZARD_RE.search(text):
+        return f"{m.group(1).upper()}_HAZARD"
+    if re.search(r"Race reported between", text, re.I):
+        return RACE
+    if _API_RE.search(text) or re.search(r"^Program hit ", text):
+        return API_ERROR
+    if re.search(r"misaligned", text, re.I):
+        return MISALIGNED
+    if m := _INVALID_RE.search(text):
+        space = (m.group(1) or m.group(2)).upper()
+        return f"INVALID_{space}_{m.group(3).upper()}"
+    if re.search(r"uninitiali[sz]ed", text, re.I):
+        return UNINIT_READ
+    if re.search(r"barrier|divergent thread|synchroniz", text, re.I):
+        return BARRIER_MISUSE
+    if re.search(r"leak", text, re.I):
+        return LEAK
+    if re.search(r"^(Warp|Lane|Device) |illegal|out-of-range|exception|malformed|trap", text,
+                 re.I):
+        return HARDWARE_EXCEPTION
+    return {"racecheck": RACE, "synccheck": BARRIER_MISUSE,
+            "initcheck": UNINIT_READ}.get(tool, UNKNOWN)
+
+
+def _space_from_text(kind: str, text: str) -> str | None:
+    if m := _SPACE_WORD_RE.search(text):
+        return m.group(1)
+    if kind in HAZARD_KINDS:
+        return "shared"  # racecheck only checks shared memory
+    if kind == UNINIT_READ:
+        return "global"  # initcheck only checks global memory
+    return None
+
+
+def _severity(kind: str, level: str | None, text: str) -> str:
+    if level:
+        lv = level.strip().lower()
+        return {"err": "error", "warn": "warning"}.get(lv, lv)
+    if re.match(r"\s*warning\b", text, re.I):
+        return "warning"
+    if re.match(r"\s*info\b", text, re.I):
+        return "info"
+    return "error"
+
+
+# ---- XML ---------------------------------------------------------------------------------
+_SKIP = frozenset({"hostStack", "hoststack"})  # host frames carry func/path/line too
+
+
+def _walk(elem: ET.Element) -> Iterator[ET.Element]:
+    """Descendants of ``elem`` (itself included), host stacks excluded."""
+    yield elem
+    for child in elem:
+        if child.tag not in _SKIP:
+            yield from _walk(child)
+
+
+def _first(elem: ET.Element, *names: str) -> ET.Element | None:
+    for e in _walk(elem):
+        if e.tag in names:
+            return e
+    return None
+
+
+def _text(elem: ET.Element | None, *names: str) -> str | None:
+    if elem is None:
+        return None
+    e = _first(elem, *names) if names else elem
+    if e is None or e.text is None:
+        return None
+    return e.text.strip() or None
+
+
+def _int(value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return int(value, 0)
+    except ValueError:
+        return None
+
+
+def _triple(elem: ET.Element | None) -> Triple | None:
+    """<threadIdx><x>1</x><y>0</y><z>0</z></threadIdx> or x/y/z attributes."""
+    if elem is None:
+        return None
+    vals = []
+    for axis in ("x", "y", "z"):
+        v = elem.get(axis)
+        if v is None:
+            child = elem.find(axis)
+            v = child.text if child is not None else None
+        iv = _int(v.strip() if v else None)
+        if iv is None:
+            return None
+        vals.append(iv)
+    return (vals[0], vals[1], vals[2])
+
+
+def _site_from(elem: ET.Element) -> Site | None:
+    where = _first(elem, "where")
+    if where is None:
+        return None
+    return Site(file=_text(where, "path", "file"), line=_int(_text(where, "line")),
+                func=_text(where, "func", "function"),
+                access=_text(elem, "access", "accessType", "type") if elem.tag != "record"
+                else None,
+                thread=_triple(_first(elem, "threadIdx")))
+
+
+_THREAD_TAG = re.compile(r"^(thread|access)\d+$")
+
+
+def _finding_from_record(rec: ET.Element, tool: str) -> Finding:
+    kind_tag = _text(rec.find("kind")) or ""
+    what = rec.find("what")
+    text = _text(what if what is not None else rec, "text") or kind_tag
+    hazard_type = None
+    common = _first(rec, "common")
+    if common is not None:
+        hazard_type = _text(common, "type")
+    if hazard_type and hazard_type.upper() in ("RAW", "WAR", "WAW"):
+        kind = f"{hazard_type.upper()}_HAZARD"
+    elif kind_tag.lower() in ("api", "apierror", "api_error"):
+        kind = API_ERROR
+    else:
+        kind = _kind_from_text(tool, text)
+
+    # Both sides of a hazard live in <thread0>/<thread1>; other records have one <where>.
+    sides = [e for e in _walk(rec) if _THREAD_TAG.match(e.tag)]
+    sites = tuple(s for s in (_site_from(e) for e in sides) if s is not None)
+    if not sites:
+        site = _site_from(rec)
+        if site is not None:
+            site = replace(site, thread=site.thread or _triple(_first(rec, "threadIdx")))
+            sites = (site,)
+    threads = tuple(s.thread for s in sites if s.thread is not None)
+    if not threads:
+        threads = tuple(t for t in (_triple(e) for e in _walk(rec) if e.tag == "threadIdx")
+                        if t is not None)
+    blocks = tuple(dict.fromkeys(
+        t for t in (_triple(e) for e in _walk(rec) if e.tag == "blockIdx") if t is not None))
+    size = _int(_text(rec, "size", "accessSize"))
+    if size is None and (m := _SIZE_RE.search(text)):
+        size = int(m.group(1))
+    space = _text(rec, "space", "addressSpace")
+    space = space.strip("_").lower() if space else _space_from_text(kind, text)
+    api = _text(rec, "api", "apiName", "function_name")
+    if api is None and (m := _API_RE.search(text)):
+        api = m.group(1)
+    count = _int(_text(rec, "count", "numHazards")) or 1
+    kernel = _text(rec, "kernel", "kernelName") or (sites[0].func if sites else None)
+    first = sites[0] if sites else Site(None, None)
+    return Finding(tool=tool, kind=kind, severity=_severity(kind, _text(rec, "level",
+                   "severity"), text), kernel=kernel, file=first.file, line=first.line,
+                   threads=threads, blocks=blocks, address_space=space, size=size,
+                   count=count, text=text, sites=sites, api=api,
+                   address=_text(rec, "address", "accessAddress"))
+
+
+_RECORD_BLOCK = re.compile(r"<record\b.*?</record>", re.S)
+
+
+def parse_xml(path_or_text: str | os.PathLike, tool: str) -> list[Finding]:
+    """Findings in a ``--xml --save`` file (a path, or the XML itself as a string).
+
+    A missing, empty, truncated or malformed file yields a PARSE_FAILURE finding (plus
+    whatever complete records could be salvaged), never an empty "clean" list.
+    """
+    text, where = _read_source(path_or_text)
+    if text is None:
+        return [_failure(tool, f"sanitizer XML {where} could not be read")]
+    if not text.strip():
+        return [_failure(tool, f"sanitizer XML {where} is empty (the tool did not finish?)")]
+    try:
+        root = ET.fromstring(text)
+    except ET.ParseError as exc:
+        salvaged = []
+        for block in _RECORD_BLOCK.findall(text):
+            try:
+                salvaged.append(_finding_from_record(ET.fromstring(block), tool))
+            except ET.ParseError:
+                continue
+        note = (f"sanitizer XML {where} is not well-formed ({exc}); "
+                f"{len(salvaged)} complete record(s) salvaged")
+        return [_failure(tool, note)] + salvaged
+    records = [e for e in root.iter("record")]
+    return [_finding_from_record(r, tool) for r in records]
+
+
+def _read_source(path_or_text: str | os.PathLike) -> tuple[str | None, str]:
+    s = os.fspath(path_or_text)
+    if isinstance(path_or_text, str) and s.lstrip().startswith("<"):
+        return s, "(inline)"
+    try:
+        return Path(s).read_text(errors="replace"), s
+    except OSError:
+        return None, s
+
+
+# ---- plain text --------------------------------------------------------------------------
+_PREFIX = re.compile(r"^=+ ?")
+_NOT_RECORD = re.compile(
+    r"^(COMPUTE-SANITIZER|(ERROR|RACECHECK|LEAK) SUMMARY|Target application|"
+    r"This (error|report)|Note:|Tool|Warning: (Device|The)|Saved host|Host Frame|Device Frame)",
+    re.I)
+_BY_THREAD = re.compile(r"by thread \((\d+),(\d+),(\d+)\) in block \((\d+),(\d+),(\d+)\)")
+_IN_BLOCK = re.compile(r"in block \((\d+),(\d+),(\d+)\)")
+_HAZ_THREAD = re.compile(r"^(Read|Write)\s+Thread \((\d+),(\d+),(\d+)\) at (.*)$")
+_RACE_SIDE = re.compile(r"^(?:.*?Race reported between |and )(\w+) access at (.*?)"
+                        r"(?:\s+\[(\d+) hazards?\])?$")
+_AT = re.compile(r"^at (.*)$")
+_LOC = re.compile(r"^(?P<file>\S+?):(?P<line>\d+)(?::(?P<func>.*))?$")
+_ERROR_SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) errors?")
+_RACE_SUMMARY = re.compile(
+    r"RACECHECK SUMMARY: (\d+) hazards? displayed \((\d+) errors?, (\d+) warnings?\)")
+
+
+def _location(rest: str) -> tuple[str | None, int | None, str | None]:
+    """``func+0xd0 in /p/f.py:25`` or ``0x3c8 in /p/f.cu:17:func`` → (file, line, func)."""
+    if " in " not in rest:
+        func = rest.strip() or None
+        return None, None, func
+    head, tail = rest.rsplit(" in ", 1)
+    func = re.sub(r"\+0x[0-9a-fA-F]+$", "", head.strip()) or None
+    if func and re.fullmatch(r"0x[0-9a-fA-F]+", func):
+        func = None
+    m = _LOC.match(tail.strip())
+    if not m:
+        return None, None, func or tail.strip() or None
+    return m.group("file"), int(m.group("line")), func or m.group("func")
+
+
+def _blocks_from_text(text: str) -> list[list[str]]:
+    """Record blocks: a non-indented report line and the indented lines under it."""
+    blocks: list[list[str]] = []
+    current: list[str] | None = None
+    for raw in text.splitlines():
+        if not _PREFIX.match(raw):
+            continue  # the application's own output
+        body = _PREFIX.sub("", raw, count=1).rstrip()
+        if not body.strip():
+            current = None
+            continue
+        if body[0] in " \t":
+            if current is not None:
+                current.append(body.strip())
+            continue
+        if _NOT_RECORD.match(body):
+            current = None
+            continue
+        current = [body]
+        blocks.append(current)
+    return blocks
+
+
+def _finding_from_block(block: list[str], tool: str) -> Finding:
+    header = block[0]
+    body = re.sub(r"^(ERROR|Error|WARNING|Warning|INFO|Info):\s*", "", header)
+    kind = _kind_from_text(tool, header)
+    sites: list[Site] = []
+    threads: list[Triple] = []
+    blocks: list[Triple] = []
+    count = 1
+    if kind == RACE:
+        count = 0
+        for line in [header] + block[1:]:
+            if m := _RACE_SIDE.match(line):
+                f, ln, fn = _location(m.group(2))
+                sites.append(Site(f, ln, fn, access=m.group(1)))
+                count += int(m.group(3) or 1) if line.startswith("and ") else 0
+        count = max(count, 1)
+    for line in block[1:]:
+        if m := _HAZ_THREAD.match(line):
+            f, ln, fn = _location(m.group(5))
+            t = (int(m.group(2)), int(m.group(3)), int(m.group(4)))
+            sites.append(Site(f, ln, fn, access=m.group(1), thread=t))
+            threads.append(t)
+        elif (m := _AT.match(line)) and kind != RACE:
+            f, ln, fn = _location(m.group(1))
+            sites.append(Site(f, ln, fn))
+        elif m := _BY_THREAD.match(line):
+            threads.append(tuple(int(g) for g in m.groups()[:3]))  # type: ignore[arg-type]
+            blocks.append(tuple(int(g) for g in m.groups()[3:]))  # type: ignore[arg-type]
+    if m := _IN_BLOCK.search(header):
+        blocks.append(tuple(int(g) for g in m.groups()))  # type: ignore[arg-type]
+    if sites and threads and len(sites) == 1 and sites[0].thread is None:
+        sites[0] = replace(sites[0], thread=threads[0])
+    size = int(m.group(1)) if (m := _SIZE_RE.search(header)) else None
+    api = m.group(1) if (m := _API_RE.search(header)) else None
+    first = sites[0] if sites else Site(None, None)
+    text = "\n".join([body] + block[1:])
+    return Finding(tool=tool, kind=kind, severity=_severity(kind, None, header),
+                   kernel=first.func, file=first.file, line=first.line,
+                   threads=tuple(dict.fromkeys(threads)), blocks=tuple(dict.fromkeys(blocks)),
+                   address_space=_space_from_text(kind, header), size=size, count=count,
+                   text=text, sites=tuple(sites), api=api)
+
+
+def parse_text(stdout_text: str, tool: str) -> list[Finding]:
+    """Findings in the plain-text report (fallback when the XML is unusable)."""
+    return [_finding_from_block(b, tool) for b in _blocks_from_text(stdout_text)]
+
+
+def parse_summary(stdout_text: str) -> dict[str, int] | None:
+    """The tool's closing count: {"errors": N} or, for racecheck, hazards/errors/warnings."""
+    if m := _RACE_SUMMARY.search(stdout_text):
+        return {"hazards": int(m.group(1)), "errors": int(m.group(2)),
+                "warnings": int(m.group(3))}
+    if m := _ERROR_SUMMARY.search(stdout_text):
+        return {"errors": int(m.group(1))}
+    return None
+
+
+def crosscheck(findings: Sequence[Finding], stdout_text: str, tool: str,
+               print_limit: int = DEFAULT_PRINT_LIMIT) -> list[Finding]:
+    """A PARSE_FAILURE when the summary line reports errors the XML does not hold."""
+    summary = parse_summary(stdout_text)
+    if summary is None:
+        return []
+    records = [f for f in findings if f.kind != PARSE_FAILURE]
+    reported = summary.get("hazards", summary["errors"])
+    if tool == "racecheck":
+        # Hazard vs analysis record counting differs; only "N hazards, no records" is sure.
+        lost = reported > 0 and not records
+    else:
+        limit = print_limit if print_limit > 0 else reported
+        lost = len(records) < min(reported, limit)
+    if not lost:
+        return []
+    return [_failure(tool, f"summary line reports {reported} error(s) but only "
+                           f"{len(records)} record(s) were parsed")]
+
+
+def analyze(tool: str, xml_path: str | os.PathLike | None, stdout_text: str = "",
+            print_limit: int = DEFAULT_PRINT_LIMIT) -> list[Finding]:
+    """All findings of one sanitizer run: the XML, else the text report, cross-checked."""
+    findings = parse_xml(xml_path, tool) if xml_path is not None else [
+        _failure(tool, "no sanitizer XML file was produced")]
+    xml_failed = any(f.kind == PARSE_FAILURE for f in findings)
+    if xml_failed and stdout_text:
+        from_text = parse_text(stdout_text, tool)
+        if from_text:
+            # Keep the XML failure visible but let the text records decide the verdict.
+            notes = [replace(f, severity="info") for f in findings if f.kind == PARSE_FAILURE]
+            return from_text + notes + crosscheck(from_text, stdout_text, tool, print_limit)
+    return findings + crosscheck(findings, stdout_text, tool, print_limit)
+
+
+# ---- noise -------------------------------------------------------------------------------
+NOISE_PROC_ADDRESS = ("cuda-bindings probes driver entry points with cuGetProcAddress; "
+                      "a miss is reported as an API error but is not a kernel error")
+NOISE_TMA = ("one side of the hazard is a bulk async copy (TMA); racecheck does not follow "
+             "the mbarrier transaction count that orders it")
+NOISE_ANALYSIS_DUP = ("racecheck analysis record summarising hazards already reported "
+                      "one by one")
+
+_TMA_SOURCE = re.compile(
+    r"tma|cp_async_bulk|bulk_copy|copy_bulk|TmaCopy|CopyBulk|store_async_dsmem", re.I)
+_TMA_TEXT = re.compile(r"bulk|async copy|cp\.async\.bulk|UTMA|UBLKCP|\btma\b", re.I)
+
+
+def filter_noise(findings: Iterable[Finding], *, tma: bool = True,
+                 read_source: Callable[[str | None, int | None], str | None] | None = None,
+                 ) -> tuple[list[Finding], list[Finding]]:
+    """(kept, filtered); every filtered finding carries its ``noise_reason``."""
+    read = read_source or source_line
+    findings = list(findings)
+    kept: list[Finding] = []
+    filtered: list[Finding] = []
+    typed_hazard_lines = {ln for f in findings
+                          if f.kind in (RAW_HAZARD, WAR_HAZARD, WAW_HAZARD) for ln in f.lines}
+    for f in findings:
+        reason = None
+        if f.kind == API_ERROR and (f.api or "").startswith("cuGetProcAddress"):
+            reason = NOISE_PROC_ADDRESS
+        elif f.kind == API_ERROR and re.search(r"cuGetProcAddress", f.text):
+            reason = NOISE_PROC_ADDRESS
+        elif f.kind == RACE and f.lines and set(f.lines) <= typed_hazard_lines:
+            reason = NOISE_ANALYSIS_DUP
+        elif tma and f.kind in HAZARD_KINDS and _touches_bulk_copy(f, read):
+            reason = NOISE_TMA
+        if reason:
+            filtered.append(replace(f, noise_reason=reason))
+        else:
+            kept.append(f)
+    return kept, filtered
+
+
+def _touches_bulk_copy(f: Finding, read: Callable[[str | None, int | None], str | None]
+                       ) -> bool:
+    if _TMA_TEXT.search(f.text):
+        return True
+    for s in f.sites:
+        if s.func and _TMA_SOURCE.search(s.func):
+            return True
+        src = read(s.file, s.line)
+        if src and _TMA_SOURCE.search(src):
+            return True
+    return False
+
+
+# ---- grouping and classification ---------------------------------------------------------
+@dataclass
+class Group:
+    kind: str
+    tool: str
+    severity: str
+    lines: tuple[tuple[str | None, int | None], ...]
+    kernel: str | None
+    count: int = 0  # hazards/errors, summed over records
+    records: int = 0
+    threads: list[Triple] = field(default_factory=list)  # first few, distinct
+    blocks: list[Triple] = field(default_factory=list)
+    address_space: str | None = None
+    size: int | None = None
+    text: str = ""  # the first record's message
+    accesses: tuple[str | None, ...] = ()
+
+    def to_dict(self, read_source: Callable[[str | None, int | None], str | None] | None
+                = None) -> dict[str, Any]:
+        d = asdict(self)
+        d["lines"] = [{"file": f, "line": ln,
+                       "source": (read_source or source_line)(f, ln)} for f, ln in self.lines]
+        return d
+
+
+_MAX_EXAMPLES = 4
+_SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+
+
+def group(findings: Iterable[Finding]) -> list[Group]:
+    """Findings with the same tool, kind and source lines, counted; errors first."""
+    groups: dict[tuple, Group] = {}
+    for f in findings:
+        key = (f.tool, f.kind, f.lines)
+        g = groups.get(key)
+        if g is None:
+            g = groups[key] = Group(kind=f.kind, tool=f.tool, severity=f.severity,
+                                    lines=f.lines, kernel=f.kernel,
+                                    address_space=f.address_space, size=f.size,
+                                    text=f.text, accesses=tuple(s.access for s in f.sites))
+        g.count += f.count
+        g.records += 1
+        if _SEVERITY_ORDER.get(f.severity, 3) < _SEVERITY_ORDER.get(g.severity, 3):
+            g.severity = f.severity
+        for t in f.threads:
+            if t not in g.threads and len(g.threads) < _MAX_EXAMPLES:
+                g.threads.append(t)
+        for b in f.blocks:
+            if b not in g.blocks and len(g.blocks) < _MAX_EXAMPLES:
+                g.blocks.append(b)
+    order = list(groups.values())
+    order.sort(key=lambda g: (_SEVERITY_ORDER.get(g.severity, 3), g.kind == PARSE_FAILURE,
+                              -g.count))
+    return order
+
+
+def classify(kept: Iterable[Finding], tool: str) -> str:
+    """One of CLASSES for the kept (not filtered) findings of one tool's run."""
+    classes = {kind_class(f.kind, f.tool or tool) for f in kept if f.severity != "info"}
+    if not classes:
+        return CLEAN
+    own = TOOL_CLASS.get(tool)
+    if own in classes:
+        return own
+    return next(c for c in _CLASS_PRIORITY if c in classes)
+
+
+# ---- source lines ------------------------------------------------------------------------
+def source_line(file: str | None, line: int | None) -> str | None:
+    """The stripped source line ``file:line`` (the kernel's Python), None if unreadable."""
+    if not file or not line or line < 1:
+        return None
+    try:
+        with open(file, encoding="utf-8", errors="replace") as fh:
+            for i, text in enumerate(fh, 1):
+                if i == line:
+                    return text.strip()
+    except OSError:
+        return None
+    return None
+
+
+# ---- result and report -------------------------------------------------------------------
+def make_result(tool: str, command: Sequence[str], findings: Sequence[Finding], *,
+                env: Mapping[str, str] | None = None, exit_code: int | None = None,
+                sanitizer_seconds: float | None = None, plain_seconds: float | None = None,
+                xml_path: str | None = None, shrink_result: ShrinkResult | None = None,
+                read_source: Callable[[str | None, int | None], str | None] | None = None,
+                ) -> dict[str, Any]:
+    """The JSON-able triage record of one tool's run (``render_markdown`` reads it)."""
+    read = read_source or source_line
+    kept, filtered = filter_noise(findings, read_source=read)
+    reasons: dict[str, int] = {}
+    for f in filtered:
+        reasons[f.noise_reason or ""] = reasons.get(f.noise_reason or "", 0) + f.count
+    env_part = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted((env or {}).items()))
+    slowdown = (sanitizer_seconds / plain_seconds
+                if sanitizer_seconds and plain_seconds else None)
+    return {
+        "tool": tool,
+        "verdict": classify(kept, tool),
+        "exit_code": exit_code,
+        "command": list(command),
+        "reproduce": (env_part + " " if env_part else "") + shlex.join(command),
+        "xml": xml_path,
+        "groups": [g.to_dict(read) for g in group(kept)],
+        "filtered": [{"reason": r, "count": n} for r, n in reasons.items()],
+        "filtered_groups": [g.to_dict(read) | {"reason": _reason_of(g, filtered)}
+                            for g in group(filtered)],
+        "sanitizer_seconds": sanitizer_seconds,
+        "plain_seconds": plain_seconds,
+        "slowdown": slowdown,
+        "shrink": shrink_result.to_dict() if shrink_result else None,
+    }
+
+
+def _reason_of(g: Group, filtered: Sequence[Finding]) -> str | None:
+    for f in filtered:
+        if (f.tool, f.kind, f.lines) == (g.tool, g.kind, g.lines):
+            return f.noise_reason
+    return None
+
+
+def _where(lines: Sequence[Mapping[str, Any]]) -> str:
+    parts = []
+    for ln in lines:
+        if ln.get("file"):
+            parts.append(f"{os.path.basename(ln['file'])}:{ln.get('line')}")
+    return " / ".join(parts) or "(no line info)"
+
+
+def _triples(ts: Sequence[Sequence[int]]) -> str:
+    return ", ".join("(" + ",".join(str(v) for v in t) + ")" for t in ts)
+
+
+def render_markdown(result: Mapping[str, Any]) -> str:
+    """Triage report: TL;DR, grouped findings with source, noise and why, reproduce."""
+    tool, verdict = result["tool"], result["verdict"]
+    groups = result.get("groups", [])
+    out = [f"# compute-sanitizer {tool}: {verdict}", ""]
+    if groups:
+        g = groups[0]
+        src = next((ln.get("source") for ln in g["lines"] if ln.get("source")), None)
+        tldr = (f"**TL;DR** {tool} → **{verdict}**: {g['kind']} at {_where(g['lines'])}"
+                f" ({g['count']}× in kernel `{g.get('kernel') or '?'}`)")
+        out.append(tldr + (f": `{src}`" if src else "") + ".")
+        more = len(groups) - 1
+        if more:
+            out.append(f"{more} more distinct finding(s) below.")
+    else:
+        out.append(f"**TL;DR** {tool} → **{verdict}**: no findings after noise filtering.")
+    out.append("")
+    if groups:
+        out += ["## Findings", ""]
+        for i, g in enumerate(groups, 1):
+            out.append(f"{i}. **{g['kind']}** ({g['severity']}) ×{g['count']} "
+                       f"({g['records']} record(s)) in `{g.get('kernel') or '?'}`")
+            for ln, acc in zip(g["lines"], list(g.get("accesses") or []) + [None] * 9):
+                label = f"{acc} " if acc else ""
+                loc = f"{ln.get('file')}:{ln.get('line')}" if ln.get("file") else "(no line)"
+                out.append(f"   - {label}at `{loc}`")
+                if ln.get("source"):
+                    out.append(f"     `{ln['source']}`")
+            extra = []
+            if g.get("address_space"):
+                extra.append(f"space {g['address_space']}")
+            if g.get("size"):
+                extra.append(f"size {g['size']} B")
+            if g.get("threads"):
+                extra.append(f"threads {_triples(g['threads'])}")
+            if g.get("blocks"):
+                extra.append(f"blocks {_triples(g['blocks'])}")
+            if extra:
+                out.append("   - " + "; ".join(extra))
+            first_line = (g.get("text") or "").splitlines()[:1]
+            if first_line:
+                out.append(f"   - message: {first_line[0]}")
+        out.append("")
+    out += ["## Noise filtered", ""]
+    if result.get("filtered"):
+        for item in result["filtered"]:
+            out.append(f"- {item['count']} × {item['reason']}")
+    else:
+        out.append("- none")
+    out.append("")
+    shrink_info = result.get("shrink")
+    if shrink_info:
+        out += ["## Shrunk", "",
+                f"- original {shrink_info['original']} "
+                f"({_secs(shrink_info.get('original_seconds'))})",
+                f"- shrunk {shrink_info['shrunk']} ({_secs(shrink_info.get('shrunk_seconds'))})"
+                f", same finding {shrink_info['signature'][0]} at "
+                f"{_where([{'file': f, 'line': ln} for f, ln in shrink_info['signature'][1]])}",
+                f"- {len(shrink_info['runs'])} candidate run(s), none repeated", ""]
+    out += ["## Reproduce", "", "```", result.get("reproduce", ""), "```", ""]
+    timing = [f"sanitizer run {_secs(result.get('sanitizer_seconds'))}"]
+    if result.get("plain_seconds"):
+        timing.append(f"plain run {_secs(result['plain_seconds'])}")
+    if result.get("slowdown"):
+        timing.append(f"slowdown {result['slowdown']:.1f}×")
+    if result.get("exit_code") is not None:
+        timing.append(f"exit code {result['exit_code']}")
+    out.append("; ".join(timing) + ".")
+    return "\n".join(out) + "\n"
+
+
+def _secs(s: float | None) -> str:
+    return f"{s:.1f} s" if isinstance(s, (int, float)) else "? s"
+
+
+# ---- shrinking ---------------------------------------------------------------------------
+Signature = tuple[str, tuple[tuple[str | None, int | None], ...]]
+
+
+@dataclass
+class ShrinkResult:
+    original: dict[str, Any]
+    shrunk: dict[str, Any]
+    signature: Signature
+    original_seconds: float | None
+    shrunk_seconds: float | None
+    runs: list[dict[str, Any]] = field(default_factory=list)  # every candidate, once
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def shrink(params: Mapping[str, Any], shrinkable: Sequence[str],
+           run: Callable[[dict[str, Any]], Sequence[Finding]], *,
+           target: Signature | None = None, minimum: int = 1, max_runs: int = 48,
+           clock: Callable[[], float] = time.monotonic) -> ShrinkResult:
+    """Smallest ``shrinkable`` int params for which ``run`` still shows the same finding.
+
+    "Same" = same kind and source lines (``Finding.signature``); ``target`` defaults to the
+    first group of the original run's kept findings. Each parameter is shrunk in turn by an
+    exponential probe downward (v/2, v/4, ...) and a binary search between the last value
+    that reproduced and the first that did not, repeated until nothing shrinks. A candidate
+    is never run twice (memoized); a run that raises counts as "does not reproduce".
+    """
+    memo: dict[tuple, bool] = {}
+    runs: list[dict[str, Any]] = []
+    seconds: dict[tuple, float] = {}
+
+    def key(p: Mapping[str, Any]) -> tuple:
+        return tuple(sorted(p.items()))
+
+    def attempt(p: dict[str, Any]) -> bool:
+        k = key(p)
+        if k in memo:
+            return memo[k]
+        if len(runs) >= max_runs:
+            return False
+        t0 = clock()
+        error = None
+        try:
+            found = list(run(dict(p)))
+        except Exception as exc:  # a broken candidate (e.g. size rejected) does not reproduce
+            found, error = [], f"{type(exc).__name__}: {exc}"
+        dt = clock() - t0
+        kept, _ = filter_noise(found)
+        nonlocal target
+        if target is None:
+            groups = group(kept)
+            target = (groups[0].kind, groups[0].lines) if groups else None
+            ok = target is not None
+        else:
+            ok = any(f.signature == target for f in kept)
+        memo[k], seconds[k] = ok, dt
+        runs.append({"params": dict(p), "reproduced": ok, "seconds": dt,
+                     **({"error": error} if error else {})})
+        return ok
+
+    current = dict(params)
+    if not attempt(current):
+        raise ValueError("the original parameters do not reproduce the finding to shrink")
+    assert target is not None
+    changed = True
+    while changed and len(runs) < max_runs:
+        changed = False
+        for name in shrinkable:
+            value = current.get(name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= minimum:
+                continue
+            best = _shrink_one(current, name, value, minimum, attempt)
+            if best < value:
+                current[name] = best
+                changed = True
+    return ShrinkResult(original=dict(params), shrunk=current, signature=target,
+                        original_seconds=seconds.get(key(params)),
+                        shrunk_seconds=seconds.get(key(current)), runs=runs)
+
+
+def _shrink_one(current: dict[str, Any], name: str, value: int, minimum: int,
+                attempt: Callable[[dict[str, Any]], bool]) -> int:
+    def ok(v: int) -> bool:
+        return attempt({**current, name: v})
+
+    good = value
+    bad = None
+    probe = max(minimum, value // 2)
+    while probe < good:  # exponential probe: halve until it stops reproducing
+        if ok(probe):
+            good = probe
+            probe = max(minimum, probe // 2)
+        else:
+            bad = probe
+            break
+    if bad is None:
+        return good
+    while good - bad > 1:  # binary search in (bad, good]
+        mid = (good + bad) // 2
+        if ok(mid):
+            good = mid
+        else:
+            bad = mid
+    return good
+
+
+# ---- command line (used by tools/capture_sanitizer_samples.sh and for quick looks) --------
+def _main(argv: Sequence[str]) -> int:
+    """``command TOOL XML [--api-errors] -- ARGV...``: print the sanitizer argv, one per line.
+    ``report TOOL XML [STDOUT_FILE]``: print the triage Markdown; ``json`` likewise as JSON.
+    """
+    if len(argv) >= 3 and argv[0] == "command":
+        tool, xml = argv[1], argv[2]
+        rest = list(argv[3:])
+        api = "--api-errors" in rest[: rest.index("--")] if "--" in rest else False
+        worker = rest[rest.index("--") + 1:] if "--" in rest else rest
+        sanitizer = find_sanitizer() or "compute-sanitizer"
+        cmd = build_command(tool, worker, xml, sanitizer=sanitizer, report_api_errors=api)
+        print("\n".join(cmd))
+        return 0
+    if len(argv) >= 3 and argv[0] in ("report", "json"):
+        tool, xml = argv[1], argv[2]
+        stdout = Path(argv[3]).read_text(errors="replace") if len(argv) > 3 else ""
+        result = make_result(tool, [], analyze(tool, xml, stdout), xml_path=xml)
+        print(render_markdown(result) if argv[0] == "report"
+              else json.dumps(result, indent=2, default=str))
+        return 0
+    print(_main.__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

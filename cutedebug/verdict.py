@@ -1,0 +1,160 @@
+"""The closed set of verdicts and the table that turns a child's outcome into one.
+
+The parent imports this module; it must never import torch or cutlass.
+"""
+
+from __future__ import annotations
+
+import enum
+import signal
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Verdict(str, enum.Enum):
+    PASS = "PASS"
+    MISMATCH = "MISMATCH"
+    NONDETERMINISTIC = "NONDETERMINISTIC"
+    HANG = "HANG"
+    CRASH = "CRASH"
+    COMPILE_ERROR = "COMPILE_ERROR"
+    COMPILER_CRASH = "COMPILER_CRASH"
+    RACE = "RACE"
+    MEMORY_ERROR = "MEMORY_ERROR"
+    SYNC_ERROR = "SYNC_ERROR"
+    UNINIT = "UNINIT"
+    UNSUPPORTED = "UNSUPPORTED"
+    HARNESS_ERROR = "HARNESS_ERROR"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+ALL = tuple(v.value for v in Verdict)
+SANITIZER_VERDICTS = frozenset({Verdict.RACE, Verdict.MEMORY_ERROR, Verdict.SYNC_ERROR,
+                                Verdict.UNINIT})
+
+
+def is_failure(v: Verdict) -> bool:
+    """The kernel misbehaved (what a faulted scenario should produce)."""
+    return v not in (Verdict.PASS, Verdict.UNSUPPORTED, Verdict.HARNESS_ERROR)
+
+
+def is_kernel_verdict(v: Verdict) -> bool:
+    """A statement about the kernel, not about the harness or the machine."""
+    return v not in (Verdict.UNSUPPORTED, Verdict.HARNESS_ERROR)
+
+
+# Phases the worker reports, in order. The phase a child was in when it died or was killed
+# decides what its death means.
+PHASES = ("spawned", "started", "imported", "compiling", "compiled", "launched", "synced",
+          "checked", "done")
+
+
+@dataclass
+class Outcome:
+    """What the runner observed about one child run (raw facts, no interpretation)."""
+
+    phase: str = "spawned"              # last phase reached
+    events: list[dict[str, Any]] = field(default_factory=list)
+    returncode: int | None = None       # negative: killed by that signal
+    killed_by_watchdog: str | None = None   # why: "deadline:<phase>" or "stall"
+    malformed_lines: list[str] = field(default_factory=list)
+    log_tail: str = ""
+    elapsed_s: float = 0.0
+
+    def event(self, name: str) -> dict[str, Any] | None:
+        for ev in reversed(self.events):
+            if ev.get("event") == name:
+                return ev
+        return None
+
+
+@dataclass
+class Classified:
+    verdict: Verdict
+    reason: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+def _signal_name(returncode: int) -> str:
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"
+
+
+def _died(o: Outcome) -> str:
+    if o.returncode is None:
+        return "did not exit"
+    if o.returncode < 0:
+        return f"killed by {_signal_name(o.returncode)}"
+    return f"exited with status {o.returncode}"
+
+
+def _phase_at_least(o: Outcome, phase: str) -> bool:
+    return PHASES.index(o.phase) >= PHASES.index(phase)
+
+
+# Each rule: (name, predicate, verdict, reason builder). First match wins; the order is the
+# precedence (harness faults first, then the strongest evidence about the kernel).
+def _rules():
+    return [
+        ("harness_error_event", lambda o: o.event("harness_error") is not None,
+         Verdict.HARNESS_ERROR,
+         lambda o: "worker failed: " + o.event("harness_error").get("message", "")),
+        ("malformed_events", lambda o: bool(o.malformed_lines) and o.event("done") is None,
+         Verdict.HARNESS_ERROR,
+         lambda o: f"worker wrote {len(o.malformed_lines)} malformed event line(s), first: "
+                   f"{o.malformed_lines[0][:120]!r}"),
+        ("stuck_records", lambda o: bool((o.event("probe_report") or {}).get("stuck")),
+         Verdict.HANG,
+         lambda o: f"bounded waits timed out: {len(o.event('probe_report')['stuck'])} stuck "
+                   "record(s)"),
+        ("stall", lambda o: o.killed_by_watchdog == "stall", Verdict.HANG,
+         lambda o: "no probe counter moved for the stall window; child killed"),
+        ("kernel_deadline", lambda o: (o.killed_by_watchdog or "").startswith("deadline")
+         and o.phase in ("launched",), Verdict.HANG,
+         lambda o: f"kernel did not finish before the deadline ({o.killed_by_watchdog}); "
+                   "child killed"),
+        ("compile_deadline", lambda o: (o.killed_by_watchdog or "").startswith("deadline")
+         and o.phase == "compiling", Verdict.COMPILER_CRASH,
+         lambda o: "compiler did not finish before the compile deadline; child killed"),
+        ("other_deadline", lambda o: o.killed_by_watchdog is not None, Verdict.HARNESS_ERROR,
+         lambda o: f"worker stuck in phase {o.phase!r} ({o.killed_by_watchdog}); child killed"),
+        ("unsupported", lambda o: o.event("unsupported") is not None, Verdict.UNSUPPORTED,
+         lambda o: o.event("unsupported").get("reason", "")),
+        ("compile_error", lambda o: o.event("compile_error") is not None,
+         Verdict.COMPILE_ERROR,
+         lambda o: o.event("compile_error").get("message", "")[:2000]),
+        ("cuda_error", lambda o: o.event("cuda_error") is not None, Verdict.CRASH,
+         lambda o: f"{o.event('cuda_error').get('name')}: "
+                   f"{o.event('cuda_error').get('message', '')[:500]}"),
+        ("died_compiling", lambda o: o.event("done") is None and o.phase == "compiling",
+         Verdict.COMPILER_CRASH, lambda o: f"compiler process {_died(o)}"),
+        ("died_running", lambda o: o.event("done") is None and o.phase in ("launched", "synced"),
+         Verdict.CRASH, lambda o: f"child {_died(o)} while the kernel ran"),
+        ("died_early", lambda o: o.event("done") is None, Verdict.HARNESS_ERROR,
+         lambda o: f"worker {_died(o)} in phase {o.phase!r} before reporting a result"),
+        ("mismatch", lambda o: (o.event("checked") or {}).get("ok") is False, Verdict.MISMATCH,
+         lambda o: _mismatch_reason(o.event("checked"))),
+        ("pass", lambda o: (o.event("checked") or {}).get("ok") is True, Verdict.PASS,
+         lambda o: "output matches the reference"),
+    ]
+
+
+RULES = _rules()
+
+
+def _mismatch_reason(ev: dict[str, Any]) -> str:
+    return (f"{ev.get('n_bad')} of {ev.get('numel')} elements differ "
+            f"({100.0 * ev.get('frac_bad', 0):.3g}%), max abs err {ev.get('max_abs_err'):.4g}, "
+            f"first bad index {ev.get('first_bad_index')}")
+
+
+def classify(o: Outcome) -> Classified:
+    for name, pred, verdict, reason in RULES:
+        if pred(o):
+            return Classified(verdict, reason(o), {"rule": name})
+    return Classified(Verdict.HARNESS_ERROR,
+                      f"no rule matched (phase {o.phase!r}, {_died(o)})", {"rule": None})

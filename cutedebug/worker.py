@@ -1,0 +1,313 @@
+"""The child process: run one scenario and report phases as JSON lines.
+
+    python -m cutedebug.worker REQUEST.json
+
+The request (written by the runner) holds the scenario, the mode ("run" or "compile"), the
+events path and the probe settings. Events go to their own file, one JSON object per line,
+flushed as they happen; the kernel's stdout/stderr (printf included) go wherever the parent
+pointed fds 1 and 2 (a log file). This is the only module that touches torch, cutlass and
+the GPU.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+from contextlib import ExitStack, nullcontext
+from pathlib import Path
+from typing import Any
+
+# CUDA error names by the message the driver/runtime gives them (torch and cuda-python both
+# surface these strings).
+CUDA_ERRORS = (
+    ("illegal memory access", "cudaErrorIllegalAddress"),
+    ("illegal instruction", "cudaErrorIllegalInstruction"),
+    ("misaligned address", "cudaErrorMisalignedAddress"),
+    ("unspecified launch failure", "cudaErrorLaunchFailure"),
+    ("device-side assert", "cudaErrorAssert"),
+    ("operation not supported on global/shared address space", "cudaErrorInvalidAddressSpace"),
+    ("invalid program counter", "cudaErrorInvalidPc"),
+    ("too many resources requested", "cudaErrorLaunchOutOfResources"),
+    ("launch timed out", "cudaErrorLaunchTimeout"),
+    ("hardware stack error", "cudaErrorHardwareStackError"),
+    ("out of memory", "cudaErrorMemoryAllocation"),
+    ("trap", "cudaErrorAssert"),
+)
+
+ARCH_BY_CC = {(9, 0): "sm_90a", (10, 0): "sm_100a", (10, 3): "sm_100a"}
+
+
+class Events:
+    def __init__(self, path: str):
+        self._f = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+        self._lock = threading.Lock()
+        self.t0 = time.monotonic()
+
+    def emit(self, event: str, **fields: Any) -> None:
+        rec = {"event": event, "t": round(time.monotonic() - self.t0, 6), **fields}
+        line = json.dumps(rec, default=str)
+        with self._lock:
+            self._f.write(line + "\n")
+            self._f.flush()
+
+
+def cuda_error_name(message: str) -> str | None:
+    low = message.lower()
+    for needle, name in CUDA_ERRORS:
+        if needle in low:
+            return name
+    if "cuda" in low and "error" in low:
+        return "cudaErrorUnknown"
+    return None
+
+
+def detect_device() -> dict[str, Any]:
+    """The GPU this process would run on, or why there is none. Never raises."""
+    try:
+        import torch
+    except ImportError:
+        return {"present": False, "reason": "torch is not installed"}
+    try:
+        if not torch.cuda.is_available():
+            return {"present": False, "reason": "no CUDA GPU visible to torch"}
+        cc = torch.cuda.get_device_capability(0)
+        return {"present": True, "name": torch.cuda.get_device_name(0), "cc": list(cc),
+                "arch": ARCH_BY_CC.get(tuple(cc), f"sm_{cc[0]}{cc[1]}"),
+                "torch": torch.__version__, "cuda": torch.version.cuda}
+    except Exception as e:  # a broken driver is a fact about the machine, not a crash
+        return {"present": False, "reason": f"CUDA unusable: {e}"}
+
+
+def compare(out, ref, atol: float, rtol: float) -> dict[str, Any]:
+    import torch
+
+    out = out.detach().float().cpu()
+    ref = ref.detach().float().cpu()
+    if out.shape != ref.shape:
+        return {"ok": False, "numel": ref.numel(), "n_bad": ref.numel(), "frac_bad": 1.0,
+                "max_abs_err": float("inf"), "max_rel_err": float("inf"),
+                "first_bad_index": None,
+                "shape_mismatch": [list(out.shape), list(ref.shape)]}
+    good = torch.isclose(out, ref, atol=atol, rtol=rtol)
+    n_bad = int((~good).sum())
+    diff = (out - ref).abs()
+    diff = torch.where(torch.isnan(diff), torch.full_like(diff, float("inf")), diff)
+    rel = diff / ref.abs().clamp_min(1e-30)
+    first = None
+    if n_bad:
+        flat = int((~good).flatten().nonzero()[0])
+        first = [int(i) for i in torch.unravel_index(torch.tensor(flat), ref.shape)]
+    return {"ok": n_bad == 0, "numel": ref.numel(), "n_bad": n_bad,
+            "frac_bad": n_bad / max(ref.numel(), 1),
+            "max_abs_err": float(diff.max()) if diff.numel() else 0.0,
+            "max_rel_err": float(rel.max()) if rel.numel() else 0.0,
+            "first_bad_index": first, "n_nan": int(torch.isnan(out).sum()),
+            "atol": atol, "rtol": rtol}
+
+
+def digest(t) -> str:
+    import torch
+
+    t = t.detach().contiguous().cpu()
+    return hashlib.sha256(t.view(torch.uint8).numpy().tobytes()).hexdigest()[:16]
+
+
+class ProbeMonitor:
+    """Streams beacon snapshots from host-mapped memory while the kernel runs."""
+
+    def __init__(self, events: Events, buf, cfg, interval_s: float = 0.05):
+        self.events, self.buf, self.cfg, self.interval_s = events, buf, cfg, interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self.last = None
+
+    def _read(self):
+        from cutedebug import probes
+
+        return probes.decode(self.buf.numpy().tobytes(), self.cfg, None)
+
+    def _loop(self):
+        last_total = None
+        while not self._stop.wait(self.interval_s):
+            snap = self._read()
+            self.last = snap
+            total = snap.progress_counter_total
+            if total != last_total or snap.stuck:
+                self.events.emit("progress", counter=total, stuck=len(snap.stuck))
+                last_total = total
+            else:
+                self.events.emit("progress", counter=total, stuck=0)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(timeout=1.0)
+
+
+def run(request: dict[str, Any], events: Events) -> None:
+    sc = request["scenario"]
+    mode = request.get("mode", "run")
+    events.emit("started", pid=os.getpid(), python=sys.version.split()[0])
+
+    device = detect_device()
+    events.emit("device", **device)
+    archs = sc["archs"]
+    runnable = mode == "run" and device["present"] and device["arch"] in archs
+    target = device["arch"] if runnable else archs[0]
+    if request.get("lineinfo"):
+        os.environ["CUTE_DSL_LINEINFO"] = "1"
+
+    import cutlass.cute as cute
+
+    from cutedebug import kernel_api
+
+    where = f"{sc['kernel']['file']}:{sc['kernel']['entry']}"
+    try:
+        cls = kernel_api.load_entry(sc["kernel"]["file"], sc["kernel"]["entry"])
+    except kernel_api.KernelLoadError:
+        raise
+    except Exception as e:  # the user's file failed to import: their input, not our bug
+        raise kernel_api.KernelLoadError(
+            f"{where}: importing the kernel file failed: {type(e).__name__}: {e}") from e
+    given = dict(sc["params"])
+    fault, fault_args = sc.get("fault"), sc.get("fault_args") or {}
+    patch_fault = fault
+    if fault:
+        from cutedebug import faults
+    if fault and (fault not in faults.FAULTS or faults.FAULTS[fault].kind == "switch"):
+        if fault not in getattr(cls, "SWITCHES", {}):
+            raise kernel_api.KernelLoadError(
+                f"{where}: fault {fault!r} is a kernel-level switch this kernel does not declare "
+                f"(its SWITCHES: {sorted(getattr(cls, 'SWITCHES', {}))})")
+        given[fault] = True
+        patch_fault = None
+    params = kernel_api.resolve_params(cls, given, where)
+    try:
+        kernel = cls(**params)
+    except Exception as e:
+        raise kernel_api.KernelLoadError(
+            f"{where}: constructing the kernel with {params} failed: {type(e).__name__}: {e}"
+        ) from e
+    events.emit("imported", params=params)
+
+    tensors = None
+    if runnable:
+        tensors = kernel.make_inputs("cuda")
+        args = kernel.cute_args(tensors)
+    else:
+        args = kernel.fake_args()
+
+    probe_cfg = probe_buf = site_table = None
+    if request.get("probes"):
+        import torch
+
+        from cutedebug import probes
+
+        probe_cfg = probes.ProbeConfig(**request["probes"])
+        nbytes = probes.buffer_nbytes(probe_cfg)
+        probe_buf = torch.zeros(nbytes, dtype=torch.uint8, pin_memory=runnable)
+        # On a CPU-only machine the address only has to be a plausible constant.
+        addr = probe_buf.data_ptr() if runnable else 0x7F0000000000
+
+    events.emit("compiling", arch=target, fault=fault, fault_args=fault_args)
+    t0 = time.monotonic()
+    with ExitStack() as stack:
+        applied = stack.enter_context(faults.inject(patch_fault, fault_args)
+                                      if patch_fault else nullcontext())
+        if probe_cfg is not None:
+            from cutedebug import probes
+
+            site_table = stack.enter_context(probes.instrument(probe_cfg, addr))
+        try:
+            compiled = cute.compile[cute.GPUArch(target), cute.KeepPTX()](kernel, *args)
+        except Exception as e:
+            events.emit("compile_error", type=type(e).__name__, message=str(e),
+                        traceback=traceback.format_exc()[-4000:])
+            return
+    compile_s = time.monotonic() - t0
+    ptx = getattr(compiled, "__ptx__", None) or ""
+    if request.get("ptx_path") and ptx:
+        Path(request["ptx_path"]).write_text(ptx)
+    events.emit("compiled", secs=round(compile_s, 3), arch=target, ptx_bytes=len(ptx),
+                compile_key=json.dumps([fault, fault_args, target, params], sort_keys=True),
+                fault_sites=getattr(applied, "sites", None) if patch_fault else None,
+                fault_count=getattr(applied, "count", None) if patch_fault else None,
+                probe_sites=site_table.to_json() if site_table is not None else None)
+
+    if not runnable:
+        if mode == "compile":
+            reason = "compile-only run: execution not requested"
+        elif not device["present"]:
+            reason = f"execution skipped: {device['reason']}"
+        else:
+            reason = (f"execution skipped: needs {' or '.join(archs)}, this GPU is "
+                      f"{device['arch']} ({device['name']})")
+        events.emit("unsupported", reason=reason)
+        return
+
+    import torch
+
+    atol, rtol = getattr(kernel, "TOLERANCE", (1e-5, 1e-5))
+    launch = getattr(kernel, "launch", None)
+    monitor = ProbeMonitor(events, probe_buf, probe_cfg) if probe_cfg else nullcontext()
+    events.emit("launched")
+    t0 = time.monotonic()
+    with monitor:
+        try:
+            if launch is not None:
+                launch(compiled, args)
+            else:
+                compiled(*args)
+            torch.cuda.synchronize()
+        except Exception as e:
+            msg = str(e)
+            events.emit("cuda_error", name=cuda_error_name(msg) or type(e).__name__,
+                        message=msg[:2000])
+            return
+    events.emit("synced", kernel_s=round(time.monotonic() - t0, 6))
+
+    if probe_cfg is not None:
+        from cutedebug import probes
+
+        snap = probes.decode(probe_buf.numpy().tobytes(), probe_cfg,
+                             site_table.sites if site_table else None)
+        events.emit("probe_report", **probes.snapshot_to_json(snap, site_table))
+
+    out, ref = kernel.output(tensors), kernel.reference(tensors)
+    stats = compare(out, ref, atol, rtol)
+    stats["digest"] = digest(out)
+    events.emit("checked", **stats)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m cutedebug.worker REQUEST.json", file=sys.stderr)
+        return 2
+    request = json.loads(Path(argv[0]).read_text())
+    events = Events(request["events"])
+    try:
+        run(request, events)
+    except Exception as e:
+        from cutedebug.kernel_api import KernelLoadError
+
+        kind = "kernel_error" if isinstance(e, KernelLoadError) else "harness_error"
+        events.emit(kind, type=type(e).__name__, message=str(e),
+                    traceback=traceback.format_exc()[-4000:])
+        if kind == "kernel_error":
+            events.emit("done")
+        return 1
+    events.emit("done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

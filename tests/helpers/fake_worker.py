@@ -1,0 +1,97 @@
+"""A stand-in for cutedebug.worker that misbehaves on purpose, for watchdog tests.
+
+usage: python fake_worker.py EVENTS_PATH BEHAVIOUR [PIDFILE]
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+events_path, behaviour = sys.argv[1], sys.argv[2]
+pidfile = sys.argv[3] if len(sys.argv) > 3 else None
+
+
+def emit(name, **kw):
+    with open(events_path, "a") as f:
+        f.write(json.dumps({"event": name, "t": 0.0, **kw}) + "\n")
+
+
+def phases(*names):
+    for n in names:
+        emit(n)
+
+
+if behaviour == "pass":
+    phases("started", "imported", "compiling", "compiled", "launched", "synced")
+    emit("checked", ok=True, digest="abc")
+    emit("done")
+elif behaviour == "sleep_forever":
+    phases("started", "imported", "compiling", "compiled", "launched")
+    time.sleep(10_000)
+elif behaviour == "busy_loop":
+    phases("started", "imported", "compiling", "compiled", "launched")
+    while True:
+        pass
+elif behaviour == "ignore_sigterm":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    phases("started", "imported", "compiling", "compiled", "launched")
+    while True:
+        time.sleep(0.01)
+elif behaviour == "grandchildren":
+    # Grandchildren that start sessions of their own escape the child's process group.
+    kids = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(10000)"],
+                             start_new_session=True) for _ in range(3)]
+    with open(pidfile, "w") as f:
+        f.write(" ".join(str(k.pid) for k in kids))
+    phases("started", "imported", "compiling", "compiled", "launched")
+    time.sleep(10_000)
+elif behaviour == "grandchildren_then_exit":
+    kids = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(10000)"],
+                             start_new_session=True) for _ in range(2)]
+    with open(pidfile, "w") as f:
+        f.write(" ".join(str(k.pid) for k in kids))
+    phases("started", "imported", "compiling", "compiled", "launched", "synced")
+    emit("checked", ok=True, digest="abc")
+    emit("done")
+elif behaviour == "segfault_compiling":
+    phases("started", "imported", "compiling")
+    os.kill(os.getpid(), signal.SIGSEGV)
+elif behaviour == "segfault_running":
+    phases("started", "imported", "compiling", "compiled", "launched")
+    os.kill(os.getpid(), signal.SIGSEGV)
+elif behaviour == "exit3":
+    emit("started")
+    sys.exit(3)
+elif behaviour == "print_50mb":
+    phases("started", "imported", "compiling", "compiled", "launched")
+    line = "x" * 1023 + "\n"
+    for _ in range(50 * 1024):
+        sys.stdout.write(line)
+    sys.stdout.flush()
+    emit("synced")
+    emit("checked", ok=True, digest="abc")
+    emit("done")
+elif behaviour == "malformed_json":
+    emit("started")
+    with open(events_path, "a") as f:
+        f.write('{"event": "imported", oops\n')
+    sys.exit(1)
+elif behaviour == "stall":
+    phases("started", "imported", "compiling", "compiled", "launched")
+    for _ in range(5):
+        emit("progress", counter=7)
+        time.sleep(0.1)
+    time.sleep(10_000)
+elif behaviour == "progressing":
+    phases("started", "imported", "compiling", "compiled", "launched")
+    for i in range(30):
+        emit("progress", counter=i)
+        time.sleep(0.05)
+    emit("synced")
+    emit("checked", ok=True, digest="abc")
+    emit("done")
+else:
+    sys.exit(f"unknown behaviour {behaviour}")

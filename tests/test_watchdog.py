@@ -1,0 +1,138 @@
+"""The watchdog against children that misbehave on purpose (tests/helpers/fake_worker.py).
+
+Each case must end with the right verdict within its deadline and leave no process behind.
+"""
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from cutedebug import runner
+from cutedebug.scenario import Limits
+from cutedebug.verdict import Verdict, classify
+
+FAKE = Path(__file__).parent / "helpers" / "fake_worker.py"
+LIMITS = Limits(compile_s=5.0, deadline_s=1.0, stall_s=0.3, import_s=5.0, check_s=5.0)
+
+
+def run_fake(tmp_path, behaviour, stall_s=None, pidfile=None):
+    events, log = tmp_path / "events.jsonl", tmp_path / "worker.log"
+    events.write_text("")
+    argv = [sys.executable, str(FAKE), str(events), behaviour]
+    if pidfile:
+        argv.append(str(pidfile))
+    t0 = time.monotonic()
+    outcome, facts = runner.watch(argv, events, log, LIMITS, stall_s=stall_s)
+    return outcome, facts, time.monotonic() - t0
+
+
+def assert_no_leftovers(facts, extra_pids=()):
+    assert runner.tagged_processes(facts["tag"]) == []
+    for pid in extra_pids:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
+
+
+@pytest.mark.parametrize("behaviour", ["sleep_forever", "busy_loop", "ignore_sigterm"])
+def test_hanging_child_is_killed_as_hang(tmp_path, behaviour):
+    outcome, facts, secs = run_fake(tmp_path, behaviour)
+    c = classify(outcome)
+    assert c.verdict is Verdict.HANG, c
+    assert outcome.killed_by_watchdog.startswith("deadline:launched")
+    assert outcome.returncode == -9
+    assert secs < LIMITS.deadline_s + 4
+    assert_no_leftovers(facts)
+
+
+def test_grandchildren_in_own_sessions_are_swept(tmp_path):
+    pidfile = tmp_path / "pids"
+    outcome, facts, _ = run_fake(tmp_path, "grandchildren", pidfile=pidfile)
+    pids = [int(p) for p in pidfile.read_text().split()]
+    assert classify(outcome).verdict is Verdict.HANG
+    assert set(pids) <= set(facts["swept"])
+    assert_no_leftovers(facts, pids)
+
+
+def test_grandchildren_of_a_child_that_exited_are_swept(tmp_path):
+    pidfile = tmp_path / "pids"
+    outcome, facts, _ = run_fake(tmp_path, "grandchildren_then_exit", pidfile=pidfile)
+    pids = [int(p) for p in pidfile.read_text().split()]
+    assert classify(outcome).verdict is Verdict.PASS
+    assert set(pids) <= set(facts["swept_after_exit"])
+    assert_no_leftovers(facts, pids)
+
+
+def test_segfault_while_compiling_is_compiler_crash(tmp_path):
+    outcome, facts, _ = run_fake(tmp_path, "segfault_compiling")
+    c = classify(outcome)
+    assert c.verdict is Verdict.COMPILER_CRASH
+    assert "SIGSEGV" in c.reason
+    assert_no_leftovers(facts)
+
+
+def test_segfault_while_running_is_crash(tmp_path):
+    outcome, facts, _ = run_fake(tmp_path, "segfault_running")
+    c = classify(outcome)
+    assert c.verdict is Verdict.CRASH
+    assert "SIGSEGV" in c.reason
+
+
+def test_early_exit_is_harness_error(tmp_path):
+    outcome, facts, _ = run_fake(tmp_path, "exit3")
+    c = classify(outcome)
+    assert c.verdict is Verdict.HARNESS_ERROR
+    assert "status 3" in c.reason
+
+
+def test_50mb_of_output_does_not_block(tmp_path):
+    outcome, facts, secs = run_fake(tmp_path, "print_50mb")
+    assert classify(outcome).verdict is Verdict.PASS
+    assert (tmp_path / "worker.log").stat().st_size >= 50 * 2**20
+    assert len(outcome.log_tail) <= 4000
+    assert_no_leftovers(facts)
+
+
+def test_malformed_json_is_harness_error(tmp_path):
+    outcome, facts, _ = run_fake(tmp_path, "malformed_json")
+    c = classify(outcome)
+    assert c.verdict is Verdict.HARNESS_ERROR
+    assert "malformed" in c.reason and "oops" in c.reason
+
+
+def test_stall_is_declared_before_the_deadline(tmp_path):
+    limits_deadline = LIMITS.deadline_s
+    outcome, facts, secs = run_fake(tmp_path, "stall", stall_s=0.3)
+    assert outcome.killed_by_watchdog == "stall"
+    assert classify(outcome).verdict is Verdict.HANG
+    assert facts["stall_detected_after_s"] >= 0.3
+    # The stall window is shorter than the deadline and the kill came from it.
+    assert facts["stall_detected_after_s"] < limits_deadline
+
+
+def test_moving_counters_are_not_a_stall(tmp_path):
+    # 1.5 s of progress with a 0.3 s stall window and... a deadline of 1 s would kill it, so
+    # give this one more time: only the stall rule is under test.
+    global LIMITS
+    saved = LIMITS
+    LIMITS = Limits(compile_s=5.0, deadline_s=10.0, stall_s=0.3, import_s=5.0, check_s=5.0)
+    try:
+        outcome, facts, _ = run_fake(tmp_path, "progressing", stall_s=0.3)
+    finally:
+        LIMITS = saved
+    assert outcome.killed_by_watchdog is None
+    assert classify(outcome).verdict is Verdict.PASS
+
+
+def test_no_process_of_ours_is_left(tmp_path):
+    # After all of the above, nothing carrying any run tag is alive.
+    left = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if runner.TAG_VAR in p.environ() and p.pid != os.getpid():
+                left.append(p.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    assert left == []
