@@ -63,6 +63,7 @@ UNINIT_READ = "UNINIT_READ"
 BARRIER_MISUSE = "BARRIER_MISUSE"
 API_ERROR = "API_ERROR"
 PARSE_FAILURE = "PARSE_FAILURE"
+TOOL_ERROR = "TOOL_ERROR"  # "Internal Sanitizer Error": the run's results cannot be trusted
 UNKNOWN = "UNKNOWN"  # a record we could read but not name: kept, never dropped
 # plus INVALID_<SPACE>_<READ|WRITE|ATOMIC>, e.g. INVALID_GLOBAL_WRITE, INVALID_SHARED_READ
 
@@ -87,7 +88,7 @@ def kind_class(kind: str, tool: str) -> str:
         return "UNINIT"
     if kind == API_ERROR:
         return "API_ERROR"
-    if kind == PARSE_FAILURE:
+    if kind in (PARSE_FAILURE, TOOL_ERROR):
         return "UNREADABLE"
     return TOOL_CLASS.get(tool, "UNREADABLE")
 
@@ -218,33 +219,35 @@ def _failure(tool: str, text: str) -> Finding:
 
 # ---- message text → kind, space, size ----------------------------------------------------
 _SPACE_RE = r"(?:__(\w+?)__|(\w+))"
-_INVALID_RE = re.compile(rf"Invalid {_SPACE_RE} (read|write|atomic)", re.I)
-_HAZARD_RE = re.compile(r"Potential (RAW|WAR|WAW) hazard", re.I)
-_SIZE_RE = re.compile(r"of size (\d+) bytes?", re.I)
-_API_RE = re.compile(r"on CUDA API call to (\w+)", re.I)
+_INVALID_RE = re.compile(rf"Invalid {_SPACE_RE} (read|write|atomic)", re.IGNORECASE)
+_HAZARD_RE = re.compile(r"Potential (RAW|WAR|WAW) hazard", re.IGNORECASE)
+_SIZE_RE = re.compile(r"of size (\d+) bytes?", re.IGNORECASE)
+_API_RE = re.compile(r"on CUDA API call to (\w+)", re.IGNORECASE)
 _SPACE_WORD_RE = re.compile(r"__(global|shared|local|generic)__")
 
 
 def _kind_from_text(tool: str, text: str) -> str:
+    if re.search(r"Internal Sanitizer Error|Sanitizer failed", text, re.IGNORECASE):
+        return TOOL_ERROR
     if m := _HAZARD_RE.search(text):
         return f"{m.group(1).upper()}_HAZARD"
-    if re.search(r"Race reported between", text, re.I):
+    if re.search(r"Race reported between", text, re.IGNORECASE):
         return RACE
     if _API_RE.search(text) or re.search(r"^Program hit ", text):
         return API_ERROR
-    if re.search(r"misaligned", text, re.I):
+    if re.search(r"misaligned", text, re.IGNORECASE):
         return MISALIGNED
     if m := _INVALID_RE.search(text):
         space = (m.group(1) or m.group(2)).upper()
         return f"INVALID_{space}_{m.group(3).upper()}"
-    if re.search(r"uninitiali[sz]ed", text, re.I):
+    if re.search(r"uninitiali[sz]ed", text, re.IGNORECASE):
         return UNINIT_READ
-    if re.search(r"barrier|divergent thread|synchroniz", text, re.I):
+    if re.search(r"barrier|divergent thread|synchroniz", text, re.IGNORECASE):
         return BARRIER_MISUSE
-    if re.search(r"leak", text, re.I):
+    if re.search(r"leak", text, re.IGNORECASE):
         return LEAK
     if re.search(r"^(Warp|Lane|Device) |illegal|out-of-range|exception|malformed|trap", text,
-                 re.I):
+                 re.IGNORECASE):
         return HARDWARE_EXCEPTION
     return {"racecheck": RACE, "synccheck": BARRIER_MISUSE,
             "initcheck": UNINIT_READ}.get(tool, UNKNOWN)
@@ -264,9 +267,9 @@ def _severity(kind: str, level: str | None, text: str) -> str:
     if level:
         lv = level.strip().lower()
         return {"err": "error", "warn": "warning"}.get(lv, lv)
-    if re.match(r"\s*warning\b", text, re.I):
+    if re.match(r"\s*warning\b", text, re.IGNORECASE):
         return "warning"
-    if re.match(r"\s*info\b", text, re.I):
+    if re.match(r"\s*info\b", text, re.IGNORECASE):
         return "info"
     return "error"
 
@@ -331,8 +334,7 @@ def _site_from(elem: ET.Element) -> Site | None:
         return None
     return Site(file=_text(where, "path", "file"), line=_int(_text(where, "line")),
                 func=_text(where, "func", "function"),
-                access=_text(elem, "access", "accessType", "type") if elem.tag != "record"
-                else None,
+                access=_text(elem, "access", "accessType") if elem.tag != "record" else None,
                 thread=_triple(_first(elem, "threadIdx")))
 
 
@@ -386,7 +388,7 @@ def _finding_from_record(rec: ET.Element, tool: str) -> Finding:
                    address=_text(rec, "address", "accessAddress"))
 
 
-_RECORD_BLOCK = re.compile(r"<record\b.*?</record>", re.S)
+_RECORD_BLOCK = re.compile(r"<record\b.*?</record>", re.DOTALL)
 
 
 def parse_xml(path_or_text: str | os.PathLike, tool: str) -> list[Finding]:
@@ -430,8 +432,8 @@ def _read_source(path_or_text: str | os.PathLike) -> tuple[str | None, str]:
 _PREFIX = re.compile(r"^=+ ?")
 _NOT_RECORD = re.compile(
     r"^(COMPUTE-SANITIZER|(ERROR|RACECHECK|LEAK) SUMMARY|Target application|"
-    r"This (error|report)|Note:|Tool|Warning: (Device|The)|Saved host|Host Frame|Device Frame)",
-    re.I)
+    r"This (error|report)|Saved host|Host Frame|Device Frame|"
+    r"Error: (process didn't terminate|Target application))", re.IGNORECASE)
 _BY_THREAD = re.compile(r"by thread \((\d+),(\d+),(\d+)\) in block \((\d+),(\d+),(\d+)\)")
 _IN_BLOCK = re.compile(r"in block \((\d+),(\d+),(\d+)\)")
 _HAZ_THREAD = re.compile(r"^(Read|Write)\s+Thread \((\d+),(\d+),(\d+)\) at (.*)$")
@@ -584,8 +586,8 @@ NOISE_ANALYSIS_DUP = ("racecheck analysis record summarising hazards already rep
                       "one by one")
 
 _TMA_SOURCE = re.compile(
-    r"tma|cp_async_bulk|bulk_copy|copy_bulk|TmaCopy|CopyBulk|store_async_dsmem", re.I)
-_TMA_TEXT = re.compile(r"bulk|async copy|cp\.async\.bulk|UTMA|UBLKCP|\btma\b", re.I)
+    r"tma|cp_async_bulk|bulk_copy|copy_bulk|TmaCopy|CopyBulk|store_async_dsmem", re.IGNORECASE)
+_TMA_TEXT = re.compile(r"bulk|async copy|cp\.async\.bulk|UTMA|UBLKCP|\btma\b", re.IGNORECASE)
 
 
 def filter_noise(findings: Iterable[Finding], *, tma: bool = True,
@@ -600,9 +602,7 @@ def filter_noise(findings: Iterable[Finding], *, tma: bool = True,
                           if f.kind in (RAW_HAZARD, WAR_HAZARD, WAW_HAZARD) for ln in f.lines}
     for f in findings:
         reason = None
-        if f.kind == API_ERROR and (f.api or "").startswith("cuGetProcAddress"):
-            reason = NOISE_PROC_ADDRESS
-        elif f.kind == API_ERROR and re.search(r"cuGetProcAddress", f.text):
+        if f.kind == API_ERROR and "cuGetProcAddress" in ((f.api or "") + f.text):
             reason = NOISE_PROC_ADDRESS
         elif f.kind == RACE and f.lines and set(f.lines) <= typed_hazard_lines:
             reason = NOISE_ANALYSIS_DUP
@@ -815,12 +815,13 @@ def render_markdown(result: Mapping[str, Any]) -> str:
     out.append("")
     shrink_info = result.get("shrink")
     if shrink_info:
+        sig_lines = [{"file": f, "line": ln} for f, ln in shrink_info["signature"][1]]
         out += ["## Shrunk", "",
-                f"- original {shrink_info['original']} "
-                f"({_secs(shrink_info.get('original_seconds'))})",
-                f"- shrunk {shrink_info['shrunk']} ({_secs(shrink_info.get('shrunk_seconds'))})"
-                f", same finding {shrink_info['signature'][0]} at "
-                f"{_where([{'file': f, 'line': ln} for f, ln in shrink_info['signature'][1]])}",
+                (f"- original {shrink_info['original']} "
+                 f"({_secs(shrink_info.get('original_seconds'))})"),
+                (f"- shrunk {shrink_info['shrunk']} "
+                 f"({_secs(shrink_info.get('shrunk_seconds'))}), same finding "
+                 f"{shrink_info['signature'][0]} at {_where(sig_lines)}"),
                 f"- {len(shrink_info['runs'])} candidate run(s), none repeated", ""]
     out += ["## Reproduce", "", "```", result.get("reproduce", ""), "```", ""]
     timing = [f"sanitizer run {_secs(result.get('sanitizer_seconds'))}"]
@@ -882,9 +883,10 @@ def shrink(params: Mapping[str, Any], shrinkable: Sequence[str],
             return False
         t0 = clock()
         error = None
+        # A broken candidate (e.g. a size the kernel rejects) does not reproduce.
         try:
             found = list(run(dict(p)))
-        except Exception as exc:  # a broken candidate (e.g. size rejected) does not reproduce
+        except Exception as exc:  # noqa: BLE001
             found, error = [], f"{type(exc).__name__}: {exc}"
         dt = clock() - t0
         kept, _ = filter_noise(found)
