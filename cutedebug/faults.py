@@ -1,0 +1,742 @@
+"""The fault registry: named, parameterized bugs injected while a kernel is traced.
+
+A ``patch`` fault replaces functions of ``cutlass.pipeline`` / ``cutlass.cute.arch`` inside a
+context manager, so ANY kernel traced by ``cute.compile`` inside the context gets the bug,
+with no edit of its source. Everything is restored on exit, exceptions included.
+A ``switch`` fault cannot be a patch (e.g. dropping a tile-edge predicate): the kernel declares
+it in ``SWITCHES`` and reads a bool param of the same name (see ``switch_params``).
+
+This module imports neither cutlass nor torch at import time: the harness parent validates
+scenario fault specs with it. cutlass is imported inside the patch functions only.
+
+Usage (in the worker, around the compile)::
+
+    args = validate(name, args)                      # FaultSpecError on a bad spec
+    with inject(name, args) as applied:
+        compiled = cute.compile(kernel, *fake_args)
+    applied.sites   # [{"fault", "op", "file", "line", "function", "detail"}, ...]
+    applied.count   # 0: the fault never triggered on this kernel (applied.require() raises)
+
+"at_iteration" semantics: a loop body is traced once, so an iteration cannot be picked at
+trace time. Release faults emit a run-time test on the consumer state's ``count`` (the
+number of ``advance`` calls before this release, i.e. the 0-based k-tile of the release when
+the kernel releases before advancing, or uses the handle API). A kernel that resets the
+count per work tile gets the fault in every tile. A state with no ``count`` falls back to the
+trace order of the release call sites (noted in the site's detail).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import sys
+import sysconfig
+from collections.abc import Callable, Iterator
+from typing import Any
+
+VERDICTS = ("PASS", "MISMATCH", "HANG", "CRASH", "RACE", "MEMORY_ERROR", "SYNC_ERROR", "UNINIT")
+DEPENDS = "depends"
+
+
+class FaultSpecError(ValueError):
+    """A fault spec is invalid; the message names the field, the bad value and what is allowed."""
+
+
+class FaultApplyError(RuntimeError):
+    """A fault cannot be applied to this kernel as asked (e.g. a negative tx byte count)."""
+
+
+class FaultNotTriggered(RuntimeError):
+    """The fault was injected but no patched site was traced: the kernel is unaffected."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Param:
+    type: type
+    default: Any
+    description: str
+    choices: tuple[Any, ...] | None = None
+    minimum: int | None = None
+    nonzero: bool = False
+
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": self.type.__name__, "default": self.default,
+                               "description": self.description}
+        if self.choices is not None:
+            out["choices"] = list(self.choices)
+        if self.minimum is not None:
+            out["minimum"] = self.minimum
+        if self.nonzero:
+            out["nonzero"] = True
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Fault:
+    name: str
+    description: str
+    params: dict[str, Param]
+    expected: str  # a verdict of VERDICTS, or DEPENDS (then expected_note says on what)
+    kind: str = "patch"  # "patch" | "switch"
+    expected_note: str = ""
+    patches: tuple[str, ...] = ()  # what the patch replaces, for reports and `cutedebug faults`
+    apply: Callable[[_Patcher, dict[str, Any], Applied], None] | None = None
+    refine: Callable[[dict[str, Any]], tuple[str, str]] | None = None  # args -> verdict, note
+
+    def expected_for(self, args: dict[str, Any]) -> tuple[str, str]:
+        if self.refine is not None:
+            return self.refine(args)
+        return self.expected, self.expected_note
+
+
+@dataclasses.dataclass
+class Applied:
+    """What an injection changed: one site per traced call that the fault altered."""
+
+    fault: str | None
+    args: dict[str, Any]
+    kind: str = "patch"
+    sites: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)
+    patched: list[str] = dataclasses.field(default_factory=list)  # "module.attr" replaced
+
+    @property
+    def count(self) -> int:
+        return len(self.sites)
+
+    def require(self) -> None:
+        if self.fault is not None and self.count == 0:
+            raise FaultNotTriggered(
+                f"fault {self.fault}{_fmt_args(self.args)} never triggered while tracing: "
+                f"none of {self.patched or ['its patched functions']} was called by the kernel")
+
+    def add_site(self, op: str, detail: str, **extra: Any) -> dict[str, Any]:
+        where = _kernel_frame()
+        site = {"fault": self.fault, "op": op, "file": where[0], "line": where[1],
+                "function": where[2], "detail": detail, **extra}
+        self.sites.append(site)
+        return site
+
+
+# ---- validation ------------------------------------------------------------------------------
+
+def _fmt_args(args: dict[str, Any]) -> str:
+    return "(" + ", ".join(f"{k}={args[k]!r}" for k in sorted(args)) + ")"
+
+
+def validate(name: str | None, args: dict[str, Any] | None) -> dict[str, Any]:
+    """Normalized args (defaults filled in) of fault ``name``; FaultSpecError when invalid."""
+    args = {} if args is None else args
+    if name is None:
+        if args:
+            raise FaultSpecError(f"fault.args = {args!r}: arguments given but no fault name")
+        return {}
+    if not isinstance(name, str) or name not in FAULTS:
+        raise FaultSpecError(f"fault.name = {name!r}: unknown fault; allowed: {sorted(FAULTS)}")
+    if not isinstance(args, dict):
+        raise FaultSpecError(f"fault.args = {args!r}: expected a table of argument values")
+    fault = FAULTS[name]
+    out = {}
+    for key in args:
+        if key not in fault.params:
+            raise FaultSpecError(f"fault.args.{key} = {args[key]!r}: unknown argument of {name}; "
+                                 f"allowed: {sorted(fault.params) or 'none'}")
+    for key, param in fault.params.items():
+        value = args.get(key, param.default)
+        ok = isinstance(value, param.type) and not (
+            param.type is int and isinstance(value, bool))
+        if not ok:
+            raise FaultSpecError(f"fault.args.{key} = {value!r}: expected {param.type.__name__}"
+                                 f" (argument of {name})")
+        if param.choices is not None and value not in param.choices:
+            raise FaultSpecError(f"fault.args.{key} = {value!r}: allowed values "
+                                 f"{list(param.choices)} (argument of {name})")
+        if param.minimum is not None and value < param.minimum:
+            raise FaultSpecError(f"fault.args.{key} = {value!r}: must be >= {param.minimum} "
+                                 f"(argument of {name})")
+        if param.nonzero and value == 0:
+            raise FaultSpecError(f"fault.args.{key} = 0: must be nonzero (argument of {name})")
+        out[key] = value
+    return out
+
+
+def spec_key(name: str | None, args: dict[str, Any] | None) -> str:
+    """Stable string for the compile key: equal for equal normalized specs."""
+    if name is None:
+        return "none"
+    return name + _fmt_args(validate(name, args))
+
+
+def expected_verdict(name: str | None, args: dict[str, Any] | None) -> tuple[str, str]:
+    """(verdict or DEPENDS, note) the fault is expected to cause with these args."""
+    if name is None:
+        return "PASS", ""
+    return FAULTS[name].expected_for(validate(name, args))
+
+
+def describe_all() -> list[dict[str, Any]]:
+    out = []
+    for fault in FAULTS.values():
+        out.append({
+            "name": fault.name, "kind": fault.kind, "description": fault.description,
+            "params": {k: p.describe() for k, p in fault.params.items()},
+            "expected": fault.expected, "expected_note": fault.expected_note,
+            "patches": list(fault.patches),
+        })
+    return out
+
+
+def switch_params(name: str, kernel: Any) -> dict[str, bool]:
+    """Kernel params that turn switch fault ``name`` on; FaultSpecError if the kernel lacks it."""
+    fault = FAULTS.get(name)
+    if fault is None or fault.kind != "switch":
+        raise FaultSpecError(f"fault.name = {name!r}: not a switch fault; switches: "
+                             f"{sorted(n for n, f in FAULTS.items() if f.kind == 'switch')}")
+    declared = getattr(kernel, "SWITCHES", {}) or {}
+    if name not in declared:
+        kname = getattr(kernel, "__name__", type(kernel).__name__)
+        raise FaultSpecError(f"fault.name = {name!r}: kernel {kname} does not declare this "
+                             f"switch; its SWITCHES: {sorted(declared) or 'none'}")
+    return {name: True}
+
+
+# ---- injection -------------------------------------------------------------------------------
+
+def inject(name: str | None, args: dict[str, Any] | None = None, *, kernel: Any = None,
+           strict: bool = False) -> contextlib.AbstractContextManager[Applied]:
+    """Context manager: fault ``name`` is active inside; yields an ``Applied`` record.
+
+    ``kernel`` (class or instance) is checked for a switch fault's declaration. With
+    ``strict``, a clean exit with no triggered site raises FaultNotTriggered (after restoring).
+    """
+    if name is None:
+        validate(None, args)
+        return contextlib.nullcontext(Applied(None, {}))
+    return _inject(name, validate(name, args), kernel, strict)
+
+
+@contextlib.contextmanager
+def _inject(name: str, args: dict[str, Any], kernel: Any, strict: bool) -> Iterator[Applied]:
+    fault = FAULTS[name]
+    applied = Applied(name, args, kind=fault.kind)
+    if fault.kind == "switch":
+        if kernel is not None:
+            switch_params(name, kernel)
+            applied.sites.append({"fault": name, "op": "switch", "file": None, "line": None,
+                                  "function": None, "detail": f"kernel param {name}=True"})
+        else:
+            applied.notes.append("switch: set the kernel param through switch_params()")
+        yield applied
+        return
+    patcher = _Patcher(applied)
+    try:
+        assert fault.apply is not None
+        fault.apply(patcher, args, applied)
+        yield applied
+    finally:
+        patcher.restore()
+    if strict:
+        applied.require()
+
+
+class _Patcher:
+    """Replaces attributes and remembers how to put every one of them back."""
+
+    def __init__(self, applied: Applied):
+        self.applied = applied
+        self._undo: list[tuple[Any, str, bool, Any]] = []
+        self._swaps: list[tuple[Any, Any]] = []
+
+    def set_attr(self, owner: Any, attr: str, value: Any) -> None:
+        had = attr in vars(owner)
+        self._undo.append((owner, attr, had, vars(owner).get(attr)))
+        setattr(owner, attr, value)
+        self.applied.patched.append(f"{getattr(owner, '__name__', owner)}.{attr}")
+
+    def replace_everywhere(self, original: Any, replacement: Any) -> int:
+        """Rebind every module global that holds ``original`` (names imported with `from`)."""
+        n = 0
+        for module in list(sys.modules.values()):
+            for attr, value in _module_items(module):
+                if value is original:
+                    self.set_attr(module, attr, replacement)
+                    n += 1
+        self._swaps.append((replacement, original))
+        return n
+
+    def restore(self) -> None:
+        while self._undo:
+            owner, attr, had, old = self._undo.pop()
+            if had:
+                setattr(owner, attr, old)
+            else:
+                with contextlib.suppress(AttributeError):
+                    delattr(owner, attr)
+        # A module imported inside the context may have bound a replacement by name.
+        for replacement, original in reversed(self._swaps):
+            for module in list(sys.modules.values()):
+                for attr, value in _module_items(module):
+                    if value is replacement:
+                        setattr(module, attr, original)
+        self._swaps.clear()
+
+
+def _module_items(module: Any) -> list[tuple[str, Any]]:
+    try:
+        return list(vars(module).items())
+    except TypeError:
+        return []
+
+
+# ---- kernel call sites -----------------------------------------------------------------------
+
+_SKIP_DIRS: tuple[str, ...] | None = None
+
+
+def _skip_dirs() -> tuple[str, ...]:
+    global _SKIP_DIRS
+    if _SKIP_DIRS is None:
+        import cutlass
+
+        root = os.path.dirname(os.path.abspath(cutlass.__file__))
+        up = root
+        while up != os.path.dirname(up) and os.path.basename(up) != "nvidia_cutlass_dsl":
+            up = os.path.dirname(up)
+        if os.path.basename(up) == "nvidia_cutlass_dsl":
+            root = up
+        dirs = [root + os.sep, sysconfig.get_paths()["stdlib"] + os.sep]
+        _SKIP_DIRS = tuple(dirs)
+    return _SKIP_DIRS
+
+
+def _kernel_frame() -> tuple[str | None, int | None, str | None]:
+    """file, line, function of the innermost frame outside cutlass, the stdlib and this file."""
+    skip = _skip_dirs()
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if (filename != __file__ and not filename.startswith(skip)
+                and not filename.startswith("<")):
+            return filename, frame.f_lineno, frame.f_code.co_name
+        frame = frame.f_back
+    return None, None, None
+
+
+def _called_from(names: frozenset[str]) -> bool:
+    """True when a cutlass.pipeline frame named in ``names`` is on the stack (library internals)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if (frame.f_code.co_name in names
+                and frame.f_globals.get("__name__", "").startswith("cutlass.pipeline")):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _pipeline_classes(attr: str, exclude: tuple[str, ...] = ()) -> list[type]:
+    """PipelineAsync and all its subclasses (library or user) that define ``attr`` themselves."""
+    from cutlass.pipeline import PipelineAsync
+
+    seen: list[type] = []
+    todo = [PipelineAsync]
+    while todo:
+        cls = todo.pop()
+        if cls in seen:
+            continue
+        seen.append(cls)
+        todo.extend(cls.__subclasses__())
+    return [c for c in seen if attr in vars(c) and c.__name__ not in exclude]
+
+
+def _user_op(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap like the library's ops, so `loc` points at the kernel line, not at this file."""
+    from cutlass.cutlass_dsl import dsl_user_op
+
+    return dsl_user_op(fn)
+
+
+class _Depth:
+    """Reentrancy guard: a patched method that calls its patched base applies the fault once."""
+
+    def __init__(self) -> None:
+        self.level = 0
+
+    @contextlib.contextmanager
+    def enter(self) -> Iterator[bool]:
+        self.level += 1
+        try:
+            yield self.level == 1
+        finally:
+            self.level -= 1
+
+
+def _static_value(x: Any) -> Any:
+    return x if isinstance(x, int) and not isinstance(x, bool) else None
+
+
+# ---- patch faults ----------------------------------------------------------------------------
+
+def _apply_wrong_expect_tx(p: _Patcher, args: dict[str, Any], applied: Applied) -> None:
+    from cutlass import cute
+
+    delta = args["delta_bytes"]
+    for fname in ("mbarrier_arrive_and_expect_tx", "mbarrier_expect_tx"):
+        original = getattr(cute.arch, fname)
+
+        def replacement(mbar_ptr, tx_bytes, *rest, _orig=original, _op=fname, loc=None,
+                        ip=None, **kw):
+            static = _static_value(tx_bytes)
+            if static is not None and static + delta < 0:
+                raise FaultApplyError(f"wrong_expect_tx: {static} + {delta} tx bytes < 0")
+            applied.add_site(_op, f"tx bytes {tx_bytes} -> {tx_bytes + delta}",
+                             tx_bytes=static, tx_bytes_faulted=None if static is None
+                             else static + delta)
+            return _orig(mbar_ptr, tx_bytes + delta, *rest, loc=loc, ip=ip, **kw)
+
+        p.replace_everywhere(original, _user_op(replacement))
+
+
+_NO_FLIP_STATE: type | None = None
+
+
+def _no_flip_state_class() -> type:
+    """A PipelineState whose advance never flips the phase (made once, on first use)."""
+    global _NO_FLIP_STATE
+    if _NO_FLIP_STATE is not None:
+        return _NO_FLIP_STATE
+    from cutlass.cutlass_dsl import Int32, dsl_user_op, if_generate
+    from cutlass.pipeline import PipelineState
+
+    class NoPhaseFlipState(PipelineState):
+        """Injected by cutedebug (missing_phase_flip): index wraps, phase stays."""
+
+        _on_advance: Callable[[], None] | None = None
+
+        def _like(self, count, index, phase):
+            new = NoPhaseFlipState(self._stages, count, index, phase)
+            new._on_advance = self._on_advance
+            return new
+
+        def clone(self, *, loc=None, ip=None):
+            return self._like(self._count, self._index, self._phase)
+
+        @dsl_user_op
+        def advance(self, count=1, *, loc=None, ip=None):
+            if isinstance(count, int) and count < 1:
+                raise ValueError("count must be >= 1")
+            if self._on_advance is not None:
+                self._on_advance()
+            if not isinstance(count, int) or count > 1:
+                self._count = self._count + count
+                self._index = (self._index + count) % self._stages
+                return
+            self._index = self._index + 1
+            self._count = self._count + 1
+            self._index = if_generate(
+                self._index == self._stages,
+                lambda index: Int32(0),
+                lambda index: index,
+                [self._index], [Int32], loc=loc, ip=ip)
+
+        def __new_from_mlir_values__(self, values):
+            return self._like(Int32(values[0]), Int32(values[1]), Int32(values[2]))
+
+    _NO_FLIP_STATE = NoPhaseFlipState
+    return NoPhaseFlipState
+
+
+def _apply_missing_phase_flip(p: _Patcher, args: dict[str, Any], applied: Applied) -> None:
+    import cutlass.pipeline as pl
+
+    role = args["role"]
+    wanted = {"producer": (pl.PipelineUserType.Producer, pl.PipelineUserType.ProducerConsumer),
+              "consumer": (pl.PipelineUserType.Consumer, pl.PipelineUserType.ProducerConsumer)}
+    no_flip = _no_flip_state_class()
+    original = pl.make_pipeline_state
+
+    def make_pipeline_state(type, stages, *, loc=None, ip=None):
+        state = original(type, stages, loc=loc, ip=ip)
+        if type not in wanted[role]:
+            return state
+        applied.add_site("make_pipeline_state", f"{role} state: phase never flips on wrap",
+                         stages=stages)
+        faulty = no_flip(state._stages, state._count, state._index, state._phase)
+        faulty._on_advance = lambda: applied.add_site(
+            "advance", f"{role} state advanced without phase flip", stages=stages)
+        return faulty
+
+    p.replace_everywhere(original, _user_op(make_pipeline_state))
+
+
+def _apply_skip_producer_tail(p: _Patcher, args: dict[str, Any], applied: Applied) -> None:
+    # PipelineTmaStore's tail is a bulk-group wait, not a drain of empty barriers.
+    for cls in _pipeline_classes("producer_tail", exclude=("PipelineTmaStore",)):
+
+        def producer_tail(self, *rest, _cls=cls, loc=None, ip=None, **kw):
+            applied.add_site("producer_tail", f"{type(self).__name__}.producer_tail skipped "
+                             f"({self.num_stages} empty-barrier waits removed)",
+                             pipeline=type(self).__name__, num_stages=self.num_stages)
+
+        p.set_attr(cls, "producer_tail", _user_op(producer_tail))
+
+
+def _release_patch(p: _Patcher, args: dict[str, Any], applied: Applied, extra: bool) -> None:
+    from cutlass.cutlass_dsl import if_generate
+
+    k = args["at_iteration"]
+    depth = _Depth()
+    traced = [0]
+    fault = "extra" if extra else "skip"
+    for cls in _pipeline_classes("consumer_release", exclude=("PipelineTmaStore",)):
+        original = vars(cls)["consumer_release"]
+
+        def consumer_release(self, state, *rest, _orig=original, loc=None, ip=None, **kw):
+            with depth.enter() as outermost:
+                if not outermost:
+                    return _orig(self, state, *rest, loc=loc, ip=ip, **kw)
+
+                def release(inner_ip=ip):
+                    _orig(self, state, *rest, loc=loc, ip=inner_ip, **kw)
+
+                pname = type(self).__name__
+                count = getattr(state, "count", None)
+                if k == -1:
+                    when = "every iteration"
+                    if extra:
+                        release()
+                        release()
+                    applied.add_site("consumer_release", f"{fault} release, {when}",
+                                     pipeline=pname, at_iteration=k)
+                    return None
+                if count is None:  # no run-time count: the k-th traced call site
+                    index, traced[0] = traced[0], traced[0] + 1
+                    hit = index == k
+                    if extra or not hit:
+                        release()
+                    if hit:
+                        if extra:
+                            release()
+                        applied.add_site("consumer_release",
+                                         f"{fault} release at traced call site {k} (the "
+                                         "state has no count)", pipeline=pname, at_iteration=k)
+                    return None
+                static = _static_value(count)
+                if static is not None:  # a compile-time count: decide now
+                    if extra or static != k:
+                        release()
+                    if static == k:
+                        if extra:
+                            release()
+                        applied.add_site("consumer_release", f"{fault} release at count {k}",
+                                         pipeline=pname, at_iteration=k)
+                    return None
+                if extra:
+                    release()
+                    if_generate(count == k, lambda: release(None), loc=loc, ip=ip)
+                else:
+                    if_generate(count != k, lambda: release(None), loc=loc, ip=ip)
+                applied.add_site("consumer_release",
+                                 f"{fault} release when state.count == {k} (run-time test)",
+                                 pipeline=pname, at_iteration=k)
+                return None
+
+        p.set_attr(cls, "consumer_release", _user_op(consumer_release))
+
+
+def _apply_skip_consumer_release(p: _Patcher, args: dict[str, Any], applied: Applied) -> None:
+    _release_patch(p, args, applied, extra=False)
+
+
+def _apply_extra_consumer_release(p: _Patcher, args: dict[str, Any], applied: Applied) -> None:
+    _release_patch(p, args, applied, extra=True)
+
+
+def _apply_wrong_arrive_count(p: _Patcher, args: dict[str, Any], applied: Applied) -> None:
+    from cutlass.pipeline import Agent, CooperativeGroup
+    from cutlass.pipeline.helpers import _get_thread_arrive_count
+
+    delta, which = args["delta"], args["barrier"]
+    depth = _Depth()
+    for cls in _pipeline_classes("_make_sync_object"):
+        original = cls._make_sync_object  # plain function or unwrapped staticmethod
+
+        def make_sync_object(*a, _orig=original, _cls=cls, **kw):
+            with depth.enter() as outermost:
+                a = list(a)
+                agent = kw["agent"] if "agent" in kw else a[2]
+                if outermost and kw.get("phase", "") == which:
+                    op, group = agent
+                    count = _get_thread_arrive_count(group)
+                    static = _static_value(count)
+                    if static is not None and static + delta < 1:
+                        raise FaultApplyError(f"wrong_arrive_count: {which} barrier arrive count "
+                                              f"{static} + {delta} < 1")
+                    agent = (op, CooperativeGroup(Agent.Thread, count + delta))
+                    applied.add_site("mbarrier_init", f"{which} barriers: arrive count {count} "
+                                     f"-> {count + delta}", pipeline=_cls.__name__,
+                                     arrive_count=static, arrive_count_faulted=None
+                                     if static is None else static + delta)
+                    if "agent" in kw:
+                        kw["agent"] = agent
+                    else:
+                        a[2] = agent
+                return _orig(*a, **kw)
+
+        p.set_attr(cls, "_make_sync_object", staticmethod(make_sync_object))
+
+
+_INIT_FUNCTIONS = frozenset({"create", "pipeline_init_wait", "pipeline_init_arrive"})
+
+
+def _apply_missing_init_fence(p: _Patcher, args: dict[str, Any], applied: Applied) -> None:
+    import cutlass.pipeline as pl
+    from cutlass import cute
+
+    drop = args["drop"]
+    if drop in ("fence", "both"):
+        original_fence = cute.arch.mbarrier_init_fence
+
+        def mbarrier_init_fence(*, loc=None, ip=None):
+            applied.add_site("mbarrier_init_fence", "fence.mbarrier_init dropped")
+
+        p.replace_everywhere(original_fence, _user_op(mbarrier_init_fence))
+    if drop in ("sync", "both"):
+        original_sync = pl.agent_sync
+
+        def agent_sync(group, *rest, loc=None, ip=None, **kw):
+            if group in (pl.Agent.ThreadBlock, pl.Agent.ThreadBlockCluster):
+                applied.add_site("agent_sync", f"post-init {group.name} sync dropped")
+                return None
+            return original_sync(group, *rest, loc=loc, ip=ip, **kw)
+
+        # Only the library's own uses (create / pipeline_init_wait), not a kernel's direct calls.
+        replacement = _user_op(agent_sync)
+        for name, module in list(sys.modules.items()):
+            if name.startswith("cutlass.pipeline.") and getattr(module, "agent_sync", None) \
+                    is original_sync:
+                p.set_attr(module, "agent_sync", replacement)
+
+
+def _apply_drop_sync(p: _Patcher, args: dict[str, Any], applied: Applied) -> None:
+    from cutlass import cute
+
+    which = args["which"]
+    traced = [0]
+    for fname in ("sync_threads", "barrier"):
+        original = getattr(cute.arch, fname)
+
+        def replacement(*a, _orig=original, _op=fname, loc=None, ip=None, **kw):
+            # Barrier-init syncs inside pipeline create() belong to missing_init_fence.
+            if _called_from(_INIT_FUNCTIONS):
+                return _orig(*a, loc=loc, ip=ip, **kw)
+            index, traced[0] = traced[0], traced[0] + 1
+            if which in (-1, index):
+                bar = kw.get("barrier_id", 0 if _op == "sync_threads" else None)
+                applied.add_site(_op, f"sync call site #{index} dropped (barrier id {bar})",
+                                 sync_index=index, barrier_id=_static_value(bar))
+                return None
+            return _orig(*a, loc=loc, ip=ip, **kw)
+
+        p.replace_everywhere(original, _user_op(replacement))
+
+
+# ---- verdict refinements ---------------------------------------------------------------------
+
+def _refine_expect_tx(args: dict[str, Any]) -> tuple[str, str]:
+    if args["delta_bytes"] > 0:
+        return "HANG", "the full barrier's tx count never reaches zero: consumer_wait never returns"
+    return "MISMATCH", ("the full barrier completes before all bytes land: the consumer may read "
+                        "a partly written stage (timing-dependent; may PASS)")
+
+
+def _refine_arrive_count(args: dict[str, Any]) -> tuple[str, str]:
+    side = "producer_acquire" if args["barrier"] == "empty" else "consumer_wait"
+    if args["delta"] > 0:
+        return "HANG", f"the {args['barrier']} barrier never completes: {side} never returns"
+    return DEPENDS, (f"the {args['barrier']} barrier completes before every arrive: {side} "
+                     "returns early; MISMATCH or RACE when the stage is overwritten/read early")
+
+
+# ---- the registry ----------------------------------------------------------------------------
+
+_AT_ITERATION = Param(int, 0, "consumer state count at which it happens (run-time test); "
+                      "-1 = every iteration", minimum=-1)
+
+FAULTS: dict[str, Fault] = {f.name: f for f in (
+    Fault(
+        "wrong_expect_tx", "expect_tx byte count off by delta_bytes on every arrive.expect_tx",
+        {"delta_bytes": Param(int, 16, "bytes added to each expect_tx (negative: fewer)",
+                              nonzero=True)},
+        DEPENDS, expected_note="delta > 0: HANG (full barrier never completes); delta < 0: "
+        "MISMATCH (phase completes before the data lands)",
+        patches=("cute.arch.mbarrier_arrive_and_expect_tx", "cute.arch.mbarrier_expect_tx"),
+        apply=_apply_wrong_expect_tx, refine=_refine_expect_tx),
+    Fault(
+        "missing_phase_flip", "the PipelineState of one role wraps its index without flipping "
+        "the phase bit",
+        {"role": Param(str, "consumer", "whose states (make_pipeline_state) lose the flip",
+                       choices=("producer", "consumer"))},
+        DEPENDS, expected_note="consumer: MISMATCH (waits on an already-completed parity, reads "
+        "stale stages); producer: MISMATCH/RACE (overwrites stages still being read), HANG if "
+        "a full barrier is lapped",
+        patches=("cutlass.pipeline.make_pipeline_state (state subclass without phase flip)",),
+        apply=_apply_missing_phase_flip),
+    Fault(
+        "skip_producer_tail", "producer_tail (drain of every empty barrier before exit) is a "
+        "no-op", {},
+        DEPENDS, expected_note="PASS in a single CTA; in a cluster a consumer's remote arrive "
+        "may target an exited CTA (CRASH or HANG)",
+        patches=("PipelineAsync.producer_tail and overrides",),
+        apply=_apply_skip_producer_tail),
+    Fault(
+        "skip_consumer_release", "one consumer_release is not performed (run-time test on the "
+        "state's count)", {"at_iteration": _AT_ITERATION},
+        "HANG", expected_note="the empty barrier of that stage never completes: the producer "
+        "(producer_acquire or producer_tail) waits forever; PASS only if at_iteration is never "
+        "reached", patches=("PipelineAsync.consumer_release and overrides",),
+        apply=_apply_skip_consumer_release),
+    Fault(
+        "extra_consumer_release", "one consumer_release is performed twice (run-time test on "
+        "the state's count)", {"at_iteration": _AT_ITERATION},
+        "MISMATCH", expected_note="the empty barrier runs one phase ahead: the producer "
+        "overwrites a stage still being read (RACE under racecheck; timing-dependent)",
+        patches=("PipelineAsync.consumer_release and overrides",),
+        apply=_apply_extra_consumer_release),
+    Fault(
+        "wrong_arrive_count", "the pipeline's barriers are initialised with an arrive count "
+        "off by delta",
+        {"delta": Param(int, 1, "arrivals added to the init count (negative: fewer)",
+                        nonzero=True),
+         "barrier": Param(str, "empty", "which barriers of each pipeline",
+                          choices=("empty", "full"))},
+        DEPENDS, expected_note="delta > 0: HANG; delta < 0: MISMATCH/RACE (phase completes "
+        "before every agent arrived)",
+        patches=("PipelineAsync._make_sync_object and overrides (agent group)",),
+        apply=_apply_wrong_arrive_count, refine=_refine_arrive_count),
+    Fault(
+        "missing_init_fence", "barrier init is not fenced and/or not synced before first use",
+        {"drop": Param(str, "both", "what to drop after mbarrier.init",
+                       choices=("fence", "sync", "both"))},
+        DEPENDS, expected_note="usually PASS at run time (init wins the race); a warp that "
+        "uses an uninitialised barrier may HANG or pass a wait early (MISMATCH); synccheck/"
+        "racecheck may report",
+        patches=("cute.arch.mbarrier_init_fence", ("agent_sync inside cutlass.pipeline "
+                 "(create / pipeline_init_wait)")),
+        apply=_apply_missing_init_fence),
+    Fault(
+        "drop_sync", "a sync_threads / named-barrier call of the kernel is dropped",
+        {"which": Param(int, 0, "which call site in trace order (0 = first); -1 = all",
+                        minimum=-1)},
+        "RACE", expected_note="shared-memory hazard (racecheck RAW/WAR); MISMATCH when the race "
+        "is lost at run time. Pipeline-init syncs are not counted (see missing_init_fence)",
+        patches=("cute.arch.sync_threads", "cute.arch.barrier"),
+        apply=_apply_drop_sync),
+    Fault(
+        "oob_store", "kernel switch: the output store is shifted past the allocation", {},
+        "MEMORY_ERROR", kind="switch", expected_note="memcheck reports an invalid global write "
+        "(needs the torch caching allocator off); without a sanitizer usually PASS or CRASH"),
+    Fault(
+        "spin_hang", "kernel switch: nobody arrives on a barrier that every thread waits on", {},
+        "HANG", kind="switch"),
+)}
