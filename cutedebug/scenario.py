@@ -177,8 +177,8 @@ def kernel_params_from_source(path: Path, entry: str, where: str) -> dict[str, A
                 isinstance(stmt.targets[0], ast.Name):
             name = stmt.targets[0].id
             try:
-                value = ast.literal_eval(stmt.value)
-            except (ValueError, SyntaxError):
+                value = _const_eval(stmt.value)
+            except ValueError:
                 if name == "PARAMS":
                     return None
                 continue
@@ -192,6 +192,29 @@ def kernel_params_from_source(path: Path, entry: str, where: str) -> dict[str, A
         params.setdefault(s, False)
     params["__switches__"] = switches
     return params
+
+
+_BINOPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b,
+           ast.Mult: lambda a, b: a * b, ast.FloorDiv: lambda a, b: a // b,
+           ast.LShift: lambda a, b: a << b, ast.Pow: lambda a, b: a ** b}
+
+
+def _const_eval(node: ast.AST) -> Any:
+    """literal_eval plus integer arithmetic (``1 << 20``, ``4 * 1024``) in PARAMS."""
+    if isinstance(node, ast.Dict):
+        return {_const_eval(k): _const_eval(v) for k, v in zip(node.keys, node.values)}
+    if isinstance(node, (ast.Tuple, ast.List)):
+        items = [_const_eval(e) for e in node.elts]
+        return tuple(items) if isinstance(node, ast.Tuple) else items
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+        a, b = _const_eval(node.left), _const_eval(node.right)
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)) and abs(b) < 4096:
+            return _BINOPS[type(node.op)](a, b)
+        raise ValueError("not a constant expression")
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, SyntaxError, TypeError):
+        raise ValueError("not a constant expression") from None
 
 
 def _check_params(where: str, given: dict[str, Any], declared: dict[str, Any] | None) -> None:
@@ -322,8 +345,12 @@ def load(path: str | Path) -> Scenario:
 
 def discover(root: str | Path) -> list[Path]:
     root = Path(root)
-    if root.is_file():
+    if root.suffix == ".toml" or root.is_file():
+        if not root.is_file():
+            raise ScenarioError(f"{root}: scenario file not found")
         return [root]
+    if not root.is_dir():
+        raise ScenarioError(f"{root}: no such scenario file or directory")
     return sorted(p for p in root.rglob("*.toml") if p.is_file())
 
 

@@ -1,0 +1,28 @@
+import shutil
+
+import pytest
+
+
+def _gpu_reason() -> str | None:
+    """Why GPU tests cannot run here, or None when they can."""
+    if shutil.which("nvidia-smi") is None:
+        return "no NVIDIA GPU on this machine (nvidia-smi not found)"
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return "torch sees no CUDA GPU"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    reason = None
+    checked = False
+    for item in items:
+        if item.get_closest_marker("gpu") is None:
+            continue
+        if not checked:
+            reason, checked = _gpu_reason(), True
+        if reason:
+            item.add_marker(pytest.mark.skip(reason=reason))

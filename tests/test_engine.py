@@ -1,0 +1,99 @@
+"""`cutedebug run` end to end on the minimal kernel: CPU (compile, report, exit codes) and GPU."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCEN = ROOT / "scenarios" / "minimal"
+
+
+def cutedebug(*args, cwd=ROOT, timeout=300):
+    return subprocess.run([sys.executable, "-m", "cutedebug", *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=timeout)
+
+
+def report_of(stdout: str) -> dict:
+    line = next(ln for ln in stdout.splitlines() if ln.strip().startswith("report:"))
+    md = Path(line.split("report:", 1)[1].strip())
+    if not md.is_absolute():
+        md = ROOT / md
+    return json.loads((md.parent / "report.json").read_text())
+
+
+def test_compile_only_minimal_for_sm90(tmp_path):
+    r = cutedebug("run", str(SCEN / "clean.toml"), "--compile-only", "--runs-dir", str(tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    rep = report_of(r.stdout)
+    assert rep["schema_version"] == 1
+    assert rep["verdict"] == "UNSUPPORTED"
+    assert rep["evidence"]["compiled"]["arch"] == "sm_90a"
+    ptx = (Path(rep["run_dir"]) / "kernel.ptx").read_text()
+    assert ".target sm_90a" in ptx
+    assert "mbarrier.try_wait" in ptx and "mbarrier.arrive" in ptx
+
+
+def test_switch_fault_changes_the_ptx(tmp_path):
+    r = cutedebug("run", str(SCEN / "spin_hang.toml"), "--compile-only", "--runs-dir",
+                  str(tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    ptx = (Path(report_of(r.stdout)["run_dir"]) / "kernel.ptx").read_text()
+    assert "mbarrier.try_wait" in ptx and "mbarrier.arrive" not in ptx
+
+
+@pytest.mark.skipif(__import__("shutil").which("nvidia-smi") is not None,
+                    reason="behaviour without a GPU")
+def test_without_gpu_run_says_what_it_could_not_do(tmp_path):
+    r = cutedebug("run", str(SCEN / "clean.toml"), "--runs-dir", str(tmp_path))
+    assert r.returncode == 1          # expected PASS, could only compile
+    assert "UNSUPPORTED (EXPECTED PASS)" in r.stdout
+    assert "compiled for sm_90a" in r.stdout and "not run" in r.stdout
+    md = (Path(report_of(r.stdout)["run_dir"]) / "report.md").read_text()
+    assert "**TL;DR** UNSUPPORTED" in md and "cutedebug run" in md
+
+
+def test_bad_kernel_param_is_a_usage_error(tmp_path):
+    r = cutedebug("run", "kernels/minimal.py:Minimal", "--param", "n=abc", "--runs-dir",
+                  str(tmp_path))
+    assert r.returncode == 2
+    assert "params.n" in r.stderr and "expected int" in r.stderr
+
+
+def test_missing_entry_is_a_usage_error(tmp_path):
+    r = cutedebug("run", "kernels/minimal.py:Nope", "--runs-dir", str(tmp_path))
+    assert r.returncode == 2
+    assert "'Nope'" in r.stderr and "Minimal" in r.stderr
+
+
+def test_missing_scenario_file_is_a_usage_error(tmp_path):
+    r = cutedebug("run", str(tmp_path / "none.toml"))
+    assert r.returncode == 2 and "not found" in r.stderr
+
+
+def test_list_shows_kernel_fault_and_expectation():
+    r = cutedebug("list", "scenarios/minimal")
+    assert r.returncode == 0
+    row = next(ln for ln in r.stdout.splitlines() if ln.startswith("minimal/spin_hang"))
+    assert "minimal.py:Minimal" in row and "spin_hang" in row and "HANG" in row
+
+
+def test_faults_lists_the_registry():
+    r = cutedebug("faults")
+    assert r.returncode == 0
+    for name in ("wrong_expect_tx", "missing_phase_flip", "skip_producer_tail", "drop_sync"):
+        assert name in r.stdout
+
+
+# ---- GPU ------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,verdict", [("clean", "PASS"), ("spin_hang", "HANG"),
+                                          ("oob_store", "CRASH")])
+def test_minimal_verdicts_on_gpu(tmp_path, name, verdict):
+    r = cutedebug("run", str(SCEN / f"{name}.toml"), "--runs-dir", str(tmp_path))
+    rep = report_of(r.stdout)
+    assert rep["verdict"] == verdict, rep["tldr"]
+    if verdict == "HANG":
+        assert rep["health"]["healthy"] is True
