@@ -950,8 +950,12 @@ def _shrink_one(current: dict[str, Any], name: str, value: int, minimum: int,
 
 # ---- command line (used by tools/capture_sanitizer_samples.sh and for quick looks) --------
 def _main(argv: Sequence[str]) -> int:
-    """``command TOOL XML [--api-errors] -- ARGV...``: print the sanitizer argv, one per line.
-    ``report TOOL XML [STDOUT_FILE]``: print the triage Markdown; ``json`` likewise as JSON.
+    """Usage: python -m cutedebug.sanitizer
+    command TOOL XML|- [--api-errors] -- ARGV...   the sanitizer argv, one per line
+                                                  (XML "-": text report only)
+    env TOOL                                      child_env(TOOL) as KEY=VALUE lines
+    report TOOL XML [STDOUT_FILE]                 the triage report (Markdown)
+    json TOOL XML [STDOUT_FILE]                   the same as JSON
     """
     if len(argv) >= 3 and argv[0] == "command":
         tool, xml = argv[1], argv[2]
@@ -960,7 +964,13 @@ def _main(argv: Sequence[str]) -> int:
         worker = rest[rest.index("--") + 1:] if "--" in rest else rest
         sanitizer = find_sanitizer() or "compute-sanitizer"
         cmd = build_command(tool, worker, xml, sanitizer=sanitizer, report_api_errors=api)
+        if xml == "-":
+            i = cmd.index("--xml")
+            del cmd[i:i + 3]
         print("\n".join(cmd))
+        return 0
+    if len(argv) == 2 and argv[0] == "env":
+        print("\n".join(f"{k}={v}" for k, v in child_env(argv[1]).items()))
         return 0
     if len(argv) >= 3 and argv[0] in ("report", "json"):
         tool, xml = argv[1], argv[2]
