@@ -320,7 +320,8 @@ def run_once(scenario: Scenario, run_dir: Path, *, mode: str = "run",
     events_path, log_path = sub / "events.jsonl", sub / "worker.log"
     events_path.write_text("")
     request = {"scenario": scenario.to_json(), "mode": mode, "events": str(events_path),
-               "probes": probes, "lineinfo": lineinfo, "ptx_path": str(sub / "kernel.ptx")}
+               "probes": probes, "lineinfo": lineinfo, "ptx_path": str(sub / "kernel.ptx"),
+               "dump_dir": str(sub.resolve())}
     req_path = sub / "request.json"
     req_path.write_text(json.dumps(request, indent=1))
     argv = worker_argv(req_path)

@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -166,6 +167,7 @@ def run(request: dict[str, Any], events: Events) -> None:
         os.environ["CUTE_DSL_LINEINFO"] = "1"
 
     import cutlass.cute as cute
+    from cutlass.base_dsl.compiler import DumpDir
 
     from cutedebug import kernel_api
 
@@ -227,7 +229,9 @@ def run(request: dict[str, Any], events: Events) -> None:
 
             site_table = stack.enter_context(probes.instrument(probe_cfg, addr))
         try:
-            compiled = cute.compile[cute.GPUArch(target), cute.KeepPTX()](kernel, *args)
+            compiled = cute.compile[cute.GPUArch(target), cute.KeepPTX(),
+                                    DumpDir(request.get("dump_dir") or tempfile.gettempdir())
+                                    ](kernel, *args)
         except Exception as e:
             events.emit("compile_error", type=type(e).__name__, message=str(e),
                         traceback=traceback.format_exc()[-4000:])

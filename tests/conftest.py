@@ -1,6 +1,11 @@
+import os
 import shutil
+import tempfile
 
 import pytest
+
+# KeepPTX writes its files into CUTE_DSL_DUMP_DIR (default: the working directory).
+os.environ.setdefault("CUTE_DSL_DUMP_DIR", tempfile.mkdtemp(prefix="cutedebug-ptx-"))
 
 
 def _gpu_reason() -> str | None:

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Set up a development environment in .venv (idempotent; fast when already done).
+#   bash tools/setup.sh
+# Installs cutedebug (editable) with nvidia-cutlass-dsl 4.8.1, psutil, pytest, pytest-timeout,
+# hypothesis, ruff, and torch when it is not importable (the CPU build where one is on disk).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.cutedebug-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]"
+  if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+    # A CPU build is enough here (compile-level work and CPU references); GPU machines bring
+    # their own CUDA build of torch.
+    .venv/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0" \
+      || .venv/bin/python -m pip install -q --disable-pip-version-check torch
+  fi
+  touch "$stamp"
+fi
+.venv/bin/python -c "import cutlass, torch, psutil, pytest_timeout; print('cutedebug env ready: cutlass', cutlass.__version__, '| torch', torch.__version__)"
