@@ -144,6 +144,12 @@ class TmaStream:
     @cute.jit
     def __call__(self, x: cute.Tensor, scale: cute.Tensor, bias: cute.Tensor, out: cute.Tensor,
                  stream: cuda.CUstream):
+        # TMA views with a dynamic row count: a static size-1 mode (m == 1) would be folded
+        # out of the TMA box, leaving a 1-D copy that lands fewer bytes than tx_count
+        rows = cutlass.Int32(self.m)
+        x = cute.make_tensor(x.iterator, cute.make_layout((rows, self.n), stride=(self.n, 1)))
+        scale = cute.make_tensor(scale.iterator, cute.make_layout((rows,)))
+        bias = cute.make_tensor(bias.iterator, cute.make_layout((rows,)))
         x_stage = cute.make_layout((self.tile_m, self.tile_n), stride=(self.tile_n, 1))
         row_stage = cute.make_layout((self.tile_m,))
         tma_x, mx = cpasync.make_tiled_tma_atom(
