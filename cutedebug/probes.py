@@ -200,6 +200,8 @@ def _as_sites(sites: Any) -> dict[int, Site]:
         return {}
     if isinstance(sites, SiteTable):
         sites = sites.sites
+    elif isinstance(sites, dict):  # already {id: Site}
+        sites = sites.values()
     out = {}
     for s in sites:
         s = s if isinstance(s, Site) else Site.from_json(s)
@@ -272,8 +274,7 @@ def _device() -> Any:
     if _DEVICE is not None:
         return _DEVICE
     import cutlass
-    import cutlass.cute as cute
-    from cutlass import Int32, Int64, Uint32, Uint64
+    from cutlass import Int32, Int64, Uint32, Uint64, cute
 
     gmem = cute.AddressSpace.gmem
 
@@ -359,7 +360,7 @@ def _device() -> Any:
             if not done:
                 report_stuck(phase, stage, seq, waited, site, plan, banner)
                 cute.arch.inline_ptx("exit;")
-        if cutlass.const_expr(plan.beacons):
+        if cutlass.const_expr(plan.beacons):  # noqa: SIM102  (static test, then a staged one)
             if cute.arch.lane_idx() == 0:
                 if cutlass.const_expr(timed_seq):
                     write_beacon(phase, stage, Int32(cute.arch.globaltimer() >> 10), site, plan)
@@ -902,10 +903,10 @@ def render_stuck_map_svg(snapshot: ProbeSnapshot, sites: Any = None) -> str:
     legend_y = top + max(1, len(ctas)) * ch + 20
     height = legend_y + 20 * len(_LEGEND) + (20 if hidden else 0) + 10
     esc = html.escape
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-           f'font-family="monospace" font-size="11">',
-           f'<text x="4" y="16" font-size="13">cutedebug stuck map: {len(snapshot.stuck)} stuck '
-           f'reports, {len(snapshot.beacons)} beacons</text>']
+    out = [(f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            f'font-family="monospace" font-size="11">'),
+           (f'<text x="4" y="16" font-size="13">cutedebug stuck map: {len(snapshot.stuck)} '
+            f'stuck reports, {len(snapshot.beacons)} beacons</text>')]
     for i, w in enumerate(warps):
         out.append(f'<text x="{left + i * cw + 4}" y="{top - 6}">warp {w}</text>')
     for j, c in enumerate(ctas):

@@ -1,0 +1,440 @@
+"""Probes: compile-level checks of the instrumented PTX (CPU, sm_90a) and the host side
+(decode, stall detection, diagnosis, stuck map) on snapshots built byte by byte."""
+
+from __future__ import annotations
+
+import re
+import struct
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from cutedebug import probes
+from cutedebug.probes import (
+    MAGIC,
+    RECORD_FMT,
+    RECORD_VALID,
+    VERSION,
+    ProbeConfig,
+    ProbeSnapshot,
+    Site,
+    SiteTable,
+    StallDetector,
+    StuckRecord,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+MINIMAL = ROOT / "kernels" / "minimal.py"
+PIPELINE_KERNELS = [
+    (ROOT / "kernels" / "tma_stream.py", "TmaStream", {"m": 256, "n": 512, "ctas": 4}),
+    (ROOT / "tests" / "pipeline_kernels" / "tma_copy.py", "TmaCopy", {}),
+]
+ADDR = 0x7F0000000000
+BUDGET = 200_000_000
+
+
+def lines_containing(path: Path, needle: str) -> list[int]:
+    return [i for i, text in enumerate(path.read_text().splitlines(), 1) if needle in text]
+
+
+def printf_formats(ptx: str) -> list[bytes]:
+    return [bytes(int(x) for x in m.group(1).split(","))
+            for m in re.finditer(r"printfFormat_\d+\[\d+\] = \{([^}]*)\}", ptx)]
+
+
+def compile_ptx(path: Path, entry: str, params: dict, cfg: ProbeConfig | None, tmp_path, mp):
+    pytest.importorskip("cutlass")
+    from cutlass import cute
+
+    from cutedebug import kernel_api
+
+    mp.chdir(tmp_path)  # KeepPTX writes the .ptx into the working directory
+    obj = kernel_api.load_entry(path, entry)(**params)
+    if cfg is None:
+        compiled = cute.compile[cute.GPUArch("sm_90a"), cute.KeepPTX()](obj, *obj.fake_args())
+        return compiled.__ptx__, None
+    with probes.instrument(cfg, ADDR) as table:
+        compiled = cute.compile[cute.GPUArch("sm_90a"), cute.KeepPTX()](obj, *obj.fake_args())
+    return compiled.__ptx__, table
+
+
+@pytest.fixture(scope="module")
+def minimal_hang(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    try:
+        cfg = ProbeConfig(budget_ns=BUDGET)
+        return compile_ptx(MINIMAL, "Minimal", {"n": 4096, "spin_hang": True}, cfg,
+                           tmp_path_factory.mktemp("ptx"), mp)
+    finally:
+        mp.undo()
+
+
+# ---------------------------------------------------------------------------------------------
+# Compile level
+# ---------------------------------------------------------------------------------------------
+
+
+def test_unprobed_wait_is_the_library_spin(tmp_path, monkeypatch):
+    ptx, _ = compile_ptx(MINIMAL, "Minimal", {"n": 4096, "spin_hang": True}, None, tmp_path,
+                         monkeypatch)
+    assert "%globaltimer" not in ptx and ".sys" not in ptx and "exit;" not in ptx
+    assert re.search(r"mbarrier\.try_wait\.parity\.shared\.b64 \S+, \[%r\d+\], 0, 10000000;", ptx)
+
+
+def test_minimal_wait_becomes_bounded_loop(minimal_hang):
+    ptx, _ = minimal_hang
+    # the library's unbounded spin (suspend-hint form) is gone
+    assert not re.search(r"mbarrier\.try_wait\S* \S+, \[[^\]]+\], \S+, \d+;", ptx)
+    # loop: try_wait, read %globaltimer, compare the elapsed ns with the budget, branch back
+    loop = re.search(r"\$(L__BB\d+_\d+):\n\s*mbarrier\.try_wait\.parity[^\n]*\n"
+                     r"(?:[^\n]*\n){0,3}?\s*mov\.u64\s+%rd\d+, %globaltimer;\n"
+                     r"\s*sub\.s64[^\n]*\n\s*setp\.lt\.s64\s+%p\d+, %rd\d+, (\d+);\n"
+                     r"[^\n]*\n\s*@%p\d+ bra\s+\$(L__BB\d+_\d+);", ptx)
+    assert loop, "no globaltimer-bounded try_wait loop"
+    assert int(loop.group(2)) == BUDGET and loop.group(1) == loop.group(3)
+    assert "exit;" in ptx
+    assert "activemask.b32" in ptx and "%smid" in ptx
+
+
+def test_minimal_stuck_record_stores_match_decoder_layout(minimal_hang):
+    ptx, _ = minimal_hang
+    rec_base = ADDR + probes.records_offset(ProbeConfig())
+    assert re.search(rf"add\.s64\s+%rd\d+, %rd\d+, {rec_base};", ptx)
+    offsets = {int(m.group(1) or 0) for m in re.finditer(
+        r"st\.relaxed\.sys\.global\.b(?:32|64) \[%rd\d+(?:\+(\d+))?\]", ptx)}
+    # every non-first field of RECORD_FMT is written with a relaxed sys-scope store
+    field_offsets = set()
+    off = 0
+    for code in RECORD_FMT[1:]:
+        field_offsets.add(off)
+        off += struct.calcsize("<" + code)
+    assert field_offsets - {0} <= offsets
+    # the valid word goes last, with release semantics
+    assert re.search(rf"mov\.b32\s+(%r\d+), {RECORD_VALID};\n\s*st\.release\.sys\.global\.b32 "
+                     r"\[%rd\d+\], \1;", ptx)
+    # the counter is a sys-scope atomic on header word 2, magic/version on words 0/1
+    assert re.search(rf"mov\.b64\s+(%rd\d+), {ADDR + 8};\n\s*atom\.global\.sys\.add\.u32\s+"
+                     r"%r\d+, \[\1\], 1;", ptx)
+    assert f"{MAGIC};" in ptx
+
+
+def test_minimal_beacon_word_matches_decoder(minimal_hang):
+    ptx, table = minimal_hang
+    site = table.sites[0]
+    # the static part of the beacon: site id + 1, stage unknown (raw wait), phase 0
+    assert f"{probes.pack_beacon(site.id, None, 0, 0, 0)};" in ptx
+    assert re.search(r"st\.relaxed\.sys\.global\.b64 \[%rd\d+\], %rd\d+;", ptx)
+
+
+def test_minimal_printf_line(minimal_hang):
+    ptx, _ = minimal_hang
+    fmts = [f for f in printf_formats(ptx) if f.startswith(b"cutedebug: STUCK")]
+    assert len(fmts) == 1
+    line = MINIMAL.name.encode() + b":" + str(lines_containing(MINIMAL,
+                                                               "cute.arch.mbarrier_wait(")[0]).encode()
+    assert b"site 0 raw_wait mbarrier at " + line in fmts[0]
+    assert b"block=(%d,%d,%d) warp=%d stage=%d phase=%d" in fmts[0]
+
+
+def test_minimal_site_table_points_at_the_wait_line(minimal_hang):
+    _, table = minimal_hang
+    (site,) = table.sites
+    assert Path(site.file).resolve() == MINIMAL
+    assert [site.line] == lines_containing(MINIMAL, "cute.arch.mbarrier_wait(")
+    assert (site.kind, site.op, site.barrier) == ("raw", "raw_wait", "")
+    assert site.code == "cute.arch.mbarrier_wait(mbar, 0)"
+    again = SiteTable.from_json(table.to_json())
+    assert again.sites == table.sites
+
+
+def test_clean_kernel_keeps_arrive_and_is_bounded(tmp_path, monkeypatch):
+    cfg = ProbeConfig(budget_ns=BUDGET)
+    ptx, table = compile_ptx(MINIMAL, "Minimal", {"n": 4096}, cfg, tmp_path, monkeypatch)
+    assert "mbarrier.arrive" in ptx and "%globaltimer" in ptx and len(table.sites) == 1
+
+
+def test_beacons_off_drops_only_the_beacon_store(minimal_hang, tmp_path, monkeypatch):
+    ptx_on, _ = minimal_hang
+    cfg = ProbeConfig(budget_ns=BUDGET, beacons=False)
+    ptx_off, _ = compile_ptx(MINIMAL, "Minimal", {"n": 4096, "spin_hang": True}, cfg, tmp_path,
+                             monkeypatch)
+    stores = "st.relaxed.sys.global.b64"
+    assert ptx_on.count(stores) - ptx_off.count(stores) == 1
+    assert "exit;" in ptx_off and "%globaltimer" in ptx_off
+
+
+def test_patches_restored_after_context_and_after_error(tmp_path, monkeypatch):
+    pytest.importorskip("cutlass")
+    import cutlass.cute.arch.mbar as mbar_mod
+    from cutlass import cute
+    from cutlass.pipeline import helpers
+
+    orig, orig_array = cute.arch.mbarrier_wait, helpers.MbarrierArray.__dict__["wait"]
+    with probes.instrument(ProbeConfig(), ADDR):
+        assert cute.arch.mbarrier_wait is not orig and mbar_mod.mbarrier_wait is not orig
+        assert helpers.MbarrierArray.__dict__["wait"] is not orig_array
+        with pytest.raises(RuntimeError), probes.instrument(ProbeConfig(), ADDR):
+            pass  # not re-entrant
+    assert cute.arch.mbarrier_wait is orig and mbar_mod.mbarrier_wait is orig
+    assert helpers.MbarrierArray.__dict__["wait"] is orig_array
+    with pytest.raises(ZeroDivisionError), probes.instrument(ProbeConfig(), ADDR):
+        1 / 0  # noqa: B018
+    assert cute.arch.mbarrier_wait is orig
+    assert helpers.MbarrierArray.__dict__["wait"] is orig_array
+
+
+@pytest.mark.parametrize("path,entry,params", PIPELINE_KERNELS, ids=lambda v: getattr(v, "stem", ""))
+def test_pipeline_kernel_sites(path, entry, params, tmp_path, monkeypatch):
+    if not path.exists():
+        pytest.skip(f"{path.name} not present")
+    cfg = ProbeConfig(budget_ns=BUDGET)
+    ptx, table = compile_ptx(path, entry, params, cfg, tmp_path, monkeypatch)
+    got = {(s.op, s.barrier): s for s in table.sites}
+    expect = {("producer_acquire", "empty"): ".producer_acquire(",
+              ("consumer_wait", "full"): ".consumer_wait(",
+              ("producer_tail", "empty"): ".producer_tail("}
+    assert set(expect) <= set(got)
+    for key, needle in expect.items():
+        site = got[key]
+        assert Path(site.file).resolve() == path.resolve()
+        assert site.line in lines_containing(path, needle), (key, site)
+        assert site.kind == "pipeline" and site.pipeline_class == "PipelineTmaAsync"
+        assert site.stages and site.stages >= 2
+    assert got[("consumer_wait", "full")].tx_count > 0
+    # every wait is bounded: no suspend-hint spin left, one budget compare per traced wait
+    assert not re.search(r"mbarrier\.try_wait\S* \S+, \[[^\]]+\], \S+, \d+;", ptx)
+    assert len(re.findall(rf"setp\.lt\.s64\s+%p\d+, %rd\d+, {BUDGET};", ptx)) >= 3
+    fmts = b"".join(printf_formats(ptx))
+    for (op, bar), site in got.items():
+        assert f"site {site.id} {op} {bar} at {site.where}".encode() in fmts
+
+
+# ---------------------------------------------------------------------------------------------
+# Host side: recorded snapshots built with struct, following the documented layout
+# ---------------------------------------------------------------------------------------------
+
+SMALL = ProbeConfig(budget_ns=BUDGET, max_ctas=4, max_warps=8, max_records=16)
+FILE = "/src/kernels/tma_stream.py"
+SITES = [
+    Site(0, "pipeline", "producer_acquire", "empty", "PipelineTmaAsync", "", FILE, 227,
+         "load", "ring.producer_acquire(state)", 4, 4, None),
+    Site(1, "pipeline", "producer_tail", "empty", "PipelineTmaAsync", "", FILE, 235, "load",
+         "ring.producer_tail(state)", 4, 4, None),
+    Site(2, "pipeline", "consumer_wait", "full", "PipelineTmaAsync", "", FILE, 258, "compute",
+         "ring.consumer_wait(state)", 4, 1, 33024),
+]
+RAW_SITES = [Site(0, "raw", "raw_wait", "", "", "", "/src/kernels/minimal.py", 60, "kernel",
+                  "cute.arch.mbarrier_wait(mbar, 0)")]
+CONSUMERS, PRODUCER = (0, 1, 2, 3), 4
+
+
+class Buf:
+    """A probe buffer as the device would leave it."""
+
+    def __init__(self, cfg: ProbeConfig = SMALL):
+        self.cfg = cfg
+        self.b = bytearray(probes.buffer_nbytes(cfg))
+        self.n = 0
+
+    def stuck(self, site, cta, warp, stage, phase, seq, waited=BUDGET + 1000, valid=True):
+        struct.pack_into("<II", self.b, 0, MAGIC, VERSION)
+        off = probes.records_offset(self.cfg) + self.n * probes.RECORD_BYTES
+        struct.pack_into(RECORD_FMT, self.b, off, RECORD_VALID if valid else 0, site, cta, 0, 0,
+                         warp, stage, phase, waited, 10**12 + self.n, 7, 0, seq, cta)
+        self.n += 1
+        struct.pack_into("<I", self.b, 8, self.n)
+        return self
+
+    def beacon(self, site, cta, warp, stage, phase, seq):
+        slot = (cta % self.cfg.max_ctas) * self.cfg.max_warps + warp % self.cfg.max_warps
+        struct.pack_into("<Q", self.b, probes.beacons_offset(self.cfg) + 8 * slot,
+                         probes.pack_beacon(site, stage, phase, seq, cta))
+        return self
+
+    def snap(self) -> ProbeSnapshot:
+        return probes.decode(bytes(self.b), self.cfg, SITES)
+
+
+def expect_tx_too_large(ctas=(0, 1)) -> Buf:
+    """Full barrier never completes: consumers stuck on full[0] phase 0 waiting for item 1;
+    the producer acquired items 1..4 (all stages free) and is stuck on empty[0] for item 5."""
+    buf = Buf()
+    for c in ctas:
+        buf.beacon(0, c, PRODUCER, 3, 1, 4)
+        buf.stuck(0, c, PRODUCER, 0, 0, 5)
+        for w in CONSUMERS:
+            buf.stuck(2, c, w, 0, 0, 1)
+    return buf
+
+
+def test_decode_roundtrip_fields():
+    buf = Buf().beacon(2, 1, 3, 2, 1, 7).stuck(2, 1, 3, 3, 1, 8, waited=123_456_789)
+    snap = buf.snap()
+    (r,) = snap.stuck
+    assert r == StuckRecord(site_id=2, block=(1, 0, 0), block_linear=1, warp=3, stage=3, phase=1,
+                            seq=8, waited_ns=123_456_789, smid=7, lane=0, globaltimer=10**12)
+    (b,) = snap.beacons
+    assert (b.cta, b.warp, b.site_id, b.stage, b.phase, b.seq) == (1, 3, 2, 2, 1, 7)
+    assert snap.progress_counter_total == 7 + 1
+    raw = probes.unpack_beacon(probes.pack_beacon(0, None, 1, 5, 3), 2)
+    assert (raw.stage, raw.phase, raw.seq, raw.cta, raw.site_id) == (-1, 1, 5, 3, 0)
+
+
+def test_decode_skips_unpublished_and_counts_dropped():
+    cfg = ProbeConfig(max_ctas=2, max_warps=4, max_records=2)
+    buf = Buf(cfg)
+    buf.stuck(2, 0, 0, 0, 0, 1).stuck(2, 0, 1, 0, 0, 1, valid=False)
+    struct.pack_into("<I", buf.b, 8, 5)  # 5 reports claimed, room for 2
+    snap = probes.decode(bytes(buf.b), cfg, None)
+    assert len(snap.stuck) == 1 and snap.n_stuck_reported == 5 and snap.dropped_records == 4
+    assert any("did not fit" in line for line in probes.diagnose(snap, SITES))
+
+
+def test_decode_rejects_foreign_buffers():
+    buf = Buf()
+    with pytest.raises(ValueError, match="bytes"):
+        probes.decode(bytes(buf.b[:-1]), SMALL, None)
+    bad = bytearray(buf.b)
+    struct.pack_into("<I", bad, 0, 0xDEADBEEF)
+    with pytest.raises(ValueError, match="magic"):
+        probes.decode(bytes(bad), SMALL, None)
+    other = bytearray(buf.b)
+    probes.init_buffer(other, ProbeConfig(max_ctas=4, max_warps=8, max_records=8))
+    with pytest.raises(ValueError, match="another ProbeConfig"):
+        probes.decode(bytes(other), SMALL, None)
+    probes.init_buffer(buf.b, SMALL)
+    assert probes.decode(bytes(buf.b), SMALL, None).header_magic == MAGIC
+    assert probes.buffer_nbytes(ProbeConfig()) == 64 + 1024 * 32 * 8 + 1024 * 64
+
+
+def test_beacon_slots_wrap_modulo_capacity():
+    buf = Buf().beacon(2, 5, 1, 0, 0, 3)  # CTA 5 with max_ctas 4 lands in slot row 1
+    (b,) = buf.snap().beacons
+    assert b.cta == 5 and b.warp == 1
+
+
+def test_stall_detection():
+    det = StallDetector(stall_s=1.0)
+    t, seq = 0.0, 1
+    for _ in range(10):  # progressing: a beacon moves every 50 ms
+        assert not det.update(Buf().beacon(2, 0, 0, seq % 4, 0, seq).snap(), t)
+        t, seq = t + 0.05, seq + 1
+    frozen = Buf().beacon(2, 0, 0, 1, 0, seq).snap()
+    start = t
+    stalled_at = None
+    while t < start + 2.0:
+        if det.update(frozen, t) and stalled_at is None:
+            stalled_at = t
+        t += 0.05
+    assert stalled_at is not None and 1.0 <= stalled_at - start <= 1.06
+    # a stuck record appearing is movement, not stall
+    assert not det.update(Buf().beacon(2, 0, 0, 1, 0, seq).stuck(2, 0, 0, 1, 0, seq + 1).snap(), t)
+    snaps = [(i * 0.05, frozen) for i in range(30)]
+    assert probes.detect_stall(snaps, 1.0) == 0.0
+    assert probes.detect_stall(snaps[:10], 1.0) is None
+
+
+def test_diagnose_expect_tx_too_large():
+    lines = probes.diagnose(expect_tx_too_large().snap(), SITES)
+    assert lines[0].startswith("2 CTAs (0-1): consumers wait on full[0] phase 0 while the "
+                               "producer is past it (producer acquired #4, consumer waits for #1)")
+    assert "expect_tx larger than the bytes delivered" in lines[0]
+    assert len(lines) == 1  # the producer's own wait on empty[0] is a consequence, not reported
+
+
+def test_diagnose_missing_consumer_release_is_circular():
+    buf = Buf()
+    for w in CONSUMERS:  # consumed items 1..4, wait for item 5 on full[0] phase 1
+        buf.beacon(2, 0, w, 3, 0, 4).stuck(2, 0, w, 0, 1, 5)
+    buf.beacon(0, 0, PRODUCER, 3, 1, 4).stuck(0, 0, PRODUCER, 0, 0, 5)
+    (line,) = probes.diagnose(buf.snap(), SITES)
+    assert line.startswith("CTA 0: circular wait: consumers wait on full[0] phase 1 and the "
+                           "producer waits on producer_acquire empty[0] phase 0")
+    assert "consumer_release missing" in line
+
+
+def test_diagnose_producer_waits_while_consumers_done():
+    buf = Buf()
+    for w in CONSUMERS:
+        buf.beacon(2, 0, w, 3, 1, 8)
+    buf.beacon(0, 0, PRODUCER, 3, 0, 8).stuck(0, 0, PRODUCER, 0, 1, 9)
+    (line,) = probes.diagnose(buf.snap(), SITES)
+    assert "producer waits on empty[0] phase 1 while the consumers are done (last " \
+           "consumer_wait #8)" in line
+
+
+def test_diagnose_producer_tail():
+    buf = Buf()
+    for w in CONSUMERS:
+        buf.beacon(2, 0, w, 3, 1, 8)
+    buf.beacon(0, 0, PRODUCER, 3, 0, 8).stuck(1, 0, PRODUCER, 0, 1, 9)
+    (line,) = probes.diagnose(buf.snap(), SITES)
+    assert "producer_tail waits on empty[0] phase 1 while the consumers are done" in line
+
+
+def test_diagnose_phase_bookkeeping():
+    buf = Buf()  # 5th item (count 4) of a 4-stage ring must be on phase 1, waits on phase 0
+    buf.beacon(0, 0, PRODUCER, 3, 1, 8)
+    for w in CONSUMERS:
+        buf.beacon(2, 0, w, 3, 0, 4).stuck(2, 0, w, 0, 0, 5)
+    (line,) = probes.diagnose(buf.snap(), SITES)
+    assert "consumer waits on full[0] phase 0 but its PipelineState count 4 implies full[0] " \
+           "phase 1" in line
+
+
+def test_diagnose_raw_nobody_arrived():
+    buf = Buf()
+    for c in range(3):
+        for w in range(4):
+            buf.stuck(0, c, w, -1, 0, 0)
+    snap = probes.decode(bytes(buf.b), SMALL, None)
+    (line,) = probes.diagnose(snap, RAW_SITES)
+    assert line.startswith("3 CTAs (0-2): every waiting warp (4) waits on raw_wait mbarrier "
+                           "phase 0 (minimal.py:60) and none passed it: nobody arrived")
+
+
+def test_diagnose_stall_without_stuck_records():
+    snap = Buf().beacon(2, 0, 0, 1, 0, 6).beacon(0, 0, PRODUCER, 2, 1, 7).snap()
+    assert probes.diagnose(snap, SITES) == []
+    (line,) = probes.diagnose(snap, SITES, stalled=True)
+    assert "outside mbarrier waits" in line and "producer warp 4: producer_acquire" in line
+
+
+def test_snapshot_json_roundtrip_and_diagnose_from_json_sites():
+    snap = expect_tx_too_large().snap()
+    table = SiteTable(sites=list(SITES))
+    d = probes.snapshot_to_json(snap, table)
+    import json
+
+    d = json.loads(json.dumps(d))
+    back = probes.snapshot_from_json(d)
+    assert back.stuck == snap.stuck and back.beacons == snap.beacons
+    assert probes.diagnose(back, table.to_json()) == d["diagnosis"] == probes.diagnose(snap,
+                                                                                        SITES)
+
+
+def test_stuck_map_text():
+    text = probes.render_stuck_map_text(expect_tx_too_large().snap(), SITES)
+    rows = {line.split("|")[0].strip(): [c.strip() for c in line.split("|")[1:]]
+            for line in text.splitlines() if "|" in line}
+    assert rows["CTA"] == ["w0", "w1", "w2", "w3", "w4"]
+    assert rows["0"] == ["X wait f[0]p0"] * 4 + ["X acq e[0]p0"]
+    assert rows["1"] == rows["0"]
+    assert "block (0, 0, 0) warp 4: producer_acquire empty[0] phase 0 (tma_stream.py:227)" in text
+    assert probes.render_stuck_map_text(ProbeSnapshot(), SITES) == "(no probe events)\n"
+
+
+def test_stuck_map_svg():
+    buf = expect_tx_too_large(ctas=(0,))
+    buf.beacon(2, 2, 0, 1, 0, 2)  # CTA 2 warp 0 progressed, others idle
+    svg = probes.render_stuck_map_svg(buf.snap(), SITES)
+    root = ET.fromstring(svg)
+    ns = {"s": "http://www.w3.org/2000/svg"}
+    cells = {g.find("s:title", ns).text: g.get("class") for g in root.findall("s:g", ns)}
+    assert len(cells) == 2 * 5  # CTAs 0 and 2 × warps 0..4
+    by = {(t.split(":")[0]): c for t, c in cells.items()}
+    assert [by[f"CTA 0 warp {w}"] for w in range(5)] == ["stuck_full"] * 4 + ["stuck_empty"]
+    assert by["CTA 2 warp 0"] == "progressed" and by["CTA 2 warp 1"] == "idle"
+    fills = [r.get("fill") for g in root.findall("s:g", ns) for r in g.findall("s:rect", ns)]
+    assert fills.count(probes._COLORS["stuck_full"]) == 4
