@@ -339,6 +339,8 @@ def _site_from(elem: ET.Element) -> Site | None:
 
 
 _THREAD_TAG = re.compile(r"^(thread|access)\d+$")
+# Elements that explain a record ("misaligned", "out of bounds"); names of code never are.
+_NOTE_TAGS = frozenset({"error", "cause", "description", "message", "reason"})
 
 
 def _finding_from_record(rec: ET.Element, tool: str) -> Finding:
@@ -354,7 +356,8 @@ def _finding_from_record(rec: ET.Element, tool: str) -> Finding:
     elif kind_tag.lower() in ("api", "apierror", "api_error"):
         kind = API_ERROR
     else:
-        kind = _kind_from_text(tool, text)
+        notes = [t for t in (_text(e) for e in _walk(rec) if e.tag in _NOTE_TAGS) if t]
+        kind = _kind_from_text(tool, "\n".join([text, *notes]))
 
     # Both sides of a hazard live in <thread0>/<thread1>; other records have one <where>.
     sides = [e for e in _walk(rec) if _THREAD_TAG.match(e.tag)]
@@ -440,6 +443,10 @@ _HAZ_THREAD = re.compile(r"^(Read|Write)\s+Thread \((\d+),(\d+),(\d+)\) at (.*)$
 _RACE_SIDE = re.compile(r"^(?:.*?Race reported between |and )(\w+) access at (.*?)"
                         r"(?:\s+\[(\d+) hazards?\])?$")
 _AT = re.compile(r"^at (.*)$")
+# Lines that name code (kernel, file, host frames): never read for the finding's kind.
+_LOCATION_LINE = re.compile(
+    r"^(at |and \w+ access at |(Read|Write)\s+Thread |by thread |Saved host|Host Frame|"
+    r"Device Frame)")
 _LOC = re.compile(r"^(?P<file>\S+?):(?P<line>\d+)(?::(?P<func>.*))?$")
 _ERROR_SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) errors?")
 _RACE_SUMMARY = re.compile(
@@ -487,7 +494,9 @@ def _blocks_from_text(text: str) -> list[list[str]]:
 def _finding_from_block(block: list[str], tool: str) -> Finding:
     header = block[0]
     body = re.sub(r"^(ERROR|Error|WARNING|Warning|INFO|Info):\s*", "", header)
-    kind = _kind_from_text(tool, header)
+    # "Address 0x... is misaligned" comes on a detail line under "Invalid ... read".
+    details = [ln for ln in block[1:] if not _LOCATION_LINE.match(ln)]
+    kind = _kind_from_text(tool, "\n".join([header, *details]))
     sites: list[Site] = []
     threads: list[Triple] = []
     blocks: list[Triple] = []
@@ -696,17 +705,38 @@ def classify(kept: Iterable[Finding], tool: str) -> str:
 
 
 # ---- source lines ------------------------------------------------------------------------
-def source_line(file: str | None, line: int | None) -> str | None:
-    """The stripped source line ``file:line`` (the kernel's Python), None if unreadable."""
+def source_line(file: str | None, line: int | None,
+                roots: Sequence[str | os.PathLike] = ()) -> str | None:
+    """The stripped source line ``file:line`` (the kernel's Python), None if unreadable.
+
+    A path recorded on another machine (a fixture, a copied report) is tried as its longest
+    suffix that exists under ``roots`` or the current directory.
+    """
     if not file or not line or line < 1:
         return None
+    path = _resolve_source(file, roots)
+    if path is None:
+        return None
     try:
-        with open(file, encoding="utf-8", errors="replace") as fh:
+        with open(path, encoding="utf-8", errors="replace") as fh:
             for i, text in enumerate(fh, 1):
                 if i == line:
                     return text.strip()
     except OSError:
         return None
+    return None
+
+
+def _resolve_source(file: str, roots: Sequence[str | os.PathLike]) -> Path | None:
+    path = Path(file)
+    if path.is_file():
+        return path
+    parts = path.parts
+    for root in (*roots, Path.cwd()):
+        for i in range(1, len(parts)):
+            candidate = Path(root, *parts[i:])
+            if candidate.is_file():
+                return candidate
     return None
 
 
@@ -726,7 +756,7 @@ def make_result(tool: str, command: Sequence[str], findings: Sequence[Finding], 
     env_part = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted((env or {}).items()))
     slowdown = (sanitizer_seconds / plain_seconds
                 if sanitizer_seconds and plain_seconds else None)
-    return {
+    result = {
         "tool": tool,
         "verdict": classify(kept, tool),
         "exit_code": exit_code,
@@ -742,6 +772,7 @@ def make_result(tool: str, command: Sequence[str], findings: Sequence[Finding], 
         "slowdown": slowdown,
         "shrink": shrink_result.to_dict() if shrink_result else None,
     }
+    return json.loads(json.dumps(result))  # plain lists/dicts: equal to its stored JSON
 
 
 def _reason_of(g: Group, filtered: Sequence[Finding]) -> str | None:
@@ -913,6 +944,8 @@ def shrink(params: Mapping[str, Any], shrinkable: Sequence[str],
             value = current.get(name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= minimum:
                 continue
+            if memo.get(key({**current, name: value - 1})) is False:
+                continue  # already minimal for the other params as they stand
             best = _shrink_one(current, name, value, minimum, attempt)
             if best < value:
                 current[name] = best
