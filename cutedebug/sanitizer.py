@@ -411,14 +411,23 @@ def parse_xml(path_or_text: str | os.PathLike, tool: str) -> list[Finding]:
         salvaged = []
         for block in _RECORD_BLOCK.findall(text):
             try:
-                salvaged.append(_finding_from_record(ET.fromstring(block), tool))
+                rec = ET.fromstring(block)
+                _strip_namespaces(rec)
+                salvaged.append(_finding_from_record(rec, tool))
             except ET.ParseError:
                 continue
         note = (f"sanitizer XML {where} is not well-formed ({exc}); "
                 f"{len(salvaged)} complete record(s) salvaged")
         return [_failure(tool, note)] + salvaged
-    records = [e for e in root.iter("record")]
-    return [_finding_from_record(r, tool) for r in records]
+    _strip_namespaces(root)
+    return [_finding_from_record(r, tool) for r in root.iter("record")]
+
+
+def _strip_namespaces(root: ET.Element) -> None:
+    """``{uri}record`` → ``record``, so a namespaced file is not read as empty ("clean")."""
+    for e in root.iter():
+        if isinstance(e.tag, str) and "}" in e.tag:
+            e.tag = e.tag.split("}", 1)[1]
 
 
 def _read_source(path_or_text: str | os.PathLike) -> tuple[str | None, str]:

@@ -628,3 +628,10 @@ def test_markdown_reports_shrink_sizes_and_times():
     assert "shrunk {'n': 129} (3.0 s)" in section
     assert "same finding INVALID_GLOBAL_WRITE at minimal.py:64" in section
     assert f"{len(res.runs)} candidate run(s), none repeated" in section
+
+
+def test_namespaced_xml_is_read_not_taken_for_empty():
+    plain = (DATA / "synthetic_memcheck_oob.xml").read_text()
+    namespaced = plain.replace("<ComputeSanitizerOutput>",
+                               '<ComputeSanitizerOutput xmlns="urn:example:sanitizer">')
+    assert san.parse_xml(namespaced, "memcheck") == san.parse_xml(plain, "memcheck")
