@@ -223,19 +223,28 @@ def _static_int(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
+PIPELINE_OPS = ("producer_acquire", "consumer_wait", "producer_tail")
+
+
 def _locate(skip: int) -> tuple[Any, Any]:
-    """(nearest pipeline-method frame or None, first frame outside cutlass/cutedebug)."""
+    """(pipeline-method frame or None, first frame outside cutlass/cutedebug).
+
+    The pipeline frame is the innermost frame named like a known op whose ``self`` is a
+    pipeline (a fault's wrapper around producer_tail keeps the op right), else the innermost
+    frame whose ``self`` is a pipeline."""
     f = sys._getframe(skip + 1)
-    pipe_frame = None
+    nearest = named = None
     while f is not None:
-        if pipe_frame is None and f.f_code.co_name != "<lambda>":
+        if named is None and f.f_code.co_name != "<lambda>":
             obj = f.f_locals.get("self")
             if obj is not None and hasattr(obj, "sync_object_full"):
-                pipe_frame = f
+                nearest = nearest or f
+                if f.f_code.co_name in PIPELINE_OPS:
+                    named = f
         if not _is_library_frame(f.f_code.co_filename):
-            return pipe_frame, f
+            return named or nearest, f
         f = f.f_back
-    return pipe_frame, None
+    return named or nearest, None
 
 
 def _source_fields(src: Any) -> dict[str, Any]:
@@ -607,6 +616,7 @@ def detect_stall(snapshots: list[tuple[float, ProbeSnapshot]], stall_s: float) -
 def snapshot_to_json(snapshot: ProbeSnapshot, sites: Any = None) -> dict[str, Any]:
     by_id = _as_sites(sites)
     return {
+        "warps": warp_evidence(snapshot, by_id),
         "stuck": [asdict(r) for r in snapshot.stuck],
         "beacons": [asdict(b) for b in snapshot.beacons],
         "progress_counter_total": snapshot.progress_counter_total,
@@ -648,6 +658,32 @@ class WarpView:
     @property
     def state(self) -> str:
         return "stuck" if self.stuck else "progressed" if self.last else "idle"
+
+
+def warp_evidence(snapshot: ProbeSnapshot, sites: Any = None,
+                  limit: int = 256) -> list[dict[str, Any]]:
+    """Per (CTA, warp): role, state, last completed event, stuck site; stuck warps first."""
+    by_id = _as_sites(sites)
+    rows = []
+    views = sorted(warp_views(snapshot).values(), key=lambda v: (v.stuck is None, v.cta, v.warp))
+    for v in views[:limit]:
+        row: dict[str, Any] = {"cta": v.cta, "block": v.block, "warp": v.warp,
+                               "role": v.role(by_id), "state": v.state}
+        if v.last:
+            site = by_id.get(v.last.site_id)
+            row["last"] = {"site": v.last.site_id, "stage": v.last.stage,
+                           "phase": v.last.phase, "seq": v.last.seq,
+                           "desc": site.describe(v.last.stage, v.last.phase) if site else None}
+        if v.stuck:
+            r, site = v.stuck, by_id.get(v.stuck.site_id)
+            row["stuck"] = {"site": r.site_id, "stage": r.stage, "phase": r.phase, "seq": r.seq,
+                            "waited_ms": round(r.waited_ns / 1e6, 3), "smid": r.smid,
+                            "op": site.op if site else None,
+                            "barrier": site.barrier if site else None,
+                            "where": site.where if site else None,
+                            "desc": site.describe(r.stage, r.phase) if site else None}
+        rows.append(row)
+    return rows
 
 
 def warp_views(snapshot: ProbeSnapshot) -> dict[tuple[int, int], WarpView]:

@@ -412,6 +412,13 @@ def test_snapshot_json_roundtrip_and_diagnose_from_json_sites():
     assert back.stuck == snap.stuck and back.beacons == snap.beacons
     assert probes.diagnose(back, table.to_json()) == d["diagnosis"] == probes.diagnose(snap,
                                                                                         SITES)
+    first = d["warps"][0]
+    assert (first["cta"], first["warp"], first["role"], first["state"]) == (0, 0, "consumer",
+                                                                              "stuck")
+    assert first["stuck"]["op"] == "consumer_wait" and first["stuck"]["barrier"] == "full"
+    assert first["stuck"]["where"] == "tma_stream.py:258"
+    producer = next(w for w in d["warps"] if w["warp"] == PRODUCER)
+    assert producer["role"] == "producer" and producer["last"]["seq"] == 4
 
 
 def test_stuck_map_text():
