@@ -38,15 +38,26 @@ Smem: mbarriers (2 * S * 8 B), x ring [S][tile_m][tile_n] (128 B aligned), scale
 
 Ragged shapes: M and N need not be multiples of the tile; TMA zero-fills out-of-bounds loads and
 the consumers predicate each 128-bit store on (row < M, col < N). TMA needs the row pitch to be a
-multiple of 16 bytes, so N must be a multiple of 4 (fp32) / 8 (bf16).
+multiple of 16 bytes, so N must be a multiple of 4 (fp32) / 8 (bf16). The TMA views carry a
+dynamic row count (a static size-1 mode would be folded out of the box). Element offsets are
+32-bit: (M + tile_m) * N < 2**31. bf16 TOLERANCE allows one bf16 ulp (fp32 fma, one rounding).
 
-Faults that apply (patched at trace time by cutedebug, nothing here): everything under
-PipelineTmaAsync / MbarrierArray / PipelineState (expect_tx bytes, arrive counts, phase flips,
-skipped consumer_release or producer_tail, doubled arrives) and cute.arch.sync_warp.
+Faults that apply (cutedebug patches them at trace time; none is written here), and what each
+should cause in this kernel:
+- expect_tx bytes + k: full[s] never completes -> HANG in consumer_wait (full barrier).
+- expect_tx bytes - k: full[s] may complete before the stage landed -> MISMATCH / undefined.
+- empty arrive count + 1, or a skipped consumer_release: the producer's second lap never
+  acquires -> HANG in producer_acquire (empty barrier), needs more than S tiles per CTA.
+- empty arrive count - 1: a slot is refilled while one warp still reads it -> RACE / MISMATCH.
+- no phase flip in PipelineState.advance: consumer side -> reads a stale stage (MISMATCH);
+  producer side -> HANG in producer_acquire on the second lap.
+- skipped producer_tail: benign for a single CTA (expect PASS).
+- dropped CTA sync in create() (agent_sync): threads may use barriers before init -> HANG or
+  undefined. The mainloops have no CTA-wide sync; consumers only __syncwarp before releasing.
 Kernel-level switch:
-- ``oob_store``: the output view is shifted ``tile_m`` rows past its start, so the last tile row
-  of every column writes past the end of the output allocation (and every tile lands one tile
-  row too low).
+- ``oob_store``: the output view starts ``tile_m`` rows late, so the last tile row writes
+  ``tile_m * N`` elements past the end of the output (memcheck: invalid global write; a plain
+  run: MISMATCH, every tile lands one tile row low).
 """
 
 from __future__ import annotations
@@ -294,7 +305,7 @@ class TmaStream:
         g = torch.Generator(device="cpu").manual_seed(self.seed)
         tdtype = torch.float32 if self.dtype_name == "fp32" else torch.bfloat16
         x = torch.randn(self.m, self.n, generator=g).to(tdtype)
-        # scale away from 0 and bias away from 0 so zero-filled or stale data cannot pass
+        # scale in [0.5, 1.5): zero-filled or stale stage data cannot reproduce the output
         scale = torch.rand(self.m, generator=g) + 0.5
         bias = torch.randn(self.m, generator=g)
         out = torch.full((self.m, self.n), float("nan"), dtype=tdtype)
