@@ -231,3 +231,20 @@ def test_reference_is_the_fp32_fma_rounded_once():
     assert torch.equal(ref, fma.float())
     assert torch.isnan(k.output(t)).all()  # unwritten output is NaN, so gaps cannot pass
     assert (t["scale"] >= 0.5).all()  # zero-filled or stale data cannot match by accident
+
+
+def test_pipeline_ops_go_through_cutlass_pipeline(ptx, monkeypatch):
+    """Trace-time patches of cutlass.pipeline reach this kernel (how cutedebug injects faults)."""
+    from cutlass.pipeline import PipelineTmaAsync
+    from cutlass.pipeline.helpers import MbarrierArray
+
+    original = MbarrierArray.arrive_and_expect_tx
+
+    def plus16(self, index, tx_count, *, loc=None, ip=None):
+        return original(self, index, tx_count + 16, loc=loc, ip=ip)
+
+    monkeypatch.setattr(MbarrierArray, "arrive_and_expect_tx", plus16)
+    monkeypatch.setattr(PipelineTmaAsync, "consumer_release", lambda self, state, **kw: None)
+    text = ptx(m=777, n=1000, stages=3, seed=7)  # params unique to this test: fresh compile
+    assert expect_tx_bytes(text) == [33024 + 16]
+    assert "mbarrier.arrive.shared.b64" not in text
