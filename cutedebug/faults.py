@@ -389,9 +389,8 @@ def _apply_wrong_expect_tx(p: _Patcher, args: dict[str, Any], applied: Applied) 
             static = _static_value(tx_bytes)
             if static is not None and static + delta < 0:
                 raise FaultApplyError(f"wrong_expect_tx: {static} + {delta} tx bytes < 0")
-            applied.add_site(_op, f"tx bytes {tx_bytes} -> {tx_bytes + delta}",
-                             tx_bytes=static, tx_bytes_faulted=None if static is None
-                             else static + delta)
+            shown = "<dynamic>" if static is None else static
+            applied.add_site(_op, f"tx bytes {shown} -> {shown} + {delta}", tx_bytes=static)
             return _orig(mbar_ptr, tx_bytes + delta, *rest, loc=loc, ip=ip, **kw)
 
         p.replace_everywhere(original, _user_op(replacement))
@@ -573,10 +572,11 @@ def _apply_wrong_arrive_count(p: _Patcher, args: dict[str, Any], applied: Applie
                         raise FaultApplyError(f"wrong_arrive_count: {which} barrier arrive count "
                                               f"{static} + {delta} < 1")
                     agent = (op, CooperativeGroup(Agent.Thread, count + delta))
-                    applied.add_site("mbarrier_init", f"{which} barriers: arrive count {count} "
-                                     f"-> {count + delta}", pipeline=_cls.__name__,
-                                     arrive_count=static, arrive_count_faulted=None
-                                     if static is None else static + delta)
+                    stages = kw["num_stages"] if "num_stages" in kw else a[1]
+                    shown = "<dynamic>" if static is None else static
+                    applied.add_site("mbarrier_init", f"{which} barriers: arrive count {shown} "
+                                     f"-> {shown} + {delta}", pipeline=_cls.__name__,
+                                     arrive_count=static, num_stages=_static_value(stages))
                     if "agent" in kw:
                         kw["agent"] = agent
                     else:
@@ -618,12 +618,16 @@ def _apply_missing_init_fence(p: _Patcher, args: dict[str, Any], applied: Applie
                 p.set_attr(module, "agent_sync", replacement)
 
 
+_SYNC_KINDS = {"cta": ("sync_threads", "barrier"), "warp": ("sync_warp",),
+               "any": ("sync_threads", "barrier", "sync_warp")}
+
+
 def _apply_drop_sync(p: _Patcher, args: dict[str, Any], applied: Applied) -> None:
     from cutlass import cute
 
     which = args["which"]
-    traced = [0]
-    for fname in ("sync_threads", "barrier"):
+    traced = [0]  # shared by all patched kinds: one trace-order sequence of call sites
+    for fname in _SYNC_KINDS[args["sync"]]:
         original = getattr(cute.arch, fname)
 
         def replacement(*a, _orig=original, _op=fname, loc=None, ip=None, **kw):
@@ -632,8 +636,9 @@ def _apply_drop_sync(p: _Patcher, args: dict[str, Any], applied: Applied) -> Non
                 return _orig(*a, loc=loc, ip=ip, **kw)
             index, traced[0] = traced[0], traced[0] + 1
             if which in (-1, index):
-                bar = kw.get("barrier_id", 0 if _op == "sync_threads" else None)
-                applied.add_site(_op, f"sync call site #{index} dropped (barrier id {bar})",
+                bar = kw.get("barrier_id", 0) if _op != "sync_warp" else None
+                what = "warp sync" if bar is None else f"barrier id {bar}"
+                applied.add_site(_op, f"sync call site #{index} dropped ({what})",
                                  sync_index=index, barrier_id=_static_value(bar))
                 return None
             return _orig(*a, loc=loc, ip=ip, **kw)
@@ -725,12 +730,14 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
                  "(create / pipeline_init_wait)")),
         apply=_apply_missing_init_fence),
     Fault(
-        "drop_sync", "a sync_threads / named-barrier call of the kernel is dropped",
+        "drop_sync", "a sync_threads / named-barrier / sync_warp call of the kernel is dropped",
         {"which": Param(int, 0, "which call site in trace order (0 = first); -1 = all",
-                        minimum=-1)},
+                        minimum=-1),
+         "sync": Param(str, "any", "which calls count: cta = sync_threads and named barriers, "
+                       "warp = sync_warp", choices=tuple(_SYNC_KINDS))},
         "RACE", expected_note="shared-memory hazard (racecheck RAW/WAR); MISMATCH when the race "
         "is lost at run time. Pipeline-init syncs are not counted (see missing_init_fence)",
-        patches=("cute.arch.sync_threads", "cute.arch.barrier"),
+        patches=("cute.arch.sync_threads", "cute.arch.barrier", "cute.arch.sync_warp"),
         apply=_apply_drop_sync),
     Fault(
         "oob_store", "kernel switch: the output store is shifted past the allocation", {},

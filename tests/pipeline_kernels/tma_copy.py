@@ -26,9 +26,10 @@ Kernel-level switch: ``oob_store`` shifts the output index by ``oob_offset`` ele
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import cutlass
-import cutlass.cute as cute
-import cutlass.pipeline as pipeline
+from cutlass import cute, pipeline
 from cutlass.cute.nvgpu import cpasync
 from cutlass.cute.runtime import from_dlpack, make_fake_tensor
 from cutlass.memory import SmemAllocator
@@ -45,10 +46,11 @@ REDUCE_BARRIER_ID = 1
 
 
 class TmaCopy:
-    PARAMS = {"m": 256, "k": 1024, "oob_offset": 1 << 16}
+    PARAMS: ClassVar[dict[str, object]] = {"m": 256, "k": 1024, "oob_offset": 1 << 16}
     SHRINKABLE = ("m", "k")
     ARCHS = ("sm_90a",)
-    SWITCHES = {"oob_store": "output index shifted by oob_offset: writes past the allocation"}
+    SWITCHES: ClassVar[dict[str, str]] = {
+        "oob_store": "output index shifted by oob_offset: writes past the allocation"}
     TOLERANCE = (1e-3, 1e-5)
 
     def __init__(self, m=PARAMS["m"], k=PARAMS["k"], oob_offset=PARAMS["oob_offset"],
