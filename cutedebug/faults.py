@@ -14,8 +14,12 @@ Usage (in the worker, around the compile)::
     args = validate(name, args)                      # FaultSpecError on a bad spec
     with inject(name, args) as applied:
         compiled = cute.compile(kernel, *fake_args)
-    applied.sites   # [{"fault", "op", "file", "line", "function", "detail"}, ...]
+    applied.sites   # [{"fault", "op", "file", "line", "function", "detail", ...}, ...]
     applied.count   # 0: the fault never triggered on this kernel (applied.require() raises)
+
+A switch fault is applied by the kernel's params, not by ``inject``: build the kernel with
+``params | switch_params(name, kernel_cls)`` (FaultSpecError when the kernel does not declare
+it); ``inject(name, args, kernel=kernel_cls)`` then records the switch as its one site.
 
 "at_iteration" semantics: a loop body is traced once, so an iteration cannot be picked at
 trace time. Release faults emit a run-time test on the consumer state's ``count`` (the
@@ -389,8 +393,8 @@ def _apply_wrong_expect_tx(p: _Patcher, args: dict[str, Any], applied: Applied) 
             static = _static_value(tx_bytes)
             if static is not None and static + delta < 0:
                 raise FaultApplyError(f"wrong_expect_tx: {static} + {delta} tx bytes < 0")
-            shown = "<dynamic>" if static is None else static
-            applied.add_site(_op, f"tx bytes {shown} -> {shown} + {delta}", tx_bytes=static)
+            change = f"{static} -> {static + delta}" if static is not None else f"+ {delta}"
+            applied.add_site(_op, f"tx bytes {change}", tx_bytes=static)
             return _orig(mbar_ptr, tx_bytes + delta, *rest, loc=loc, ip=ip, **kw)
 
         p.replace_everywhere(original, _user_op(replacement))
@@ -573,9 +577,10 @@ def _apply_wrong_arrive_count(p: _Patcher, args: dict[str, Any], applied: Applie
                                               f"{static} + {delta} < 1")
                     agent = (op, CooperativeGroup(Agent.Thread, count + delta))
                     stages = kw["num_stages"] if "num_stages" in kw else a[1]
-                    shown = "<dynamic>" if static is None else static
-                    applied.add_site("mbarrier_init", f"{which} barriers: arrive count {shown} "
-                                     f"-> {shown} + {delta}", pipeline=_cls.__name__,
+                    change = f"{static} -> {static + delta}" if static is not None \
+                        else f"+ {delta}"
+                    applied.add_site("mbarrier_init", f"{which} barriers: arrive count {change}",
+                                     pipeline=_cls.__name__,
                                      arrive_count=static, num_stages=_static_value(stages))
                     if "agent" in kw:
                         kw["agent"] = agent
