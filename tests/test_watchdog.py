@@ -16,7 +16,7 @@ from cutedebug.scenario import Limits
 from cutedebug.verdict import Verdict, classify
 
 FAKE = Path(__file__).parent / "helpers" / "fake_worker.py"
-LIMITS = Limits(compile_s=5.0, deadline_s=1.0, stall_s=0.3, import_s=5.0, check_s=5.0)
+LIMITS = Limits(compile_s=30.0, deadline_s=1.0, stall_s=0.3, import_s=30.0, check_s=30.0)
 
 
 def run_fake(tmp_path, behaviour, stall_s=None, pidfile=None):

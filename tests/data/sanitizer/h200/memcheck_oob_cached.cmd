@@ -1,0 +1,2 @@
+env -u PYTORCH_NO_CUDA_MEMORY_CACHING CUTE_DSL_LINEINFO=1 /usr/local/cuda/bin/compute-sanitizer --tool memcheck --xml --save /tmp/san/memcheck_oob_cached.xml --print-limit 1000 --error-exitcode 86 --report-api-errors no --show-backtrace device --target-processes all python3 tools/sanitizer_samples/oob_store.py
+env -u PYTORCH_NO_CUDA_MEMORY_CACHING CUTE_DSL_LINEINFO=1 /usr/local/cuda/bin/compute-sanitizer --tool memcheck --print-limit 1000 --error-exitcode 86 --report-api-errors no --show-backtrace device --target-processes all python3 tools/sanitizer_samples/oob_store.py
