@@ -130,6 +130,16 @@ def to_markdown(result: RunResult, extra_sections: list[str] | None = None) -> s
                          f"| {s.get('barrier')} | {s.get('stage')} | {s.get('phase')} | "
                          f"{s.get('waited_ms')} | {s.get('location')} |")
         lines.append("")
+    if result.evidence.get("stuck_map_text"):
+        lines += ["## Stuck map", "",
+                  f"Source: {result.evidence.get('probe_source')}.", ""]
+        if result.evidence.get("stuck_map_svg"):
+            lines += [f"![stuck map]({result.evidence['stuck_map_svg']})", ""]
+        lines += ["```", result.evidence["stuck_map_text"], "```", ""]
+    if result.evidence.get("rerun_with_probes"):
+        r = result.evidence["rerun_with_probes"]
+        lines += [f"_First run without probes: {r['first_verdict']} ({r['first_reason']}); "
+                  "rerun with probes on to localize it._", ""]
     if result.repeats:
         lines += ["## Repeats", ""] + [f"- run {i}: {r['verdict']} (output {r['digest']})"
                                        for i, r in enumerate(result.repeats)] + [""]

@@ -278,15 +278,48 @@ def _evidence(o: V.Outcome, facts: dict[str, Any]) -> dict[str, Any]:
         e = o.event(name)
         if e is not None:
             ev[name] = {k: v for k, v in e.items() if k not in ("event", "t")}
-    pr = o.event("probe_report") or _last_probe_picture(o)
-    if pr:
-        ev["stuck_sites"] = pr.get("stuck_sites", [])
-        ev["diagnosis"] = pr.get("diagnosis", [])
+    pe = probe_evidence(o)
+    if pe:
+        ev.update(pe)
     if facts.get("swept") or facts.get("swept_after_exit"):
         ev["swept_pids"] = sorted(set(facts.get("swept", []) + facts.get("swept_after_exit", [])))
     if o.malformed_lines:
         ev["malformed_lines"] = o.malformed_lines[:5]
     return ev
+
+
+def probe_evidence(o: V.Outcome) -> dict[str, Any] | None:
+    """Stuck sites, per-warp picture, diagnosis and stuck map from the probes, if any ran.
+
+    Uses the final probe report when the kernel ended (bounded waits fired) and otherwise the
+    last live picture the worker streamed before the watchdog killed it.
+    """
+    final = o.event("probe_report")
+    picture = final or _last_probe_picture(o)
+    if not picture:
+        return None
+    from cutedebug import probes
+
+    sites = (o.event("compiled") or {}).get("probe_sites") or []
+    snap = probes.snapshot_from_json(picture)
+    stalled = o.killed_by_watchdog == "stall"
+    diagnosis = picture.get("diagnosis") or probes.diagnose(snap, sites, stalled=stalled)
+    stuck_sites = []
+    for row in picture.get("warps", []):
+        st = row.get("stuck")
+        if not st:
+            continue
+        stuck_sites.append({"cta": row.get("cta"), "warp": row.get("warp"),
+                            "role": row.get("role"), "op": st.get("op"),
+                            "barrier": st.get("barrier") or None, "stage": st.get("stage"),
+                            "phase": st.get("phase"), "waited_ms": st.get("waited_ms"),
+                            "location": st.get("where"), "site": st.get("site")})
+    return {"probe_source": "final report" if final else "live picture before the kill",
+            "stuck_sites": stuck_sites, "diagnosis": diagnosis,
+            "warps": picture.get("warps", [])[:256],
+            "n_stuck_reported": picture.get("n_stuck_reported"),
+            "stuck_map_text": probes.render_stuck_map_text(snap, sites),
+            "stuck_map_svg": probes.render_stuck_map_svg(snap, sites)}
 
 
 def _last_probe_picture(o: V.Outcome) -> dict[str, Any] | None:
@@ -359,6 +392,16 @@ def run_scenario(scenario: Scenario, *, runs_root: Path | str = "runs",
     for i in range(max(1, repeat)):
         classified, outcome, facts = run_once(scenario, run_dir, mode=mode, probes=probe_cfg,
                                               index=i)
+        if (classified.verdict is V.Verdict.HANG and probe_cfg is None and probes is None
+                and i == 0):
+            # A hang without probes says nothing about where: rerun once with them on.
+            budget = wait_budget_ms or scenario.limits.wait_budget_ms
+            probe_cfg = {"budget_ns": int(budget) * 1_000_000}
+            first = (classified, outcome, facts)
+            classified, outcome, facts = run_once(scenario, run_dir / "with_probes",
+                                                  mode=mode, probes=probe_cfg)
+            facts["rerun_with_probes"] = {"first_verdict": first[0].verdict.value,
+                                          "first_reason": first[0].reason}
         health = None
         if outcome.killed_by_watchdog and outcome.phase in ("launched", "synced") and \
                 (outcome.event("device") or {}).get("present"):
@@ -379,6 +422,12 @@ def run_scenario(scenario: Scenario, *, runs_root: Path | str = "runs",
                       f"{len(digests)} distinct outputs")
     evidence = _evidence(outcome, facts)
     evidence["rule"] = classified.evidence.get("rule")
+    if "rerun_with_probes" in facts:
+        evidence["rerun_with_probes"] = facts["rerun_with_probes"]
+    svg = evidence.pop("stuck_map_svg", None)
+    if svg:
+        (run_dir / "stuck_map.svg").write_text(svg)
+        evidence["stuck_map_svg"] = "stuck_map.svg"
     for a in attempts:
         if a[3] is not None:
             health = a[3]

@@ -173,9 +173,10 @@ def kernel_params_from_source(path: Path, entry: str, where: str) -> dict[str, A
     params: dict[str, Any] | None = None
     switches: list[str] = []
     for stmt in cls.body:
-        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and \
-                isinstance(stmt.targets[0], ast.Name):
-            name = stmt.targets[0].id
+        target = (stmt.targets[0] if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
+                  else stmt.target if isinstance(stmt, ast.AnnAssign) and stmt.value else None)
+        if isinstance(target, ast.Name):
+            name = target.id
             try:
                 value = _const_eval(stmt.value)
             except ValueError:
