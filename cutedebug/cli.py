@@ -170,6 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
     f = sub.add_parser("faults", help="list injectable faults")
     f.add_argument("--json", action="store_true")
     f.set_defaults(func=cmd_faults)
+    from cutedebug import sanitizer  # `cutedebug sanitize`
+    sanitizer.add_parser(sub)
     return p
 
 

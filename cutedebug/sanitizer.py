@@ -9,26 +9,59 @@ size while the same finding persists.
 
 It never imports torch or cutlass: the parent process imports it.
 
-Output formats, as far as they are known (each parser names its sample):
-- XML (REFERENCE.md, "Seen on an H200", compute-sanitizer 2025.3.1)::
+Output formats, as captured on an H200 (compute-sanitizer 2025.3.1, driver 580; the files are
+tests/data/sanitizer/h200/, tests pin every shape below):
 
-    <record><kind>Hazard</kind><what><text>...</text><common><type>RAW</type>
-    <address>...</address><blockIdx>...</blockIdx></common>
-    <thread0><access>Write</access><threadIdx>...</threadIdx><where><func/><path/>
-    <line>72</line><pc/></where></thread0><thread1>...</thread1></what><hostStack/></record>
+- ``--xml --save F`` writes ``<ComputeSanitizerOutput>`` (``<ComputeSanitizerOutput/>`` when
+  clean) holding one ``<record>`` per report, told apart by ``<kind>``:
 
-  Element names for other record kinds are not pinned down yet, so the XML reader looks
-  elements up by name anywhere inside a record (host stacks excluded) and derives the
-  finding's kind from the record's message text, which is the same sentence the plain-text
-  report prints.
-- Plain text (``========= `` prefixed blocks)::
+  - ``Hazard`` (racecheck, one per byte of shared memory)::
+
+      <what><text>Potential RAW hazard detected</text><common><gridid/><type>RAW</type>
+      <address>0x500</address><blockIdx><x/><y/><z/></blockIdx><current/>
+      <isCudaBarrierOp/></common><thread0><access>Write</access><threadIdx/>
+      <where><func/><path>/abs/file.py</path><line>28</line><pc/></where></thread0>
+      <thread1>...</thread1></what>
+
+  - ``Analysis`` (racecheck's summary of those hazards)::
+
+      <level>Error</level><what><text>Race condition</text><source><direction>Write</direction>
+      <where>...</where></source><destination><direction>Read</direction><where>...</where>
+      <count>512</count></destination></what>
+
+  - ``Precise`` (memcheck)::
+
+      <level>Error</level><who><threadIdx/><blockIdx/></who><what><text>Invalid __global__
+      write of size 4 bytes is out of bounds</text><space>__global__</space><size>4</size>
+      <direction>write</direction><error>out of bounds</error><address/></what><where>...</where>
+
+  - ``Initcheck``: like ``Precise`` without level/space/direction, text "Uninitialized
+    __global__ memory read of size 4 bytes".
+  - ``Api`` (only with ``--report-api-errors all``): ``<what><text>Program hit
+    CUDA_ERROR_INVALID_VALUE (error 1) due to "invalid argument" on CUDA API call to
+    cuGetProcAddress_v2.</text><api/><error/><message/><result/></what>``, no location.
+
+  The reader still looks elements up by name anywhere inside a record (host stacks excluded)
+  and takes the kind from ``<type>``/``<kind>`` or else the message text, so a record kind we
+  have no sample of is read, not dropped.
+- ``--xml`` does not silence the text report: stdout carries the same findings as the plain
+  run (``========= ``-prefixed blocks, the file named by its base name only), so the summary
+  line is always there to cross-check the XML against::
 
     ========= Invalid __global__ write of size 4 bytes
-    =========     at kernel+0xd0 in /path/file.py:25
-    =========     by thread (0,0,0) in block (0,0,0)
+    =========     at kernel+0x210 in minimal.py:64
+    =========     by thread (64,0,0) in block (31,0,0)
+    =========     Access to 0x7f7f3a808000 is out of bounds
     ...
-    ========= ERROR SUMMARY: 1 error
-    ========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)
+    ========= Error: Potential RAW hazard detected at __shared__ 0x500 in block (0,0,0) :
+    =========     Write Thread (64,0,0) at kernel+0xe0 in race_smem.py:28
+    =========     Read Thread (32,0,0) at kernel+0xf0 in race_smem.py:31
+    ========= Error: Race reported between Write access at kernel+0xe0 in race_smem.py:28
+    =========     and Read access at kernel+0xf0 in race_smem.py:31 [512 hazards]
+    ========= ERROR SUMMARY: 64 errors
+    ========= RACECHECK SUMMARY: 513 hazards displayed (513 errors, 0 warnings)
+- Every flag ``build_command`` emits was accepted by 2025.3.1. ``--error-exitcode`` also fires
+  on API errors when they are reported (the API-noise capture exited 86 with no kernel error).
 """
 
 from __future__ import annotations
@@ -231,7 +264,8 @@ def _kind_from_text(tool: str, text: str) -> str:
         return TOOL_ERROR
     if m := _HAZARD_RE.search(text):
         return f"{m.group(1).upper()}_HAZARD"
-    if re.search(r"Race reported between", text, re.IGNORECASE):
+    # "Race reported between" (text analysis record), "Race condition" (its XML <text>)
+    if re.search(r"Race reported between|^Race condition", text, re.IGNORECASE | re.MULTILINE):
         return RACE
     if _API_RE.search(text) or re.search(r"^Program hit ", text):
         return API_ERROR
@@ -334,11 +368,14 @@ def _site_from(elem: ET.Element) -> Site | None:
         return None
     return Site(file=_text(where, "path", "file"), line=_int(_text(where, "line")),
                 func=_text(where, "func", "function"),
-                access=_text(elem, "access", "accessType") if elem.tag != "record" else None,
+                # <access> in a hazard's <threadN>, <direction> in an analysis record's side
+                access=(_text(elem, "access", "accessType", "direction")
+                        if elem.tag != "record" else None),
                 thread=_triple(_first(elem, "threadIdx")))
 
 
-_THREAD_TAG = re.compile(r"^(thread|access)\d+$")
+# Sides of a two-sided record: <thread0>/<thread1> (Hazard), <source>/<destination> (Analysis).
+_THREAD_TAG = re.compile(r"^((thread|access)\d+|source|destination)$")
 # Elements that explain a record ("misaligned", "out of bounds"); names of code never are.
 _NOTE_TAGS = frozenset({"error", "cause", "description", "message", "reason"})
 
@@ -355,6 +392,8 @@ def _finding_from_record(rec: ET.Element, tool: str) -> Finding:
         kind = f"{hazard_type.upper()}_HAZARD"
     elif kind_tag.lower() in ("api", "apierror", "api_error"):
         kind = API_ERROR
+    elif kind_tag.lower() == "analysis":
+        kind = RACE
     else:
         notes = [t for t in (_text(e) for e in _walk(rec) if e.tag in _NOTE_TAGS) if t]
         kind = _kind_from_text(tool, "\n".join([text, *notes]))
@@ -741,8 +780,10 @@ def _resolve_source(file: str, roots: Sequence[str | os.PathLike]) -> Path | Non
     if path.is_file():
         return path
     parts = path.parts
+    # The text report names the file only ("race_smem.py:28"): try it under each root too.
+    start = 1 if path.is_absolute() else 0
     for root in (*roots, Path.cwd()):
-        for i in range(1, len(parts)):
+        for i in range(start, len(parts)):
             candidate = Path(root, *parts[i:])
             if candidate.is_file():
                 return candidate
@@ -808,7 +849,8 @@ def render_markdown(result: Mapping[str, Any]) -> str:
     tool, verdict = result["tool"], result["verdict"]
     groups = result.get("groups", [])
     out = [f"# compute-sanitizer {tool}: {verdict}", ""]
-    if groups:
+    from_findings = verdict == result.get("sanitizer_class", verdict) and verdict != CLEAN
+    if groups and from_findings:
         g = groups[0]
         src = next((ln.get("source") for ln in g["lines"] if ln.get("source")), None)
         tldr = (f"**TL;DR** {tool} → **{verdict}**: {g['kind']} at {_where(g['lines'])}"
@@ -818,7 +860,12 @@ def render_markdown(result: Mapping[str, Any]) -> str:
         if more:
             out.append(f"{more} more distinct finding(s) below.")
     else:
-        out.append(f"**TL;DR** {tool} → **{verdict}**: no findings after noise filtering.")
+        why = result.get("reason") or "no findings after noise filtering"
+        out.append(f"**TL;DR** {tool} → **{verdict}**: {why}.")
+    if result.get("kernel_verdict"):
+        out.append("")
+        out.append(f"The worker under the sanitizer said: {result['kernel_verdict']} "
+                   f"({result.get('kernel_reason') or ''}).")
     out.append("")
     if groups:
         out += ["## Findings", ""]
@@ -899,7 +946,8 @@ class ShrinkResult:
 def shrink(params: Mapping[str, Any], shrinkable: Sequence[str],
            run: Callable[[dict[str, Any]], Sequence[Finding]], *,
            target: Signature | None = None, minimum: int = 1, max_runs: int = 48,
-           clock: Callable[[], float] = time.monotonic) -> ShrinkResult:
+           clock: Callable[[], float] = time.monotonic,
+           original: tuple[Sequence[Finding], float | None] | None = None) -> ShrinkResult:
     """Smallest ``shrinkable`` int params for which ``run`` still shows the same finding.
 
     "Same" = same kind and source lines (``Finding.signature``); ``target`` defaults to the
@@ -907,6 +955,7 @@ def shrink(params: Mapping[str, Any], shrinkable: Sequence[str],
     exponential probe downward (v/2, v/4, ...) and a binary search between the last value
     that reproduced and the first that did not, repeated until nothing shrinks. A candidate
     is never run twice (memoized); a run that raises counts as "does not reproduce".
+    ``original`` = (findings, seconds) of a run of ``params`` already made: it is not rerun.
     """
     memo: dict[tuple, bool] = {}
     runs: list[dict[str, Any]] = []
@@ -921,14 +970,17 @@ def shrink(params: Mapping[str, Any], shrinkable: Sequence[str],
             return memo[k]
         if len(runs) >= max_runs:
             return False
-        t0 = clock()
         error = None
-        # A broken candidate (e.g. a size the kernel rejects) does not reproduce.
-        try:
-            found = list(run(dict(p)))
-        except Exception as exc:  # noqa: BLE001
-            found, error = [], f"{type(exc).__name__}: {exc}"
-        dt = clock() - t0
+        if original is not None and k == key(params):
+            found, dt = list(original[0]), original[1] or 0.0
+        else:
+            t0 = clock()
+            # A broken candidate (e.g. a size the kernel rejects) does not reproduce.
+            try:
+                found = list(run(dict(p)))
+            except Exception as exc:  # noqa: BLE001
+                found, error = [], f"{type(exc).__name__}: {exc}"
+            dt = clock() - t0
         kept, _ = filter_noise(found)
         nonlocal target
         if target is None:
@@ -988,6 +1040,409 @@ def _shrink_one(current: dict[str, Any], name: str, value: int, minimum: int,
         else:
             bad = mid
     return good
+
+
+# ---- `cutedebug sanitize`: the sanitizer around the worker, under the watchdog --------------
+FINDING_VERDICTS = ("RACE", "MEMORY_ERROR", "SYNC_ERROR", "UNINIT")
+# Sanitized kernels run 10-100x slower; every phase deadline of the scenario is scaled by
+# this, so a sanitized hang still ends (as HANG) instead of hanging the caller.
+DEFAULT_DEADLINE_SCALE = 10.0
+EXIT_OK, EXIT_NOT_AS_EXPECTED, EXIT_USAGE = 0, 1, 2
+
+
+class SanitizerNotFound(RuntimeError):
+    pass
+
+
+def parse_tools(text: str | Sequence[str]) -> tuple[str, ...]:
+    """``"all"``, ``"memcheck"``, ``"racecheck,synccheck"`` (or a list of those) → tools."""
+    items = [text] if isinstance(text, str) else list(text)
+    names: list[str] = []
+    for item in items:
+        for name in (n.strip() for n in item.split(",")):
+            if not name:
+                continue
+            for t in (TOOLS if name == "all" else (name,)):
+                if t not in TOOLS:
+                    raise ValueError(f"unknown sanitizer tool {t!r}; choose from "
+                                     f"{', '.join(TOOLS)} or all")
+                if t not in names:
+                    names.append(t)
+    if not names:
+        raise ValueError("no sanitizer tool given")
+    return tuple(names)
+
+
+def shrinkable_params(kernel_file: str | os.PathLike, entry: str) -> tuple[str, ...]:
+    """The entry class's ``SHRINKABLE`` names, read from the source (cutlass never imported)."""
+    import ast
+
+    try:
+        tree = ast.parse(Path(kernel_file).read_text(), filename=str(kernel_file))
+    except (OSError, SyntaxError):
+        return ()
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == entry:
+            for stmt in node.body:
+                target = (stmt.targets[0] if isinstance(stmt, ast.Assign)
+                          and len(stmt.targets) == 1 else
+                          stmt.target if isinstance(stmt, ast.AnnAssign) and stmt.value else None)
+                if isinstance(target, ast.Name) and target.id == "SHRINKABLE":
+                    try:
+                        value = ast.literal_eval(stmt.value)
+                    except ValueError:
+                        return ()
+                    if isinstance(value, (tuple, list)):
+                        return tuple(v for v in value if isinstance(v, str))
+    return ()
+
+
+def tool_verdict(sanitizer_class: str, kernel_verdict: str, kernel_reason: str, *,
+                 launched: bool, synced: bool, killed: str | None, exit_code: int | None,
+                 records: int) -> tuple[str, str]:
+    """(verdict, reason) of one sanitized run, from what the sanitizer and the worker said.
+
+    CLEAN needs positive evidence: the kernel was launched, finished, and the sanitizer's
+    output was read. A run whose kernel never ran says what the worker said (UNSUPPORTED,
+    COMPILE_ERROR, ...), never CLEAN.
+    """
+    if killed:
+        return kernel_verdict, (f"the sanitized run was killed by the watchdog ({killed}): "
+                                f"{kernel_reason}")
+    if not launched:
+        why = f"the kernel never ran under the sanitizer: {kernel_reason}"
+        if records:
+            why += (f"; the sanitizer output holds {records} record(s) that cannot come from "
+                    "this kernel's launch (kept in the report, not used for the verdict)")
+        return kernel_verdict, why
+    if sanitizer_class in FINDING_VERDICTS:
+        return sanitizer_class, "findings below"
+    if sanitizer_class == "UNREADABLE":
+        return "UNREADABLE", "the sanitizer's output could not be read (see PARSE_FAILURE)"
+    if exit_code == ERROR_EXITCODE and not records:
+        return "UNREADABLE", (f"the sanitizer exited with its error code {ERROR_EXITCODE} "
+                              "but no record was read")
+    if not synced:
+        return kernel_verdict, ("the kernel failed and the sanitizer named no cause: "
+                                f"{kernel_reason}")
+    if sanitizer_class != CLEAN:
+        return sanitizer_class, "unfiltered findings below"
+    return CLEAN, ("no findings after noise filtering; the kernel ran to completion "
+                   f"({kernel_verdict})")
+
+
+@dataclass
+class ToolRun:
+    tool: str
+    result: dict[str, Any]
+    findings: list[Finding]
+    seconds: float
+
+
+def _kernel_seconds(outcome: Any) -> float | None:
+    synced = outcome.event("synced")
+    return synced.get("kernel_s") if synced else None
+
+
+def run_tool(scenario: Any, tool: str, run_dir: Path, *, sanitizer: str,
+             deadline_scale: float = DEFAULT_DEADLINE_SCALE,
+             print_limit: int = DEFAULT_PRINT_LIMIT, deadlock_timeout_s: int | None = None,
+             plain: Mapping[str, Any] | None = None, reproduce: str = "") -> ToolRun:
+    """One sanitized run of ``scenario``'s worker in ``run_dir``: findings and verdict."""
+    from cutedebug import runner
+
+    run_dir = Path(run_dir).resolve()
+    command: dict[str, Any] = {}
+
+    def wrap(argv: list[str], sub: Path) -> list[str]:
+        xml = Path(sub).resolve() / f"{tool}.xml"
+        xml.unlink(missing_ok=True)
+        command["argv"] = build_command(tool, argv, str(xml), sanitizer=sanitizer,
+                                        print_limit=print_limit,
+                                        deadlock_timeout_s=deadlock_timeout_s)
+        command["xml"] = xml
+        return command["argv"]
+
+    env = child_env(tool)
+    classified, outcome, _facts = runner.run_once(
+        scenario, run_dir, mode="run", probes=None, lineinfo=True, wrap=wrap, extra_env=env,
+        deadline_scale=deadline_scale)
+    log_text = (run_dir / "worker.log").read_text(errors="replace")
+    findings = analyze(tool, command["xml"], log_text, print_limit)
+    roots = (Path(scenario.kernel_file).parent, runner.REPO_ROOT)
+
+    def read(file: str | None, line: int | None) -> str | None:
+        return source_line(file, line, roots=roots)
+
+    plain = plain or {}
+    result = make_result(tool, command["argv"], findings, env=env,
+                         exit_code=outcome.returncode, sanitizer_seconds=outcome.elapsed_s,
+                         plain_seconds=plain.get("seconds"), xml_path=str(command["xml"]),
+                         read_source=read)
+    _, filtered = filter_noise(findings, read_source=read)
+    records = len([f for f in findings if f.kind != PARSE_FAILURE])
+    verdict, reason = tool_verdict(
+        result["verdict"], classified.verdict.value, classified.reason,
+        launched=outcome.event("launched") is not None,
+        synced=outcome.event("synced") is not None, killed=outcome.killed_by_watchdog,
+        exit_code=outcome.returncode, records=records)
+    k_san, k_plain = _kernel_seconds(outcome), plain.get("kernel_seconds")
+    result.update({
+        "sanitizer_class": result["verdict"], "verdict": verdict, "reason": reason,
+        "kernel_verdict": classified.verdict.value, "kernel_reason": classified.reason,
+        "killed_by_watchdog": outcome.killed_by_watchdog,
+        "deadline_scale": deadline_scale, "run_dir": str(run_dir),
+        "worker_log": str(run_dir / "worker.log"),
+        "records": records, "filtered_count": sum(f.count for f in filtered),
+        "kernel_seconds": {"sanitized": k_san, "plain": k_plain,
+                           "slowdown": k_san / k_plain if k_san and k_plain else None},
+    })
+    if reproduce:
+        result["reproduce_cutedebug"] = reproduce
+    return ToolRun(tool, result, list(findings), outcome.elapsed_s)
+
+
+def _plain_run(scenario: Any, run_dir: Path) -> dict[str, Any]:
+    from cutedebug import runner
+
+    classified, outcome, _ = runner.run_once(scenario, Path(run_dir).resolve(), lineinfo=True)
+    return {"verdict": classified.verdict.value, "reason": classified.reason,
+            "seconds": outcome.elapsed_s, "kernel_seconds": _kernel_seconds(outcome),
+            "run_dir": str(run_dir)}
+
+
+def _resolved_params(scenario: Any, names: Sequence[str]) -> dict[str, Any]:
+    from cutedebug.scenario import ScenarioError, kernel_params_from_source
+
+    try:
+        declared = kernel_params_from_source(Path(scenario.kernel_file), scenario.kernel_entry,
+                                             scenario.id) or {}
+    except ScenarioError:
+        declared = {}
+    params = dict(scenario.params)
+    for name in names:
+        if name not in params and isinstance(declared.get(name), int):
+            params[name] = declared[name]
+    return params
+
+
+def shrink_tool(scenario: Any, first: ToolRun, run_dir: Path, *, max_runs: int = 24,
+                **run_kw: Any) -> ShrinkResult | None:
+    """Shrink the scenario's SHRINKABLE params while ``first``'s top finding persists."""
+    names = shrinkable_params(scenario.kernel_file, scenario.kernel_entry)
+    kept, _ = filter_noise(first.findings)
+    groups = group(kept)
+    if not names or not groups:
+        return None
+    params = _resolved_params(scenario, names)
+    counter = iter(range(1, 10_000))
+
+    def run(p: dict[str, Any]) -> list[Finding]:
+        i = next(counter)
+        sc = scenario.with_overrides(params=dict(p))
+        tr = run_tool(sc, first.tool, Path(run_dir) / f"candidate{i:02d}", **run_kw)
+        if tr.result["verdict"] not in FINDING_VERDICTS:
+            return []  # hung, never ran, unreadable: not "the same finding"
+        return tr.findings
+
+    return shrink(params, names, run, target=(groups[0].kind, groups[0].lines),
+                  max_runs=max_runs, original=(first.findings, first.seconds))
+
+
+def sanitize_scenario(scenario: Any, tools: Sequence[str], run_dir: Path, *, sanitizer: str,
+                      plain: bool = True, do_shrink: bool = False, shrink_max_runs: int = 24,
+                      deadline_scale: float = DEFAULT_DEADLINE_SCALE,
+                      print_limit: int = DEFAULT_PRINT_LIMIT,
+                      deadlock_timeout_s: int | None = None, reproduce: str = "",
+                      on_tool: Callable[[dict[str, Any]], None] | None = None,
+                      ) -> dict[str, Any]:
+    """Plain run (for the slowdown), then one sanitized run per tool, then optional shrink."""
+    run_dir = Path(run_dir).resolve()
+    plain_info = _plain_run(scenario, run_dir / "plain") if plain else None
+    run_kw = {"sanitizer": sanitizer, "deadline_scale": deadline_scale,
+              "print_limit": print_limit, "deadlock_timeout_s": deadlock_timeout_s,
+              "plain": plain_info}
+    runs: list[ToolRun] = []
+    for tool in tools:
+        tr = run_tool(scenario, tool, run_dir / tool, reproduce=reproduce, **run_kw)
+        runs.append(tr)
+        if on_tool is not None:
+            on_tool(tr.result)
+    shrunk = None
+    if do_shrink:
+        first = next((r for r in runs if r.result["verdict"] in FINDING_VERDICTS), None)
+        if first is not None:
+            shrunk = shrink_tool(scenario, first, run_dir / "shrink" / first.tool,
+                                 max_runs=shrink_max_runs, **run_kw)
+            if shrunk is not None:
+                first.result["shrink"] = json.loads(json.dumps(shrunk.to_dict()))
+    return {"scenario": scenario.to_json(), "expected_verdict": scenario.expect.verdict,
+            "tools": {r.tool: r.result for r in runs}, "plain": plain_info,
+            "run_dir": str(run_dir), "reproduce": reproduce}
+
+
+def as_expected(expected: str, verdicts: Mapping[str, str]) -> bool:
+    """A sanitizer verdict is expected: some tool gave it. PASS: every tool CLEAN."""
+    if expected in FINDING_VERDICTS:
+        return expected in verdicts.values()
+    if expected == "PASS":
+        return bool(verdicts) and all(v == CLEAN for v in verdicts.values())
+    return False
+
+
+def _top(result: Mapping[str, Any]) -> str:
+    groups = result.get("groups") or []
+    if not groups or result["verdict"] not in FINDING_VERDICTS:
+        return result.get("reason") or ""
+    g = groups[0]
+    src = next((ln.get("source") for ln in g["lines"] if ln.get("source")), None)
+    return (f"{g['kind']} at {_where(g['lines'])} ×{g['count']}"
+            + (f": `{src}`" if src else ""))
+
+
+def findings_cell(result: Mapping[str, Any]) -> str:
+    """``KIND@file:line ×N`` per kept group (a table cell)."""
+    cells = [f"{g['kind']}@{_where(g['lines'])} ×{g['count']}"
+             for g in result.get("groups") or []]
+    return "; ".join(cells) or "-"
+
+
+def render_summary_markdown(summary: Mapping[str, Any]) -> str:
+    sc = summary["scenario"]
+    tools = summary["tools"]
+    plain = summary.get("plain") or {}
+    ok = as_expected(summary["expected_verdict"], {t: r["verdict"] for t, r in tools.items()})
+    out = [f"# cutedebug sanitize: {sc['id']}", ""]
+    for tool, r in tools.items():
+        out.append(f"- **{tool} → {r['verdict']}**: {_top(r)}")
+    verdict_line = (f"Expected: {summary['expected_verdict']} → "
+                    f"{'as expected' if ok else 'NOT as expected'}.")
+    out += ["", verdict_line]
+    if plain:
+        out.append(f"Plain run (no sanitizer): {plain['verdict']} in "
+                   f"{_secs(plain.get('seconds'))} ({plain.get('reason')}).")
+    out += ["", "| tool | verdict | findings | noise filtered | sanitized | plain | slowdown |",
+            "|---|---|---|---|---|---|---|"]
+    for tool, r in tools.items():
+        slow = f"{r['slowdown']:.1f}×" if r.get("slowdown") else "-"
+        out.append(f"| {tool} | {r['verdict']} | {findings_cell(r)} | "
+                   f"{r.get('filtered_count', 0)} | {_secs(r.get('sanitizer_seconds'))} | "
+                   f"{_secs(r.get('plain_seconds'))} | {slow} |")
+    if summary.get("reproduce"):
+        out += ["", "Reproduce all of it: `" + summary["reproduce"] + "`"]
+    out.append("")
+    for r in tools.values():
+        body = render_markdown(r).replace("\n## ", "\n### ").replace("# compute", "## compute", 1)
+        out += [body]
+    return "\n".join(out)
+
+
+def _command_line(args: Any) -> str:
+    parts = ["cutedebug", "sanitize", args.scenario, "--tool", ",".join(args.tools)]
+    for p in args.param:
+        parts += ["--param", p]
+    if args.expect:
+        parts += ["--expect", args.expect]
+    if args.shrink:
+        parts.append("--shrink")
+    return shlex.join(parts)
+
+
+def cmd_sanitize(args: Any) -> int:
+    from cutedebug import runner
+    from cutedebug import scenario as S
+
+    try:
+        args.tools = parse_tools(args.tool or "all")
+    except ValueError as e:
+        print(f"cutedebug sanitize: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    sanitizer = args.sanitizer or find_sanitizer()
+    if not sanitizer or not (os.path.isfile(sanitizer) and os.access(sanitizer, os.X_OK)):
+        looked = (f"{args.sanitizer} (--sanitizer)" if args.sanitizer else
+                  "$COMPUTE_SANITIZER, compute-sanitizer on PATH, $CUDA_HOME/bin, "
+                  "$CUDA_PATH/bin, $CUDA_ROOT/bin, /usr/local/cuda/bin, /usr/local/cuda-*/bin, "
+                  "/opt/nvidia/compute-sanitizer")
+        print(f"cutedebug sanitize: compute-sanitizer not found; looked for: {looked}. "
+              "Install the CUDA toolkit or set COMPUTE_SANITIZER=/path/to/compute-sanitizer.",
+              file=sys.stderr)
+        return EXIT_USAGE
+    sc = S.load(args.scenario)
+    if args.param:
+        params = dict(sc.params)
+        for item in args.param:
+            if "=" not in item:
+                print(f"cutedebug sanitize: --param {item!r}: expected NAME=VALUE",
+                      file=sys.stderr)
+                return EXIT_USAGE
+            k, v = item.split("=", 1)
+            params[k.strip()] = S.parse_value(v.strip())
+        sc = sc.with_overrides(params=params)
+    if args.expect:
+        sc = sc.with_overrides(expect=S.Expect(verdict=args.expect))
+    run_dir = runner.new_run_dir(sc, args.runs_dir).resolve() / "sanitize"
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+    def progress(r: Mapping[str, Any]) -> None:
+        print(f"{r['tool']}: {r['verdict']} — {_top(r)} "
+              f"({_secs(r.get('sanitizer_seconds'))})", flush=True)
+
+    summary = sanitize_scenario(
+        sc, args.tools, run_dir, sanitizer=sanitizer, plain=args.plain,
+        do_shrink=args.shrink, shrink_max_runs=args.shrink_max_runs,
+        deadline_scale=args.deadline_scale, print_limit=args.print_limit,
+        deadlock_timeout_s=args.racecheck_deadlock_timeout, reproduce=_command_line(args),
+        on_tool=progress)
+    verdicts = {t: r["verdict"] for t, r in summary["tools"].items()}
+    ok = as_expected(sc.expect.verdict, verdicts)
+    summary["as_expected"] = ok
+    json_path, md_path = run_dir / "sanitize.json", run_dir / "sanitize.md"
+    json_path.write_text(json.dumps(summary, indent=1, default=str))
+    md_path.write_text(render_summary_markdown(summary))
+    for r in summary["tools"].values():
+        if r.get("shrink"):
+            s = r["shrink"]
+            print(f"  shrunk {s['original']} → {s['shrunk']} in {len(s['runs'])} run(s)")
+    plain = summary.get("plain")
+    if plain:
+        print(f"plain run: {plain['verdict']} ({_secs(plain['seconds'])})")
+    print(f"expected {sc.expect.verdict}: {'as expected' if ok else 'NOT as expected'}")
+    print(f"report: {md_path}")
+    return EXIT_OK if ok else EXIT_NOT_AS_EXPECTED
+
+
+def add_parser(subparsers: Any) -> Any:
+    """Register ``cutedebug sanitize`` on the CLI's subparsers."""
+    from cutedebug.verdict import ALL as VERDICTS
+
+    p = subparsers.add_parser(
+        "sanitize", help="run compute-sanitizer around a scenario's worker",
+        description="compute-sanitizer (memcheck/racecheck/synccheck/initcheck) around the "
+                    "scenario's worker, under the watchdog with scaled deadlines. Exit 0 when "
+                    "the scenario's expected sanitizer verdict is found (or, for PASS, every "
+                    "tool is CLEAN), 1 otherwise, 2 on usage errors or a missing sanitizer.")
+    p.add_argument("scenario", help="scenario .toml")
+    p.add_argument("--tool", action="append", default=None,
+                   help="memcheck|racecheck|synccheck|initcheck|all, or a comma list "
+                        "(repeatable; default all)")
+    p.add_argument("--shrink", action="store_true",
+                   help="shrink the kernel's SHRINKABLE params while the first finding persists")
+    p.add_argument("--shrink-max-runs", type=int, default=24)
+    p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                   help="override a kernel parameter")
+    p.add_argument("--expect", choices=VERDICTS, help="expected verdict (overrides the "
+                   "scenario's)")
+    p.add_argument("--deadline-scale", type=float, default=DEFAULT_DEADLINE_SCALE,
+                   help="multiply the scenario's deadlines by this under the sanitizer")
+    p.add_argument("--print-limit", type=int, default=DEFAULT_PRINT_LIMIT)
+    p.add_argument("--racecheck-deadlock-timeout", type=int, default=None, metavar="S",
+                   help="passed to racecheck (cuda::barrier deadlock detection)")
+    p.add_argument("--sanitizer", help="path of compute-sanitizer (default: search)")
+    p.add_argument("--no-plain", dest="plain", action="store_false",
+                   help="skip the plain run (no slowdown figure)")
+    p.add_argument("--runs-dir", default="runs", help="where run directories go")
+    p.set_defaults(func=cmd_sanitize, tool=None)
+    return p
 
 
 # ---- command line (used by tools/capture_sanitizer_samples.sh and for quick looks) --------
