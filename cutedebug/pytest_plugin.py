@@ -1,0 +1,509 @@
+"""pytest plugin: scenario files as hang-proof test items, and a fixture for your own tests.
+
+Registered through the ``pytest11`` entry point, so installing cutedebug enables it.
+
+Scenario files
+    ``pytest scenarios/`` collects every ``*.toml`` below a directory named ``scenarios``
+    (ini ``cutedebug_scenario_dirs`` changes the names; a file named on the command line is
+    always collected) as two items:
+
+    - ``<file>::compile`` compiles the kernel with its fault for the scenario's first arch in a
+      watched child (runs everywhere). Passes when it compiled and the fault reached the
+      kernel, or, for a scenario that expects COMPILE_ERROR / COMPILER_CRASH, when that is the
+      verdict.
+    - ``<file>::run`` runs it on the GPU (skipped, with the reason, without a suitable GPU).
+      Passes when the verdict and the localization match the scenario's expectation.
+
+    A failure's message is the report's TL;DR and the path of the report. A scenario file that
+    does not load is one failing item carrying the loader's message. A HANG verdict shows as
+    ``H`` / ``HANG`` in the terminal (``h`` when the scenario expected it).
+
+Options (precedence: marker > command line > environment > ini)
+    ==================  ===============================  ==========================  ========
+    marker keyword      command line                     environment                 ini
+    ==================  ===============================  ==========================  ========
+    deadline            --cutedebug-deadline S           CUTEDEBUG_DEADLINE          cutedebug_deadline
+    compile_deadline    --cutedebug-compile-deadline S   CUTEDEBUG_COMPILE_DEADLINE  cutedebug_compile_deadline
+    probes              --cutedebug-probes on|off        CUTEDEBUG_PROBES            cutedebug_probes
+    repeat              --cutedebug-repeat N             CUTEDEBUG_REPEAT            cutedebug_repeat
+    runs_dir            --cutedebug-runs-dir DIR         CUTEDEBUG_RUNS_DIR          cutedebug_runs_dir
+    timeout_margin      --cutedebug-timeout-margin S     CUTEDEBUG_TIMEOUT_MARGIN    cutedebug_timeout_margin
+    ==================  ===============================  ==========================  ========
+
+    ``deadline`` / ``compile_deadline`` replace the scenario's ``limits.deadline_s`` /
+    ``limits.compile_s``; ``probes`` unset keeps the scenario's own setting.
+
+Outer guard
+    Each scenario item (and each test using the fixture) gets a pytest-timeout marker set
+    above the watchdog's worst case (every phase limit the child may go through, times the
+    reruns, plus ``timeout_margin``), unless it already has one: the watchdog decides, and
+    pytest-timeout only fires if the watchdog itself failed.
+
+The fixture::
+
+    from cutedebug.pytest_plugin import assert_verdict
+
+    @pytest.mark.cutedebug(deadline=10)
+    def test_my_kernel(cutedebug_run):
+        res = cutedebug_run(kernel="kernels/my_gemm.py:MyGemm", params={"m": 512})
+        assert_verdict(res, "PASS")
+
+    def test_fault_is_caught(cutedebug_run):
+        res = cutedebug_run("kernels/tma_stream.py:TmaStream", fault="wrong_expect_tx",
+                            fault_args={"delta_bytes": 16}, expect="HANG")
+        assert_verdict(res, "HANG", op="consumer_wait", barrier="full")
+
+``cutedebug_run`` runs the kernel in the watched child and returns the
+:class:`cutedebug.runner.RunResult`. With ``expect`` it fails the test unless the verdict is
+that; without, it fails the test on HANG and HARNESS_ERROR only (so a test that would hang
+fails with a HANG verdict instead). Without a suitable GPU a ``mode="run"`` call skips the
+test with the reason. Kernel paths are tried relative to the test file, then the rootdir.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cutedebug import scenario as S
+from cutedebug.verdict import ALL as VERDICTS
+from cutedebug.verdict import Verdict
+
+COMPILE_VERDICTS = ("COMPILE_ERROR", "COMPILER_CRASH")
+HEALTH_CHECK_S = 60.0     # runner.health_check's own timeout, run after a kill
+VERDICT_PROP = "cutedebug_verdict"
+
+
+# ---- options ---------------------------------------------------------------------------
+def _to_bool(text: str) -> bool:
+    low = text.strip().lower()
+    if low in ("1", "true", "on", "yes"):
+        return True
+    if low in ("0", "false", "off", "no"):
+        return False
+    raise ValueError("expected on/off (true/false, 1/0)")
+
+
+def _positive(kind):
+    def conv(value: Any):
+        v = kind(value)
+        if v <= 0:
+            raise ValueError("must be > 0")
+        return v
+    conv.__name__ = kind.__name__
+    return conv
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str
+    convert: Any
+    help: str
+
+    @property
+    def flag(self) -> str:
+        return "--cutedebug-" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return "CUTEDEBUG_" + self.name.upper()
+
+    @property
+    def ini(self) -> str:
+        return "cutedebug_" + self.name
+
+
+OPTIONS = (
+    Option("deadline", _positive(float), "kernel deadline in seconds (replaces the scenario's "
+           "limits.deadline_s)"),
+    Option("compile_deadline", _positive(float), "compile deadline in seconds (replaces "
+           "limits.compile_s)"),
+    Option("probes", _to_bool, "bounded waits + beacons: on|off (default: the scenario's)"),
+    Option("repeat", _positive(int), "run each scenario N times; disagreeing runs are "
+           "NONDETERMINISTIC (default 1)"),
+    Option("runs_dir", str, "where run directories and reports go (default: <rootdir>/runs)"),
+    Option("timeout_margin", _positive(float), "seconds the pytest-timeout outer guard adds "
+           "to the watchdog's worst case (default 60)"),
+)
+DEFAULTS = {"deadline": None, "compile_deadline": None, "probes": None, "repeat": 1,
+            "runs_dir": None, "timeout_margin": 60.0}
+
+
+@dataclass(frozen=True)
+class Settings:
+    deadline: float | None
+    compile_deadline: float | None
+    probes: bool | None
+    repeat: int
+    runs_dir: Path
+    timeout_margin: float
+    sources: dict[str, str]       # option -> where its value came from
+
+    def apply(self, sc: S.Scenario) -> S.Scenario:
+        """The scenario with these settings' limit overrides."""
+        over = {k: v for k, v in (("deadline_s", self.deadline),
+                                  ("compile_s", self.compile_deadline)) if v is not None}
+        if not over:
+            return sc
+        return sc.with_overrides(limits=S.Limits(**{**vars(sc.limits), **over}))
+
+
+def resolve(config: pytest.Config, node: pytest.Item | None = None,
+            call: dict[str, Any] | None = None) -> Settings:
+    """Settings for one item: call arguments > marker > command line > env > ini > default."""
+    marker = node.get_closest_marker("cutedebug") if node is not None else None
+    layers = [("call", call or {}), ("marker", marker.kwargs if marker else {})]
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for opt in OPTIONS:
+        candidates = [(src, layer.get(opt.name)) for src, layer in layers]
+        candidates += [(opt.flag, config.getoption("cutedebug_" + opt.name)),
+                       (opt.env, os.environ.get(opt.env) or None),
+                       (opt.ini, config.getini(opt.ini) or None)]
+        for src, raw in candidates:
+            if raw is None:
+                continue
+            try:
+                value = bool(raw) if opt.convert is _to_bool and not isinstance(raw, str) \
+                    else opt.convert(raw)
+            except (TypeError, ValueError) as e:
+                raise pytest.UsageError(f"cutedebug: {src} {opt.name} = {raw!r}: {e}") from None
+            values[opt.name], sources[opt.name] = value, src
+            break
+        else:
+            values[opt.name], sources[opt.name] = DEFAULTS[opt.name], "default"
+    runs_dir = Path(values["runs_dir"]) if values["runs_dir"] else config.rootpath / "runs"
+    if not runs_dir.is_absolute():
+        runs_dir = config.rootpath / runs_dir
+    values["runs_dir"] = runs_dir
+    return Settings(**values, sources=sources)
+
+
+def watchdog_budget_s(sc: S.Scenario, mode: str, repeat: int) -> float:
+    """The longest a run_scenario call can legitimately take: each phase limit the child may
+    go through; a blind hang is rerun once with probes; a kill is followed by a health check."""
+    lim = sc.limits
+    if mode == "compile":
+        return lim.import_s + lim.compile_s
+    once = lim.import_s + lim.compile_s + lim.deadline_s + lim.check_s
+    return repeat * (2 * once + HEALTH_CHECK_S)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("cutedebug", "cutedebug scenarios and watchdog")
+    for opt in OPTIONS:
+        group.addoption(opt.flag, dest="cutedebug_" + opt.name, default=None,
+                        metavar=opt.name.upper(), help=f"{opt.help} [env {opt.env}]")
+        parser.addini(opt.ini, f"cutedebug: {opt.help}", default=None)
+    parser.addini("cutedebug_scenario_dirs", "cutedebug: *.toml files below directories with "
+                  "these names are scenarios", type="linelist", default=["scenarios"])
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "cutedebug(deadline=S, compile_deadline=S, probes=bool, repeat=N, "
+        "runs_dir=DIR, timeout_margin=S): cutedebug settings for this test (they win over "
+        "the command line, the environment and the ini file)")
+    resolve(config)    # a bad value on the command line, in the env or the ini: fail early
+
+
+# ---- GPU (never imports torch: nvidia-smi only) -------------------------------------------
+_GPU_KEY = pytest.StashKey[dict]()
+
+
+def gpu_facts(config: pytest.Config) -> dict[str, Any]:
+    if _GPU_KEY not in config.stash:
+        from cutedebug.triage import detect_gpu
+
+        config.stash[_GPU_KEY] = detect_gpu()
+    return config.stash[_GPU_KEY]
+
+
+def gpu_skip_reason(config: pytest.Config, archs: tuple[str, ...]) -> str | None:
+    gpu = gpu_facts(config)
+    if not gpu["present"]:
+        return gpu["reason"]
+    if gpu["arch"] not in archs:
+        return f"needs {' or '.join(archs)}; this GPU is {gpu['arch']} ({gpu['name']})"
+    return None
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    s = resolve(config)
+    return f"cutedebug: runs dir {s.runs_dir}"
+
+
+# ---- collection ----------------------------------------------------------------------------
+def _is_scenario_path(path: Path, parent: pytest.Collector) -> bool:
+    if path.suffix != ".toml":
+        return False
+    if parent.session.isinitpath(path):
+        return True
+    names = set(parent.config.getini("cutedebug_scenario_dirs"))
+    try:
+        parts = path.relative_to(parent.config.rootpath).parts[:-1]
+    except ValueError:
+        parts = path.parts[:-1]
+    return any(p in names for p in parts)
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector):
+    if _is_scenario_path(file_path, parent):
+        return ScenarioFile.from_parent(parent, path=file_path)
+    return None
+
+
+class ScenarioFile(pytest.File):
+    def collect(self):
+        try:
+            sc = S.load(self.path)
+        except S.ScenarioError as e:
+            yield InvalidScenarioItem.from_parent(self, name="load", message=str(e))
+            return
+        except Exception as e:  # noqa: BLE001  (a loader bug must not end the session)
+            yield InvalidScenarioItem.from_parent(
+                self, name="load", message=f"loading failed ({type(e).__name__}): {e}")
+            return
+        yield CompileItem.from_parent(self, name="compile", scenario=sc)
+        yield RunItem.from_parent(self, name="run", scenario=sc)
+
+
+class ScenarioFailure(Exception):
+    """An item's verdict did not match; the message is the report's TL;DR and path."""
+
+
+class _Item(pytest.Item):
+    def repr_failure(self, excinfo, style=None):
+        if excinfo.errisinstance((ScenarioFailure, S.ScenarioError)):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style)
+
+
+class InvalidScenarioItem(_Item):
+    def __init__(self, *, message: str, **kw):
+        super().__init__(**kw)
+        self.message = message
+
+    def runtest(self) -> None:
+        raise ScenarioFailure(f"invalid scenario: {self.message}")
+
+    def reportinfo(self):
+        return self.path, None, f"{self.path.name}: invalid scenario"
+
+
+class ScenarioItem(_Item):
+    mode = "run"
+
+    def __init__(self, *, scenario: S.Scenario, **kw):
+        super().__init__(**kw)
+        self.scenario = scenario
+        self.user_properties.append(("cutedebug_scenario", scenario.id))
+
+    def reportinfo(self):
+        return self.path, None, f"{self.scenario.id}::{self.name}"
+
+    def settings(self) -> Settings:
+        return resolve(self.config, self)
+
+    def timeout_s(self) -> float:
+        s = self.settings()
+        repeat = 1 if self.mode == "compile" else s.repeat
+        return round(watchdog_budget_s(s.apply(self.scenario), self.mode, repeat)
+                     + s.timeout_margin, 1)
+
+    def _run(self, s: Settings):
+        from cutedebug import report, runner
+
+        sc = s.apply(self.scenario)
+        try:
+            res = runner.run_scenario(sc, runs_root=s.runs_dir, mode=self.mode,
+                                      probes=s.probes,
+                                      repeat=1 if self.mode == "compile" else s.repeat)
+        except S.ScenarioError as e:   # the kernel could not be loaded in the child
+            raise ScenarioFailure(f"{sc.id}: {e}") from None
+        _, md = report.write(res)
+        self.user_properties.append((VERDICT_PROP, res.verdict.value))
+        self.user_properties.append(("cutedebug_report", str(md)))
+        return res, md
+
+
+def compile_outcome(res) -> tuple[bool, str]:
+    """Did a compile-mode run do what the scenario needs from it? (ok, why not)."""
+    exp = res.scenario.expect.verdict
+    if exp in COMPILE_VERDICTS:
+        return res.verdict.value == exp, f"expected {exp}, got {res.verdict.value}"
+    if res.outcome.event("compiled") is None:
+        return False, f"did not compile: {res.verdict.value}"
+    if res.verdict is Verdict.HARNESS_ERROR:
+        return False, "harness error after compiling"
+    compiled = res.evidence.get("compiled") or {}
+    if res.scenario.fault and compiled.get("fault_count") == 0:
+        return False, (f"fault {res.scenario.fault} never triggered while tracing: the "
+                       "compiled kernel is the clean one")
+    return True, ""
+
+
+class CompileItem(ScenarioItem):
+    mode = "compile"
+
+    def runtest(self) -> None:
+        from cutedebug import report
+
+        res, md = self._run(self.settings())
+        ok, why = compile_outcome(res)
+        findings = (res.evidence.get("compiled") or {}).get("static_findings")
+        if findings:
+            self.add_report_section("call", "cutedebug static findings",
+                                    "\n".join(f"- {f}" for f in findings))
+        if not ok:
+            raise ScenarioFailure(f"{why}\n{report.tldr(res)}\nreport: {md}")
+
+
+class RunItem(ScenarioItem):
+    def runtest(self) -> None:
+        from cutedebug import report
+
+        s = self.settings()
+        reason = gpu_skip_reason(self.config, self.scenario.archs)
+        if reason:
+            pytest.skip(reason)
+        res, md = self._run(s)
+        if res.verdict is Verdict.UNSUPPORTED and self.scenario.expect.verdict != "UNSUPPORTED":
+            pytest.skip(f"{res.reason} (report: {md})")
+        if not res.expected:
+            loc = res.localization
+            extra = ""
+            if res.verdict_ok and loc["ok"] is False:
+                extra = (f"\nlocalization wrong: expected {loc['expected']}, "
+                         f"{loc.get('why', 'no stuck site matched')}")
+            raise ScenarioFailure(f"{report.tldr(res)}{extra}\nreport: {md}")
+
+
+@pytest.hookimpl(trylast=True)     # after conftests have added their markers
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.pluginmanager.hasplugin("timeout"):
+        return
+    for item in items:
+        if item.get_closest_marker("timeout") is not None:
+            continue
+        if isinstance(item, ScenarioItem):
+            item.add_marker(pytest.mark.timeout(item.timeout_s()))
+        elif "cutedebug_run" in getattr(item, "fixturenames", ()):
+            s = resolve(config, item)
+            budget = watchdog_budget_s(s.apply(_DEFAULT_SCENARIO), "run", s.repeat)
+            item.add_marker(pytest.mark.timeout(round(budget + s.timeout_margin, 1)))
+
+
+_DEFAULT_SCENARIO = S.Scenario(id="limits", kernel_file="", kernel_entry="")
+
+
+# ---- status letters ----------------------------------------------------------------------------
+def _verdicts(report) -> list[str]:
+    return [v for k, v in getattr(report, "user_properties", ()) if k == VERDICT_PROP]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_report_teststatus(report, config):
+    if report.when != "call" or "HANG" not in _verdicts(report):
+        return None
+    if report.failed:
+        return "failed", "H", ("HANG", {"red": True, "bold": True})
+    if report.passed:
+        return "passed", "h", ("PASSED (HANG as expected)", {"green": True})
+    return None
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    hangs = [r for reps in terminalreporter.stats.values() for r in reps
+             if getattr(r, "when", None) == "call" and "HANG" in _verdicts(r)]
+    if hangs:
+        bad = [r for r in hangs if r.failed]
+        terminalreporter.write_line(
+            f"cutedebug: {len(hangs)} HANG verdict(s), {len(bad)} unexpected"
+            + "".join(f"\n  HANG {r.nodeid}" for r in bad))
+
+
+# ---- fixture for users' own tests --------------------------------------------------------------
+def _kernel_target(target: str, request: pytest.FixtureRequest) -> str:
+    if ":" not in target:
+        raise S.ScenarioError(f"kernel {target!r}: expected FILE.py:ENTRY")
+    file, entry = target.rsplit(":", 1)
+    if not Path(file).is_absolute():
+        for base in (request.path.parent, request.config.rootpath):
+            if (base / file).is_file():
+                return f"{(base / file).resolve()}:{entry}"
+    return target
+
+
+def assert_verdict(result, verdict: str, **localization: Any) -> None:
+    """Fail unless ``result`` has this verdict (and, given role/op/barrier/stage, a stuck site
+    that agrees with them). The message says what came back, where, why, and the report."""
+    __tracebackhide__ = True
+    from cutedebug import report, runner
+
+    if verdict not in VERDICTS:
+        raise ValueError(f"unknown verdict {verdict!r}; one of {list(VERDICTS)}")
+    problems = []
+    if result.verdict.value != verdict:
+        problems.append(f"expected {verdict}, got {result.verdict.value}: {result.reason}")
+    if localization:
+        loc = runner.grade_localization(localization, result.evidence.get("stuck_sites") or [])
+        if not loc["ok"]:
+            sites = result.evidence.get("stuck_sites") or []
+            problems.append(f"localization {localization} not found: {loc['why']}"
+                            + (f"; first stuck site: {sites[0]}" if sites else ""))
+    if problems:
+        w = report.where(result)
+        raise AssertionError(f"{result.scenario.id}: " + "; ".join(problems)
+                             + (f"\n  where: {w}" if w else "")
+                             + f"\n  report: {Path(result.run_dir) / 'report.md'}")
+
+
+@pytest.fixture
+def cutedebug_run(request: pytest.FixtureRequest):
+    """Run a kernel in the watchdog: ``cutedebug_run(kernel="file.py:Entry", params={...},
+    fault=None, fault_args={}, expect=None, deadline=None, probes=None, repeat=None,
+    archs=("sm_90a",), mode="run") -> RunResult``. See the module docstring."""
+    from cutedebug import report, runner
+
+    def run(kernel: str, params: dict[str, Any] | None = None, fault: str | None = None,
+            fault_args: dict[str, Any] | None = None, expect: str | None = None, *,
+            deadline: float | None = None, compile_deadline: float | None = None,
+            probes: bool | None = None, repeat: int | None = None,
+            archs: tuple[str, ...] = ("sm_90a",), mode: str = "run"):
+        __tracebackhide__ = True
+        if mode not in ("run", "compile"):
+            raise ValueError(f"mode {mode!r}: 'run' or 'compile'")
+        if expect is not None and expect not in VERDICTS:
+            raise ValueError(f"expect {expect!r}: one of {list(VERDICTS)}")
+        s = resolve(request.config, request.node,
+                    {"deadline": deadline, "compile_deadline": compile_deadline,
+                     "probes": probes, "repeat": repeat})
+        try:
+            sc = S.adhoc(_kernel_target(kernel, request), dict(params or {}), fault,
+                         dict(fault_args or {}), expect or "PASS", tuple(archs))
+        except S.ScenarioError as e:
+            pytest.fail(f"cutedebug_run: {e}", pytrace=False)
+        if mode == "run" and (reason := gpu_skip_reason(request.config, sc.archs)):
+            pytest.skip(reason)
+        try:
+            res = runner.run_scenario(s.apply(sc), runs_root=s.runs_dir, mode=mode,
+                                      probes=s.probes, repeat=s.repeat)
+        except S.ScenarioError as e:
+            pytest.fail(f"cutedebug_run: {e}", pytrace=False)
+        _, md = report.write(res)
+        request.node.user_properties.append((VERDICT_PROP, res.verdict.value))
+        request.node.user_properties.append(("cutedebug_report", str(md)))
+        if mode == "run" and res.verdict is Verdict.UNSUPPORTED and expect != "UNSUPPORTED":
+            pytest.skip(f"{res.reason} (report: {md})")
+        if expect is not None:
+            assert_verdict(res, expect)
+        elif res.verdict in (Verdict.HANG, Verdict.HARNESS_ERROR):
+            assert_verdict(res, "PASS")
+        return res
+
+    return run

@@ -1,0 +1,776 @@
+"""`cutedebug triage DIR --out OUT`: every scenario under DIR, graded, as one matrix.
+
+    cutedebug triage scenarios --out reports/triage [--resume] [--repeat N] [--jobs J]
+
+Compiles run J at a time on the CPU (compile-only children); GPU runs go one at a time, in
+the order their compiles finish. A scenario whose compile already decides its verdict
+(COMPILE_ERROR, COMPILER_CRASH, HARNESS_ERROR) is not run. Without a suitable GPU the run is
+recorded as "not run: <why>" and left out of every rate, never counted as a miss.
+
+Output, written as results come (each file replaced atomically):
+
+    OUT/results/<scenario>.json   one record per scenario (the source of truth)
+    OUT/matrix.json|.md|.html     regenerated from the records after each one
+    OUT/runs/                     the run directories (report.md, events, logs, PTX)
+
+An interrupted triage keeps every finished record; ``--resume`` skips the scenarios whose
+record is complete and whose scenario file and kernel source are unchanged (and runs, on a
+GPU machine, those a CPU-only triage could not).
+
+Rates (each over the scenarios that have a verdict; "not run" ones are left out):
+detection = faulted scenarios whose verdict is a failure (not PASS / UNSUPPORTED /
+HARNESS_ERROR); classification = verdict equals the expected one; localization = expected
+localization matched (over scenarios that state one); false alarms = clean scenarios (no
+fault) whose verdict is not PASS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import html
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import uuid
+from collections import Counter
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from cutedebug import scenario as S
+from cutedebug import verdict as V
+
+RECORD_SCHEMA = "cutedebug.triage.record/1"
+MATRIX_SCHEMA = "cutedebug.triage.matrix/1"
+TRIAGE_TAG_VAR = "CUTEDEBUG_TRIAGE_TAG"   # inherited by every child of one triage
+COMPILE_FINAL = ("COMPILE_ERROR", "COMPILER_CRASH", "HARNESS_ERROR")
+
+
+# ---- machine facts (never imports torch or cutlass) -----------------------------------------
+def detect_gpu(timeout_s: float = 20.0) -> dict[str, Any]:
+    """The GPU a child would run on, from nvidia-smi; {"present": False, "reason": ...} else."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        return {"present": False, "reason": f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU"}
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return {"present": False, "reason": "no NVIDIA GPU on this machine (nvidia-smi not found)"}
+    try:
+        out = subprocess.run([smi, "--query-gpu=name,compute_cap,driver_version",
+                              "--format=csv,noheader"], capture_output=True, text=True,
+                             timeout=timeout_s, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return {"present": False, "reason": f"nvidia-smi failed: {e}"}
+    rows = [ln for ln in out.stdout.splitlines() if ln.count(",") >= 2]
+    if out.returncode != 0 or not rows:
+        msg = (out.stderr or out.stdout).strip()[:300]
+        return {"present": False, "reason": f"nvidia-smi lists no usable GPU: {msg}"}
+    index = 0
+    first = (visible or "").split(",")[0].strip()
+    if first.isdigit() and int(first) < len(rows):
+        index = int(first)
+    name, cc, driver = (c.strip() for c in rows[index].split(",")[:3])
+    from cutedebug.worker import ARCH_BY_CC  # stdlib-only at import time
+
+    try:
+        major, minor = (int(x) for x in cc.split("."))
+    except ValueError:
+        return {"present": False, "reason": f"nvidia-smi compute capability {cc!r} unreadable"}
+    return {"present": True, "reason": None, "name": name, "cc": cc, "driver": driver,
+            "arch": ARCH_BY_CC.get((major, minor), f"sm_{major}{minor}")}
+
+
+def not_run_reason(gpu: dict[str, Any], archs: tuple[str, ...]) -> str | None:
+    if not gpu["present"]:
+        return f"not run: {gpu['reason']}"
+    if gpu["arch"] not in archs:
+        return f"not run: needs {' or '.join(archs)}, this GPU is {gpu['arch']} ({gpu['name']})"
+    return None
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def environment(gpu: dict[str, Any]) -> dict[str, Any]:
+    return {"date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "host": platform.node(),
+            "python": platform.python_version(), "cutlass": _version("nvidia-cutlass-dsl"),
+            "torch": _version("torch"), "gpu": gpu.get("name"), "arch": gpu.get("arch"),
+            "driver": gpu.get("driver"), "gpu_reason": gpu.get("reason")}
+
+
+# ---- files ---------------------------------------------------------------------------------
+def atomic_write(path: Path, text: str) -> None:
+    """Write to a unique temporary file beside ``path``, fsync, then rename over it: a reader
+    (or a triage killed mid-write) sees the old file or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def record_name(sid: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "__" for c in sid) + ".json"
+
+
+def scenario_digest(sc: S.Scenario) -> str:
+    h = hashlib.sha256(json.dumps(sc.to_json(), sort_keys=True, default=str).encode())
+    try:
+        h.update(Path(sc.kernel_file).read_bytes())
+    except OSError:
+        pass
+    return h.hexdigest()[:16]
+
+
+def load_records(results_dir: Path) -> dict[str, dict[str, Any]]:
+    """Records by scenario id; unreadable files are ignored (they get redone)."""
+    out: dict[str, dict[str, Any]] = {}
+    for p in sorted(results_dir.glob("*.json")):
+        try:
+            rec = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(rec, dict) and rec.get("schema") == RECORD_SCHEMA and "id" in rec:
+            out[rec["id"]] = rec
+    return out
+
+
+# ---- records -------------------------------------------------------------------------------
+def call_record(res, wall_s: float, out_dir: Path) -> dict[str, Any]:
+    """What one run_scenario call (compile or run) contributes to a record."""
+    compiled = res.evidence.get("compiled") or {}
+    t = res.timings
+    compile_s = float(t.get("compile_s") or 0.0)
+    kernel_s = float(t.get("kernel_s") or t.get("launch_to_kill_s") or 0.0)
+    attempts = max(1, len(res.repeats))
+    verdicts = [r["verdict"] for r in res.repeats] or [res.verdict.value]
+    md = Path(res.run_dir) / "report.md"
+    try:
+        report = os.path.relpath(md, out_dir)
+    except ValueError:
+        report = str(md)
+    return {
+        "mode": res.mode, "verdict": res.verdict.value, "reason": res.reason[:1000],
+        "compiled": res.outcome.event("compiled") is not None,
+        "fault_count": compiled.get("fault_count"),
+        "static_findings": compiled.get("static_findings"),
+        "localization": res.localization,
+        "verdicts": verdicts,
+        "harness_errors": verdicts.count("HARNESS_ERROR"),
+        "wall_s": round(wall_s, 3), "compile_s": round(compile_s, 3),
+        "kernel_s": round(kernel_s, 6),
+        "overhead_s": round(wall_s / attempts - compile_s - kernel_s, 3),
+        "device": res.evidence.get("device"), "report": report,
+    }
+
+
+def new_record(sc: S.Scenario, digest: str, repeat: int) -> dict[str, Any]:
+    return {"schema": RECORD_SCHEMA, "id": sc.id, "source": sc.source,
+            "kernel": f"{Path(sc.kernel_file).name}:{sc.kernel_entry}",
+            "fault": sc.fault, "fault_args": sc.fault_args, "params": sc.params,
+            "digest": digest, "repeat": repeat,
+            "expected": {"verdict": sc.expect.verdict,
+                         "localization": sc.expect.localization()},
+            "compile": None, "run": None, "not_run": None, "invalid": None,
+            "status": "pending"}
+
+
+def finalize(rec: dict[str, Any], final: dict[str, Any] | None, not_run: str | None) -> None:
+    """Grade a record from the call that decided its verdict (None: not run)."""
+    rec["status"] = "done"
+    rec["not_run"] = not_run
+    rec["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    comp = rec.get("compile") or {}
+    findings = comp.get("static_findings")
+    rec["caught_statically"] = None if findings is None else bool(findings)
+    rec["harness_errors"] = sum((c or {}).get("harness_errors", 0)
+                                for c in (rec.get("compile"), rec.get("run")))
+    if final is None:
+        rec.update(verdict=None, verdict_ok=None, localization_ok=None, frequencies={},
+                   timing_dependent=False, time_to_verdict_s=None, overhead_s=None)
+        return
+    exp = rec["expected"]
+    verdict = final["verdict"]
+    # a compile-time verdict says nothing about where a kernel hangs
+    loc_ok = final["localization"].get("ok") \
+        if exp["localization"] and final["mode"] == "run" else None
+    freq = dict(Counter(final.get("verdicts") or [verdict]))
+    rec.update(verdict=verdict, verdict_ok=verdict == exp["verdict"], localization_ok=loc_ok,
+               frequencies=freq, timing_dependent=len(freq) > 1,
+               time_to_verdict_s=final["wall_s"], overhead_s=final["overhead_s"])
+
+
+def invalid_record(sid: str, source: str | None, message: str) -> dict[str, Any]:
+    return {"schema": RECORD_SCHEMA, "id": sid, "source": source, "kernel": "?", "fault": None,
+            "fault_args": {}, "params": {}, "digest": None, "repeat": 1,
+            "expected": {"verdict": "?", "localization": {}}, "compile": None, "run": None,
+            "not_run": None, "invalid": message, "status": "done", "verdict": None,
+            "verdict_ok": None, "localization_ok": None, "caught_statically": None,
+            "frequencies": {}, "timing_dependent": False, "time_to_verdict_s": None,
+            "overhead_s": None, "harness_errors": 0}
+
+
+# ---- rates ---------------------------------------------------------------------------------
+def _rate(hits: int, of: int, what: str) -> dict[str, Any]:
+    return {"hits": hits, "of": of, "rate": round(hits / of, 4) if of else None, "what": what}
+
+
+def rates(records: list[dict[str, Any]]) -> dict[str, Any]:
+    done = [r for r in records if r.get("status") == "done" and not r.get("invalid")]
+    judged = [r for r in done if r.get("verdict") is not None]
+    faulted = [r for r in judged if r.get("fault")]
+    clean = [r for r in judged if not r.get("fault")]
+    located = [r for r in judged if r["expected"]["localization"]]
+    return {
+        "detection": _rate(sum(V.is_failure(V.Verdict(r["verdict"])) for r in faulted),
+                           len(faulted), "faulted scenarios whose verdict is a failure"),
+        "classification": _rate(sum(bool(r["verdict_ok"]) for r in judged), len(judged),
+                                "verdict equals the expected one"),
+        "localization": _rate(sum(r["localization_ok"] is True for r in located),
+                              len(located), "expected localization matched"),
+        "false_alarms": _rate(sum(r["verdict"] != "PASS" for r in clean), len(clean),
+                              "clean scenarios (no fault) whose verdict is not PASS"),
+        "counts": {"scenarios": len(records), "with_verdict": len(judged),
+                   "not_run": sum(r.get("not_run") is not None for r in done),
+                   "invalid": sum(bool(r.get("invalid")) for r in records),
+                   "pending": sum(r.get("status") != "done" for r in records),
+                   "harness_errors": sum(r.get("harness_errors", 0) for r in records),
+                   "timing_dependent": sum(bool(r.get("timing_dependent")) for r in records)},
+    }
+
+
+# ---- rendering -----------------------------------------------------------------------------
+def actual_text(r: dict[str, Any]) -> str:
+    if r.get("invalid"):
+        return "invalid scenario"
+    if r.get("status") != "done":
+        return "pending"
+    if r.get("verdict") is None:
+        return r.get("not_run") or "not run"
+    freq = r.get("frequencies") or {}
+    if len(freq) > 1 or sum(freq.values()) > 1:
+        n = sum(freq.values())
+        parts = ", ".join(f"{v} {c}/{n}" for v, c in sorted(freq.items(), key=lambda x: -x[1]))
+        return f"{r['verdict']} ({parts})"
+    return r["verdict"]
+
+
+def state(r: dict[str, Any]) -> str:
+    """ok / miss / notrun / harness / timing / invalid / pending: one color per state."""
+    if r.get("invalid"):
+        return "invalid"
+    if r.get("status") != "done":
+        return "pending"
+    if r.get("verdict") is None:
+        return "notrun"
+    if r.get("harness_errors") or r["verdict"] == "HARNESS_ERROR":
+        return "harness"
+    if r.get("timing_dependent"):
+        return "timing"
+    return "ok" if r["verdict_ok"] and r["localization_ok"] is not False else "miss"
+
+
+NOT_RUN_NOTE = ("Scenarios marked \"not run\" could only be compiled here; they are left "
+                "out of every rate, not counted as misses.")
+LEGEND = ("✓ as expected · ✗ not as expected · ~ timing-dependent · ! harness error · "
+          "– not run")
+MARK = {"ok": "✓", "miss": "✗", "notrun": "–", "harness": "!", "timing": "~",
+        "invalid": "✗", "pending": "…"}
+
+
+def _loc_text(r: dict[str, Any]) -> str:
+    ok = r.get("localization_ok")
+    return "n.a." if ok is None else ("right" if ok else "wrong")
+
+
+def _static_text(r: dict[str, Any]) -> str:
+    c = r.get("caught_statically")
+    return "n.a." if c is None else ("yes" if c else "no")
+
+
+def _fault_text(r: dict[str, Any]) -> str:
+    if not r.get("fault"):
+        return "none"
+    args = ",".join(f"{k}={v}" for k, v in (r.get("fault_args") or {}).items())
+    return r["fault"] + (f"({args})" if args else "")
+
+
+def _secs(x: float | None) -> str:
+    return "" if x is None else f"{x:.1f}"
+
+
+def _short(sid: str) -> str:
+    return sid.rsplit("/", 1)[-1]
+
+
+def detail_rows(records: list[dict[str, Any]]) -> list[list[str]]:
+    rows = []
+    for r in sorted(records, key=lambda r: (r.get("kernel", ""), r.get("fault") or "", r["id"])):
+        rows.append([r.get("kernel", "?"), _fault_text(r), r["id"],
+                     r["expected"]["verdict"], actual_text(r), MARK[state(r)], _loc_text(r),
+                     _static_text(r), _secs(r.get("time_to_verdict_s")),
+                     _secs(r.get("overhead_s"))])
+    return rows
+
+
+DETAIL_HEAD = ["kernel", "fault", "scenario", "expected", "actual", "", "localization",
+               "caught statically", "time to verdict (s)", "overhead (s)"]
+
+
+def pivot(records: list[dict[str, Any]]) -> tuple[list[str], list[str], dict]:
+    """kernel × fault: rows are faults (clean first), columns kernels, cells the records."""
+    kernels = sorted({r.get("kernel", "?") for r in records})
+    faults = sorted({r.get("fault") or "" for r in records}, key=lambda f: (f != "", f))
+    cells: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in sorted(records, key=lambda r: r["id"]):
+        cells.setdefault((r.get("fault") or "", r.get("kernel", "?")), []).append(r)
+    return kernels, faults, cells
+
+
+def _rate_text(x: dict[str, Any]) -> str:
+    return "n.a." if x["rate"] is None else f"{100 * x['rate']:.0f}% ({x['hits']}/{x['of']})"
+
+
+def render_markdown(m: dict[str, Any]) -> str:
+    env, rt, recs = m["environment"], m["rates"], m["scenarios"]
+    c = rt["counts"]
+    lines = [f"# cutedebug triage: {m['dir']}", "",
+             f"{env['date']} · GPU {env.get('gpu') or 'none'}"
+             + (f" ({env['arch']}, driver {env['driver']})" if env.get("gpu") else
+                f" ({env.get('gpu_reason')})")
+             + f" · cutlass-dsl {env.get('cutlass')} · torch {env.get('torch')}"
+             + f" · python {env.get('python')}", "",
+             f"Command: `{m['command']}`", "",
+             "## Rates", "", "| rate | value | over |", "|---|---|---|"]
+    for key in ("detection", "classification", "localization", "false_alarms"):
+        lines.append(f"| {key.replace('_', ' ')} | {_rate_text(rt[key])} | {rt[key]['what']} |")
+    summary = (f"{c['scenarios']} scenarios: {c['with_verdict']} with a verdict, "
+               f"{c['not_run']} not run, {c['invalid']} invalid, {c['pending']} pending; "
+               f"{c['harness_errors']} HARNESS_ERROR; {c['timing_dependent']} "
+               "timing-dependent.")
+    lines += ["", summary, ""]
+    if c["not_run"]:
+        lines += [NOT_RUN_NOTE, ""]
+    kernels, faults, cells = pivot(recs)
+    lines += ["## Matrix (kernel × fault)", "",
+              LEGEND, "",
+              "| fault | " + " | ".join(kernels) + " |", "|---" * (len(kernels) + 1) + "|"]
+    for f in faults:
+        row = [f or "none (clean)"]
+        for k in kernels:
+            row.append("<br>".join(f"{MARK[state(r)]} {_short(r['id'])}: {actual_text(r)}"
+                                   for r in cells.get((f, k), [])))
+        lines.append("| " + " | ".join(x.replace("|", "\\|") for x in row) + " |")
+    lines += ["", "## Scenarios", "", "| " + " | ".join(DETAIL_HEAD) + " |",
+              "|---" * len(DETAIL_HEAD) + "|"]
+    for row in detail_rows(recs):
+        lines.append("| " + " | ".join(x.replace("|", "\\|") for x in row) + " |")
+    bad = [r for r in recs if state(r) in ("miss", "harness", "invalid", "timing")]
+    if bad:
+        lines += ["", "## Not as expected", ""]
+        for r in bad:
+            final = r.get("run") or r.get("compile") or {}
+            why = r.get("invalid") or final.get("reason", "")
+            lines.append(f"- `{r['id']}`: expected {r['expected']['verdict']}, got "
+                         f"{actual_text(r)}, localization {_loc_text(r)} — {why[:300]}"
+                         + (f" ([report]({final['report']}))" if final.get("report") else ""))
+    if m.get("facts"):
+        lines += ["", "## Run facts", ""] + [f"- {ln}" for ln in facts_lines(m["facts"])]
+    return "\n".join(lines) + "\n"
+
+
+CSS = """
+body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
+table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #bbb;padding:3px 7px;
+vertical-align:top;text-align:left}th{background:#eee}
+.ok{background:#c8f0c8}.miss{background:#f6b8b8}.notrun{background:#e4e4e4;color:#555}
+.harness{background:#f9d29b}.timing{background:#fbf1a0}.invalid{background:#e0b8f0}
+.pending{background:#fff}code{background:#f4f4f4;padding:0 3px}small{color:#555}
+"""
+
+
+def render_html(m: dict[str, Any]) -> str:
+    e = html.escape
+    env, rt, recs = m["environment"], m["rates"], m["scenarios"]
+    out = ["<!doctype html><html><head><meta charset='utf-8'>",
+           f"<title>cutedebug triage: {e(m['dir'])}</title><style>{CSS}</style></head><body>",
+           f"<h1>cutedebug triage: {e(m['dir'])}</h1>",
+           f"<p>{e(env['date'])} · GPU {e(str(env.get('gpu') or 'none'))} "
+           f"({e(str(env.get('arch') or env.get('gpu_reason')))}"
+           + (f", driver {e(str(env['driver']))}" if env.get("driver") else "") + ") · "
+           f"cutlass-dsl {e(str(env.get('cutlass')))} · torch {e(str(env.get('torch')))}</p>",
+           f"<p>Command: <code>{e(m['command'])}</code></p>", "<h2>Rates</h2><table>",
+           "<tr><th>rate</th><th>value</th><th>over</th></tr>"]
+    for key in ("detection", "classification", "localization", "false_alarms"):
+        out.append(f"<tr><td>{key.replace('_', ' ')}</td><td>{e(_rate_text(rt[key]))}</td>"
+                   f"<td>{e(rt[key]['what'])}</td></tr>")
+    c = rt["counts"]
+    out.append(f"</table><p>{c['scenarios']} scenarios: {c['with_verdict']} with a verdict, "
+               f"{c['not_run']} not run (left out of the rates), {c['invalid']} invalid; "
+               f"{c['harness_errors']} HARNESS_ERROR; {c['timing_dependent']} "
+               "timing-dependent.</p>")
+    legend = " ".join(f"<span class='{s}'>&nbsp;{MARK[s]} {s}&nbsp;</span>"
+                      for s in ("ok", "miss", "timing", "harness", "notrun", "invalid"))
+    kernels, faults, cells = pivot(recs)
+    out += ["<h2>Matrix (kernel × fault)</h2>", f"<p>{legend}</p><table><tr><th>fault</th>"
+            + "".join(f"<th>{e(k)}</th>" for k in kernels) + "</tr>"]
+    for f in faults:
+        out.append(f"<tr><th>{e(f or 'none (clean)')}</th>")
+        for k in kernels:
+            rs = cells.get((f, k), [])
+            cls = ""
+            if rs:
+                order = ("invalid", "harness", "miss", "timing", "ok", "notrun", "pending")
+                cls = min((state(r) for r in rs), key=order.index)
+            inner = "<br>".join(
+                f"{MARK[state(r)]} {e(_short(r['id']))}: <b>{e(actual_text(r))}</b> "
+                f"<small>exp {e(r['expected']['verdict'])}</small>" for r in rs)
+            out.append(f"<td class='{cls}'>{inner}</td>")
+        out.append("</tr>")
+    out += ["</table><h2>Scenarios</h2><table><tr>"
+            + "".join(f"<th>{e(h)}</th>" for h in DETAIL_HEAD) + "</tr>"]
+    by_id = {r["id"]: r for r in recs}
+    for row in detail_rows(recs):
+        r = by_id[row[2]]
+        final = r.get("run") or r.get("compile") or {}
+        cells_html = [e(x) for x in row]
+        if final.get("report"):
+            cells_html[2] = f"<a href='{e(final['report'])}'>{e(row[2])}</a>"
+        why = r.get("invalid") or final.get("reason") or ""
+        cells_html[4] = f"<span title='{e(why[:500])}'>{cells_html[4]}</span>"
+        out.append(f"<tr class='{state(r)}'>" + "".join(f"<td>{x}</td>" for x in cells_html)
+                   + "</tr>")
+    out.append("</table>")
+    if m.get("facts"):
+        out += ["<h2>Run facts</h2><ul>"] + [f"<li>{e(x)}</li>" for x in facts_lines(m["facts"])]
+        out.append("</ul>")
+    out.append("</body></html>\n")
+    return "\n".join(out)
+
+
+def build_matrix(records: list[dict[str, Any]], *, dir_: str, command: str,
+                 env: dict[str, Any], facts: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"schema": MATRIX_SCHEMA, "dir": dir_, "command": command, "environment": env,
+            "rates": rates(records), "facts": facts,
+            "scenarios": sorted(records, key=lambda r: r["id"])}
+
+
+def write_matrix(out: Path, m: dict[str, Any]) -> None:
+    atomic_write(out / "matrix.json", json.dumps(m, indent=1, default=str))
+    atomic_write(out / "matrix.md", render_markdown(m))
+    atomic_write(out / "matrix.html", render_html(m))
+
+
+def facts_lines(f: dict[str, Any]) -> list[str]:
+    ov = f.get("overhead_s") or {}
+    health = f.get("gpu_health")
+    return [
+        f"HARNESS_ERROR: {f['harness_errors']}",
+        f"processes of ours left: {len(f['processes_left'])}"
+        + (f" (pids {f['processes_left']}, killed)" if f["processes_left"] else ""),
+        "GPU health: " + ("n.a. (no GPU)" if health is None else
+                          ("healthy" if health.get("healthy") else f"UNHEALTHY {health}")),
+        "overhead beyond compile + run per scenario: "
+        + (f"mean {ov['mean']:.2f} s, max {ov['max']:.2f} s ({ov['max_id']}) over {ov['n']}"
+           if ov.get("n") else "n.a."),
+        f"total time: {f['total_s']:.1f} s" + (" (interrupted)" if f.get("interrupted") else ""),
+    ]
+
+
+# ---- the triage run ----------------------------------------------------------------------------
+@dataclass
+class Options:
+    dir: Path
+    out: Path
+    resume: bool = False
+    repeat: int = 1
+    jobs: int = 1
+    probes: bool | None = None
+    runs_dir: Path | None = None
+    command: str = ""
+
+
+@dataclass
+class _Plan:
+    sc: S.Scenario
+    rec: dict[str, Any]
+    work: list[str] = field(default_factory=list)    # "compile", "run"
+
+
+def _ours(tag: str) -> list[int]:
+    import psutil
+
+    pids = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.pid != os.getpid() and p.environ().get(TRIAGE_TAG_VAR) == tag:
+                pids.append(p.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            continue
+    return pids
+
+
+def _kill_ours(tag: str) -> None:
+    import psutil
+
+    for pid in _ours(tag):
+        try:
+            psutil.Process(pid).kill()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+
+
+def _call(sc: S.Scenario, mode: str, opts: Options, runs_dir: Path):
+    """One run_scenario call in a pool thread: (result, wall seconds)."""
+    from cutedebug import report, runner
+
+    t0 = time.monotonic()
+    res = runner.run_scenario(sc, runs_root=runs_dir, mode=mode, probes=opts.probes,
+                              repeat=1 if mode == "compile" else opts.repeat)
+    wall = time.monotonic() - t0
+    report.write(res)
+    return res, wall
+
+
+def _harness_call(mode: str, exc: BaseException) -> dict[str, Any]:
+    tb = "".join(traceback.format_exception(exc))[-1500:]
+    return {"mode": mode, "verdict": "HARNESS_ERROR", "reason": f"triage: {tb}",
+            "compiled": False, "fault_count": None, "static_findings": None,
+            "localization": {"ok": None}, "verdicts": ["HARNESS_ERROR"], "harness_errors": 1,
+            "wall_s": 0.0, "compile_s": 0.0, "kernel_s": 0.0, "overhead_s": 0.0,
+            "device": None, "report": None}
+
+
+def plan(opts: Options, gpu: dict[str, Any]) -> tuple[list[_Plan], list[dict[str, Any]]]:
+    """What each scenario still needs; the records of those that need nothing."""
+    results = opts.out / "results"
+    old = load_records(results) if opts.resume else {}
+    plans, kept = [], []
+    for path in S.discover(opts.dir):
+        try:
+            sc = S.load(path)
+        except S.ScenarioError as e:
+            kept.append(invalid_record(str(path), str(path), str(e)))
+            continue
+        digest = scenario_digest(sc)
+        prev = old.get(sc.id)
+        reuse = prev if prev and prev.get("digest") == digest and \
+            prev.get("repeat") == opts.repeat else None
+        can_run = not_run_reason(gpu, sc.archs) is None
+        if reuse and reuse["status"] == "done" and not (reuse.get("not_run") and can_run):
+            kept.append(reuse)
+            continue
+        compiled_ok = bool(reuse and (reuse.get("compile") or {}).get("compiled")
+                           and reuse["compile"]["verdict"] not in COMPILE_FINAL)
+        if compiled_ok:
+            rec = dict(reuse, status="compiled", run=None)
+            plans.append(_Plan(sc, rec, ["run"]))
+        else:
+            plans.append(_Plan(sc, new_record(sc, digest, opts.repeat), ["compile", "run"]))
+    return plans, kept
+
+
+def triage(opts: Options, *, out=print) -> int:
+    """Run the triage; returns the exit status (0 all as expected, 1 not, 130 interrupted)."""
+    t_start = time.monotonic()
+    results = opts.out / "results"
+    results.mkdir(parents=True, exist_ok=True)
+    runs_dir = opts.runs_dir or opts.out / "runs"
+    for stale in results.glob(".*.tmp"):
+        stale.unlink(missing_ok=True)
+    if not opts.resume:
+        for old in results.glob("*.json"):
+            old.unlink()
+    gpu = detect_gpu()
+    env = environment(gpu)
+    plans, kept = plan(opts, gpu)
+    records: dict[str, dict[str, Any]] = {r["id"]: r for r in kept}
+    for p in plans:
+        records[p.sc.id] = p.rec
+    total = len(records)
+
+    def save(rec: dict[str, Any], facts: dict[str, Any] | None = None) -> None:
+        records[rec["id"]] = rec
+        if rec.get("digest") is not None or rec.get("invalid"):
+            atomic_write(results / record_name(rec["id"]),
+                         json.dumps(rec, indent=1, default=str))
+        write_matrix(opts.out, build_matrix(list(records.values()), dir_=str(opts.dir),
+                                            command=opts.command, env=env, facts=facts))
+
+    finished = 0
+
+    def progress(rec: dict[str, Any]) -> None:
+        nonlocal finished
+        finished += 1
+        exp = rec["expected"]["verdict"]
+        loc = f" loc {_loc_text(rec)}" if rec["expected"]["localization"] else ""
+        t = rec.get("time_to_verdict_s")
+        out(f"[{finished:>3}/{total}] {MARK[state(rec)]} {rec['id']:<44} "
+            f"{actual_text(rec)} (expected {exp}){loc}" + (f" {t:.1f}s" if t else ""))
+
+    for rec in kept:
+        if rec.get("invalid"):
+            save(rec)
+        progress(rec)
+
+    tag = uuid.uuid4().hex
+    saved_tag = os.environ.get(TRIAGE_TAG_VAR)
+    os.environ[TRIAGE_TAG_VAR] = tag    # children inherit it: that is how leftovers are found
+    interrupted = False
+    compile_pool = ThreadPoolExecutor(max(1, opts.jobs), thread_name_prefix="compile")
+    gpu_pool = ThreadPoolExecutor(1, thread_name_prefix="gpu")
+    pending: dict[Future, tuple[str, _Plan]] = {}
+
+    def submit_run(p: _Plan) -> None:
+        reason = not_run_reason(gpu, p.sc.archs)
+        if reason:
+            finalize(p.rec, None, reason)
+            save(p.rec)
+            progress(p.rec)
+            return
+        save(p.rec)         # the compile result, kept if the run is interrupted
+        pending[gpu_pool.submit(_call, p.sc, "run", opts, runs_dir)] = ("run", p)
+
+    write_matrix(opts.out, build_matrix(list(records.values()), dir_=str(opts.dir),
+                                        command=opts.command, env=env))
+    try:
+        for p in plans:
+            if p.work[0] == "compile":
+                pending[compile_pool.submit(_call, p.sc, "compile", opts, runs_dir)] = \
+                    ("compile", p)
+            else:
+                submit_run(p)
+        while pending:
+            done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
+            for fut in done:
+                mode, p = pending.pop(fut)
+                try:
+                    res, wall = fut.result()
+                    call = call_record(res, wall, opts.out)
+                except S.ScenarioError as e:     # the kernel could not be loaded
+                    rec = invalid_record(p.sc.id, p.sc.source, str(e))
+                    rec["digest"] = p.rec["digest"]
+                    save(rec)
+                    progress(rec)
+                    continue
+                except Exception as e:  # noqa: BLE001  (a bug of ours: HARNESS_ERROR)
+                    call = _harness_call(mode, e)
+                p.rec[mode] = call
+                if mode == "compile":
+                    p.rec["status"] = "compiled"
+                    if not call["compiled"] or call["verdict"] in COMPILE_FINAL:
+                        finalize(p.rec, call, None)
+                    else:
+                        submit_run(p)
+                        continue
+                else:
+                    if call["verdict"] == "UNSUPPORTED" and \
+                            p.rec["expected"]["verdict"] != "UNSUPPORTED":
+                        finalize(p.rec, None, f"not run: {call['reason']}")
+                    else:
+                        finalize(p.rec, call, None)
+                save(p.rec)
+                progress(p.rec)
+    except KeyboardInterrupt:
+        interrupted = True
+        out("triage: interrupted; stopping the running children (finished results are kept; "
+            "--resume continues)")
+        for fut in pending:
+            fut.cancel()
+        _kill_ours(tag)
+    finally:
+        compile_pool.shutdown(wait=True, cancel_futures=True)
+        gpu_pool.shutdown(wait=True, cancel_futures=True)
+
+    left = _ours(tag)
+    if left:
+        _kill_ours(tag)
+    if saved_tag is None:
+        os.environ.pop(TRIAGE_TAG_VAR, None)
+    else:
+        os.environ[TRIAGE_TAG_VAR] = saved_tag
+    health = None
+    if gpu["present"] and not interrupted:
+        from cutedebug import runner
+
+        health = runner.health_check()
+    recs = list(records.values())
+    overheads = [(r["overhead_s"], r["id"]) for r in recs if r.get("overhead_s") is not None]
+    facts = {"harness_errors": sum(r.get("harness_errors", 0) for r in recs),
+             "processes_left": left, "gpu_health": health,
+             "overhead_s": {"n": len(overheads),
+                            "mean": sum(o for o, _ in overheads) / len(overheads),
+                            "max": max(overheads)[0], "max_id": max(overheads)[1]}
+             if overheads else {"n": 0},
+             "total_s": round(time.monotonic() - t_start, 3), "interrupted": interrupted}
+    m = build_matrix(recs, dir_=str(opts.dir), command=opts.command, env=env, facts=facts)
+    write_matrix(opts.out, m)
+    rt = m["rates"]
+    out("")
+    for key in ("detection", "classification", "localization", "false_alarms"):
+        out(f"{key.replace('_', ' '):>15}: {_rate_text(rt[key])}")
+    if rt["counts"]["not_run"]:
+        out(f"{'not run':>15}: {rt['counts']['not_run']} (left out of the rates)")
+    for line in facts_lines(facts):
+        out(line)
+    out(f"matrix: {opts.out / 'matrix.md'} | {opts.out / 'matrix.html'} | "
+        f"{opts.out / 'matrix.json'}")
+    if interrupted:
+        return 130
+    bad = [r for r in recs if state(r) in ("miss", "harness", "invalid")]
+    return 1 if bad or left or (health is not None and not health.get("healthy")) else 0
+
+
+# ---- command line ------------------------------------------------------------------------------
+def default_jobs() -> int:
+    return max(1, min(8, (os.cpu_count() or 2) - 1))
+
+
+def add_parser(sub) -> None:
+    t = sub.add_parser("triage", help="run every scenario under DIR and write the matrix")
+    t.add_argument("dir", help="directory of scenario files (searched recursively)")
+    t.add_argument("--out", required=True, help="output directory (results, matrix, runs)")
+    t.add_argument("--resume", action="store_true", help="skip scenarios already done")
+    t.add_argument("--repeat", type=int, default=1, help="run each scenario N times and "
+                   "report verdict frequencies")
+    t.add_argument("--jobs", type=int, default=default_jobs(), help="compile-only children "
+                   "at a time (default %(default)s)")
+    t.add_argument("--probes", action=argparse.BooleanOptionalAction, default=None,
+                   help="bounded waits + beacons (default: each scenario's setting)")
+    t.add_argument("--runs-dir", help="where run directories go (default OUT/runs)")
+    t.set_defaults(func=cmd_triage)
+
+
+def cmd_triage(args: argparse.Namespace) -> int:
+    if args.repeat < 1 or args.jobs < 1:
+        print("cutedebug: error: --repeat and --jobs must be >= 1", file=sys.stderr)
+        return 2
+    from cutedebug.report import command_line
+
+    opts = Options(dir=Path(args.dir), out=Path(args.out), resume=args.resume,
+                   repeat=args.repeat, jobs=args.jobs, probes=args.probes,
+                   runs_dir=Path(args.runs_dir) if args.runs_dir else None,
+                   command=command_line())
+    return triage(opts)
