@@ -3,6 +3,7 @@
     cutedebug run SCENARIO.toml|DIR|FILE.py:ENTRY [...]   one verdict (and report) per scenario
     cutedebug list [DIR]                                  scenarios as a table
     cutedebug faults                                      the fault registry
+    cutedebug triage DIR --out OUT [--resume] [--repeat N]  every scenario, one matrix
 
 Exit codes: 0 every verdict matched its expectation, 1 some did not, 2 usage or input error.
 """
@@ -172,6 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.set_defaults(func=cmd_faults)
     from cutedebug import sanitizer  # `cutedebug sanitize`
     sanitizer.add_parser(sub)
+    from cutedebug import triage  # `cutedebug triage`
+    triage.add_parser(sub)
     return p
 
 
