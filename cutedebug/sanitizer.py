@@ -491,6 +491,9 @@ _HAZ_THREAD = re.compile(r"^(Read|Write)\s+Thread \((\d+),(\d+),(\d+)\) at (.*)$
 _RACE_SIDE = re.compile(r"^(?:.*?Race reported between |and )(\w+) access at (.*?)"
                         r"(?:\s+\[(\d+) hazards?\])?$")
 _AT = re.compile(r"^at (.*)$")
+# "Access to 0x.. is out of bounds" (memcheck), "Address 0x.." (initcheck), "at __shared__
+# 0x500 in block" (racecheck header)
+_ADDRESS = re.compile(r"(?:^Access to|^Address|at __\w+__) (0x[0-9a-fA-F]+)")
 # Lines that name code (kernel, file, host frames): never read for the finding's kind.
 _LOCATION_LINE = re.compile(
     r"^(at |and \w+ access at |(Read|Write)\s+Thread |by thread |Saved host|Host Frame|"
@@ -576,12 +579,14 @@ def _finding_from_block(block: list[str], tool: str) -> Finding:
     size = int(m.group(1)) if (m := _SIZE_RE.search(header)) else None
     api = m.group(1) if (m := _API_RE.search(header)) else None
     first = sites[0] if sites else Site(None, None)
+    address = next((m.group(1) for ln in [body, *block[1:]] if (m := _ADDRESS.search(ln))),
+                   None)
     text = "\n".join([body] + block[1:])
     return Finding(tool=tool, kind=kind, severity=_severity(kind, None, header),
                    kernel=first.func, file=first.file, line=first.line,
                    threads=tuple(dict.fromkeys(threads)), blocks=tuple(dict.fromkeys(blocks)),
                    address_space=_space_from_text(kind, header), size=size, count=count,
-                   text=text, sites=tuple(sites), api=api)
+                   text=text, sites=tuple(sites), api=api, address=address)
 
 
 def parse_text(stdout_text: str, tool: str) -> list[Finding]:
@@ -802,7 +807,7 @@ def make_result(tool: str, command: Sequence[str], findings: Sequence[Finding], 
     kept, filtered = filter_noise(findings, read_source=read)
     reasons: dict[str, int] = {}
     for f in filtered:
-        reasons[f.noise_reason or ""] = reasons.get(f.noise_reason or "", 0) + f.count
+        reasons[f.noise_reason or ""] = reasons.get(f.noise_reason or "", 0) + 1  # records
     env_part = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted((env or {}).items()))
     slowdown = (sanitizer_seconds / plain_seconds
                 if sanitizer_seconds and plain_seconds else None)
@@ -1193,7 +1198,7 @@ def run_tool(scenario: Any, tool: str, run_dir: Path, *, sanitizer: str,
         "killed_by_watchdog": outcome.killed_by_watchdog,
         "deadline_scale": deadline_scale, "run_dir": str(run_dir),
         "worker_log": str(run_dir / "worker.log"),
-        "records": records, "filtered_count": sum(f.count for f in filtered),
+        "records": records, "filtered_count": len(filtered),
         "kernel_seconds": {"sanitized": k_san, "plain": k_plain,
                            "slowdown": k_san / k_plain if k_san and k_plain else None},
     })
