@@ -110,7 +110,9 @@ def _rules():
         ("stuck_records", lambda o: bool((o.event("probe_report") or {}).get("stuck")),
          Verdict.HANG,
          lambda o: f"bounded waits timed out: {len(o.event('probe_report')['stuck'])} stuck "
-                   "record(s)"),
+                   "record(s)" + (f"; the kernel then faulted ({o.event('cuda_error').get('name')}"
+                                  ") after warps left their timed-out waits"
+                                  if o.event("cuda_error") else "")),
         ("stall", lambda o: o.killed_by_watchdog == "stall", Verdict.HANG,
          lambda o: "no probe counter moved for the stall window; child killed"),
         ("kernel_deadline", lambda o: (o.killed_by_watchdog or "").startswith("deadline")

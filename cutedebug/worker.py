@@ -279,6 +279,16 @@ def run(request: dict[str, Any], events: Events) -> None:
             torch.cuda.synchronize()
         except Exception as e:
             msg = str(e)
+            if probe_cfg is not None:
+                # Pinned host memory stays readable after the context died. Stuck records
+                # written before the fault mean the waits timed out first: warps that leave a
+                # timed-out wait can fault the CTA (e.g. TMA still landing in its smem).
+                from cutedebug import probes
+
+                snap = probes.decode(probe_buf.numpy().tobytes(), probe_cfg, site_table)
+                if snap.stuck or snap.beacons:
+                    events.emit("probe_report", **probes.snapshot_to_json(snap, site_table),
+                                after_cuda_error=True)
             events.emit("cuda_error", name=cuda_error_name(msg) or type(e).__name__,
                         message=msg[:2000])
             return
