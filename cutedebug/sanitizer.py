@@ -1207,7 +1207,8 @@ def run_tool(scenario: Any, tool: str, run_dir: Path, *, sanitizer: str,
     return ToolRun(tool, result, list(findings), outcome.elapsed_s)
 
 
-def _plain_run(scenario: Any, run_dir: Path) -> dict[str, Any]:
+def plain_run(scenario: Any, run_dir: Path) -> dict[str, Any]:
+    """The same worker without the sanitizer (line info on, probes off): the slowdown base."""
     from cutedebug import runner
 
     classified, outcome, _ = runner.run_once(scenario, Path(run_dir).resolve(), lineinfo=True)
@@ -1263,7 +1264,7 @@ def sanitize_scenario(scenario: Any, tools: Sequence[str], run_dir: Path, *, san
                       ) -> dict[str, Any]:
     """Plain run (for the slowdown), then one sanitized run per tool, then optional shrink."""
     run_dir = Path(run_dir).resolve()
-    plain_info = _plain_run(scenario, run_dir / "plain") if plain else None
+    plain_info = plain_run(scenario, run_dir / "plain") if plain else None
     run_kw = {"sanitizer": sanitizer, "deadline_scale": deadline_scale,
               "print_limit": print_limit, "deadlock_timeout_s": deadlock_timeout_s,
               "plain": plain_info}

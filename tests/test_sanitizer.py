@@ -1079,3 +1079,37 @@ def test_gpu_sanitize_minimal_clean_and_hang(tmp_path):
     r = cutedebug_sanitize(str(SCEN / "spin_hang.toml"), "--tool", "memcheck", "--no-plain",
                            "--deadline-scale", "3", "--runs-dir", str(tmp_path))
     assert report(r)[0]["tools"]["memcheck"]["verdict"] == "HANG", r.stdout + r.stderr
+
+
+# ---- tools/gpu_sanitize_table.py ---------------------------------------------------------------
+def load_table_tool():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_sanitize_table",
+                                                  REPO / "tools" / "gpu_sanitize_table.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_table_plan_defaults_and_overrides():
+    tool = load_table_tool()
+    default = {p.relative_to(REPO / "scenarios").as_posix(): t for p, t in tool.plan([], None)}
+    assert default["tma_stream/clean.toml"] == san.TOOLS
+    assert default["tma_stream/oob_store.toml"] == ("memcheck",)
+    assert default["tma_stream/drop_sync.toml"] == ("racecheck", "synccheck")
+    assert set(default) >= {f"tma_stream/{n}.toml" for n in (
+        "clean", "drop_sync", "oob_store", "missing_init_fence", "wrong_expect_tx_minus",
+        "extra_consumer_release")} | {"minimal/clean.toml", "minimal/oob_store.toml"}
+    assert sum(len(t) for t in default.values()) == 16  # ~7-15 s each: fits the 6 minutes
+    assert {t for _, t in tool.plan([], "memcheck")} == {("memcheck",)}
+    assert tool.plan(["a.toml=racecheck", "b.toml"], None) == [
+        (Path("a.toml"), ("racecheck",)), (Path("b.toml"), san.TOOLS)]
+
+
+@pytest.mark.skipif(__import__("shutil").which("nvidia-smi") is not None,
+                    reason="checks the no-GPU path")
+def test_table_without_gpu_says_so():
+    r = subprocess.run([sys.executable, str(REPO / "tools" / "gpu_sanitize_table.py")],
+                       capture_output=True, text=True, check=False, timeout=120)
+    assert (r.returncode, r.stdout) == (0, "no GPU\n")
