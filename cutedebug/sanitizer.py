@@ -801,10 +801,10 @@ def make_result(tool: str, command: Sequence[str], findings: Sequence[Finding], 
                 sanitizer_seconds: float | None = None, plain_seconds: float | None = None,
                 xml_path: str | None = None, shrink_result: ShrinkResult | None = None,
                 read_source: Callable[[str | None, int | None], str | None] | None = None,
-                ) -> dict[str, Any]:
+                tma_filter: bool = True) -> dict[str, Any]:
     """The JSON-able triage record of one tool's run (``render_markdown`` reads it)."""
     read = read_source or source_line
-    kept, filtered = filter_noise(findings, read_source=read)
+    kept, filtered = filter_noise(findings, tma=tma_filter, read_source=read)
     reasons: dict[str, int] = {}
     for f in filtered:
         reasons[f.noise_reason or ""] = reasons.get(f.noise_reason or "", 0) + 1  # records
@@ -826,6 +826,7 @@ def make_result(tool: str, command: Sequence[str], findings: Sequence[Finding], 
         "plain_seconds": plain_seconds,
         "slowdown": slowdown,
         "shrink": shrink_result.to_dict() if shrink_result else None,
+        "tma_filter": tma_filter,
     }
     return json.loads(json.dumps(result))  # plain lists/dicts: equal to its stored JSON
 
@@ -1152,7 +1153,8 @@ def _kernel_seconds(outcome: Any) -> float | None:
 def run_tool(scenario: Any, tool: str, run_dir: Path, *, sanitizer: str,
              deadline_scale: float = DEFAULT_DEADLINE_SCALE,
              print_limit: int = DEFAULT_PRINT_LIMIT, deadlock_timeout_s: int | None = None,
-             plain: Mapping[str, Any] | None = None, reproduce: str = "") -> ToolRun:
+             plain: Mapping[str, Any] | None = None, reproduce: str = "",
+             tma_filter: bool = True) -> ToolRun:
     """One sanitized run of ``scenario``'s worker in ``run_dir``: findings and verdict."""
     from cutedebug import runner
 
@@ -1183,8 +1185,8 @@ def run_tool(scenario: Any, tool: str, run_dir: Path, *, sanitizer: str,
     result = make_result(tool, command["argv"], findings, env=env,
                          exit_code=outcome.returncode, sanitizer_seconds=outcome.elapsed_s,
                          plain_seconds=plain.get("seconds"), xml_path=str(command["xml"]),
-                         read_source=read)
-    _, filtered = filter_noise(findings, read_source=read)
+                         read_source=read, tma_filter=tma_filter)
+    _, filtered = filter_noise(findings, tma=tma_filter, read_source=read)
     records = len([f for f in findings if f.kind != PARSE_FAILURE])
     verdict, reason = tool_verdict(
         result["verdict"], classified.verdict.value, classified.reason,
@@ -1260,14 +1262,14 @@ def sanitize_scenario(scenario: Any, tools: Sequence[str], run_dir: Path, *, san
                       deadline_scale: float = DEFAULT_DEADLINE_SCALE,
                       print_limit: int = DEFAULT_PRINT_LIMIT,
                       deadlock_timeout_s: int | None = None, reproduce: str = "",
-                      on_tool: Callable[[dict[str, Any]], None] | None = None,
+                      tma_filter: bool = True, on_tool: Callable[[dict[str, Any]], None] | None = None,
                       ) -> dict[str, Any]:
     """Plain run (for the slowdown), then one sanitized run per tool, then optional shrink."""
     run_dir = Path(run_dir).resolve()
     plain_info = plain_run(scenario, run_dir / "plain") if plain else None
     run_kw = {"sanitizer": sanitizer, "deadline_scale": deadline_scale,
               "print_limit": print_limit, "deadlock_timeout_s": deadlock_timeout_s,
-              "plain": plain_info}
+              "plain": plain_info, "tma_filter": tma_filter}
     runs: list[ToolRun] = []
     for tool in tools:
         tr = run_tool(scenario, tool, run_dir / tool, reproduce=reproduce, **run_kw)
@@ -1306,6 +1308,17 @@ def _top(result: Mapping[str, Any]) -> str:
             + (f": `{src}`" if src else ""))
 
 
+NOISE_LABELS = {NOISE_PROC_ADDRESS: "api-probing", NOISE_TMA: "tma",
+                NOISE_ANALYSIS_DUP: "analysis-dup"}
+
+
+def noise_cell(result: Mapping[str, Any]) -> str:
+    """Filtered records by reason, short (a table cell): ``34 api-probing; 1 analysis-dup``."""
+    cells = [f"{item['count']} {NOISE_LABELS.get(item['reason'], item['reason'])}"
+             for item in result.get("filtered") or []]
+    return "; ".join(cells) or "0"
+
+
 def findings_cell(result: Mapping[str, Any]) -> str:
     """``KIND@file:line ×N`` per kept group (a table cell)."""
     cells = [f"{g['kind']}@{_where(g['lines'])} ×{g['count']}"
@@ -1332,7 +1345,7 @@ def render_summary_markdown(summary: Mapping[str, Any]) -> str:
     for tool, r in tools.items():
         slow = f"{r['slowdown']:.1f}×" if r.get("slowdown") else "-"
         out.append(f"| {tool} | {r['verdict']} | {findings_cell(r)} | "
-                   f"{r.get('filtered_count', 0)} | {_secs(r.get('sanitizer_seconds'))} | "
+                   f"{noise_cell(r)} | {_secs(r.get('sanitizer_seconds'))} | "
                    f"{_secs(r.get('plain_seconds'))} | {slow} |")
     if summary.get("reproduce"):
         out += ["", "Reproduce all of it: `" + summary["reproduce"] + "`"]
@@ -1351,6 +1364,8 @@ def _command_line(args: Any) -> str:
         parts += ["--expect", args.expect]
     if args.shrink:
         parts.append("--shrink")
+    if not args.tma_filter:
+        parts.append("--no-tma-filter")
     return shlex.join(parts)
 
 
@@ -1398,7 +1413,7 @@ def cmd_sanitize(args: Any) -> int:
         do_shrink=args.shrink, shrink_max_runs=args.shrink_max_runs,
         deadline_scale=args.deadline_scale, print_limit=args.print_limit,
         deadlock_timeout_s=args.racecheck_deadlock_timeout, reproduce=_command_line(args),
-        on_tool=progress)
+        tma_filter=args.tma_filter, on_tool=progress)
     verdicts = {t: r["verdict"] for t, r in summary["tools"].items()}
     ok = as_expected(sc.expect.verdict, verdicts)
     summary["as_expected"] = ok
@@ -1443,6 +1458,8 @@ def add_parser(subparsers: Any) -> Any:
     p.add_argument("--print-limit", type=int, default=DEFAULT_PRINT_LIMIT)
     p.add_argument("--racecheck-deadlock-timeout", type=int, default=None, metavar="S",
                    help="passed to racecheck (cuda::barrier deadlock detection)")
+    p.add_argument("--no-tma-filter", dest="tma_filter", action="store_false",
+                   help="keep racecheck hazards that touch a bulk async (TMA) copy line")
     p.add_argument("--sanitizer", help="path of compute-sanitizer (default: search)")
     p.add_argument("--no-plain", dest="plain", action="store_false",
                    help="skip the plain run (no slowdown figure)")

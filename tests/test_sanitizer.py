@@ -358,6 +358,7 @@ def test_real_api_noise_filtered_with_reason():
     result = san.make_result("memcheck", ["cs"], found)
     assert result["verdict"] == "CLEAN"
     assert result["filtered"] == [{"reason": san.NOISE_PROC_ADDRESS, "count": 34}]
+    assert san.noise_cell(result) == "34 api-probing"
 
 
 def test_synthetic_real_api_error_is_kept():
@@ -534,6 +535,11 @@ def test_tma_hazard_filtered_by_source_line(tmp_path):
     assert filtered == [replace(tma, noise_reason=san.NOISE_TMA)]
     kept, filtered = san.filter_noise([tma, plain], tma=False)
     assert kept == [tma, plain] and filtered == []
+    on = san.make_result("racecheck", ["cs"], [tma, plain])
+    off = san.make_result("racecheck", ["cs"], [tma, plain], tma_filter=False)
+    assert [g["kind"] for g in on["groups"]] == ["RAW_HAZARD"] and san.noise_cell(on) == "1 tma"
+    assert [g["kind"] for g in off["groups"]] == ["WAR_HAZARD", "RAW_HAZARD"]
+    assert (off["tma_filter"], san.noise_cell(off)) == (False, "0")
 
 
 def test_real_race_is_not_taken_for_tma():
@@ -915,7 +921,8 @@ def test_sanitize_racecheck_finds_the_captured_race(fake_sanitizer, tmp_path):
     assert res["reproduce_cutedebug"] == (
         f"cutedebug sanitize {SCEN / 'clean.toml'} --tool racecheck --expect RACE")
     assert "**TL;DR** racecheck → **RACE**: RAW_HAZARD at race_smem.py:28" in md
-    assert "| racecheck | RACE | RAW_HAZARD@race_smem.py:28 / race_smem.py:31 ×512 | 1 |" in md
+    assert ("| racecheck | RACE | RAW_HAZARD@race_smem.py:28 / race_smem.py:31 ×512 | "
+            "1 analysis-dup |") in md
     assert "Expected: RACE → as expected." in md
     assert summary["as_expected"] is True
 

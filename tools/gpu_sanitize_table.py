@@ -77,7 +77,7 @@ def row(sc_id: str, tool: str, res: dict | None, plain: dict | None) -> dict:
                 "findings": "-", "noise_filtered": "-", "sanitizer_s": None,
                 "plain_s": plain and plain["seconds"], "slowdown": None, "worker_said": "-"}
     return {"scenario": sc_id, "tool": tool, "verdict": res["verdict"],
-            "findings": san.findings_cell(res), "noise_filtered": res["filtered_count"],
+            "findings": san.findings_cell(res), "noise_filtered": san.noise_cell(res),
             "sanitizer_s": res["sanitizer_seconds"], "plain_s": res["plain_seconds"],
             "slowdown": round(res["slowdown"], 1) if res.get("slowdown") else None,
             "worker_said": res["kernel_verdict"]}
@@ -90,6 +90,8 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=330.0,
                     help="start no run that would end after this many seconds")
     ap.add_argument("--deadline-scale", type=float, default=4.0)
+    ap.add_argument("--no-tma-filter", dest="tma_filter", action="store_false",
+                    help="keep racecheck hazards that touch a TMA copy line (compare with/without)")
     ap.add_argument("--out", default="runs")
     args = ap.parse_args()
     if not gpu_present():
@@ -125,7 +127,8 @@ def main() -> int:
                 plain_s.append(time.monotonic() - t0)
             t0 = time.monotonic()
             tr = san.run_tool(sc, tool, sc_dir / tool, sanitizer=sanitizer,
-                              deadline_scale=args.deadline_scale, plain=plain)
+                              deadline_scale=args.deadline_scale, plain=plain,
+                              tma_filter=args.tma_filter)
             run_s.append(time.monotonic() - t0)
             (sc_dir / tool / "report.md").write_text(san.render_markdown(tr.result))
             rows.append(row(sc.id, tool, tr.result, plain))
