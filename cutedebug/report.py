@@ -44,8 +44,10 @@ def tldr(result: RunResult) -> str:
     exp = result.scenario.expect.verdict
     mark = "as expected" if result.expected else f"EXPECTED {exp}"
     w = where(result)
+    diagnosis = result.evidence.get("diagnosis") or []
+    why = diagnosis[0] if diagnosis else result.reason
     return (f"{result.verdict.value} ({mark}) — {result.scenario.id}"
-            + (f" — {w}" if w else "") + f": {result.reason}")
+            + (f" — {w}" if w else "") + f": {why}")
 
 
 def to_json(result: RunResult) -> dict[str, Any]:
@@ -85,7 +87,10 @@ def _md_evidence(result: RunResult) -> list[str]:
         out.append(f"- compile error ({ce.get('type')}):\n\n```\n{ce.get('message', '')[:3000]}\n```")
     if (cu := ev.get("cuda_error")) is not None:
         out.append(f"- CUDA error {cu.get('name')}: `{cu.get('message', '')[:300]}`")
-    if (ck := ev.get("checked")) is not None:
+    if (ck := ev.get("checked")) is not None and ck.get("skipped"):
+        out.append(f"- comparison skipped: {ck['skipped']} (the output is garbage by "
+                   "construction)")
+    elif ck is not None:
         out.append(f"- comparison: {ck.get('n_bad')} / {ck.get('numel')} bad "
                    f"(atol {ck.get('atol')}, rtol {ck.get('rtol')}), max abs err "
                    f"{ck.get('max_abs_err')}, max rel err {ck.get('max_rel_err')}, first bad "
@@ -123,12 +128,13 @@ def to_markdown(result: RunResult, extra_sections: list[str] | None = None) -> s
     lines += ["## Evidence", ""] + _md_evidence(result) + [""]
     sites = result.evidence.get("stuck_sites") or []
     if sites:
-        lines += ["## Stuck sites", "", "| cta | warp | role | op | barrier | stage | phase | "
-                  "waited ms | where |", "|---|---|---|---|---|---|---|---|---|"]
-        for s in sites[:64]:
-            lines.append(f"| {s.get('cta')} | {s.get('warp')} | {s.get('role')} | {s.get('op')} "
-                         f"| {s.get('barrier')} | {s.get('stage')} | {s.get('phase')} | "
-                         f"{s.get('waited_ms')} | {s.get('location')} |")
+        lines += ["## Stuck sites", "", "Identical stuck states grouped over CTAs and warps.", "",
+                  "| CTAs | warps | role | op | barrier[stage] | phase | waited ms | where |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for g in group_sites(sites):
+            bar = f"{g['barrier']}[{g['stage']}]" if g["barrier"] else f"stage {g['stage']}"
+            lines.append(f"| {g['ctas']} | {g['warps']} | {g['role']} | {g['op']} | {bar} | "
+                         f"{g['phase']} | {g['waited_ms']} | {g['location']} |")
         lines.append("")
     if result.evidence.get("stuck_map_text"):
         lines += ["## Stuck map", "",
@@ -150,6 +156,38 @@ def to_markdown(result: RunResult, extra_sections: list[str] | None = None) -> s
     lines += ["## Reproduce", "", "```", result.command or reproduce_command(result), "```", "",
               f"Run directory: `{result.run_dir}` (events.jsonl, worker.log, kernel.ptx)", ""]
     return "\n".join(lines)
+
+
+def _ranges(xs: list[int]) -> str:
+    xs = sorted(set(xs))
+    out, start = [], None
+    for i, x in enumerate(xs):
+        if start is None:
+            start = x
+        if i + 1 == len(xs) or xs[i + 1] != x + 1:
+            out.append(str(start) if start == x else f"{start}-{x}")
+            start = None
+    return ",".join(out)
+
+
+def group_sites(sites: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Stuck sites grouped by (role, op, barrier, stage, phase, location), largest first."""
+    groups: dict[tuple, dict[str, Any]] = {}
+    for s in sites:
+        key = (s.get("role"), s.get("op"), s.get("barrier"), s.get("stage"), s.get("phase"),
+               s.get("location"))
+        g = groups.setdefault(key, {"role": key[0], "op": key[1], "barrier": key[2],
+                                    "stage": key[3], "phase": key[4], "location": key[5],
+                                    "cta_list": [], "warp_list": [], "waited": []})
+        g["cta_list"].append(s.get("cta", 0))
+        g["warp_list"].append(s.get("warp", 0))
+        g["waited"].append(s.get("waited_ms") or 0)
+    out = []
+    for g in sorted(groups.values(), key=lambda g: -len(g["cta_list"])):
+        out.append({**{k: v for k, v in g.items() if not k.endswith("_list") and k != "waited"},
+                    "ctas": _ranges(g["cta_list"]), "warps": _ranges(g["warp_list"]),
+                    "count": len(g["cta_list"]), "waited_ms": max(g["waited"])})
+    return out
 
 
 def reproduce_command(result: RunResult) -> str:

@@ -314,7 +314,10 @@ def probe_evidence(o: V.Outcome) -> dict[str, Any] | None:
                             "barrier": st.get("barrier") or None, "stage": st.get("stage"),
                             "phase": st.get("phase"), "waited_ms": st.get("waited_ms"),
                             "location": st.get("where"), "site": st.get("site")})
-    return {"probe_source": "final report" if final else "live picture before the kill",
+    source = ("final probe report" if final else
+              "last live picture before the fault (each warp's last completed event)"
+              if o.event("cuda_error") else "last live picture before the kill")
+    return {"probe_source": source,
             "stuck_sites": stuck_sites, "diagnosis": diagnosis,
             "warps": picture.get("warps", [])[:256],
             "n_stuck_reported": picture.get("n_stuck_reported"),
@@ -434,3 +437,29 @@ def run_scenario(scenario: Scenario, *, runs_root: Path | str = "runs",
     return RunResult(scenario=scenario, verdict=verdict, reason=reason, run_dir=run_dir,
                      outcome=outcome, evidence=evidence, timings=_timings(outcome, facts),
                      health=health, repeats=repeats, mode=mode, command=command)
+
+
+def replay(run_dir: Path | str) -> RunResult:
+    """Re-classify a recorded run (request.json + events.jsonl) without running anything.
+
+    The watchdog's own observations (kills, exit status) are not in the events: a replay
+    sees a child that ended after its last event, which is what a finished run looks like.
+    """
+    run_dir = Path(run_dir)
+    request = json.loads((run_dir / "request.json").read_text())
+    scenario = Scenario.from_json(request["scenario"])
+    events, bad = EventReader(run_dir / "events.jsonl").poll()
+    outcome = V.Outcome(events=events, malformed_lines=bad, returncode=0)
+    for ev in events:
+        name = ev["event"]
+        if name in V.PHASES and V.PHASES.index(name) > V.PHASES.index(outcome.phase):
+            outcome.phase = name
+    if outcome.event("done") is None and outcome.phase == "launched":
+        outcome.killed_by_watchdog = "deadline:launched (replayed)"
+    classified = V.classify(outcome)
+    evidence = _evidence(outcome, {})
+    evidence["rule"] = classified.evidence.get("rule")
+    evidence.pop("stuck_map_svg", None)
+    return RunResult(scenario=scenario, verdict=classified.verdict, reason=classified.reason,
+                     run_dir=run_dir, outcome=outcome, evidence=evidence,
+                     timings=_timings(outcome, {}), mode=request.get("mode", "run"))

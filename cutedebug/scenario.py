@@ -110,6 +110,16 @@ class Scenario:
             "archs": list(self.archs), "probes": self.probes,
         }
 
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Scenario:
+        """Inverse of to_json (for replaying recorded runs)."""
+        return cls(id=d["id"], description=d.get("description", ""), source=d.get("source"),
+                   kernel_file=d["kernel"]["file"], kernel_entry=d["kernel"]["entry"],
+                   params=d.get("params", {}), fault=d.get("fault"),
+                   fault_args=d.get("fault_args") or {}, expect=Expect(**d.get("expect", {})),
+                   limits=Limits(**d.get("limits", {})), archs=tuple(d.get("archs", ["sm_90a"])),
+                   probes=d.get("probes", False))
+
     def with_overrides(self, **kw: Any) -> Scenario:
         return replace(self, **kw)
 

@@ -107,9 +107,8 @@ def _rules():
          Verdict.HARNESS_ERROR,
          lambda o: f"worker wrote {len(o.malformed_lines)} malformed event line(s), first: "
                    f"{o.malformed_lines[0][:120]!r}"),
-        ("stuck_records", lambda o: bool((o.event("probe_report") or {}).get("stuck")),
-         Verdict.HANG,
-         lambda o: f"bounded waits timed out: {len(o.event('probe_report')['stuck'])} stuck "
+        ("stuck_records", lambda o: bool(_stuck_records(o)), Verdict.HANG,
+         lambda o: f"bounded waits timed out: {len(_stuck_records(o))} stuck "
                    "record(s)" + (f"; the kernel then faulted ({o.event('cuda_error').get('name')}"
                                   ") after warps left their timed-out waits"
                                   if o.event("cuda_error") else "")),
@@ -146,6 +145,19 @@ def _rules():
 
 
 RULES = _rules()
+
+
+def _stuck_records(o: Outcome) -> list:
+    """Stuck records from the final probe report, or, when the kernel then faulted, from the
+    last live picture streamed before the fault."""
+    final = (o.event("probe_report") or {}).get("stuck")
+    if final:
+        return final
+    if o.event("cuda_error") is not None:
+        for ev in reversed(o.events):
+            if ev.get("event") == "progress" and ev.get("picture"):
+                return ev["picture"].get("stuck") or []
+    return []
 
 
 def _mismatch_reason(ev: dict[str, Any]) -> str:
