@@ -483,18 +483,23 @@ def cutedebug_run(request: pytest.FixtureRequest):
         s = resolve(request.config, request.node,
                     {"deadline": deadline, "compile_deadline": compile_deadline,
                      "probes": probes, "repeat": repeat})
+        problem = None
         try:
             sc = S.adhoc(_kernel_target(kernel, request), dict(params or {}), fault,
                          dict(fault_args or {}), expect or "PASS", tuple(archs))
         except S.ScenarioError as e:
-            pytest.fail(f"cutedebug_run: {e}", pytrace=False)
+            problem = str(e).removeprefix("command line: ")
+        if problem:
+            pytest.fail(f"cutedebug_run: {problem}", pytrace=False)
         if mode == "run" and (reason := gpu_skip_reason(request.config, sc.archs)):
             pytest.skip(reason)
         try:
             res = runner.run_scenario(s.apply(sc), runs_root=s.runs_dir, mode=mode,
                                       probes=s.probes, repeat=s.repeat)
-        except S.ScenarioError as e:
-            pytest.fail(f"cutedebug_run: {e}", pytrace=False)
+        except S.ScenarioError as e:   # the child could not load the kernel
+            problem = str(e)
+        if problem:
+            pytest.fail(f"cutedebug_run: {problem}", pytrace=False)
         _, md = report.write(res)
         request.node.user_properties.append((VERDICT_PROP, res.verdict.value))
         request.node.user_properties.append(("cutedebug_report", str(md)))

@@ -90,10 +90,12 @@ def detect_gpu(timeout_s: float = 20.0) -> dict[str, Any]:
 
 
 def not_run_reason(gpu: dict[str, Any], archs: tuple[str, ...]) -> str | None:
+    """Why a scenario cannot run here, as "not run: <short> — <detail>", or None."""
     if not gpu["present"]:
-        return f"not run: {gpu['reason']}"
+        return f"not run: no GPU — {gpu['reason']}"
     if gpu["arch"] not in archs:
-        return f"not run: needs {' or '.join(archs)}, this GPU is {gpu['arch']} ({gpu['name']})"
+        return (f"not run: needs {' or '.join(archs)} — this GPU is {gpu['arch']} "
+                f"({gpu['name']})")
     return None
 
 
@@ -256,6 +258,8 @@ def rates(records: list[dict[str, Any]]) -> dict[str, Any]:
                    "not_run": sum(r.get("not_run") is not None for r in done),
                    "invalid": sum(bool(r.get("invalid")) for r in records),
                    "pending": sum(r.get("status") != "done" for r in records),
+                   "not_run_reasons": dict(Counter(r["not_run"] for r in done
+                                                   if r.get("not_run"))),
                    "harness_errors": sum(r.get("harness_errors", 0) for r in records),
                    "timing_dependent": sum(bool(r.get("timing_dependent")) for r in records)},
     }
@@ -268,7 +272,7 @@ def actual_text(r: dict[str, Any]) -> str:
     if r.get("status") != "done":
         return "pending"
     if r.get("verdict") is None:
-        return r.get("not_run") or "not run"
+        return (r.get("not_run") or "not run").split(" — ")[0]
     freq = r.get("frequencies") or {}
     if len(freq) > 1 or sum(freq.values()) > 1:
         n = sum(freq.values())
@@ -372,7 +376,8 @@ def render_markdown(m: dict[str, Any]) -> str:
                "timing-dependent.")
     lines += ["", summary, ""]
     if c["not_run"]:
-        lines += [NOT_RUN_NOTE, ""]
+        lines += [NOT_RUN_NOTE, ""] + [f"- {n} × {why}" for why, n in
+                                        c["not_run_reasons"].items()] + [""]
     kernels, faults, cells = pivot(recs)
     lines += ["## Matrix (kernel × fault)", "",
               LEGEND, "",
@@ -431,6 +436,9 @@ def render_html(m: dict[str, Any]) -> str:
                f"{c['not_run']} not run (left out of the rates), {c['invalid']} invalid; "
                f"{c['harness_errors']} HARNESS_ERROR; {c['timing_dependent']} "
                "timing-dependent.</p>")
+    if c["not_run"]:
+        out.append(f"<p class='notrun'>{e(NOT_RUN_NOTE)}<br>" + "<br>".join(
+            f"{n} × {e(why)}" for why, n in c["not_run_reasons"].items()) + "</p>")
     legend = " ".join(f"<span class='{s}'>&nbsp;{MARK[s]} {s}&nbsp;</span>"
                       for s in ("ok", "miss", "timing", "harness", "notrun", "invalid"))
     kernels, faults, cells = pivot(recs)
@@ -481,6 +489,17 @@ def write_matrix(out: Path, m: dict[str, Any]) -> None:
     atomic_write(out / "matrix.json", json.dumps(m, indent=1, default=str))
     atomic_write(out / "matrix.md", render_markdown(m))
     atomic_write(out / "matrix.html", render_html(m))
+
+
+def overhead_list(recs: list[dict[str, Any]]) -> list[tuple[float, str]]:
+    """Per scenario, wall - compile - kernel time of its last call (the run, else the
+    compile-only one): what the harness costs beyond the work itself."""
+    out = []
+    for r in recs:
+        call = r.get("run") or r.get("compile") or {}
+        if call.get("overhead_s") is not None and call.get("wall_s"):
+            out.append((call["overhead_s"], r["id"]))
+    return out
 
 
 def facts_lines(f: dict[str, Any]) -> list[str]:
@@ -625,9 +644,12 @@ def triage(opts: Options, *, out=print) -> int:
         nonlocal finished
         finished += 1
         exp = rec["expected"]["verdict"]
-        loc = f" loc {_loc_text(rec)}" if rec["expected"]["localization"] else ""
+        loc = f" loc {_loc_text(rec)}" if rec["expected"]["localization"] and \
+            rec.get("verdict") else ""
         t = rec.get("time_to_verdict_s")
-        out(f"[{finished:>3}/{total}] {MARK[state(rec)]} {rec['id']:<44} "
+        comp = rec.get("compile") or {}
+        pre = f"compiled {comp['wall_s']:.1f}s; " if rec.get("not_run") and comp else ""
+        out(f"[{finished:>3}/{total}] {MARK[state(rec)]} {rec['id']:<44} {pre}"
             f"{actual_text(rec)} (expected {exp}){loc}" + (f" {t:.1f}s" if t else ""))
 
     for rec in kept:
@@ -688,7 +710,7 @@ def triage(opts: Options, *, out=print) -> int:
                 else:
                     if call["verdict"] == "UNSUPPORTED" and \
                             p.rec["expected"]["verdict"] != "UNSUPPORTED":
-                        finalize(p.rec, None, f"not run: {call['reason']}")
+                        finalize(p.rec, None, f"not run: unsupported — {call['reason']}")
                     else:
                         finalize(p.rec, call, None)
                 save(p.rec)
@@ -717,7 +739,7 @@ def triage(opts: Options, *, out=print) -> int:
 
         health = runner.health_check()
     recs = list(records.values())
-    overheads = [(r["overhead_s"], r["id"]) for r in recs if r.get("overhead_s") is not None]
+    overheads = overhead_list(recs)
     facts = {"harness_errors": sum(r.get("harness_errors", 0) for r in recs),
              "processes_left": left, "gpu_health": health,
              "overhead_s": {"n": len(overheads),
@@ -731,8 +753,8 @@ def triage(opts: Options, *, out=print) -> int:
     out("")
     for key in ("detection", "classification", "localization", "false_alarms"):
         out(f"{key.replace('_', ' '):>15}: {_rate_text(rt[key])}")
-    if rt["counts"]["not_run"]:
-        out(f"{'not run':>15}: {rt['counts']['not_run']} (left out of the rates)")
+    for why, n in rt["counts"]["not_run_reasons"].items():
+        out(f"{'not run':>15}: {n} (left out of the rates): {why}")
     for line in facts_lines(facts):
         out(line)
     out(f"matrix: {opts.out / 'matrix.md'} | {opts.out / 'matrix.html'} | "
