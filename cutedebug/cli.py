@@ -74,31 +74,46 @@ def load_targets(args: argparse.Namespace) -> list[S.Scenario]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from cutedebug import report, runner
+    from cutedebug import runner
 
     scenarios = load_targets(args)
     mode = "compile" if args.compile_only else "run"
     status = EXIT_OK
     results = []
-    for sc in scenarios:
-        res = runner.run_scenario(sc, runs_root=args.runs_dir, mode=mode, probes=args.probes,
-                                  wait_budget_ms=args.wait_budget_ms, repeat=args.repeat,
-                                  command=report.command_line() if len(scenarios) == 1 else "")
-        _, md = report.write(res)
-        results.append(res)
-        print(report.tldr(res))
-        comp = res.evidence.get("compiled")
-        if res.verdict.value == "UNSUPPORTED":
-            state = (f"compiled for {comp['arch']} in {comp['secs']} s" if comp else
-                     "did not compile")
-            print(f"  {state}; the kernel was not run")
-        print(f"  report: {md}")
-        if not res.expected:
-            status = EXIT_MISMATCH
+    # Many runs in a row share a fork server that has imported torch and cutlass once.
+    fs = runner.start_forkserver(args.runs_dir) if len(scenarios) > 1 or args.repeat > 1 \
+        else None
+    try:
+        for sc in scenarios:
+            status = _run_one(args, sc, mode, fs, len(scenarios), results, status)
+    finally:
+        if fs is not None:
+            fs.close()
     if len(results) > 1:
         ok = sum(r.expected for r in results)
         print(f"{ok} of {len(results)} scenarios as expected")
+    not_run = [r for r in results if r.verdict.value == "UNSUPPORTED" and mode == "run"]
+    if not_run:
+        print(f"{len(not_run)} scenario(s) compiled but not run: "
+              f"{not_run[0].reason.removeprefix('execution skipped: ')}")
     return status
+
+
+def _run_one(args, sc, mode, fs, n, results, status):
+    from cutedebug import report, runner
+
+    res = runner.run_scenario(sc, runs_root=args.runs_dir, mode=mode, probes=args.probes,
+                              wait_budget_ms=args.wait_budget_ms, repeat=args.repeat,
+                              command=report.command_line() if n == 1 else "", forkserver=fs)
+    _, md = report.write(res)
+    results.append(res)
+    print(report.tldr(res))
+    comp = res.evidence.get("compiled")
+    if res.verdict.value == "UNSUPPORTED":
+        state = f"compiled for {comp['arch']} in {comp['secs']} s" if comp else "did not compile"
+        print(f"  {state}; the kernel was not run")
+    print(f"  report: {md}", flush=True)
+    return status if res.expected else EXIT_MISMATCH
 
 
 def cmd_list(args: argparse.Namespace) -> int:

@@ -85,13 +85,14 @@ def tagged_processes(tag: str) -> list[psutil.Process]:
     return found
 
 
-def kill_tree(proc: subprocess.Popen, tag: str) -> list[int]:
+def kill_tree(proc, tag: str) -> list[int]:
     """Kill the child's process group, then everything still carrying its tag. Returns the
     pids that had to be swept beyond the group."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    for kill in (os.killpg, os.kill):   # os.kill too: a forked child may not lead a group yet
+        try:
+            kill(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     return sweep(tag)
 
 
@@ -161,20 +162,24 @@ class EventReader:
 
 def watch(argv: list[str], events_path: Path, log_path: Path, limits: Limits, *,
           env: dict[str, str] | None = None, stall_s: float | None = None,
-          on_event=None) -> tuple[V.Outcome, dict[str, Any]]:
-    """Run argv as a watched child. Returns the outcome and process-level facts."""
+          on_event=None, forkserver=None) -> tuple[V.Outcome, dict[str, Any]]:
+    """Run argv as a watched child (or, with a fork server, fork the worker for the request
+    that argv names). Returns the outcome and process-level facts."""
     tag = uuid.uuid4().hex
     child_env = dict(os.environ if env is None else env)
     child_env[TAG_VAR] = tag
     child_env.setdefault("PYTHONUNBUFFERED", "1")
     outcome = V.Outcome()
-    facts: dict[str, Any] = {"tag": tag}
+    facts: dict[str, Any] = {"tag": tag, "forked": forkserver is not None}
     reader = EventReader(events_path)
     t_start = time.monotonic()
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=child_env,
-                                start_new_session=True, cwd=str(REPO_ROOT))
+    if forkserver is not None:
+        proc = forkserver.spawn(Path(argv[-1]), log_path, {TAG_VAR: tag})
+    else:
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=child_env,
+                                    start_new_session=True, cwd=str(REPO_ROOT))
     phase_t = t_start
     last_counter, counter_t = None, None
     try:
@@ -266,6 +271,21 @@ def new_run_dir(scenario: Scenario, root: Path | str = "runs") -> Path:
     return d
 
 
+def start_forkserver(runs_root: Path | str = "runs"):
+    """A fork server for many runs in a row (each run then skips the torch/cutlass imports).
+    Returns None when it cannot start; callers then spawn fresh workers."""
+    from cutedebug.forkserver import ForkServer
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    try:
+        return ForkServer(env, str(REPO_ROOT), Path(runs_root) / "forkserver.log").start()
+    except (OSError, RuntimeError, ValueError):
+        return None
+
+
 def worker_argv(request_path: Path) -> list[str]:
     return [sys.executable, "-m", "cutedebug.worker", str(request_path)]
 
@@ -350,7 +370,8 @@ def _timings(o: V.Outcome, facts: dict[str, Any]) -> dict[str, float]:
 def run_once(scenario: Scenario, run_dir: Path, *, mode: str = "run",
              probes: dict[str, Any] | None = None, lineinfo: bool = False,
              index: int = 0, wrap=None, extra_env: dict[str, str] | None = None,
-             deadline_scale: float = 1.0) -> tuple[V.Classified, V.Outcome, dict[str, Any]]:
+             deadline_scale: float = 1.0,
+             forkserver=None) -> tuple[V.Classified, V.Outcome, dict[str, Any]]:
     sub = run_dir if index == 0 else run_dir / f"repeat{index}"
     sub.mkdir(parents=True, exist_ok=True)
     events_path, log_path = sub / "events.jsonl", sub / "worker.log"
@@ -372,7 +393,12 @@ def run_once(scenario: Scenario, run_dir: Path, *, mode: str = "run",
         limits = Limits(**{k: (v * deadline_scale if k.endswith("_s") else v)
                            for k, v in vars(limits).items()})
     stall = limits.stall_s if probes else None
-    outcome, facts = watch(argv, events_path, log_path, limits, env=env, stall_s=stall)
+    # The fork server imported cutlass already: runs that change its environment, or that
+    # something else must wrap (compute-sanitizer), get a fresh process.
+    use_fork = forkserver is not None and wrap is None and not extra_env and not lineinfo \
+        and forkserver.alive
+    outcome, facts = watch(argv, events_path, log_path, limits, env=env, stall_s=stall,
+                           forkserver=forkserver if use_fork else None)
     if (ke := outcome.event("kernel_error")) is not None:
         raise ScenarioError(ke.get("message", "kernel could not be loaded") +
                             f"\n(worker log: {log_path})")
@@ -383,7 +409,7 @@ def run_once(scenario: Scenario, run_dir: Path, *, mode: str = "run",
 def run_scenario(scenario: Scenario, *, runs_root: Path | str = "runs",
                  run_dir: Path | None = None, mode: str = "run", probes: bool | None = None,
                  wait_budget_ms: int | None = None, repeat: int = 1,
-                 command: str = "") -> RunResult:
+                 command: str = "", forkserver=None) -> RunResult:
     """Run a scenario (``repeat`` times) and return its classified result."""
     run_dir = Path(run_dir) if run_dir else new_run_dir(scenario, runs_root)
     use_probes = scenario.probes if probes is None else probes
@@ -394,7 +420,7 @@ def run_scenario(scenario: Scenario, *, runs_root: Path | str = "runs",
     attempts = []
     for i in range(max(1, repeat)):
         classified, outcome, facts = run_once(scenario, run_dir, mode=mode, probes=probe_cfg,
-                                              index=i)
+                                              index=i, forkserver=forkserver)
         if (classified.verdict is V.Verdict.HANG and probe_cfg is None and probes is None
                 and i == 0):
             # A hang without probes says nothing about where: rerun once with them on.
@@ -402,7 +428,8 @@ def run_scenario(scenario: Scenario, *, runs_root: Path | str = "runs",
             probe_cfg = {"budget_ns": int(budget) * 1_000_000}
             first = (classified, outcome, facts)
             classified, outcome, facts = run_once(scenario, run_dir / "with_probes",
-                                                  mode=mode, probes=probe_cfg)
+                                                  mode=mode, probes=probe_cfg,
+                                                  forkserver=forkserver)
             facts["rerun_with_probes"] = {"first_verdict": first[0].verdict.value,
                                           "first_reason": first[0].reason}
         health = None

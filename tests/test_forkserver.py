@@ -1,0 +1,75 @@
+"""The fork server: workers forked from a process that imported torch and cutlass once."""
+
+import os
+import time
+from pathlib import Path
+
+import psutil
+
+from cutedebug import runner
+from cutedebug import scenario as S
+from cutedebug.verdict import Verdict
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_forked_compile_matches_a_fresh_worker(tmp_path):
+    sc = S.load(ROOT / "scenarios" / "minimal" / "spin_hang.toml")
+    fresh = runner.run_scenario(sc, runs_root=tmp_path / "fresh", mode="compile")
+    fs = runner.start_forkserver(tmp_path)
+    assert fs is not None
+    try:
+        t0 = time.monotonic()
+        forked = runner.run_scenario(sc, runs_root=tmp_path / "forked", mode="compile",
+                                     forkserver=fs)
+        forked_s = time.monotonic() - t0
+    finally:
+        fs.close()
+    assert forked.verdict is fresh.verdict is Verdict.UNSUPPORTED
+    assert forked.expected and fresh.expected
+    ptx_fresh = (fresh.run_dir / "kernel.ptx").read_text()
+    ptx_forked = (forked.run_dir / "kernel.ptx").read_text()
+    assert ptx_forked == ptx_fresh
+    # The forked worker skipped the imports a fresh one pays for.
+    assert forked_s < fresh.timings["total_s"]
+
+
+def test_forked_worker_stuck_in_import_is_killed_and_swept(tmp_path):
+    sc = S.adhoc(str(ROOT / "tests" / "helpers" / "sleepy_kernel.py") + ":Sleepy", {}, None,
+                 {}, "PASS")
+    sc = sc.with_overrides(limits=S.Limits(import_s=2.0))
+    fs = runner.start_forkserver(tmp_path)
+    try:
+        res = runner.run_scenario(sc, runs_root=tmp_path, forkserver=fs)
+        pids = [c.pid for c in psutil.Process(fs.proc.pid).children(recursive=True)]
+    finally:
+        fs.close()
+    assert res.verdict is Verdict.HARNESS_ERROR
+    assert "deadline" in res.reason
+    assert pids == []          # the killed worker was reaped by the server
+
+
+def test_closing_the_server_kills_its_workers(tmp_path):
+    sc = S.adhoc(str(ROOT / "tests" / "helpers" / "sleepy_kernel.py") + ":Sleepy", {}, None,
+                 {}, "PASS")
+    fs = runner.start_forkserver(tmp_path)
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    req = run_dir / "request.json"
+    import json
+
+    req.write_text(json.dumps({"scenario": sc.to_json(), "mode": "run",
+                               "events": str(run_dir / "events.jsonl")}))
+    child = fs.spawn(req, run_dir / "worker.log", {})
+    time.sleep(0.5)
+    assert psutil.pid_exists(child.pid)
+    server_pid = fs.proc.pid
+    fs.close()
+    deadline = time.monotonic() + 5
+    while psutil.pid_exists(child.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not psutil.pid_exists(child.pid) or \
+        psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE
+    assert not psutil.pid_exists(server_pid) or \
+        psutil.Process(server_pid).status() == psutil.STATUS_ZOMBIE
+    assert os.getpid() != child.pid
