@@ -651,6 +651,37 @@ def _apply_drop_sync(p: _Patcher, args: dict[str, Any], applied: Applied) -> Non
         p.replace_everywhere(original, _user_op(replacement))
 
 
+def _apply_expect_tx_no_2cta_doubling(p: _Patcher, args: dict[str, Any],
+                                      applied: Applied) -> None:
+    from cutlass import cute
+    from cutlass.pipeline import PipelineTmaUmma
+
+    original_create = PipelineTmaUmma.create
+    original_acquire = PipelineTmaUmma.producer_acquire
+
+    def create(*, tx_count, cta_layout_vmnk=None, loc=None, ip=None, **kw):
+        pair = cta_layout_vmnk is not None and cute.size(cta_layout_vmnk, mode=[0]) == 2
+        if pair:
+            static = _static_value(tx_count)
+            change = f"{static} -> {static // 2}" if static is not None else "halved"
+            applied.add_site("PipelineTmaUmma.create", f"tx_count {change}: only this CTA's "
+                             "bytes, not the pair's", tx_bytes=static)
+            tx_count = tx_count // 2
+        return original_create(tx_count=tx_count, cta_layout_vmnk=cta_layout_vmnk, loc=loc,
+                               ip=ip, **kw)
+
+    def producer_acquire(self, state, try_acquire_token=None, *, expected_tx=None, loc=None,
+                         ip=None):
+        if expected_tx is not None and self.cta_group == cute.nvgpu.tcgen05.CtaGroup.TWO:
+            applied.add_site("producer_acquire", "expected_tx override halved")
+            expected_tx = expected_tx // 2
+        return original_acquire(self, state, try_acquire_token, expected_tx=expected_tx,
+                                loc=loc, ip=ip)
+
+    p.set_attr(PipelineTmaUmma, "create", staticmethod(create))
+    p.set_attr(PipelineTmaUmma, "producer_acquire", producer_acquire)
+
+
 # ---- verdict refinements ---------------------------------------------------------------------
 
 def _refine_expect_tx(args: dict[str, Any]) -> tuple[str, str]:
@@ -751,4 +782,14 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
     Fault(
         "spin_hang", "kernel switch: nobody arrives on a barrier that every thread waits on", {},
         "HANG", kind="switch"),
+    Fault(
+        "expect_tx_no_2cta_doubling", "2-CTA (cta_group::2) PipelineTmaUmma expects only this "
+        "CTA's TMA bytes, not the pair's (tx_count / 2)", {},
+        "HANG", expected_note="the leader's full barrier completes when half the pair's bytes "
+        "landed (the MMA may read a partial stage); the other half lands on the next phase, "
+        "whose tx count then never returns to zero: consumer_wait hangs. Not triggered by "
+        "1-CTA kernels (same PTX as wrong_expect_tx with delta_bytes = -tx/2)",
+        patches=("PipelineTmaUmma.create (tx_count)",
+                 "PipelineTmaUmma.producer_acquire (expected_tx)"),
+        apply=_apply_expect_tx_no_2cta_doubling),
 )}
