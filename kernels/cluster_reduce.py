@@ -1,0 +1,364 @@
+"""Cluster row reduction over distributed shared memory (SM90): row sum and RMSNorm.
+
+For a row-major [M, N] input x (fp32 or bf16; math in fp32):
+- ``op = "sum"``:     out[m] = sum_n x[m, n]                                  (fp32, shape [M])
+- ``op = "rmsnorm"``: out[m, n] = x[m, n] * rsqrt(mean_n x[m, n]^2 + eps) * w[n]
+                                                                   (x's dtype, w fp32 [N])
+
+Rows are too wide for one CTA: a cluster of C = ``cluster`` CTAs (2, 4 or 8, launched as
+cluster dims (C, 1, 1)) splits every row. CTA rank r (``%cluster_ctarank``) owns the vector
+slice [r * S, min((r + 1) * S, N / V)) of a row, V = 16 / sizeof(dtype) elements per 128-bit
+vector (V = 1 when a row is not a multiple of 16 bytes: scalar loads), S = ceil(N / V / C).
+
+Schedule: G = ``clusters`` clusters (0: one per row, G = M); cluster g = ``%clusterid.x`` handles
+rows g, g + G, g + 2G, ... Row i of a cluster (i = 0, 1, ...) uses slot s = i % 2 and mbarrier
+phase (i // 2) % 2, so with more than two rows per cluster both barriers cycle through both
+phases.
+
+Per row, in every CTA (T = ``threads`` threads, W = T / 32 warps, U = ``unroll``):
+1. slice -> registers: U 128-bit loads per thread in flight, fp32 accumulators (x, or x^2);
+2. warp shuffle reduction, lane 0 -> warp_sums[warp] (smem), ``bar.sync``, warp 0 reduces the W
+   values into the CTA partial p (fp32);
+3. warp 0 lane 0 arms its OWN barrier: ``mbarrier.arrive.expect_tx(bar[s], C * 4)``;
+   lanes k < C push p into CTA k's ``partials[s][r]`` with ``st.async.shared::cluster ...
+   mbarrier::complete_tx::bytes`` on CTA k's bar[s] (4 bytes each; k == r is this CTA);
+4. every thread waits on its own bar[s] at parity (i // 2) % 2, then
+   ``fence.acq_rel.cluster`` (acquire pattern at cluster scope: the partials were written by
+   other CTAs), and sums partials[s][0 .. C) in rank order (identical in every CTA);
+5. sum: CTA rank (row % C) thread 0 writes out[row]; rmsnorm: every CTA normalizes its slice
+   (second pass over x, 128-bit loads of x and w, 128-bit stores).
+
+Barrier arithmetic (bar[0], bar[1] in smem, initialised by thread 0 with arrive count 1):
+- arrivals per phase: 1 (the arm in step 3, by this CTA's warp 0 lane 0);
+- tx bytes per phase: C partials x 4 bytes = 4C (8, 16, 32 for C = 2, 4, 8), every CTA of the
+  cluster (itself included) delivering 4 bytes through st.async complete_tx;
+- a peer's bytes may land before the arm (the tx count goes negative, legal); the phase
+  completes once the arm arrived and all 4C bytes landed.
+Slot reuse (no empty barriers): peer P writes slot s for row i + 2 only after P's wait of row
+i + 1, which needs this CTA's row i + 1 partial, sent after this CTA's ``bar.sync`` of row i + 1,
+which every warp reaches only after reading row i's slot s. Likewise warp_sums is rewritten only
+after the wait of the previous row, which needs warp 0's own partial (read from warp_sums).
+
+Cluster synchronization:
+- after init: ``fence.mbarrier_init.release.cluster`` + ``barrier.cluster.arrive.relaxed`` +
+  ``barrier.cluster.wait``: no peer st.async reaches a barrier before it is initialised;
+- trailing: ``barrier.cluster.arrive`` (release) + ``barrier.cluster.wait``: no CTA exits
+  while a peer may still address its shared memory, and no CTA exits before its own st.async
+  were consumed (each receiver's wait proves they landed; the barrier carries that back).
+
+Ragged shapes: any M >= 1; N not a multiple of C * V * T * U (the last CTA's slice is shorter,
+loads past the slice end are predicated off); N not a multiple of V falls back to scalar loads.
+Element offsets are 32-bit: M * N < 2**31. TOLERANCE: sum, atol 2e-7 * N (fp32 accumulation of
+N terms vs a float64 reference); rmsnorm, 1e-5 (fp32) / one bf16 ulp (bf16).
+
+Faults (cutedebug injects them; nothing here is faulty unless a switch is set):
+- registry ``wrong_expect_tx`` (through ``cute.arch.mbarrier_arrive_and_expect_tx``):
+  + k bytes: bar[s] never completes -> HANG in the partials wait (raw_wait site);
+  - k bytes: the phase completes before the last partial lands (MISMATCH, timing-dependent);
+  the late bytes are charged to the barrier's next phase, which falls k bytes further behind
+  each time, so with enough rows per cluster it ends in a HANG.
+- registry ``missing_init_fence`` (drop="fence"): the mbarrier init is not fenced at cluster
+  scope; expect PASS at run time (peers start sending only after their slice loads).
+- registry ``cta_scope_sync``: ``fence.acq_rel.cluster`` after the wait becomes
+  ``fence.acq_rel.cta`` and/or the trailing ``barrier.cluster.arrive`` loses its release;
+  formally a data race on the partials, expect PASS on current hardware (PTX-visible only).
+Kernel-level switches (SWITCHES):
+- ``skip_init_cluster_sync``: no cluster barrier after init (a ``bar.sync`` only): a fast peer's
+  st.async may hit an uninitialised barrier and be lost -> HANG; usually PASS (timing).
+- ``skip_cluster_tail``: no trailing cluster barrier; every CTA still waits for its own incoming
+  bytes, so a CTA exits only with its outgoing st.async possibly in flight: expect PASS.
+- ``cluster_mismatch``: launched with cluster dims L = 2C (C <= 4) or C / 2 (C = 8) while the
+  kernel reduces over C: with L = 2C, CTAs of rank >= C get no partials -> HANG in the partials
+  wait (ranks < C get 2C partials, their phases complete early -> wrong sums).
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import ClassVar
+
+import cuda.bindings.driver as cuda
+import cutlass
+from cutlass import cute
+from cutlass.cute.runtime import from_dlpack, make_fake_stream, make_fake_tensor
+from cutlass.memory import SmemAllocator
+
+DTYPES = {"fp32": cutlass.Float32, "bf16": cutlass.BFloat16}
+ELEM_BYTES = {"fp32": 4, "bf16": 2}
+VECTOR_BYTES = 16
+PARTIAL_BYTES = 4  # one fp32 partial per CTA per row
+SLOTS = 2  # double-buffered partials / barriers
+
+
+def slice_bounds(rank: int, nv: int, cluster: int) -> tuple[int, int]:
+    """[start, end) in vectors of the slice CTA ``rank`` reduces (host-side mirror)."""
+    per = -(-nv // cluster)
+    return min(rank * per, nv), min((rank + 1) * per, nv)
+
+
+def launch_cluster(cluster: int, mismatch: bool) -> int:
+    """Cluster size the kernel is launched with (differs from ``cluster`` under the switch)."""
+    if not mismatch:
+        return cluster
+    return 2 * cluster if cluster <= 4 else cluster // 2
+
+
+class ClusterReduce:
+    PARAMS: ClassVar[dict[str, object]] = {
+        "m": 256, "n": 65536, "dtype": "fp32", "op": "sum", "cluster": 2, "clusters": 0,
+        "threads": 256, "unroll": 8, "eps": 1e-6, "seed": 0,
+    }
+    CHOICES: ClassVar[dict[str, tuple]] = {
+        "dtype": ("fp32", "bf16"),
+        "op": ("sum", "rmsnorm"),
+        "cluster": (2, 4, 8),
+        "threads": (128, 256, 512),
+        "unroll": (1, 2, 4, 8),
+    }
+    SHRINKABLE = ("m", "n", "clusters")
+    ARCHS = ("sm_90a",)
+    SWITCHES: ClassVar[dict[str, str]] = {
+        "skip_init_cluster_sync": "no cluster barrier after mbarrier init (CTA bar.sync only)",
+        "skip_cluster_tail": "no trailing cluster barrier before exit",
+        "cluster_mismatch": "launch cluster dims differ from the cluster the kernel reduces over",
+    }
+    TOLERANCE = (1e-5, 1e-5)
+
+    def __init__(self, m=PARAMS["m"], n=PARAMS["n"], dtype=PARAMS["dtype"], op=PARAMS["op"],
+                 cluster=PARAMS["cluster"], clusters=PARAMS["clusters"],
+                 threads=PARAMS["threads"], unroll=PARAMS["unroll"], eps=PARAMS["eps"],
+                 seed=PARAMS["seed"], skip_init_cluster_sync=False, skip_cluster_tail=False,
+                 cluster_mismatch=False):
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype {dtype!r}: allowed {list(DTYPES)}")
+        if op not in ("sum", "rmsnorm"):
+            raise ValueError(f"op {op!r}: allowed ['sum', 'rmsnorm']")
+        if cluster not in (2, 4, 8):
+            raise ValueError(f"cluster={cluster}: allowed 2, 4, 8")
+        if threads % 32 or not 32 <= threads <= 1024 or unroll < 1:
+            raise ValueError(f"threads={threads} (multiple of 32, <= 1024), unroll={unroll}")
+        if m < 1 or n < 1 or clusters < 0:
+            raise ValueError(f"need m, n >= 1 and clusters >= 0 (m={m} n={n} "
+                             f"clusters={clusters})")
+        if m * n >= 2**31:
+            raise ValueError(f"m*n={m * n}: element offsets are 32-bit (keep m*n < 2**31)")
+        self.m, self.n, self.dtype_name, self.op = m, n, dtype, op
+        self.dtype = DTYPES[dtype]
+        self.cluster, self.threads, self.unroll = cluster, threads, unroll
+        self.eps, self.seed = float(eps), seed
+        self.skip_init_cluster_sync = skip_init_cluster_sync
+        self.skip_cluster_tail = skip_cluster_tail
+        self.cluster_mismatch = cluster_mismatch
+        self.launch_cluster = launch_cluster(cluster, cluster_mismatch)
+        elem = ELEM_BYTES[dtype]
+        self.vec = VECTOR_BYTES // elem if n % (VECTOR_BYTES // elem) == 0 else 1
+        self.nv = n // self.vec
+        self.slice = -(-self.nv // cluster)
+        self.chunk = threads * unroll
+        self.iters = -(-self.slice // self.chunk)
+        last = self.nv - (cluster - 1) * self.slice  # the shortest slice (last rank)
+        self.full_iters = max(0, last) // self.chunk  # unpredicated in every CTA
+        self.warps = threads // 32
+        self.groups = m if clusters == 0 else min(clusters, m)
+        if self.launch_cluster > cluster:  # grid must be a multiple of the launch cluster
+            self.groups += self.groups % 2
+        self.grid = cluster * self.groups
+        self.tx_bytes = cluster * PARTIAL_BYTES
+        if op == "sum":
+            self.TOLERANCE = (2e-7 * n + 1e-5, 1e-5)
+        else:
+            self.TOLERANCE = (1e-5, 1e-5) if dtype == "fp32" else (8e-3, 8e-3)
+
+    # ---- host side ------------------------------------------------------------------------
+    @cute.jit
+    def __call__(self, x: cute.Tensor, w: cute.Tensor, out: cute.Tensor,
+                 stream: cuda.CUstream):
+        self.kernel(x, w, out).launch(
+            grid=(self.grid, 1, 1), block=(self.threads, 1, 1),
+            cluster=(self.launch_cluster, 1, 1), stream=stream)
+
+    # ---- device side ----------------------------------------------------------------------
+    @cute.kernel
+    def kernel(self, x: cute.Tensor, w: cute.Tensor, out: cute.Tensor):
+        C = self.cluster
+        tid, _, _ = cute.arch.thread_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        lane = cute.arch.lane_idx()
+        rank = cute.arch.block_idx_in_cluster()
+        group, _, _ = cute.arch.cluster_idx()
+
+        # -- prologue: smem, barriers, cluster-wide init visibility ---------------------------
+        smem = SmemAllocator()
+        bars = smem.allocate_array(cutlass.Int64, SLOTS, byte_alignment=8)
+        partials = smem.allocate_tensor(
+            cutlass.Float32, cute.make_layout((C, SLOTS), stride=(1, C)), byte_alignment=16)
+        warp_sums = smem.allocate_tensor(
+            cutlass.Float32, cute.make_layout((self.warps,)), byte_alignment=16)
+        if tid == 0:
+            for s in cutlass.range_constexpr(SLOTS):
+                cute.arch.mbarrier_init(bars + s, 1)
+        cute.arch.mbarrier_init_fence()
+        if cutlass.const_expr(self.skip_init_cluster_sync):
+            cute.arch.sync_threads()  # fault: the CTA sees the init, its peers need not
+        else:
+            cute.arch.cluster_arrive_relaxed()
+            cute.arch.cluster_wait()
+
+        # vector slice [start, end) of this CTA, thread tid's first vector in it
+        start = rank * self.slice
+        end = cutlass.min(start + self.slice, self.nv)
+
+        # -- mainloop: one row per iteration ------------------------------------------------
+        for row in cutlass.range(group, self.m, self.groups, unroll=1):
+            i = (row - group) // self.groups
+            s = i % SLOTS
+            phase = (i // SLOTS) % 2
+            xrow = x[(row, None)]
+            part = self.slice_sum(xrow, start, end, tid)
+            part = cute.arch.warp_reduction(part, operator.add)
+            if lane == 0:
+                warp_sums[warp] = part
+            cute.arch.sync_threads()
+            if warp == 0:
+                self.exchange(warp_sums, partials, bars + s, s, rank, lane)
+            total = self.gather(partials, bars + s, s, phase)
+            if cutlass.const_expr(self.op == "sum"):
+                if tid == 0 and rank == row % C:
+                    out[row] = total
+            else:
+                rstd = cute.math.rsqrt(total / self.n + self.eps)
+                self.normalize(xrow, w, out[(row, None)], rstd, start, end, tid)
+
+        # -- tail: keep smem alive until the whole cluster is done --------------------------
+        if cutlass.const_expr(not self.skip_cluster_tail):
+            cute.arch.cluster_arrive()
+            cute.arch.cluster_wait()
+
+    @cute.jit
+    def slice_sum(self, xrow: cute.Tensor, start: cutlass.Int32, end: cutlass.Int32,
+                  tid: cutlass.Int32) -> cutlass.Float32:
+        """This thread's fp32 sum of x (or x^2) over its vectors of [start, end).
+
+        U 128-bit loads are issued back to back per iteration (U * 16 bytes in flight per
+        thread); iterations [0, full_iters) need no predicate in any CTA.
+        """
+        vec, U, T = self.vec, self.unroll, self.threads
+        rx = cute.make_rmem_tensor((vec, U), self.dtype)
+        acc = cute.make_rmem_tensor((vec,), cutlass.Float32)
+        acc.fill(0.0)
+        for it in cutlass.range(self.full_iters, unroll=1):
+            base = start + it * self.chunk + tid
+            for u in cutlass.range_constexpr(U):
+                cute.autovec_copy(cute.local_tile(xrow, (vec,), (base + u * T,)), rx[(None, u)])
+            self.accumulate(rx, acc)
+        if cutlass.const_expr(self.full_iters < self.iters):
+            for it in cutlass.range(self.full_iters, self.iters, unroll=1):
+                base = start + it * self.chunk + tid
+                rx.fill(0.0)
+                for u in cutlass.range_constexpr(U):
+                    if base + u * T < end:
+                        cute.autovec_copy(cute.local_tile(xrow, (vec,), (base + u * T,)),
+                                          rx[(None, u)])
+                self.accumulate(rx, acc)
+        total = cutlass.Float32(0.0)
+        for e in cutlass.range_constexpr(vec):
+            total = total + acc[e]
+        return total
+
+    @cute.jit
+    def accumulate(self, rx: cute.Tensor, acc: cute.Tensor):
+        """acc[e] += x (sum) or x * x (rmsnorm), fp32, over the U loaded vectors."""
+        for u in cutlass.range_constexpr(self.unroll):
+            for e in cutlass.range_constexpr(self.vec):
+                v = rx[(e, u)].to(cutlass.Float32)
+                if cutlass.const_expr(self.op == "sum"):
+                    acc[e] = acc[e] + v
+                else:
+                    acc[e] = acc[e] + v * v
+
+    @cute.jit
+    def exchange(self, warp_sums: cute.Tensor, partials: cute.Tensor, bar: cute.Pointer,
+                 s: cutlass.Int32, rank: cutlass.Int32, lane: cutlass.Int32):
+        """Warp 0: CTA partial -> every peer's partials[s][rank] (st.async, complete_tx)."""
+        v = cutlass.Float32(0.0)
+        if lane < self.warps:
+            v = warp_sums[lane]
+        p = cute.arch.warp_reduction(v, operator.add)
+        if lane == 0:
+            cute.arch.mbarrier_arrive_and_expect_tx(bar, self.tx_bytes)
+        if lane < self.cluster:
+            dst = partials.iterator + (s * self.cluster + rank)
+            cute.arch.store_async_dsmem(dst, p.bitcast(cutlass.Int32), bar, lane)
+
+    @cute.jit
+    def gather(self, partials: cute.Tensor, bar: cute.Pointer, s: cutlass.Int32,
+               phase: cutlass.Int32) -> cutlass.Float32:
+        """Wait for all C partials of slot s, then their sum in rank order."""
+        cute.arch.mbarrier_wait(bar, phase)
+        cute.arch.fence_acq_rel_cluster()
+        total = cutlass.Float32(0.0)
+        for k in cutlass.range_constexpr(self.cluster):
+            total = total + partials[(k, s)]
+        return total
+
+    @cute.jit
+    def normalize(self, xrow: cute.Tensor, w: cute.Tensor, orow: cute.Tensor,
+                  rstd: cutlass.Float32, start: cutlass.Int32, end: cutlass.Int32,
+                  tid: cutlass.Int32):
+        """rmsnorm second pass: out = x * rstd * w over this CTA's slice (predicated)."""
+        vec, T = self.vec, self.threads
+        rx = cute.make_rmem_tensor((vec,), self.dtype)
+        rw = cute.make_rmem_tensor((vec,), cutlass.Float32)
+        ry = cute.make_rmem_tensor((vec,), self.dtype)
+        for it in cutlass.range(self.iters * self.unroll, unroll=1):
+            v = start + it * T + tid
+            if v < end:
+                cute.autovec_copy(cute.local_tile(xrow, (vec,), (v,)), rx)
+                cute.autovec_copy(cute.local_tile(w, (vec,), (v,)), rw)
+                for e in cutlass.range_constexpr(vec):
+                    ry[e] = (rx[e].to(cutlass.Float32) * rstd * rw[e]).to(self.dtype)
+                cute.autovec_copy(ry, cute.local_tile(orow, (vec,), (v,)))
+
+    # ---- interface ------------------------------------------------------------------------
+    def _out_shape(self):
+        return (self.m,) if self.op == "sum" else (self.m, self.n)
+
+    def fake_args(self):
+        x = make_fake_tensor(self.dtype, (self.m, self.n), stride=(self.n, 1), assumed_align=16)
+        w = make_fake_tensor(cutlass.Float32, (self.n,), stride=(1,), assumed_align=16)
+        if self.op == "sum":
+            out = make_fake_tensor(cutlass.Float32, (self.m,), stride=(1,), assumed_align=16)
+        else:
+            out = make_fake_tensor(self.dtype, (self.m, self.n), stride=(self.n, 1),
+                                   assumed_align=16)
+        return (x, w, out, make_fake_stream())
+
+    def make_inputs(self, device):
+        import torch
+
+        g = torch.Generator(device="cpu").manual_seed(self.seed)
+        tdtype = torch.float32 if self.dtype_name == "fp32" else torch.bfloat16
+        # a per-row offset: a stale or missing partial cannot reproduce another row's sum
+        x = (torch.randn(self.m, self.n, generator=g)
+             + torch.randn(self.m, 1, generator=g)).to(tdtype)
+        w = torch.rand(self.n, generator=g) + 0.5
+        odtype = torch.float32 if self.op == "sum" else tdtype
+        out = torch.full(self._out_shape(), float("nan"), dtype=odtype)
+        return {"x": x.to(device), "w": w.to(device), "out": out.to(device)}
+
+    def cute_args(self, tensors):
+        import torch
+
+        args = tuple(from_dlpack(tensors[k], assumed_align=16) for k in ("x", "w", "out"))
+        stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
+        return (*args, stream)
+
+    def reference(self, tensors):
+        x = tensors["x"].double()
+        if self.op == "sum":
+            return x.sum(dim=1).float()
+        rstd = (x.square().mean(dim=1, keepdim=True) + self.eps).rsqrt()
+        return (x * rstd * tensors["w"].double()).to(tensors["x"].dtype)
+
+    def output(self, tensors):
+        return tensors["out"]
