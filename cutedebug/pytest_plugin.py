@@ -19,19 +19,16 @@ Scenario files
     ``H`` / ``HANG`` in the terminal (``h`` when the scenario expected it).
 
 Options (precedence: marker > command line > environment > ini)
-    ==================  ===============================  ==========================  ========
-    marker keyword      command line                     environment                 ini
-    ==================  ===============================  ==========================  ========
-    deadline            --cutedebug-deadline S           CUTEDEBUG_DEADLINE          cutedebug_deadline
-    compile_deadline    --cutedebug-compile-deadline S   CUTEDEBUG_COMPILE_DEADLINE  cutedebug_compile_deadline
-    probes              --cutedebug-probes on|off        CUTEDEBUG_PROBES            cutedebug_probes
-    repeat              --cutedebug-repeat N             CUTEDEBUG_REPEAT            cutedebug_repeat
-    runs_dir            --cutedebug-runs-dir DIR         CUTEDEBUG_RUNS_DIR          cutedebug_runs_dir
-    timeout_margin      --cutedebug-timeout-margin S     CUTEDEBUG_TIMEOUT_MARGIN    cutedebug_timeout_margin
-    ==================  ===============================  ==========================  ========
+    Each setting NAME is the marker keyword ``@pytest.mark.cutedebug(NAME=...)``, the flag
+    ``--cutedebug-NAME`` (underscores as dashes), the variable ``CUTEDEBUG_NAME`` and the ini
+    key ``cutedebug_NAME``:
 
-    ``deadline`` / ``compile_deadline`` replace the scenario's ``limits.deadline_s`` /
-    ``limits.compile_s``; ``probes`` unset keeps the scenario's own setting.
+    - ``deadline`` (s): replaces the scenario's ``limits.deadline_s``
+    - ``compile_deadline`` (s): replaces ``limits.compile_s``
+    - ``probes`` (on/off): bounded waits + beacons; unset keeps the scenario's own setting
+    - ``repeat`` (N): run N times; disagreeing runs are NONDETERMINISTIC
+    - ``runs_dir``: where run directories and reports go (default ``<rootdir>/runs``)
+    - ``timeout_margin`` (s, default 60): added to the outer guard below
 
 Outer guard
     Each scenario item (and each test using the fixture) gets a pytest-timeout marker set
@@ -184,12 +181,16 @@ def resolve(config: pytest.Config, node: pytest.Item | None = None,
 
 
 def watchdog_budget_s(sc: S.Scenario, mode: str, repeat: int) -> float:
-    """The longest a run_scenario call can legitimately take: each phase limit the child may
-    go through; a blind hang is rerun once with probes; a kill is followed by a health check."""
-    lim = sc.limits
+    """The longest a run_scenario call can legitimately take: the watchdog restarts its clock
+    at every phase, so the sum of the limits of each phase the child may go through; a blind
+    hang is rerun once with probes; a kill is followed by a health check."""
+    from cutedebug import runner
+    from cutedebug.verdict import PHASES
+
+    phases = [p for p in PHASES if mode == "run" or p not in ("launched", "synced", "checked")]
+    once = sum(runner._phase_deadline(p, sc.limits) for p in phases)
     if mode == "compile":
-        return lim.import_s + lim.compile_s
-    once = lim.import_s + lim.compile_s + lim.deadline_s + lim.check_s
+        return once
     return repeat * (2 * once + HEALTH_CHECK_S)
 
 

@@ -344,7 +344,9 @@ DETAIL_HEAD = ["kernel", "fault", "scenario", "expected", "actual", "", "localiz
 
 
 def pivot(records: list[dict[str, Any]]) -> tuple[list[str], list[str], dict]:
-    """kernel × fault: rows are faults (clean first), columns kernels, cells the records."""
+    """kernel × fault: rows are faults (clean first), columns kernels, cells the records.
+    Invalid scenarios have no kernel or fault: they are listed, not placed."""
+    records = [r for r in records if not r.get("invalid")]
     kernels = sorted({r.get("kernel", "?") for r in records})
     faults = sorted({r.get("fault") or "" for r in records}, key=lambda f: (f != "", f))
     cells: dict[tuple[str, str], list[dict[str, Any]]] = {}
@@ -761,7 +763,8 @@ def triage(opts: Options, *, out=print) -> int:
         f"{opts.out / 'matrix.json'}")
     if interrupted:
         return 130
-    bad = [r for r in recs if state(r) in ("miss", "harness", "invalid")]
+    bad = [r for r in recs if state(r) in ("miss", "harness", "invalid")
+           or (state(r) == "timing" and not r["verdict_ok"])]
     return 1 if bad or left or (health is not None and not health.get("healthy")) else 0
 
 
