@@ -682,6 +682,50 @@ def _apply_expect_tx_no_2cta_doubling(p: _Patcher, args: dict[str, Any],
     p.set_attr(PipelineTmaUmma, "producer_acquire", producer_acquire)
 
 
+
+_SCOPE_WHAT = ("fence", "cluster_arrive", "mbarrier_arrive", "all")
+
+
+def _apply_cta_scope_sync(p: _Patcher, args: dict[str, Any], applied: Applied) -> None:
+    from cutlass import cute
+    from cutlass._mlir.dialects import nvvm
+
+    what = args["what"]
+    cluster, cta = nvvm.MemScopeKind.CLUSTER, nvvm.MemScopeKind.CTA
+    if what in ("fence", "all"):
+        fence_cta = cute.arch.fence_acq_rel_cta
+
+        def fence_acq_rel_cluster(*, loc=None, ip=None):
+            applied.add_site("fence_acq_rel_cluster", "fence.acq_rel.cluster -> fence.acq_rel.cta")
+            return fence_cta(loc=loc, ip=ip)
+
+        p.replace_everywhere(cute.arch.fence_acq_rel_cluster, _user_op(fence_acq_rel_cluster))
+    if what in ("cluster_arrive", "all"):
+        arrive_relaxed = cute.arch.cluster_arrive_relaxed
+
+        def cluster_arrive(*, aligned=None, loc=None, ip=None):
+            applied.add_site("cluster_arrive", "barrier.cluster.arrive (release) -> "
+                             "barrier.cluster.arrive.relaxed")
+            return arrive_relaxed(aligned=aligned, loc=loc, ip=ip)
+
+        p.replace_everywhere(cute.arch.cluster_arrive, _user_op(cluster_arrive))
+    if what in ("mbarrier_arrive", "all"):
+        for fname in ("mbarrier_arrive", "mbarrier_arrive_and_expect_tx", "mbarrier_expect_tx"):
+            original = getattr(cute.arch, fname)
+
+            def replacement(*a, _orig=original, _op=fname, scope=None, loc=None, ip=None, **kw):
+                # mbarrier_expect_tx defaults to cluster scope for a remote (peer) barrier
+                remote = kw.get("peer_cta_rank_in_cluster", a[2] if len(a) > 2 else None)
+                implied = _op == "mbarrier_expect_tx" and scope is None and remote is not None
+                if scope == cluster or implied:
+                    applied.add_site(_op, f"{_op}: .cluster scope -> .cta")
+                    scope = cta
+                if scope is None:
+                    return _orig(*a, loc=loc, ip=ip, **kw)
+                return _orig(*a, scope=scope, loc=loc, ip=ip, **kw)
+
+            p.replace_everywhere(original, _user_op(replacement))
+
 # ---- verdict refinements ---------------------------------------------------------------------
 
 def _refine_expect_tx(args: dict[str, Any]) -> tuple[str, str]:
@@ -792,4 +836,32 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
         patches=("PipelineTmaUmma.create (tx_count)",
                  "PipelineTmaUmma.producer_acquire (expected_tx)"),
         apply=_apply_expect_tx_no_2cta_doubling),
+    Fault(
+        "cta_scope_sync", "cluster-scope synchronization demoted to CTA scope: "
+        "fence.acq_rel.cluster -> .cta, barrier.cluster.arrive loses its release, mbarrier "
+        "arrive / expect_tx at .cluster scope -> .cta",
+        {"what": Param(str, "all", "which operations are demoted", choices=_SCOPE_WHAT)},
+        "PASS", expected_note="formally a data race on cross-CTA (DSMEM) data; current "
+        "hardware orders it anyway, so runs PASS: visible in the PTX only",
+        patches=("cute.arch.fence_acq_rel_cluster", "cute.arch.cluster_arrive",
+                 "cute.arch.mbarrier_arrive / mbarrier_arrive_and_expect_tx / "
+                 "mbarrier_expect_tx (scope)"),
+        apply=_apply_cta_scope_sync),
+    Fault(
+        "skip_init_cluster_sync", "kernel switch: no cluster barrier between mbarrier init and "
+        "the first remote (DSMEM) arrive / complete_tx; the CTA syncs only itself", {},
+        DEPENDS, kind="switch", expected_note="usually PASS (peers send only after their own "
+        "work); a remote complete_tx that reaches a barrier before its init is lost: HANG"),
+    Fault(
+        "skip_cluster_tail", "kernel switch: no trailing cluster barrier: a CTA may exit while "
+        "a peer still reads or writes its shared memory", {},
+        DEPENDS, kind="switch", expected_note="PASS when every CTA waits for all its incoming "
+        "DSMEM traffic before exiting; CRASH or corrupted smem of the next CTA on that SM when "
+        "it does not"),
+    Fault(
+        "cluster_mismatch", "kernel switch: launch cluster dims differ from the cluster size "
+        "the kernel's DSMEM protocol assumes", {},
+        "HANG", kind="switch", expected_note="CTAs that the protocol expects partials from are "
+        "absent (or extra CTAs send to the wrong peers): some barrier's tx count never "
+        "reaches zero; CRASH if a remote address names a CTA outside the cluster"),
 )}
