@@ -190,6 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
     sanitizer.add_parser(sub)
     from cutedebug import triage  # `cutedebug triage`
     triage.add_parser(sub)
+    from cutedebug import lint  # `cutedebug lint`
+    lint.add_parser(sub)
     return p
 
 
