@@ -93,6 +93,12 @@ def kill_tree(proc, tag: str) -> list[int]:
             kill(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+    # Reap our own child before sweeping: psutil would reap it otherwise and Popen would then
+    # report exit status 0 for a killed process.
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
     return sweep(tag)
 
 
@@ -372,6 +378,8 @@ def run_once(scenario: Scenario, run_dir: Path, *, mode: str = "run",
              index: int = 0, wrap=None, extra_env: dict[str, str] | None = None,
              deadline_scale: float = 1.0,
              forkserver=None) -> tuple[V.Classified, V.Outcome, dict[str, Any]]:
+    # Absolute: the worker runs in the repository root, not in the caller's directory.
+    run_dir = Path(run_dir).resolve()
     sub = run_dir if index == 0 else run_dir / f"repeat{index}"
     sub.mkdir(parents=True, exist_ok=True)
     events_path, log_path = sub / "events.jsonl", sub / "worker.log"

@@ -3,7 +3,6 @@
 Each case must end with the right verdict within its deadline and leave no process behind.
 """
 
-import os
 import sys
 import time
 from pathlib import Path
@@ -16,6 +15,7 @@ from cutedebug.scenario import Limits
 from cutedebug.verdict import Verdict, classify
 
 FAKE = Path(__file__).parent / "helpers" / "fake_worker.py"
+TAGS: list[str] = []      # every run tag this module used
 LIMITS = Limits(compile_s=30.0, deadline_s=1.0, stall_s=0.3, import_s=30.0, check_s=30.0)
 
 
@@ -27,6 +27,7 @@ def run_fake(tmp_path, behaviour, stall_s=None, pidfile=None):
         argv.append(str(pidfile))
     t0 = time.monotonic()
     outcome, facts = runner.watch(argv, events, log, LIMITS, stall_s=stall_s)
+    TAGS.append(facts["tag"])
     return outcome, facts, time.monotonic() - t0
 
 
@@ -126,13 +127,8 @@ def test_moving_counters_are_not_a_stall(tmp_path):
     assert classify(outcome).verdict is Verdict.PASS
 
 
-def test_no_process_of_ours_is_left(tmp_path):
-    # After all of the above, nothing carrying any run tag is alive.
-    left = []
-    for p in psutil.process_iter(["pid"]):
-        try:
-            if runner.TAG_VAR in p.environ() and p.pid != os.getpid():
-                left.append(p.pid)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            pass
-    assert left == []
+def test_no_process_of_ours_is_left():
+    # After all of the above, nothing carrying any of this module's run tags is alive.
+    assert TAGS
+    left = {tag: runner.tagged_processes(tag) for tag in TAGS}
+    assert {t: p for t, p in left.items() if p} == {}
