@@ -1,0 +1,534 @@
+"""Checkpoints for printf-bisection of hangs: user checkpoints and trace-time checkpoint sites.
+
+``cutedebug.checkpoint("name")`` is for users to sprinkle in their ``@cute.kernel`` code. It
+emits nothing (not one instruction) unless a bisection session traces the kernel and enabled
+exactly that checkpoint.
+
+``session(spec)`` is the trace-time side, entered around ``cute.compile`` by the worker (after
+fault patches and probes, so it sees their replacements). While it is active, every one of
+these calls made by the kernel is a *checkpoint site*, numbered in trace order:
+
+- pipeline ops of ``cutlass.pipeline`` (any PipelineAsync subclass, a user's included):
+  producer_acquire, producer_commit, consumer_wait, consumer_release, producer_tail;
+- raw mbarrier ops called by the kernel itself: mbarrier_init / arrive / arrive_and_expect_tx /
+  expect_tx / wait (op ``raw_wait``, as in probes) / try_wait;
+- named-barrier ops: ``cute.arch.barrier``, ``barrier_arrive``, ``sync_threads``; the CTA sync
+  at the end of a pipeline's ``create()`` is one site (op ``named_barrier``, detail "pipeline
+  init sync");
+- user checkpoints (op ``checkpoint``).
+
+Ops called from inside another site's op (producer_tail's acquires, MbarrierArray internals,
+probes' bounded waits) are not sites. The trace runs the kernel's Python once, in program
+order, both arms of every dynamic ``if`` included, so site ids are program order.
+
+Exactly one site is *enabled* (``spec["site"]``). After its op completes, the lowest active
+lane of each warp that executes it bumps a per-(CTA, warp) hit counter in host-mapped memory
+(``ld.relaxed.sys`` + ``st.relaxed.sys``: the host reads it while the kernel is stuck) and, on
+its warp's first hit in CTA 0, prints one ``cutedebug: CHECKPOINT ...`` line (visible only if
+the kernel finishes). A thread of the worker streams the counters as ``checkpoint`` events.
+
+Roles: each site gets a warp role. Pipeline ops carry theirs (producer_* / consumer_*). Other
+sites take the role of the function they run in: the kernel body's user-frame stacks share a
+common prefix (the kernel entry); the first frame below it is the role function (``load``,
+``compute``, ``producer``). A role function whose pipeline ops all belong to one role is named
+by that role, otherwise by its function name. Sites directly in the common frame (prologue,
+dispatch) are shared: role ``all``. ``checkpoint("name", role="consumer")`` overrides.
+
+Buffer (little endian, ``buffer_nbytes(cfg)``; zeroed, pinned, its device address baked into
+the kernel as a constant like the probes buffer):
+
+    header  64 B   u32 magic "CDCK" | u32 version | i32 enabled site (-1: none) |
+                   u32 max_ctas | u32 max_warps (written by the host)
+    slots   max_ctas * max_warps u32 hit counters, slot = (linear block % max_ctas) *
+                   max_warps + warp % max_warps (CTAs beyond max_ctas share slots)
+
+This module imports neither cutlass nor torch at import time (the parent decodes with it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import linecache
+import os
+import re
+import struct
+import sys
+import sysconfig
+import threading
+import types
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+MAGIC = 0x4B434443  # b"CDCK" read as a little-endian u32
+VERSION = 1
+HEADER_FMT = "<IIiII"
+HEADER_BYTES = 64
+SLOT_BYTES = 4
+BANNER = "cutedebug: CHECKPOINT"
+FAKE_ADDR = 0x7F0000000000  # compile-only: the address only has to be a plausible constant
+
+PIPELINE_OPS = {"producer_acquire": ("producer", "empty"), "producer_commit": ("producer", "full"),
+                "consumer_wait": ("consumer", "full"), "consumer_release": ("consumer", "empty"),
+                "producer_tail": ("producer", "empty")}
+MBARRIER_OPS = {"mbarrier_init": "mbarrier_init", "mbarrier_arrive": "mbarrier_arrive",
+                "mbarrier_arrive_and_expect_tx": "mbarrier_arrive_and_expect_tx",
+                "mbarrier_expect_tx": "mbarrier_expect_tx", "mbarrier_wait": "raw_wait",
+                "mbarrier_try_wait": "mbarrier_try_wait"}
+NAMED_BARRIER_OPS = {"barrier": "named_barrier", "sync_threads": "named_barrier",
+                     "barrier_arrive": "named_barrier_arrive"}
+_INIT_FUNCTIONS = frozenset({"create", "pipeline_init_wait", "pipeline_init_arrive"})
+# Functions the DSL preprocessor synthesizes for loop bodies and if/while arms.
+_SYNTH = re.compile(r"^(loop_body|while_region|while_before_block|while_after_block|if_region|"
+                    r"then_block|else_block|elif_region|ifexp_then_block|ifexp_else_block)_\d+$")
+_LOOP = re.compile(r"^(loop_body|while_region)_\d+$")
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_STDLIB = tuple({p + os.sep for p in (sysconfig.get_paths()["stdlib"],
+                                      sysconfig.get_paths()["platstdlib"])})
+
+
+@dataclass
+class MarkConfig:
+    max_ctas: int = 1024
+    max_warps: int = 32
+
+
+def slots_offset(cfg: MarkConfig) -> int:
+    return HEADER_BYTES
+
+
+def buffer_nbytes(cfg: MarkConfig) -> int:
+    return HEADER_BYTES + cfg.max_ctas * cfg.max_warps * SLOT_BYTES
+
+
+def init_buffer(buf: Any, cfg: MarkConfig, site: int | None) -> None:
+    mv = memoryview(buf).cast("B")
+    struct.pack_into(HEADER_FMT, mv, 0, MAGIC, VERSION, -1 if site is None else site,
+                     cfg.max_ctas, cfg.max_warps)
+
+
+def decode(buf: bytes | memoryview, cfg: MarkConfig, limit: int = 64) -> dict[str, Any]:
+    """Hit counters of a marks buffer: total hits, warps that hit, the first ``limit`` of them
+    as [cta, warp, hits] (cta is the slot's CTA: linear block id mod max_ctas)."""
+    mv = memoryview(buf).cast("B")
+    if len(mv) < buffer_nbytes(cfg):
+        raise ValueError(f"marks buffer has {len(mv)} bytes, layout needs {buffer_nbytes(cfg)}")
+    magic, version, site, _, _ = struct.unpack_from(HEADER_FMT, mv, 0)
+    if magic != MAGIC or version != VERSION:
+        raise ValueError(f"marks buffer header {magic:#x} v{version} is not {MAGIC:#x} "
+                         f"v{VERSION}")
+    n = cfg.max_ctas * cfg.max_warps
+    words = struct.unpack_from(f"<{n}I", mv, slots_offset(cfg))
+    hit = [(i // cfg.max_warps, i % cfg.max_warps, w) for i, w in enumerate(words) if w]
+    return {"site": None if site < 0 else site, "hits": sum(w for _, _, w in hit),
+            "n_warps": len(hit), "warps": [list(h) for h in hit[:limit]],
+            "ctas": len({c for c, _, _ in hit})}
+
+
+# ---------------------------------------------------------------------------------------------
+# Sites
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class CheckpointSite:
+    """One traced call that bisection can enable. ``id`` is its trace (program) order."""
+
+    id: int
+    op: str  # pipeline op | raw_wait | mbarrier_* | named_barrier[_arrive] | checkpoint
+    kind: str  # pipeline | mbarrier | named_barrier | checkpoint
+    barrier: str = ""  # full | empty | named | "" (raw mbarrier, checkpoint)
+    role: str = "all"
+    name: str = ""  # user checkpoint name
+    detail: str = ""
+    file: str = ""
+    line: int = 0
+    function: str = ""
+    code: str = ""
+    loops: list[list[Any]] = field(default_factory=list)  # enclosing dynamic loops [file, line]
+    explicit_role: str | None = None
+    frames: list[list[Any]] = field(default_factory=list, repr=False)  # [file, func] outer->inner
+
+    @property
+    def where(self) -> str:
+        return f"{os.path.basename(self.file)}:{self.line}"
+
+    def describe(self) -> str:
+        what = f"checkpoint {self.name!r}" if self.kind == "checkpoint" else self.op
+        bar = f" {self.barrier}" if self.barrier and self.kind == "pipeline" else ""
+        return f"#{self.id} {what}{bar} ({self.where})"
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if k != "frames"}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> CheckpointSite:
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+
+def assign_roles(sites: list[CheckpointSite]) -> None:
+    """Fill ``role`` of every site (see the module docstring for the rule)."""
+    stacks = [[tuple(f) for f in s.frames] for s in sites]
+    common = 0
+    if stacks:
+        shortest = min(len(st) for st in stacks)
+        while common < shortest and len({st[common] for st in stacks}) == 1:
+            common += 1
+    group_roles: dict[tuple, set[str]] = {}
+    groups = []
+    for s, st in zip(sites, stacks):
+        g = st[common] if len(st) > common else None
+        groups.append(g)
+        if g is not None and s.kind == "pipeline":
+            group_roles.setdefault(g, set()).add(PIPELINE_OPS[s.op][0])
+    for s, g in zip(sites, groups):
+        if s.explicit_role:
+            s.role = s.explicit_role
+        elif g is None:
+            s.role = "all"
+        elif len(group_roles.get(g, ())) == 1:
+            s.role = next(iter(group_roles[g]))
+        elif s.kind == "pipeline":
+            s.role = PIPELINE_OPS[s.op][0]
+        else:
+            s.role = g[1]
+
+
+def roles_of(sites: list[CheckpointSite]) -> dict[str, list[int]]:
+    """Role -> its site ids in program order (shared ``all`` sites included in every role)."""
+    named = list(dict.fromkeys(s.role for s in sites if s.role != "all"))
+    if not named:
+        return {"all": [s.id for s in sites]} if sites else {}
+    return {r: [s.id for s in sites if s.role in (r, "all")] for r in named}
+
+
+# ---------------------------------------------------------------------------------------------
+# Frames
+# ---------------------------------------------------------------------------------------------
+
+
+def _module_of(frame: Any) -> str:
+    return frame.f_globals.get("__name__", "") or ""
+
+
+def _is_user_frame(frame: Any) -> bool:
+    fn = frame.f_code.co_filename
+    if fn.startswith("<") or fn.startswith(_PKG_DIR) or fn.startswith(_STDLIB):
+        return False
+    parts = os.path.abspath(fn).replace("\\", "/").split("/")
+    return not ("cutlass" in parts or "nvidia_cutlass_dsl" in parts)
+
+
+def _caller_kind(skip: int) -> str:
+    """Who called the intercepted op: "user", "ours" (cutedebug instrumentation), "init" (a
+    pipeline's create / init sync) or "pipeline" (other cutlass.pipeline code)."""
+    f = sys._getframe(skip + 1)
+    kind = None
+    while f is not None:
+        mod = _module_of(f)
+        if f.f_code.co_filename == __file__:
+            pass
+        elif mod.startswith("cutedebug."):
+            return "ours"
+        elif mod.startswith("cutlass.pipeline"):
+            if f.f_code.co_name in _INIT_FUNCTIONS:
+                return "init"
+            kind = kind or "pipeline"
+        elif _is_user_frame(f):
+            return kind or "user"
+        f = f.f_back
+    return kind or "user"
+
+
+def _stack_fields(skip: int) -> dict[str, Any]:
+    """file/line/function/code of the innermost user frame; role frames and dynamic loops."""
+    f = sys._getframe(skip + 1)
+    user = []
+    while f is not None:
+        if _is_user_frame(f):
+            user.append(f)
+        f = f.f_back
+    if not user:
+        return {}
+    inner = user[0]
+    frames, loops = [], []
+    for i, fr in enumerate(user):
+        name = fr.f_code.co_name
+        if _LOOP.match(name) and i + 1 < len(user):
+            loops.append([user[i + 1].f_code.co_filename, user[i + 1].f_lineno])
+        if not _SYNTH.match(name):
+            frames.append([fr.f_code.co_filename, name])
+    fn = inner.f_code.co_filename
+    return {"file": fn, "line": inner.f_lineno,
+            "function": next((n for _, n in frames), inner.f_code.co_name),
+            "code": linecache.getline(fn, inner.f_lineno).strip(),
+            "loops": loops[::-1], "frames": frames[::-1]}
+
+
+def _static(v: Any) -> Any:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Device side
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Plan:
+    addr: int
+    max_ctas: int
+    max_warps: int
+    slots_off: int
+
+
+_DEVICE: Any = None
+
+
+def _device() -> Any:
+    """Build the @cute.jit mark helper once (cutlass is imported only here)."""
+    global _DEVICE
+    if _DEVICE is not None:
+        return _DEVICE
+    import cutlass
+    from cutlass import Int32, Int64, Uint32, cute
+
+    gmem = cute.AddressSpace.gmem
+
+    @cute.jit
+    def mark(plan: cutlass.Constexpr, banner: cutlass.Constexpr):
+        """Lowest active lane: hits = ld.relaxed.sys(slot) + 1; st.relaxed.sys(slot, hits);
+        printf on the warp's first hit in CTA 0."""
+        active = cute.arch.inline_ptx("activemask.b32 {$w0};", write_only_types=[Uint32])
+        if (active & cute.arch.lanemask_lt()) == Uint32(0):
+            tx, ty, tz = cute.arch.thread_idx()
+            nx, ny, _ = cute.arch.block_dim()
+            warp = Uint32(tx + nx * (ty + ny * tz)) >> Uint32(5)
+            bx, by, bz = cute.arch.block_idx()
+            gx, gy, _ = cute.arch.grid_dim()
+            linear = Uint32(bx + gx * (by + gy * bz))
+            slot = (linear % Uint32(plan.max_ctas)) * Uint32(plan.max_warps) + warp % Uint32(
+                plan.max_warps)
+            ptr = cute.make_ptr(Uint32, Int64(plan.addr + plan.slots_off) + Int64(slot) * 4,
+                                gmem, assumed_align=4)
+            hits = cute.arch.load(ptr, Uint32, sem="relaxed", scope="sys") + Uint32(1)
+            cute.arch.store(ptr, hits, sem="relaxed", scope="sys")
+            if hits == Uint32(1) and linear == Uint32(0):
+                cute.printf(banner + " block=(%d,%d,%d) warp=%d", Int32(bx), Int32(by),
+                            Int32(bz), Int32(warp))
+
+    _DEVICE = mark
+    return mark
+
+
+def _banner(site: CheckpointSite) -> str:
+    what = f"{site.op} {site.name!r}" if site.kind == "checkpoint" else site.op
+    text = f"{BANNER} site {site.id} {what} at {site.where} reached"
+    return text.replace("%", "%%").replace("{", "(").replace("}", ")")
+
+
+# ---------------------------------------------------------------------------------------------
+# Trace-time session
+# ---------------------------------------------------------------------------------------------
+
+
+class Session:
+    """Numbers the sites of one trace and emits the mark after the enabled one."""
+
+    def __init__(self, enabled: int | None, addr: int, cfg: MarkConfig):
+        self.enabled = enabled
+        self.cfg = cfg
+        self.plan = _Plan(addr=int(addr), max_ctas=cfg.max_ctas, max_warps=cfg.max_warps,
+                          slots_off=slots_offset(cfg))
+        self.sites: list[CheckpointSite] = []
+        self.emitted = 0
+        self.depth = 0
+        self.buffer: Any = None
+
+    def add(self, op: str, kind: str, barrier: str = "", *, detail: str = "", name: str = "",
+            role: str | None = None, skip: int = 1) -> CheckpointSite:
+        fields = _stack_fields(skip + 1)
+        site = CheckpointSite(id=len(self.sites), op=op, kind=kind, barrier=barrier, name=name,
+                              detail=detail, explicit_role=role, **fields)
+        self.sites.append(site)
+        return site
+
+    def after(self, site: CheckpointSite, ip: Any = None) -> None:
+        if site.id != self.enabled:
+            return
+        mark = _device()
+        with ip if ip is not None else contextlib.nullcontext():
+            mark(self.plan, _banner(site))
+        self.emitted += 1
+
+    @contextlib.contextmanager
+    def inside(self) -> Iterator[bool]:
+        """True for the outermost intercepted op; nested ones are part of it."""
+        self.depth += 1
+        try:
+            yield self.depth == 1
+        finally:
+            self.depth -= 1
+
+    def table(self) -> list[dict[str, Any]]:
+        assign_roles(self.sites)
+        return [s.to_json() for s in self.sites]
+
+
+_ACTIVE: list[Session] = []
+
+
+def checkpoint(name: str, *, role: str | None = None) -> None:
+    """A user checkpoint: call it in ``@cute.kernel`` code. Emits nothing unless a bisection
+    session is tracing the kernel and enabled this one. ``role`` overrides the inferred warp
+    role (see the module docstring)."""
+    if not _ACTIVE:
+        return
+    sess = _ACTIVE[-1]
+    if sess.depth:
+        return
+    site = sess.add("checkpoint", "checkpoint", name=str(name), role=role, skip=1)
+    sess.after(site)
+
+
+class _CallableModule(types.ModuleType):
+    # `import cutedebug.checkpoint` binds this module as the package attribute `checkpoint`,
+    # shadowing the function of the same name: the module itself must be callable.
+    def __call__(self, name: str, *, role: str | None = None) -> None:
+        checkpoint(name, role=role)
+
+
+sys.modules[__name__].__class__ = _CallableModule
+
+
+def _patch(sess: Session, patcher: Any) -> None:
+    from cutlass import cute
+    from cutlass.cutlass_dsl import dsl_user_op
+
+    from cutedebug import faults
+
+    for op, (_, barrier) in PIPELINE_OPS.items():
+        for cls in faults._pipeline_classes(op):
+
+            def pipeline_op(self, *a, _orig=vars(cls)[op], _op=op, _bar=barrier, loc=None,
+                            ip=None, **kw):
+                with sess.inside() as outermost:
+                    if not outermost:
+                        return _orig(self, *a, loc=loc, ip=ip, **kw)
+                    site = sess.add(_op, "pipeline", _bar if type(self).__name__ !=
+                                    "PipelineTmaStore" else "", detail=type(self).__name__,
+                                    skip=2)
+                    out = _orig(self, *a, loc=loc, ip=ip, **kw)
+                    sess.after(site, ip)
+                    return out
+
+            patcher.set_attr(cls, op, dsl_user_op(pipeline_op))
+
+    def wrap(fname: str, op: str, kind: str) -> None:
+        original = getattr(cute.arch, fname)
+
+        def arch_op(*a, _orig=original, _f=fname, loc=None, ip=None, **kw):
+            with sess.inside() as outermost:
+                who = _caller_kind(2) if outermost else "nested"
+                if who in ("nested", "ours") or (kind == "mbarrier" and who != "user"):
+                    return _orig(*a, loc=loc, ip=ip, **kw)
+                if kind == "named_barrier":
+                    bid, n = _static(kw.get("barrier_id")), _static(kw.get("number_of_threads"))
+                    detail = ("pipeline init sync (CTA)" if who == "init" else
+                              "sync_threads" if _f == "sync_threads" else
+                              f"{_f}(barrier_id={bid}, number_of_threads={n})")
+                    site = sess.add(op, kind, "named", detail=detail, skip=2)
+                else:
+                    site = sess.add(op, kind, "", detail=_f, skip=2)
+                out = _orig(*a, loc=loc, ip=ip, **kw)
+                sess.after(site, ip)
+                return out
+
+        patcher.replace_everywhere(original, dsl_user_op(arch_op))
+
+    for fname, op in MBARRIER_OPS.items():
+        wrap(fname, op, "mbarrier")
+    for fname, op in NAMED_BARRIER_OPS.items():
+        wrap(fname, op, "named_barrier")
+
+
+def _pinned_buffer(nbytes: int, runnable: bool) -> tuple[Any, Any, int]:
+    """(tensor or bytearray, uint8 numpy-like view, device address)."""
+    if runnable:
+        import torch
+
+        t = torch.zeros(nbytes, dtype=torch.uint8, pin_memory=True)
+        return t, t.numpy(), t.data_ptr()
+    b = bytearray(nbytes)
+    return b, b, FAKE_ADDR
+
+
+class _Monitor:
+    """Streams the enabled site's counters as ``checkpoint`` events while the kernel runs; the
+    last one before ``synced`` / ``cuda_error`` is final (the kernel is done by then)."""
+
+    def __init__(self, events: Any, view: Any, cfg: MarkConfig, interval_s: float = 0.02):
+        self.events, self.view, self.cfg, self.interval_s = events, view, cfg, interval_s
+        self._emit = events.emit
+        self._last: tuple | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _poll(self, final: bool = False) -> None:
+        with self._lock:
+            state = decode(bytes(self.view), self.cfg)
+            sig = (state["hits"], state["n_warps"])
+            if sig != self._last or final:
+                self._last = sig
+                self._emit("checkpoint", reached=state["hits"] > 0, final=final, **state)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._poll()
+
+    def start(self) -> None:
+        def emit(event: str, **fields: Any) -> None:
+            if event in ("synced", "cuda_error") and not self._stop.is_set():
+                self._stop.set()
+                self._poll(final=True)
+            self._emit(event, **fields)
+
+        self.events.emit = emit  # the worker's Events instance: flush before it reports the end
+        self._poll()
+        self._thread.start()
+
+
+@contextlib.contextmanager
+def session(spec: dict[str, Any] | None = None, events: Any = None,
+            runnable: bool = False) -> Iterator[Session]:
+    """Number checkpoint sites while a kernel is traced inside; enable ``spec["site"]``.
+
+    ``spec``: {"site": int | None, "max_ctas": ..., "max_warps": ...} (the request's
+    ``bisect`` field). With ``events`` (the worker's), a ``checkpoint_sites`` event carries the
+    site table on exit and, when ``runnable``, a thread then streams ``checkpoint`` events.
+    """
+    spec = dict(spec or {})
+    if _ACTIVE:
+        raise RuntimeError("cutedebug checkpoints: session() is already active")
+    cfg = MarkConfig(**{k: int(spec[k]) for k in ("max_ctas", "max_warps") if k in spec})
+    enabled = spec.get("site")
+    holder, view, addr = _pinned_buffer(buffer_nbytes(cfg), runnable)
+    init_buffer(view, cfg, enabled)
+    sess = Session(None if enabled is None else int(enabled), addr, cfg)
+    sess.buffer = holder
+    from cutedebug import faults
+
+    patcher = faults._Patcher(faults.Applied(None, {}))
+    _ACTIVE.append(sess)
+    try:
+        _patch(sess, patcher)
+        yield sess
+    finally:
+        _ACTIVE.clear()
+        patcher.restore()
+        if events is not None:
+            events.emit("checkpoint_sites", sites=sess.table(), enabled=sess.enabled,
+                        emitted=sess.emitted, roles=roles_of(sess.sites))
+            if runnable and sess.enabled is not None:
+                _Monitor(events, view, cfg).start()
