@@ -726,6 +726,73 @@ def _apply_cta_scope_sync(p: _Patcher, args: dict[str, Any], applied: Applied) -
 
             p.replace_everywhere(original, _user_op(replacement))
 
+def _apply_wrong_barrier_threads(p: _Patcher, args: dict[str, Any], applied: Applied) -> None:
+    from cutlass import cute
+
+    delta, which = args["delta"], args["which"]
+    if delta % 32:
+        raise FaultApplyError(f"wrong_barrier_threads: delta {delta} is not a multiple of 32 "
+                              "(bar.sync counts whole warps)")
+    traced = [0]  # one trace-order sequence over barrier and barrier_arrive
+    for fname in ("barrier", "barrier_arrive"):
+        original = getattr(cute.arch, fname)
+
+        def replacement(*a, _orig=original, _op=fname, loc=None, ip=None, **kw):
+            count = kw.get("number_of_threads")
+            # A whole-CTA barrier has no count to get wrong; init syncs belong to other faults.
+            if count is None or _called_from(_INIT_FUNCTIONS):
+                return _orig(*a, loc=loc, ip=ip, **kw)
+            index, traced[0] = traced[0], traced[0] + 1
+            if which not in (-1, index):
+                return _orig(*a, loc=loc, ip=ip, **kw)
+            static = _static_value(count)
+            if static is not None and static + delta < 32:
+                raise FaultApplyError(f"wrong_barrier_threads: {static} + {delta} threads < 32")
+            change = f"{static} -> {static + delta}" if static is not None else f"+ {delta}"
+            bar = _static_value(kw.get("barrier_id"))
+            applied.add_site(_op, f"barrier id {bar}: number_of_threads {change}",
+                             barrier_id=bar, number_of_threads=static, sync_index=index)
+            kw["number_of_threads"] = count + delta
+            return _orig(*a, loc=loc, ip=ip, **kw)
+
+        p.replace_everywhere(original, _user_op(replacement))
+
+
+_EXIT_AT = {"consumer": "consumer_release", "producer": "producer_commit"}
+
+
+def _apply_early_exit(p: _Patcher, args: dict[str, Any], applied: Applied) -> None:
+    from cutlass import cute
+    from cutlass.cutlass_dsl import if_generate
+
+    role, k = args["role"], args["at_iteration"]
+    op = _EXIT_AT[role]
+    depth = _Depth()
+    for cls in _pipeline_classes(op, exclude=("PipelineTmaStore",)):
+
+        def patched(self, state, *rest, _orig=vars(cls)[op], loc=None, ip=None, **kw):
+            with depth.enter() as outermost:
+                if outermost:
+                    count = getattr(state, "count", None)
+                    static = _static_value(count)
+                    pname = type(self).__name__
+                    if count is None or static is not None:
+                        if count is None or static == k:  # no run-time count: leave here
+                            cute.arch.inline_ptx("exit;")
+                            applied.add_site(op, f"{role} warps exit before {op} (the state "
+                                             f"has {'no' if count is None else 'a static'} "
+                                             "count)", pipeline=pname, at_iteration=k)
+                    else:
+                        if_generate(count == k, lambda: cute.arch.inline_ptx("exit;"),
+                                    loc=loc, ip=ip)
+                        applied.add_site(op, f"{role} warps exit before {op} when state.count "
+                                         f"== {k} (run-time test)", pipeline=pname,
+                                         at_iteration=k)
+                return _orig(self, state, *rest, loc=loc, ip=ip, **kw)
+
+        p.set_attr(cls, op, _user_op(patched))
+
+
 # ---- verdict refinements ---------------------------------------------------------------------
 
 def _refine_expect_tx(args: dict[str, Any]) -> tuple[str, str]:
@@ -741,6 +808,14 @@ def _refine_arrive_count(args: dict[str, Any]) -> tuple[str, str]:
         return "HANG", f"the {args['barrier']} barrier never completes: {side} never returns"
     return DEPENDS, (f"the {args['barrier']} barrier completes before every arrive: {side} "
                      "returns early; MISMATCH or RACE when the stage is overwritten/read early")
+
+
+def _refine_barrier_threads(args: dict[str, Any]) -> tuple[str, str]:
+    if args["delta"] > 0:
+        return "HANG", ("the named barrier waits for threads that never arrive (no mbarrier: "
+                        "probes cannot bound it, printf-bisection localizes it)")
+    return DEPENDS, ("the named barrier opens before every participant arrived: MISMATCH / "
+                     "RACE; leftover arrivals may leave a later barrier incomplete (HANG)")
 
 
 # ---- the registry ----------------------------------------------------------------------------
@@ -864,4 +939,34 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
         "HANG", kind="switch", expected_note="CTAs that the protocol expects partials from are "
         "absent (or extra CTAs send to the wrong peers): some barrier's tx count never "
         "reaches zero; CRASH if a remote address names a CTA outside the cluster"),
+    Fault(
+        "wrong_barrier_threads", "named barriers with a thread count (bar.sync / bar.arrive "
+        "id, count) expect delta threads more than the kernel passes",
+        {"delta": Param(int, 32, "threads added to number_of_threads (a multiple of 32; "
+                        "negative: fewer)", nonzero=True),
+         "which": Param(int, -1, "which counted barrier call site in trace order (0 = first); "
+                        "-1 = all", minimum=-1)},
+        DEPENDS, expected_note="delta > 0: HANG at the barrier; delta < 0: MISMATCH/RACE (opens "
+        "early) or HANG (leftover arrivals). Count-less barriers (sync_threads) and pipeline-init "
+        "syncs are not counted",
+        patches=("cute.arch.barrier", "cute.arch.barrier_arrive"),
+        apply=_apply_wrong_barrier_threads, refine=_refine_barrier_threads),
+    Fault(
+        "early_exit", "the warps of one role exit (PTX exit) where they should arrive: before "
+        "consumer_release (consumer) or producer_commit (producer), when the state's count == "
+        "at_iteration (an early `return` in a role's loop)",
+        {"role": Param(str, "consumer", "whose warps leave", choices=("producer", "consumer")),
+         "at_iteration": Param(int, 0, "state count at which they leave (run-time test)",
+                               minimum=0)},
+        "HANG", expected_note="consumer: the empty barrier misses their releases -> producer_acquire "
+        "(next lap) or producer_tail waits forever; producer: no later stage is filled -> "
+        "consumer_wait waits forever (PipelineTmaAsync's commit is a no-op: the stage being "
+        "filled still lands)",
+        patches=("PipelineAsync.consumer_release / producer_commit and overrides",),
+        apply=_apply_early_exit),
+    Fault(
+        "never_set", "kernel switch: waiters spin on a flag in global memory that is never "
+        "stored", {},
+        "HANG", kind="switch", expected_note="an unbounded spin without mbarrier: probes see no "
+        "stuck wait, only a stall; printf-bisection localizes it"),
 )}
