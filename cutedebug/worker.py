@@ -233,6 +233,10 @@ def run(request: dict[str, Any], events: Events) -> None:
             from cutedebug import probes
 
             site_table = stack.enter_context(probes.instrument(probe_cfg, addr))
+        if request.get("bisect") is not None:  # printf-bisection: one checkpoint (bisect.py)
+            from cutedebug import checkpoint
+
+            stack.enter_context(checkpoint.session(request["bisect"], events, runnable))
         try:
             compiled = cute.compile[cute.GPUArch(target), cute.KeepPTX(),
                                     DumpDir(request.get("dump_dir") or tempfile.gettempdir())
