@@ -192,6 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     triage.add_parser(sub)
     from cutedebug import lint  # `cutedebug lint`
     lint.add_parser(sub)
+    from cutedebug import bisect  # `cutedebug bisect`
+    bisect.add_parser(sub)
     return p
 
 
