@@ -72,6 +72,17 @@ Faults that apply (cutedebug patches them at trace time; none is written here):
 - missing_init_fence: usually PASS (init wins the race).
 - drop_sync: the epilogue's named barriers (2 per sub-tile, trace order) -> the TMA store reads
   a half-written smem sub-tile, or a sub-tile is overwritten while being stored -> MISMATCH.
+Not here: cta_scope_sync (no cluster-scope fence, release-arrive or .cluster-scoped mbarrier op is
+traced: create() uses a relaxed cluster arrive, remote releases carry no scope),
+expect_tx_no_2cta_doubling (PipelineTmaUmma only), skip_cluster_tail (there is no trailing
+cluster barrier to skip: producer_tail already waits for every remote release, and the peer's
+multicast bytes are waited for by this CTA's own consumers).
+Kernel-level switches (cluster_m=2 only):
+- ``skip_init_cluster_sync``: create(defer_sync=True), then only fence + CTA sync: a peer's first
+  multicast complete_tx may reach a full barrier before its init (lost bytes: HANG); usually
+  PASS, since init takes far less than the first TMA round trip.
+- ``cluster_mismatch``: launched with 1-CTA clusters: the multicast mask and the remote release
+  name a CTA rank that does not exist -> CRASH (or HANG: 16 arrivals expected, 8 come).
 """
 
 from __future__ import annotations
@@ -85,7 +96,7 @@ from cutlass import cute, pipeline
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.cute.runtime import from_dlpack, make_fake_stream, make_fake_tensor
 from cutlass.memory import SmemAllocator
-from cutlass.utils import LayoutEnum
+from cutlass.tensor_utils import LayoutEnum
 
 DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
 TILE_M = 128  # two consumer warpgroups x 64 rows
@@ -128,12 +139,17 @@ class Sm90Gemm:
     }
     SHRINKABLE = ("m", "n", "k", "ctas")
     ARCHS = ("sm_90a",)
+    SWITCHES: ClassVar[dict[str, str]] = {
+        "skip_init_cluster_sync": "cluster_m=2: after mbarrier init each CTA syncs only itself, "
+                                  "not the cluster",
+        "cluster_mismatch": "cluster_m=2 protocol launched without clusters (1-CTA clusters)",
+    }
     TOLERANCE = (1e-2, 1e-2)
 
     def __init__(self, m=PARAMS["m"], n=PARAMS["n"], k=PARAMS["k"], dtype=PARAMS["dtype"],
                  tile_n=PARAMS["tile_n"], stages=PARAMS["stages"],
                  cluster_m=PARAMS["cluster_m"], group_m=PARAMS["group_m"], ctas=PARAMS["ctas"],
-                 seed=PARAMS["seed"]):
+                 seed=PARAMS["seed"], skip_init_cluster_sync=False, cluster_mismatch=False):
         if dtype not in DTYPES:
             raise ValueError(f"dtype {dtype!r}: allowed {list(DTYPES)}")
         if min(m, n, k) < 1 or stages < 2 or ctas < cluster_m:
@@ -145,11 +161,14 @@ class Sm90Gemm:
             raise ValueError(f"tile_n={tile_n} (128|256), cluster_m={cluster_m} (1|2)")
         if group_m < cluster_m or group_m % cluster_m:
             raise ValueError(f"group_m={group_m}: a positive multiple of cluster_m={cluster_m}")
+        if (skip_init_cluster_sync or cluster_mismatch) and cluster_m == 1:
+            raise ValueError("skip_init_cluster_sync / cluster_mismatch need cluster_m=2")
         if max(m, n) * k >= 2**31 or m * n >= 2**31:
             raise ValueError("element offsets are 32-bit: keep m*k, n*k, m*n < 2**31")
         self.m, self.n, self.k, self.dtype_name, self.seed = m, n, k, dtype, seed
         self.dtype = DTYPES[dtype]
         self.tile_n, self.stages, self.cluster_m, self.ctas = tile_n, stages, cluster_m, ctas
+        self.skip_init_cluster_sync, self.cluster_mismatch = skip_init_cluster_sync, cluster_mismatch
         self.tiles_m, self.tiles_n = -(-m // TILE_M), -(-n // tile_n)
         self.k_tiles = -(-k // TILE_K)
         self.cluster_rows = -(-self.tiles_m // cluster_m)
@@ -200,7 +219,9 @@ class Sm90Gemm:
             (TILE_M, EPI_N))
         self.kernel(tiled_mma, tma_a, ma, tma_b, mb, tma_c, mc, a_ring, b_ring, c_ring).launch(
             grid=(self.grid, 1, 1), block=(THREADS, 1, 1),
-            cluster=(self.cluster_m, 1, 1) if self.cluster_m > 1 else None,
+            # fault cluster_mismatch: 1-CTA clusters under a 2-CTA protocol
+            cluster=(self.cluster_m, 1, 1) if self.cluster_m > 1 and not self.cluster_mismatch
+            else None,
             min_blocks_per_mp=1, stream=stream)
 
     # ---- device side ----------------------------------------------------------------------
@@ -232,7 +253,12 @@ class Sm90Gemm:
             tx_count=self.tx_bytes,
             barrier_storage=barriers,
             cta_layout_vmnk=cute.make_layout((1, self.cluster_m, 1, 1)),
+            defer_sync=self.skip_init_cluster_sync,
         )
+        if cutlass.const_expr(self.skip_init_cluster_sync):
+            # fault: the peer may multicast / arrive into this CTA before its barriers exist
+            cute.arch.mbarrier_init_fence()
+            cute.arch.sync_threads()
 
         # -- warp roles: one if/else over warpgroups so setmaxnreg applies -------------------
         if warp < 4:
