@@ -142,9 +142,10 @@ class Protocol:
         return _prod(self.launch.get("block"))
 
     def to_json(self) -> dict[str, Any]:
-        return {"pipelines": {k: dataclasses.asdict(p) for k, p in self.pipelines.items()},
-                "events": [dataclasses.asdict(e) for e in self.events],
-                "launch": self.launch, "state_types": self.state_types, "notes": self.notes}
+        out = {"pipelines": {k: dataclasses.asdict(p) for k, p in self.pipelines.items()},
+               "events": [dataclasses.asdict(e) for e in self.events],
+               "launch": self.launch, "state_types": self.state_types, "notes": self.notes}
+        return json.loads(json.dumps(out, default=str))  # plain JSON types (lists, not tuples)
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Protocol:
@@ -400,6 +401,15 @@ def record() -> Iterator[Protocol]:
     patcher = faults._Patcher(faults.Applied(fault=None, args={}))
     user_op = faults._user_op
     try:
+        # The DSL gives an op without an explicit loc the first frame outside its own modules:
+        # the recorder's wrappers must not be that frame, or line info would point in here.
+        from cutlass._mlir_helpers import op as op_mod
+
+        op_mod._is_framework_frame(__file__)  # package roots: computed with its own prefixes
+        patcher.set_attr(op_mod, "_FRAMEWORK_MODULE_PREFIXES",
+                         (*op_mod._FRAMEWORK_MODULE_PREFIXES, __name__))
+        # Likewise for the fault sites' file:line (faults._kernel_frame) under these wrappers.
+        patcher.set_attr(faults, "_SKIP_DIRS", (*faults._skip_dirs(), __file__))
         _patch_pipelines(rec, patcher, user_op)
         _patch_arrays(rec, patcher, helpers)
         _patch_arch(rec, patcher, user_op, cute)
@@ -476,8 +486,10 @@ def _patch_arrays(rec: _Recorder, p: Any, helpers: Any) -> None:
 def _patch_arch(rec: _Recorder, p: Any, user_op: Callable, cute: Any) -> None:
     arch = cute.arch
 
-    def wrap(name: str, before: Callable[..., None]) -> None:
-        orig = getattr(arch, name)
+    def wrap(name: str, before: Callable[..., None], module: Any = arch) -> None:
+        orig = getattr(module, name, None)
+        if orig is None:
+            return
 
         def replacement(*a, loc=None, ip=None, **kw):
             before(*a, **kw)
@@ -535,6 +547,7 @@ def _patch_arch(rec: _Recorder, p: Any, user_op: Callable, cute: Any) -> None:
     wrap("barrier", named("named_barrier_sync"))
     wrap("barrier_arrive", named("named_barrier_arrive"))
     wrap("fence_view_async_shared", sync("fence_async_shared"))
+    wrap("wait_group", sync("warpgroup_wait"), cute.nvgpu.warpgroup)
 
 
 _COPY_ARG = re.compile(r"copy\(\s*([A-Za-z_][\w.]*)")
@@ -590,7 +603,9 @@ def _on_tma_copy(rec: _Recorder, op: Any, name: str, dst: Any, kw: dict[str, Any
     label = label.removeprefix("tma_atom_").removeprefix("tma_") or label
     copy = {"label": label, "op": name, "elems": elems, "bits": width, "issued_bytes": issued,
             "multicast": mcast,
-            "bytes": issued * mcast if issued is not None and mcast else None,
+            # The partitioned smem view of a multicast copy spans the whole tile that lands in
+            # this CTA (its slice plus the peers'), so its size is already the landing bytes.
+            "bytes": issued,
             "file": file, "line": line, "barrier_known": key is not None}
     if acquire is not None:
         acquire.detail["copies"].append(copy)
@@ -692,7 +707,7 @@ def _check_expect_tx(proto: Protocol) -> list[Finding]:
             per_cta = sum(c["bytes"] for c in copies)
             factor = rec.v_size if rec.cls in ("PipelineTmaUmma",) else 1
             delivered = per_cta * factor
-            mc = [f"{c['label']} = {c['issued_bytes']} B x {c['multicast']} multicast"
+            mc = [f"{c['label']} multicast to {c['multicast']} CTAs"
                   for c in copies if c["multicast"] and c["multicast"] > 1]
             arith = (f"expect_tx {tx} B per stage; TMA copies deliver {delivered} B "
                      f"({parts}{f'; x {factor} CTAs of the 2-CTA pair' if factor > 1 else ''}"
@@ -1015,7 +1030,8 @@ def compile_and_check(sc: dict[str, Any], dump_dir: str | None = None) -> dict[s
         patch_fault = None
     params = kernel_api.resolve_params(cls, given, where)
     kernel = cls(**params)
-    target = (sc.get("archs") or ["sm_90a"])[0]
+    archs = getattr(cls, "ARCHS", None) if sc.get("arch_from_kernel") else None
+    target = (archs or sc.get("archs") or ["sm_90a"])[0]
     with record() as proto, (faults.inject(patch_fault, fault_args) if patch_fault
                              else contextlib.nullcontext()):
         cute.compile[cute.GPUArch(target), DumpDir(dump_dir or tempfile.gettempdir())](
@@ -1036,11 +1052,14 @@ def _child(argv: list[str]) -> int:
     return 0
 
 
-def lint_scenario(sc: Any, timeout_s: float | None = None) -> dict[str, Any]:
+def lint_scenario(sc: Any, timeout_s: float | None = None,
+                  arch_from_kernel: bool = False) -> dict[str, Any]:
     """Run compile_and_check in a child process (the parent never imports cutlass)."""
     with tempfile.TemporaryDirectory(prefix="cutedebug-lint-") as tmp:
         req, out = Path(tmp) / "request.json", Path(tmp) / "result.json"
-        req.write_text(json.dumps({"scenario": sc.to_json(), "out": str(out), "dump_dir": tmp}))
+        data = sc.to_json()
+        data["arch_from_kernel"] = arch_from_kernel
+        req.write_text(json.dumps({"scenario": data, "out": str(out), "dump_dir": tmp}))
         env = dict(os.environ, CUTE_DSL_DUMP_DIR=tmp)
         root = str(Path(__file__).resolve().parents[1])
         env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
@@ -1078,6 +1097,7 @@ def cmd_lint(args: argparse.Namespace) -> int:
     from cutedebug import scenario as S
 
     scenarios = []
+    adhoc_ids = set()
     for target in args.targets:
         p = Path(target)
         if target.endswith(".toml") or p.is_dir():
@@ -1086,12 +1106,14 @@ def cmd_lint(args: argparse.Namespace) -> int:
             fault, fault_args = cli.parse_fault(args.fault)
             scenarios.append(S.adhoc(target, cli._kv(args.param, "--param"), fault, fault_args,
                                      "PASS", tuple(args.arch) if args.arch else ("sm_90a",)))
+            if not args.arch:
+                adhoc_ids.add(id(scenarios[-1]))
     if not scenarios:
         raise cli.UsageError("no scenarios found")
     status = 0
     results = []
     for sc in scenarios:
-        res = lint_scenario(sc)
+        res = lint_scenario(sc, arch_from_kernel=id(sc) in adhoc_ids)
         fault = f" fault {sc.fault}{sc.fault_args or ''}" if sc.fault else ""
         if "error" in res:
             print(f"{sc.id}{fault}: lint could not compile: {res['error']}")
@@ -1127,4 +1149,6 @@ def add_parser(sub: Any) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(_child(sys.argv[1:]))
+    from cutedebug import lint as _module  # record() must run as cutedebug.lint, not __main__
+
+    sys.exit(_module._child(sys.argv[1:]))
