@@ -83,12 +83,15 @@ should cause on Blackwell (not yet observed on hardware: no Blackwell GPU was av
   epilogue's acc arrive); the stage / accumulator released at count k never frees -> HANG in
   producer_acquire (empty barrier) of the TMA warp and of the MMA warp.
 - extra_consumer_release (k): a doubled tcgen05.commit (ab) / acc arrive: the empty barrier
-  runs one phase ahead -> a stage or an accumulator is overwritten while in use -> MISMATCH.
+  runs one phase ahead, the producer refills a slot before its previous fill was consumed and
+  laps the full barrier -> producer and consumer wait on each other: HANG (as measured on
+  tma_stream, H200); MISMATCH if the run ends first (a stage / accumulator overwritten in use).
 - skip_producer_tail: both tails removed. PASS expected: every remote arrive targets a CTA that
   is still running its epilogue (and, with cta_group = 2, the TMEM dealloc handshake).
 - missing_phase_flip consumer: waits on an already completed parity -> MMA reads stale stages,
-  epilogue reads unfinished accumulators -> MISMATCH. producer: second lap of empty[s] waits
-  on the parity that just completed, then forever -> HANG in producer_acquire.
+  epilogue reads unfinished accumulators -> MISMATCH (HANG if a producer laps the barrier
+  first). producer: on its second lap it waits on empty parity 1 again, now the parity of the
+  phase in progress, which needs a release of data not loaded yet -> HANG in producer_acquire.
 - wrong_arrive_count empty +1: HANG in producer_acquire.
 Kernel-level switch:
 - ``tmem_dealloc_early``: warp 0 deallocates TMEM as soon as the address is published (before
@@ -162,6 +165,8 @@ class Sm100Gemm:
                              f"(m={m} n={n} k={k} stages={stages} ctas={ctas})")
         if n % 8 or k % 8:
             raise ValueError(f"n={n}, k={k}: TMA needs 16-byte row pitches (multiples of 8)")
+        if tile_k % MMA_K:
+            raise ValueError(f"tile_k={tile_k}: a multiple of the MMA's k ({MMA_K})")
         if tile_n % (16 * cta_group):
             raise ValueError(f"tile_n={tile_n}: must split into cta_group={cta_group} B halves")
         self.m, self.n, self.k, self.seed = m, n, k, seed
