@@ -1,0 +1,206 @@
+"""TFLOP/s of kernels/sm90_gemm.py against torch.matmul (cuBLAS) in the same run.
+
+    python tools/bench_sm90_gemm.py            # correctness sweep, then the timing table (< 3 min)
+    python tools/bench_sm90_gemm.py --quick    # smoke check (~30 s): 2 ragged checks, 4096^3
+    python tools/bench_sm90_gemm.py --runs 50
+
+Problem: C[M, N] = A[M, K] @ B[N, K]^T, bf16 in, fp32 accumulate, bf16 out; the torch peer is
+``torch.matmul(a, b.T)`` on the same tensors (same layouts: A, B K-major, C row-major).
+TFLOP/s = 2 * M * N * K / median time; ratio = kernel TFLOP/s / torch TFLOP/s (targets: >= 0.85
+at 8192^3, >= 0.75 at 4096^3 and 8192x8192x1024; M=256 is reported as it is).
+
+Correctness first: ragged shapes (M, N, K not multiples of the tile, tile rows past M in a
+cluster, one k-tile, many k-tiles) for cluster_m 1 and 2, each against an fp32 reference
+(float32 matmul of the same bf16 inputs, TF32 off), then every timed configuration on its own
+inputs. Timing: CUDA events around ``--reps`` back-to-back launches (host call overhead hidden
+while the GPU is busy), median of ``--runs`` (>= 20) samples after warm-up. Exits 0 with "no GPU"
+when there is no usable GPU, 1 when a correctness check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from cutedebug.kernel_api import load_entry
+
+KERNEL = ROOT / "kernels" / "sm90_gemm.py"
+TIMED_SHAPES = [(8192, 8192, 8192), (4096, 4096, 4096), (8192, 8192, 1024), (256, 8192, 8192)]
+TARGETS = {(8192, 8192, 8192): 0.85, (4096, 4096, 4096): 0.75, (8192, 8192, 1024): 0.75}
+RAGGED = [  # (m, n, k, cluster_m, tile_n, ctas)
+    (1000, 1000, 1000, 1, 256, 8),      # 4 tiles per CTA, 16 k-tiles each: the ring wraps
+    (1000, 1000, 1000, 2, 256, 8),
+    (4097, 264, 72, 2, 256, 0),         # odd tile rows: the last cluster's rank 1 is past M
+    (300, 1000, 520, 2, 128, 0),
+    (129, 8, 8, 1, 256, 0),             # one k-tile, N smaller than one TMA box
+    (777, 2056, 4104, 2, 256, 5),
+]
+
+
+def no_gpu_reason() -> str | None:
+    """Why this machine cannot run the kernel, or None when it can."""
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return "no CUDA GPU visible to torch"
+    major, minor = torch.cuda.get_device_capability()
+    if (major, minor) != (9, 0):
+        return f"the kernel targets sm_90a; this GPU is sm_{major}{minor}"
+    return None
+
+
+def persistent_ctas(cluster_m: int, sms: int) -> int:
+    """CTAs of one full wave: max active clusters of this size times the cluster size."""
+    try:
+        from cutlass.utils import HardwareInfo
+
+        return HardwareInfo().get_max_active_clusters(cluster_m) * cluster_m
+    except Exception:  # an older driver or DSL: fall back to the SM count
+        return sms // cluster_m * cluster_m
+
+
+def gpu_inputs(m: int, n: int, k: int, seed: int, torch) -> dict:
+    """Unit-variance outputs, drawn on the GPU (make_inputs draws on the CPU: slow at 8192^3)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    a = torch.randn(m, k, generator=g, device="cuda").to(torch.bfloat16)
+    b = (torch.randn(n, k, generator=g, device="cuda") * k ** -0.5).to(torch.bfloat16)
+    c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    return {"a": a, "b": b, "c": c}
+
+
+def fp32_reference(tensors: dict, torch):
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        return tensors["a"].float() @ tensors["b"].float().T
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
+def mismatch(out, ref, atol: float, rtol: float, torch) -> str | None:
+    """None when out (bf16) matches the fp32 reference, else a one-line description."""
+    out = out.float()
+    bad = ~torch.isclose(out, ref, atol=atol, rtol=rtol)  # NaN (never written) is bad too
+    if not bad.any():
+        return None
+    r, c = (int(i) for i in bad.nonzero()[0])
+    return (f"{int(bad.sum())} of {bad.numel()} bad; first [{r}, {c}] got {out[r, c].item()!r} "
+            f"want {ref[r, c].item()!r}; max |err| {(out - ref).abs().nan_to_num(1e30).max():.3g}")
+
+
+def run_kernel(cls, params: dict, tensors: dict, torch):
+    """Compile for the real args, run once, return (compiled, cute args, compile seconds)."""
+    from cutlass import cute
+
+    k = cls(**params)
+    t0 = time.monotonic()
+    compiled = cute.compile[cute.GPUArch("sm_90a")](k, *k.fake_args())
+    secs = time.monotonic() - t0
+    args = k.cute_args(tensors)
+    tensors["c"].fill_(float("nan"))
+    compiled(*args)
+    torch.cuda.synchronize()
+    return k, compiled, args, secs
+
+
+def median_ms(fn, torch, runs: int, reps: int, warmup: int = 5) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(runs):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) / reps)
+    return statistics.median(samples)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="smoke check: 2 ragged shapes, 4096^3")
+    ap.add_argument("--runs", type=int, default=30, help="timed samples (median; >= 20)")
+    ap.add_argument("--reps", type=int, default=5, help="launches per timed sample")
+    args = ap.parse_args(argv)
+    reason = no_gpu_reason()
+    if reason:
+        print(f"bench_sm90_gemm: no GPU ({reason}); nothing to benchmark.")
+        return 0
+    import torch
+
+    t_start = time.monotonic()
+    runs = max(args.runs, 20)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    ctas = {c: persistent_ctas(c, sms) for c in (1, 2)}
+    print(f"device: {torch.cuda.get_device_name(0)}, {sms} SMs; persistent CTAs: "
+          f"cluster 1 -> {ctas[1]}, cluster 2 -> {ctas[2]}", flush=True)
+    cls = load_entry(KERNEL, "Sm90Gemm")
+    atol, rtol = cls.TOLERANCE
+
+    # -- correctness on ragged shapes ---------------------------------------------------------
+    for m, n, k, cluster_m, tile_n, grid in RAGGED[::3] if args.quick else RAGGED:
+        params = dict(m=m, n=n, k=k, cluster_m=cluster_m, tile_n=tile_n,
+                      stages=4 if tile_n == 256 else 6, ctas=grid or ctas[cluster_m])
+        tensors = gpu_inputs(m, n, k, 1, torch)
+        _, _, _, secs = run_kernel(cls, params, tensors, torch)
+        problem = mismatch(tensors["c"], fp32_reference(tensors, torch), atol, rtol, torch)
+        print(f"ragged check {params}: {'FAIL ' + problem if problem else 'PASS'} "
+              f"(compile {secs:.1f} s)", flush=True)
+        if problem:
+            return 1
+
+    # -- timing table --------------------------------------------------------------------------
+    shapes = [(4096, 4096, 4096)] if args.quick else TIMED_SHAPES
+    configs = [(1, 256), (2, 256)] if args.quick else [(1, 256), (2, 256), (2, 128)]
+    print(f"{'M x N x K':>18} {'cluster':>7} {'tile':>7} {'S':>2} {'TFLOP/s':>8} "
+          f"{'torch':>7} {'ratio':>6} {'target':>6}", flush=True)
+    verdicts = []
+    for m, n, k in shapes:
+        tensors = gpu_inputs(m, n, k, 0, torch)
+        ref = fp32_reference(tensors, torch)
+        a, b = tensors["a"], tensors["b"]
+        t_torch = median_ms(lambda a=a, b=b: torch.matmul(a, b.T), torch, runs, args.reps)
+        tf_torch = 2 * m * n * k / t_torch / 1e9
+        for cluster_m, tile_n in configs:
+            stages = 4 if tile_n == 256 else 6
+            params = dict(m=m, n=n, k=k, cluster_m=cluster_m, tile_n=tile_n, stages=stages,
+                          ctas=ctas[cluster_m])
+            kern, compiled, cargs, _ = run_kernel(cls, params, tensors, torch)
+            problem = mismatch(tensors["c"], ref, atol, rtol, torch)
+            if problem:
+                print(f"MISMATCH {params}: {problem}")
+                return 1
+            t = median_ms(lambda f=compiled, x=cargs: f(*x), torch, runs, args.reps)
+            tf = 2 * m * n * k / t / 1e9
+            target = TARGETS.get((m, n, k))
+            met = "-" if target is None else ("met" if tf / tf_torch >= target else "MISSED")
+            if target is not None:
+                verdicts.append(((m, n, k), cluster_m, tile_n, tf / tf_torch, met))
+            print(f"{f'{m}x{n}x{k}':>18} {cluster_m:>7} {f'128x{tile_n}':>7} {stages:>2} "
+                  f"{tf:>8.1f} {tf_torch:>7.1f} {tf / tf_torch:>6.3f} "
+                  f"{'' if target is None else f'{target:.2f}':>6} {met}", flush=True)
+        del tensors, ref
+        torch.cuda.empty_cache()
+    best: dict[tuple, float] = {}
+    for shape, _, _, ratio, _ in verdicts:
+        best[shape] = max(best.get(shape, 0.0), ratio)
+    summary = ", ".join(f"{'x'.join(map(str, s))}: best {r:.3f} "
+                        f"({'met' if r >= TARGETS[s] else 'MISSED'})" for s, r in best.items())
+    print(f"median of {runs} samples x {args.reps} launches; {summary}; "
+          f"total {time.monotonic() - t_start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
