@@ -31,14 +31,16 @@ unless runs were inconclusive.
 
 Search. Exponential probe from the role's start (s_0: did it start at all? then lo + 1, 2, 4,
 ... past the last reached site) while its worst case still fits the budget, then binary
-search. Budget per role: ceil(log2(n)) + 2 runs; a probe is taken only if, whatever it
-answers, the rest can still finish by binary search within the budget, so the bound holds by
-construction. Results are memoized across roles: no site runs twice.
+search. Budget per role: ceil(log2(n)) + 2 runs; a gallop probe is taken only if, whatever
+it answers, the rest can still finish by binary search within the budget, so with conclusive
+runs the answer is exact within the bound (for many sites the gallop stops after s_0 and s_1:
+an early hang costs one or two runs). Results are memoized across roles: no site runs twice.
 
 Non-monotone answers. A run whose verdict is not HANG (the checkpoint made the hang vanish:
 PASS or MISMATCH) is a *timing bug* signal: the report flags it with the site whose probe did
 it. Such runs, and runs that crashed or failed to compile, are *inconclusive*: the search
-avoids them and, if they sit on the boundary, reports the interval instead of one site.
+avoids them; the budget stays a hard bound, so when they cost runs near the boundary the
+answer is an interval (its unresolved sites are listed) instead of one site.
 
 Report: ``bisect.json`` and ``bisect.md`` in the run directory (TL;DR, per role answer,
 probes' answer and whether it agrees, every run, the site table, the command to reproduce).
@@ -146,7 +148,8 @@ class RoleSearch:
 
     @property
     def between(self) -> list[int]:
-        """Sites strictly between the answer's two ends (inconclusive ones, if not exact)."""
+        """Sites strictly between the answer's two ends: unresolved (inconclusive, or not run
+        because inconclusive runs spent the budget)."""
         return self.sites[self.lo + 1:self.hi]
 
     @property
@@ -363,9 +366,10 @@ def role_answer(st: RoleSearch, by_id: dict[int, dict[str, Any]]) -> str:
     if st.finished:
         return f"reached every site (last: {_describe(last)}): not stuck at a site of its own"
     if not st.exact:
-        gap = ", ".join(_describe(by_id[s]) for s in st.between)
-        return (f"between {_describe(last)} and {_describe(first)}; inconclusive in between: "
-                f"{gap or 'nothing'}")
+        gap = ", ".join(_describe(by_id.get(s)) + (" (inconclusive)" if s in st.inconclusive
+                                                   else " (not run: budget spent)")
+                        for s in st.between)
+        return f"between {_describe(last)} and {_describe(first)}; unresolved: {gap}"
     if st.lo < 0:
         return f"never reached its first site {_describe(first)}: never started or stuck before"
     text = f"never gets past {_describe(first)}; last reached {_describe(last)}"
