@@ -357,6 +357,8 @@ def _describe(site: dict[str, Any] | None) -> str:
         return "-"
     what = f"checkpoint {site['name']!r}" if site.get("kind") == "checkpoint" else site["op"]
     bar = f" {site['barrier']}" if site.get("kind") == "pipeline" and site.get("barrier") else ""
+    if site.get("kind") == "named_barrier" and site.get("detail"):
+        bar = f" [{site['detail']}]"
     return f"#{site['id']} {what}{bar} ({_where(site)})"
 
 
@@ -372,7 +374,12 @@ def role_answer(st: RoleSearch, by_id: dict[int, dict[str, Any]]) -> str:
         return f"between {_describe(last)} and {_describe(first)}; unresolved: {gap}"
     if st.lo < 0:
         return f"never reached its first site {_describe(first)}: never started or stuck before"
-    text = f"never gets past {_describe(first)}; last reached {_describe(last)}"
+    if all(by_id.get(s, {}).get("role") == "all" for s in st.sites[:st.hi]) and \
+            (first or {}).get("role") != "all":
+        text = (f"never gets past its first own site {_describe(first)}; it passed the shared "
+                f"sites up to {_describe(last)}")
+    else:
+        text = f"never gets past {_describe(first)}; last reached {_describe(last)}"
     loops_last = {tuple(x) for x in (last or {}).get("loops", [])}
     loops_first = {tuple(x) for x in (first or {}).get("loops", [])}
     outer = loops_last - loops_first
@@ -394,8 +401,10 @@ def to_markdown(res: BisectResult) -> str:
         for role, st in res.searches.items():
             out.append(f"- **{role}**: {role_answer(st, by_id)}")
         if res.grade.get("ok") is not None:
+            m = res.grade.get("matched") or {}
             out.append(f"- expected localization {res.grade['expected']}: "
-                       + ("found" if res.grade["ok"] else "NOT found"))
+                       + (f"found ({m.get('role')} at #{m.get('site')} {m.get('op')}, "
+                          f"{m.get('where')})" if res.grade["ok"] else "NOT found"))
         if res.timing_bugs:
             out.append("- **timing bug**: enabling "
                        + "; ".join(f"{_describe(by_id.get(p.site))} made the hang vanish "
@@ -426,14 +435,16 @@ def to_markdown(res: BisectResult) -> str:
                 out.append(f"|  | note: {note} | | | | |")
         out.append("")
     if res.runs:
-        out += ["## Runs", "", "| # | site | op | where | role | reached | verdict | hits | "
-                "warps | s | note |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        out += ["## Runs", "", "One checkpoint enabled per run; hits = warp arrivals at it, "
+                "warps / ctas = how many reached it.", "",
+                "| # | site | op | where | role | reached | verdict | hits | warps | ctas | s | "
+                "note |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for i, p in enumerate(res.runs, 1):
             s = by_id.get(p.site, {})
             reached = {True: "yes", False: "no", None: "?"}[p.reached]
             out.append(f"| {i} | {p.site} | {s.get('op')} {s.get('name') or ''} | "
                        f"{_where(s) if s else '-'} | {p.role} | {reached} | {p.verdict} | "
-                       f"{p.hits} | {p.warps} | {p.seconds:.2f} | {p.note} |")
+                       f"{p.hits} | {p.warps} | {p.ctas} | {p.seconds:.2f} | {p.note} |")
         out.append("")
     if res.sites:
         out += ["## Checkpoint sites (program order)", "", "| id | role | op | where | detail "

@@ -330,7 +330,8 @@ def test_bisect_localizes_the_flag_spin_and_writes_the_report(monkeypatch, tmp_p
     data = json.loads(jp.read_text())
     assert data["n_runs"] == len(res.runs) and data["timing_bug"] == [] and data["ok"]
     md = mp.read_text()
-    assert "**consumer**: never gets past #3 checkpoint 'flag observed' (flag_spin.py:" in md
+    assert ("**consumer**: never gets past its first own site #3 checkpoint 'flag observed' "
+            "(flag_spin.py:") in md
     assert "**producer**: reached every site" in md
 
 
