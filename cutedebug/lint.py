@@ -680,6 +680,15 @@ def _f(severity: str, check: str, pipe: str | None, message: str, arithmetic: st
     return Finding(severity, check, pipe, message, arithmetic, file, line)
 
 
+def static_findings(proto: Protocol) -> list[dict[str, Any]]:
+    """check() as JSON for the worker's "compiled" event; a lint bug never fails the run."""
+    try:
+        return [f.to_json() for f in check(proto)]
+    except Exception as e:
+        return [Finding("info", "lint_error", None, f"static checks failed: "
+                        f"{type(e).__name__}: {e}").to_json()]
+
+
 def _check_expect_tx(proto: Protocol) -> list[Finding]:
     out = []
     for key, rec in proto.pipelines.items():

@@ -227,6 +227,9 @@ def run(request: dict[str, Any], events: Events) -> None:
     events.emit("compiling", arch=target, fault=fault, fault_args=fault_args)
     t0 = time.monotonic()
     with ExitStack() as stack:
+        from cutedebug import lint  # outermost: faults and probes wrap the recorder's patches
+
+        protocol = stack.enter_context(lint.record())
         applied = stack.enter_context(faults.inject(patch_fault, fault_args)
                                       if patch_fault else nullcontext())
         if probe_cfg is not None:
@@ -253,7 +256,8 @@ def run(request: dict[str, Any], events: Events) -> None:
                 compile_key=json.dumps([fault, fault_args, target, params], sort_keys=True),
                 fault_sites=getattr(applied, "sites", None) if patch_fault else None,
                 fault_count=getattr(applied, "count", None) if patch_fault else None,
-                probe_sites=site_table.to_json() if site_table is not None else None)
+                probe_sites=site_table.to_json() if site_table is not None else None,
+                static_findings=lint.static_findings(protocol))
 
     if not runnable:
         if mode == "compile":
