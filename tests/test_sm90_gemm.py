@@ -76,20 +76,23 @@ TRY_WAIT = "mbarrier.try_wait.parity.shared.b64"
 
 
 # ---- compile matrix ------------------------------------------------------------------------
-CASES = [  # (dtype, cluster_m, (m, n, k), tile_n, stages)
-    ("bf16", 1, (1000, 1000, 1000), 256, 4),
-    ("bf16", 2, (1000, 1000, 1000), 256, 4),
-    ("fp16", 1, (4097, 264, 72), 256, 4),
-    ("fp16", 2, (1, 8, 8), 256, 4),
-    ("bf16", 2, (300, 1000, 520), 128, 6),
+CASES = [  # (dtype, cluster_m, (m, n, k), tile_n, stages, ctas); the first two = SCENARIO_SIZE
+    ("bf16", 1, (1000, 1000, 1000), 256, 4, 8),
+    ("bf16", 2, (1000, 1000, 1000), 256, 4, 8),
+    ("fp16", 1, (4097, 264, 72), 256, 4, 132),
+    ("fp16", 2, (1, 8, 8), 256, 4, 132),
+    ("bf16", 2, (300, 1000, 520), 128, 6, 132),
 ]
 
 
-@pytest.mark.parametrize("dtype,cluster_m,shape,tile_n,stages", CASES)
-def test_compiles_with_the_promised_pipeline(ptx, dtype, cluster_m, shape, tile_n, stages):
+@pytest.mark.parametrize("dtype,cluster_m,shape,tile_n,stages,ctas", CASES)
+def test_compiles_with_the_promised_pipeline(ptx, dtype, cluster_m, shape, tile_n, stages,
+                                             ctas):
     m, n, k_ = shape
-    params = dict(m=m, n=n, k=k_, dtype=dtype, cluster_m=cluster_m, tile_n=tile_n,
-                  stages=stages)
+    params = dict(m=m, n=n, k=k_, cluster_m=cluster_m, ctas=ctas)
+    # defaults spelled out only when they differ, so the fault tests reuse these compiles
+    params.update({k: v for k, v in dict(dtype=dtype, tile_n=tile_n, stages=stages).items()
+                   if v != Sm90Gemm.PARAMS[k]})
     k = Sm90Gemm(**params)
     text = ptx(**params)
     # docstring arithmetic: A tile + the whole B tile land in this CTA, multicast or not
