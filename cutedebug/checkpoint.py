@@ -27,12 +27,16 @@ lane of each warp that executes it bumps a per-(CTA, warp) hit counter in host-m
 its warp's first hit in CTA 0, prints one ``cutedebug: CHECKPOINT ...`` line (visible only if
 the kernel finishes). A thread of the worker streams the counters as ``checkpoint`` events.
 
-Roles: each site gets a warp role. Pipeline ops carry theirs (producer_* / consumer_*). Other
-sites take the role of the function they run in: the kernel body's user-frame stacks share a
-common prefix (the kernel entry); the first frame below it is the role function (``load``,
-``compute``, ``producer``). A role function whose pipeline ops all belong to one role is named
-by that role, otherwise by its function name. Sites directly in the common frame (prologue,
-dispatch) are shared: role ``all``. ``checkpoint("name", role="consumer")`` overrides.
+Roles: each site gets the warp role of the function it runs in. The user-frame stacks of all
+sites share a common prefix (down to the kernel entry); the first frame below it is the role
+function (``load``, ``compute``, ``mma_epilogue``). A role function is named by the first
+pipeline role it plays (producer_* / consumer_* ops: ``load`` -> producer, a mainloop
+consumer that also feeds a TMA-store pipeline -> consumer), else by its function name; two
+functions that would share a name keep their function names. Sites directly in the common
+frame are shared (role ``all``), unless they sit in a dynamic ``if`` arm of it: then they
+take the role of the role function called in the same arm (``if warp == MMA:
+tmem.wait_for_alloc(); self.mma(...)``), or ``<function>@<line of the if>`` when the arm
+calls none. ``checkpoint("name", role=...)`` overrides.
 
 Buffer (little endian, ``buffer_nbytes(cfg)``; zeroed, pinned, its device address baked into
 the kernel as a constant like the probes buffer):
@@ -82,6 +86,7 @@ _INIT_FUNCTIONS = frozenset({"create", "pipeline_init_wait", "pipeline_init_arri
 _SYNTH = re.compile(r"^(loop_body|while_region|while_before_block|while_after_block|if_region|"
                     r"then_block|else_block|elif_region|ifexp_then_block|ifexp_else_block)_\d+$")
 _LOOP = re.compile(r"^(loop_body|while_region)_\d+$")
+_ARM = re.compile(r"^(then_block|else_block|elif_region|ifexp_then_block|ifexp_else_block)_\d+$")
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _STDLIB = tuple({p + os.sep for p in (sysconfig.get_paths()["stdlib"],
                                       sysconfig.get_paths()["platstdlib"])})
@@ -148,6 +153,7 @@ class CheckpointSite:
     loops: list[list[Any]] = field(default_factory=list)  # enclosing dynamic loops [file, line]
     explicit_role: str | None = None
     frames: list[list[Any]] = field(default_factory=list, repr=False)  # [file, func] outer->inner
+    arms: list[list[Any]] = field(default_factory=list, repr=False)  # dynamic if arms, outer->inner
 
     @property
     def where(self) -> str:
@@ -159,7 +165,7 @@ class CheckpointSite:
         return f"#{self.id} {what}{bar} ({self.where})"
 
     def to_json(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if k != "frames"}
+        return {k: v for k, v in asdict(self).items() if k not in ("frames", "arms")}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> CheckpointSite:
@@ -174,24 +180,44 @@ def assign_roles(sites: list[CheckpointSite]) -> None:
         shortest = min(len(st) for st in stacks)
         while common < shortest and len({st[common] for st in stacks}) == 1:
             common += 1
-    group_roles: dict[tuple, set[str]] = {}
-    groups = []
-    for s, st in zip(sites, stacks):
-        g = st[common] if len(st) > common else None
-        groups.append(g)
-        if g is not None and s.kind == "pipeline":
-            group_roles.setdefault(g, set()).add(PIPELINE_OPS[s.op][0])
+    groups = [st[common] if len(st) > common else None for st in stacks]
+    pipeline_roles: dict[tuple, list[str]] = {}
+    for s, g in zip(sites, groups):
+        if g is not None:
+            roles = pipeline_roles.setdefault(g, [])
+            if s.kind == "pipeline" and PIPELINE_OPS[s.op][0] not in roles:
+                roles.append(PIPELINE_OPS[s.op][0])
+    # A role function is named by the first pipeline role it plays (a mainloop consumer that
+    # also produces into a TMA-store pipeline stays "consumer"); functions that would share a
+    # name, or play no pipeline role, are named by their function name.
+    names = {g: (roles[0] if roles else g[1]) for g, roles in pipeline_roles.items()}
+    taken: dict[str, int] = {}
+    for name in names.values():
+        taken[name] = taken.get(name, 0) + 1
+    names = {g: (g[1] if taken[n] > 1 else n) for g, n in names.items()}
+    # Sites written inline in the kernel body inside a dynamic `if` arm (`if warp == MMA:
+    # tmem.wait_for_alloc(); self.mma(...)`) belong to the role function called in that arm.
+    owner = common - 1
+
+    def body_arms(s: CheckpointSite) -> list[tuple]:
+        return [tuple(a[:3]) for a in s.arms if a[3] == owner]
+
+    arm_names: dict[tuple, set[str]] = {}
+    for s, g in zip(sites, groups):
+        if g is not None:
+            for a in body_arms(s):
+                arm_names.setdefault(a, set()).add(names[g])
     for s, g in zip(sites, groups):
         if s.explicit_role:
             s.role = s.explicit_role
-        elif g is None:
-            s.role = "all"
-        elif len(group_roles.get(g, ())) == 1:
-            s.role = next(iter(group_roles[g]))
-        elif s.kind == "pipeline":
-            s.role = PIPELINE_OPS[s.op][0]
+        elif g is not None:
+            s.role = names[g]
         else:
-            s.role = g[1]
+            arms = body_arms(s)
+            named = [next(iter(arm_names[a])) for a in reversed(arms)
+                     if len(arm_names.get(a, ())) == 1]
+            s.role = (named[0] if named else
+                      f"{s.function}@{arms[-1][2]}" if arms else "all")
 
 
 def roles_of(sites: list[CheckpointSite]) -> dict[str, list[int]]:
@@ -241,7 +267,8 @@ def _caller_kind(skip: int) -> str:
 
 
 def _stack_fields(skip: int) -> dict[str, Any]:
-    """file/line/function/code of the innermost user frame; role frames and dynamic loops."""
+    """file/line/function/code of the innermost user frame; role frames, dynamic loops and the
+    dynamic ``if`` arms the site is traced in."""
     f = sys._getframe(skip + 1)
     user = []
     while f is not None:
@@ -251,18 +278,25 @@ def _stack_fields(skip: int) -> dict[str, Any]:
     if not user:
         return {}
     inner = user[0]
-    frames, loops = [], []
+    user.reverse()  # outer -> inner
+    frames: list[list[Any]] = []
+    loops: list[list[Any]] = []
+    arms: list[list[Any]] = []  # [file, arm function, line of its `if`, owner frame index]
     for i, fr in enumerate(user):
         name = fr.f_code.co_name
-        if _LOOP.match(name) and i + 1 < len(user):
-            loops.append([user[i + 1].f_code.co_filename, user[i + 1].f_lineno])
         if not _SYNTH.match(name):
             frames.append([fr.f_code.co_filename, name])
+        elif i > 0:
+            parent = [user[i - 1].f_code.co_filename, user[i - 1].f_lineno]
+            if _LOOP.match(name):
+                loops.append(parent)
+            elif _ARM.match(name):
+                arms.append([*parent[:1], name, parent[1], len(frames) - 1])
     fn = inner.f_code.co_filename
     return {"file": fn, "line": inner.f_lineno,
-            "function": next((n for _, n in frames), inner.f_code.co_name),
+            "function": frames[-1][1] if frames else inner.f_code.co_name,
             "code": linecache.getline(fn, inner.f_lineno).strip(),
-            "loops": loops[::-1], "frames": frames[::-1]}
+            "loops": loops, "frames": frames, "arms": arms}
 
 
 def _static(v: Any) -> Any:

@@ -518,3 +518,50 @@ def test_early_exit_leaves_before_the_op_and_its_checkpoint(role, op):
                              fault_args={"role": role})
     # the exit is guarded by the state count and comes before the checkpoint's mark
     assert ptx.index("exit;") < ptx.index("st.relaxed.sys.global.b32")
+
+
+def _sim_site(i, op, func, kind="pipeline", arm=None):
+    """A site traced in kernel() -> [if arm] -> func (func None: inline in the kernel body)."""
+    frames = [["/k/g.py", "__call__"], ["/k/g.py", "kernel"]] + ([["/k/g.py", func]] if func
+                                                                  else [])
+    arms = [["/k/g.py", arm[0], arm[1], 1]] if arm else []
+    return C.CheckpointSite(id=i, op=op, kind=kind, file="/k/g.py", line=100 + i,
+                            function=func or "kernel", frames=frames, arms=arms)
+
+
+def test_roles_of_a_blackwell_shaped_kernel():
+    """load (producer), mma (consumer of A/B, producer of the accumulator: collides with load
+    on "producer", so both keep function names), an epilogue that consumes the accumulator and
+    feeds a TMA store (one role: consumer), TMEM-alloc waits inline in the dispatch arms."""
+    mma_arm, epi_arm, odd_arm = ("then_block_5", 290), ("then_block_7", 297), ("then_block_9", 310)
+    sites = [
+        _sim_site(0, "named_barrier", None, "named_barrier"),  # pipeline init: every warp
+        _sim_site(1, "producer_acquire", "load", arm=("then_block_3", 288)),
+        _sim_site(2, "named_barrier", None, "named_barrier", arm=mma_arm),  # wait_for_alloc
+        _sim_site(3, "producer_acquire", "mma", arm=mma_arm),
+        _sim_site(4, "consumer_wait", "mma", arm=mma_arm),
+        _sim_site(5, "named_barrier", None, "named_barrier", arm=epi_arm),
+        _sim_site(6, "consumer_wait", "epilogue", arm=epi_arm),
+        _sim_site(7, "producer_acquire", "epilogue", arm=epi_arm),  # TMA-store pipeline
+        _sim_site(8, "named_barrier", None, "named_barrier", arm=odd_arm),  # arm, no role fn
+    ]
+    C.assign_roles(sites)
+    assert [s.role for s in sites] == ["all", "load", "mma", "mma", "mma", "consumer",
+                                       "consumer", "consumer", "kernel@310"]
+    assert C.roles_of(sites) == {"load": [0, 1], "mma": [0, 2, 3, 4],
+                                 "consumer": [0, 5, 6, 7], "kernel@310": [0, 8]}
+    sites[8].explicit_role = "consumer"
+    C.assign_roles(sites)
+    assert sites[8].role == "consumer"
+
+
+def test_grade_accepts_the_pipeline_role_of_a_function_named_role():
+    table = [dict(s) for s in TMA_TABLE]
+    for s in table:
+        if s["role"] == "producer":
+            s["role"] = "load"
+    res = search_all({"load": [0, 1, 2, 3], "consumer": [0, 4, 5]},
+                     Oracle(SimKernel(reached={0, 1}).run))
+    g = B.grade({"role": "producer", "op": "producer_commit"}, res,
+                {s["id"]: s for s in table})
+    assert g["ok"] is True and g["matched"]["role"] == "load"
