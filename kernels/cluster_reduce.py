@@ -68,8 +68,10 @@ Kernel-level switches (SWITCHES):
 - ``skip_cluster_tail``: no trailing cluster barrier; every CTA still waits for its own incoming
   bytes, so a CTA exits only with its outgoing st.async possibly in flight: expect PASS.
 - ``cluster_mismatch``: launched with cluster dims L = 2C (C <= 4) or C / 2 (C = 8) while the
-  kernel reduces over C: with L = 2C, CTAs of rank >= C get no partials -> HANG in the partials
-  wait (ranks < C get 2C partials, their phases complete early -> wrong sums).
+  kernel reduces over C (G is rounded up to even so the grid stays a multiple of L): with
+  L = 2C, CTAs of rank >= C get no partials -> HANG in the partials wait (ranks < C get 2C
+  partials, their phases complete early -> wrong sums; rank >= C CTAs read past their row).
+  The kernel's PTX is unchanged: only the launch differs.
 """
 
 from __future__ import annotations

@@ -135,8 +135,9 @@ def configs(sms: int) -> list[dict]:
         {"cluster": 2, "clusters": 0, "threads": 256, "unroll": 8},
         {"cluster": 4, "clusters": 0, "threads": 256, "unroll": 8},
         {"cluster": 2, "clusters": 0, "threads": 512, "unroll": 4},
-        {"cluster": 2, "clusters": 4 * sms // 2, "threads": 256, "unroll": 8},
-        {"cluster": 4, "clusters": 4 * sms // 4, "threads": 256, "unroll": 8},
+        # persistent: 8 CTAs of 256 threads per SM (~31 registers per thread fits 8)
+        {"cluster": 2, "clusters": 8 * sms // 2, "threads": 256, "unroll": 8},
+        {"cluster": 4, "clusters": 8 * sms // 4, "threads": 256, "unroll": 8},
     ]
 
 
