@@ -83,6 +83,16 @@ def _md_evidence(result: RunResult) -> list[str]:
         out.append(f"- compiled for {c.get('arch')} in {c.get('secs')} s, "
                    f"PTX {c.get('ptx_bytes')} bytes; fault applied at "
                    f"{c.get('fault_count') if c.get('fault_count') is not None else 'n/a'} site(s)")
+    static = (c or {}).get("static_findings") if (c := ev.get("compiled")) else None
+    if static is not None:
+        serious = [f for f in static if f.get("severity") in ("error", "warning")]
+        out.append(f"- static protocol checks: {len(serious)} finding(s)"
+                   + ("" if serious else " (clean)"))
+        for f in serious[:8]:
+            where = f"{os.path.basename(f['file'])}:{f['line']}" if f.get("file") else ""
+            out.append(f"  - {f['severity']} {f.get('check')}: {f.get('message')}"
+                       + (f" — {f['arithmetic']}" if f.get("arithmetic") else "")
+                       + (f" ({where})" if where else ""))
     if (ce := ev.get("compile_error")) is not None:
         out.append(f"- compile error ({ce.get('type')}):\n\n```\n{ce.get('message', '')[:3000]}\n```")
     if (cu := ev.get("cuda_error")) is not None:
