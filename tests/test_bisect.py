@@ -565,3 +565,18 @@ def test_grade_accepts_the_pipeline_role_of_a_function_named_role():
     g = B.grade({"role": "producer", "op": "producer_commit"}, res,
                 {s["id"]: s for s in table})
     assert g["ok"] is True and g["matched"]["role"] == "load"
+
+
+@pytest.mark.parametrize("path,entry,params,fault,args", [
+    (TMA, "TmaStream", TMA_PARAMS, "wrong_expect_tx", {"delta_bytes": 16}),
+    (ROOT / "kernels" / "minimal.py", "Minimal", {"n": 4096, "spin_hang": True}, None, None)])
+def test_probes_do_not_change_the_site_numbering(path, entry, params, fault, args):
+    """The baseline runs with bounded-wait probes, the checkpoint runs without: the site ids
+    must mean the same sites (probes' own try_waits are not sites)."""
+    from cutedebug import probes
+
+    pytest.importorskip("cutlass")
+    _, plain = compile_variant(path, entry, params, None, fault=fault, fault_args=args)
+    with probes.instrument(probes.ProbeConfig(), C.FAKE_ADDR):
+        _, probed = compile_variant(path, entry, params, None, fault=fault, fault_args=args)
+    assert _keys(probed) == _keys(plain) and len(plain) >= 3
