@@ -50,8 +50,11 @@ class RunResult:
 
     @property
     def localization(self) -> dict[str, Any]:
-        return grade_localization(self.scenario.expect.localization(),
-                                  self.evidence.get("stuck_sites", []))
+        expect = self.scenario.expect
+        if expect.localized_by != "probes":
+            return {"ok": None, "expected": expect.localization(), "matched": None,
+                    "why": f"graded by `cutedebug {expect.localized_by}`, not by a run"}
+        return grade_localization(expect.localization(), self.evidence.get("stuck_sites", []))
 
     @property
     def expected(self) -> bool:

@@ -23,6 +23,7 @@ A scenario is a TOML file::
     barrier = "full"
     stage = 0
     note = "why this verdict"
+    localized_by = "probes"               # or "bisect": only `cutedebug bisect` can check it
 
     [limits]                              # all optional
     compile_s = 300.0                     # compile deadline
@@ -79,6 +80,7 @@ class Expect:
     barrier: str | None = None
     stage: int | None = None
     note: str = ""
+    localized_by: str = "probes"       # who can check role/op/barrier/stage: probes | bisect
 
     def localization(self) -> dict[str, Any]:
         return {k: v for k, v in (("role", self.role), ("op", self.op),
@@ -128,7 +130,9 @@ class Scenario:
 _TOP = {"id": str, "description": str, "kernel": dict, "params": dict, "fault": dict,
         "expect": dict, "limits": dict, "requires": dict, "probes": dict}
 _KERNEL = {"file": str, "entry": str}
-_EXPECT = {"verdict": str, "role": str, "op": str, "barrier": str, "stage": int, "note": str}
+_EXPECT = {"verdict": str, "role": str, "op": str, "barrier": str, "stage": int, "note": str,
+           "localized_by": str}
+LOCALIZERS = ("probes", "bisect")
 _LIMITS = {"compile_s": float, "deadline_s": float, "stall_s": float, "wait_budget_ms": int,
            "import_s": float, "check_s": float}
 _LIMIT_RANGES = {"compile_s": (1, 3600), "deadline_s": (0.1, 3600), "stall_s": (0.05, 600),
@@ -310,6 +314,8 @@ def build(data: dict[str, Any], where: str, base_dir: Path, source: str | None) 
         _choice(where, "expect.op", expect_t["op"], OPS)
     if "barrier" in expect_t:
         _choice(where, "expect.barrier", expect_t["barrier"], BARRIERS)
+    if "localized_by" in expect_t:
+        _choice(where, "expect.localized_by", expect_t["localized_by"], LOCALIZERS)
     if expect_t.get("stage", 0) < 0:
         raise ScenarioError(f"{where}: field expect.stage = {expect_t['stage']}: must be >= 0")
     expect = Expect(**expect_t)
