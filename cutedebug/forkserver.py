@@ -18,6 +18,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -147,6 +148,7 @@ class ForkServer:
     def __init__(self, env: dict[str, str], cwd: str, log_path: Path):
         self.env, self.cwd, self.log_path = env, cwd, log_path
         self.proc: subprocess.Popen | None = None
+        self._lock = threading.Lock()    # one request/answer at a time (pool threads share it)
 
     def start(self) -> ForkServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -176,9 +178,10 @@ class ForkServer:
         status = request_path.parent / "exit_status.json"
         msg = {"request": str(request_path), "log": str(log_path), "status": str(status),
                "env": env}
-        self.proc.stdin.write((json.dumps(msg) + "\n").encode())
-        self.proc.stdin.flush()
-        line = self._readline(30.0)
+        with self._lock:
+            self.proc.stdin.write((json.dumps(msg) + "\n").encode())
+            self.proc.stdin.flush()
+            line = self._readline(30.0)
         if not line:
             raise RuntimeError("fork server did not answer")
         return ForkedChild(json.loads(line)["pid"], status)

@@ -563,13 +563,14 @@ def _kill_ours(tag: str) -> None:
             pass
 
 
-def _call(sc: S.Scenario, mode: str, opts: Options, runs_dir: Path):
+def _call(sc: S.Scenario, mode: str, opts: Options, runs_dir: Path, forkserver=None):
     """One run_scenario call in a pool thread: (result, wall seconds)."""
     from cutedebug import report, runner
 
     t0 = time.monotonic()
     res = runner.run_scenario(sc, runs_root=runs_dir, mode=mode, probes=opts.probes,
-                              repeat=1 if mode == "compile" else opts.repeat)
+                              repeat=1 if mode == "compile" else opts.repeat,
+                              forkserver=forkserver)
     wall = time.monotonic() - t0
     report.write(res)
     return res, wall
@@ -663,6 +664,10 @@ def triage(opts: Options, *, out=print) -> int:
     saved_tag = os.environ.get(TRIAGE_TAG_VAR)
     os.environ[TRIAGE_TAG_VAR] = tag    # children inherit it: that is how leftovers are found
     interrupted = False
+    from cutedebug import runner
+
+    # Workers fork from one process that imported torch and cutlass once (seconds per run).
+    fs = runner.start_forkserver(opts.out)
     compile_pool = ThreadPoolExecutor(max(1, opts.jobs), thread_name_prefix="compile")
     gpu_pool = ThreadPoolExecutor(1, thread_name_prefix="gpu")
     pending: dict[Future, tuple[str, _Plan]] = {}
@@ -675,14 +680,14 @@ def triage(opts: Options, *, out=print) -> int:
             progress(p.rec)
             return
         save(p.rec)         # the compile result, kept if the run is interrupted
-        pending[gpu_pool.submit(_call, p.sc, "run", opts, runs_dir)] = ("run", p)
+        pending[gpu_pool.submit(_call, p.sc, "run", opts, runs_dir, fs)] = ("run", p)
 
     write_matrix(opts.out, build_matrix(list(records.values()), dir_=str(opts.dir),
                                         command=opts.command, env=env))
     try:
         for p in plans:
             if p.work[0] == "compile":
-                pending[compile_pool.submit(_call, p.sc, "compile", opts, runs_dir)] = \
+                pending[compile_pool.submit(_call, p.sc, "compile", opts, runs_dir, fs)] = \
                     ("compile", p)
             else:
                 submit_run(p)
@@ -727,6 +732,8 @@ def triage(opts: Options, *, out=print) -> int:
     finally:
         compile_pool.shutdown(wait=True, cancel_futures=True)
         gpu_pool.shutdown(wait=True, cancel_futures=True)
+        if fs is not None:
+            fs.close()
 
     left = _ours(tag)
     if left:
