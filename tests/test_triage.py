@@ -166,7 +166,7 @@ class FakeEngine:
         self.peak = {"compile": 0, "run": 0}
 
     def __call__(self, sc, *, runs_root="runs", run_dir=None, mode="run", probes=None,
-                 wait_budget_ms=None, repeat=1, command=""):
+                 wait_budget_ms=None, repeat=1, command="", forkserver=None):
         with self.lock:
             self.calls.append((sc.id, mode))
             self.active[mode] += 1
@@ -200,6 +200,7 @@ def engine(monkeypatch):
         monkeypatch.setattr(runner, "run_scenario", fake)
         monkeypatch.setattr(T, "detect_gpu", lambda: gpu)
         monkeypatch.setattr(runner, "health_check", lambda: {"healthy": True})
+        monkeypatch.setattr(runner, "start_forkserver", lambda *a, **k: None)
         return fake
     return install
 
