@@ -29,6 +29,9 @@ Options (precedence: marker > command line > environment > ini)
     - ``repeat`` (N): run N times; disagreeing runs are NONDETERMINISTIC
     - ``runs_dir``: where run directories and reports go (default ``<rootdir>/runs``)
     - ``timeout_margin`` (s, default 60): added to the outer guard below
+    - ``compile_jobs`` (N or auto; no marker: it is session-wide): compile items run N
+      compile-only children at once (default: the CPU count, at most 8). With N > 1 every
+      compile item runs before the first run item, so GPU runs never share the CPU.
 
 Outer guard
     Each scenario item (and each test using the fixture) gets a pytest-timeout marker set
@@ -60,6 +63,7 @@ test with the reason. Kernel paths are tried relative to the test file, then the
 from __future__ import annotations
 
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -95,6 +99,16 @@ def _positive(kind):
     return conv
 
 
+def _jobs(value: Any) -> int:
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return default_compile_jobs()
+    return _positive(int)(value)
+
+
+def default_compile_jobs() -> int:
+    return max(1, min(8, os.cpu_count() or 1))
+
+
 @dataclass(frozen=True)
 class Option:
     name: str
@@ -125,9 +139,11 @@ OPTIONS = (
     Option("runs_dir", str, "where run directories and reports go (default: <rootdir>/runs)"),
     Option("timeout_margin", _positive(float), "seconds the pytest-timeout outer guard adds "
            "to the watchdog's worst case (default 60)"),
+    Option("compile_jobs", _jobs, "compile items: compile-only children at once, session-wide "
+           "(default: the CPU count, at most 8; 1: each in its turn)"),
 )
 DEFAULTS = {"deadline": None, "compile_deadline": None, "probes": None, "repeat": 1,
-            "runs_dir": None, "timeout_margin": 60.0}
+            "runs_dir": None, "timeout_margin": 60.0, "compile_jobs": None}
 
 
 @dataclass(frozen=True)
@@ -138,6 +154,7 @@ class Settings:
     repeat: int
     runs_dir: Path
     timeout_margin: float
+    compile_jobs: int
     sources: dict[str, str]       # option -> where its value came from
 
     def apply(self, sc: S.Scenario) -> S.Scenario:
@@ -177,6 +194,8 @@ def resolve(config: pytest.Config, node: pytest.Item | None = None,
     if not runs_dir.is_absolute():
         runs_dir = config.rootpath / runs_dir
     values["runs_dir"] = runs_dir
+    if values["compile_jobs"] is None:
+        values["compile_jobs"] = default_compile_jobs()
     return Settings(**values, sources=sources)
 
 
@@ -316,7 +335,8 @@ class ScenarioItem(_Item):
         return round(watchdog_budget_s(s.apply(self.scenario), self.mode, repeat)
                      + s.timeout_margin, 1)
 
-    def _run(self, s: Settings):
+    def call_engine(self, s: Settings):
+        """run_scenario + report (thread-safe: touches no pytest state)."""
         from cutedebug import report, runner
 
         sc = s.apply(self.scenario)
@@ -327,9 +347,46 @@ class ScenarioItem(_Item):
         except S.ScenarioError as e:   # the kernel could not be loaded in the child
             raise ScenarioFailure(f"{sc.id}: {e}") from None
         _, md = report.write(res)
+        return res, md
+
+    def _run(self, s: Settings):
+        res, md = self.call_engine(s)
         self.user_properties.append((VERDICT_PROP, res.verdict.value))
         self.user_properties.append(("cutedebug_report", str(md)))
         return res, md
+
+
+def serious_findings(res) -> list[dict[str, Any]]:
+    """The static protocol checks' errors and warnings from the compiled event."""
+    found = (res.evidence.get("compiled") or {}).get("static_findings") or []
+    return [f for f in found if isinstance(f, dict) and f.get("severity") in ("error",
+                                                                            "warning")]
+
+
+# Compile items of a session run compile_jobs children at once: the first one to run submits
+# every compile item of the session to a pool, each then waits for its own result.
+_PREFETCH_KEY = pytest.StashKey[ThreadPoolExecutor]()
+_FUTURES_KEY = pytest.StashKey[dict]()
+
+
+def _prefetch(item: CompileItem) -> Future | None:
+    config = item.config
+    jobs = resolve(config).compile_jobs
+    if jobs <= 1:
+        return None
+    if _PREFETCH_KEY not in config.stash:
+        pool = ThreadPoolExecutor(jobs, thread_name_prefix="cutedebug-compile")
+        config.stash[_PREFETCH_KEY] = pool
+        config.stash[_FUTURES_KEY] = {
+            it.nodeid: pool.submit(it.call_engine, it.settings())
+            for it in item.session.items if isinstance(it, CompileItem)}
+    return config.stash[_FUTURES_KEY].pop(item.nodeid, None)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    pool = session.config.stash.get(_PREFETCH_KEY, None)
+    if pool is not None:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def compile_outcome(res) -> tuple[bool, str]:
@@ -354,12 +411,20 @@ class CompileItem(ScenarioItem):
     def runtest(self) -> None:
         from cutedebug import report
 
-        res, md = self._run(self.settings())
+        future = _prefetch(self)
+        if future is None:
+            res, md = self._run(self.settings())
+        else:
+            res, md = future.result()
+            self.user_properties.append((VERDICT_PROP, res.verdict.value))
+            self.user_properties.append(("cutedebug_report", str(md)))
         ok, why = compile_outcome(res)
-        findings = (res.evidence.get("compiled") or {}).get("static_findings")
+        findings = serious_findings(res)
         if findings:
-            self.add_report_section("call", "cutedebug static findings",
-                                    "\n".join(f"- {f}" for f in findings))
+            self.add_report_section("call", "cutedebug static findings", "\n".join(
+                f"- {f.get('severity')} {f.get('check')}: {f.get('message')}"
+                + (f" ({Path(f['file']).name}:{f.get('line')})" if f.get("file") else "")
+                for f in findings))
         if not ok:
             raise ScenarioFailure(f"{why}\n{report.tldr(res)}\nreport: {md}")
 
@@ -386,6 +451,13 @@ class RunItem(ScenarioItem):
 
 @pytest.hookimpl(trylast=True)     # after conftests have added their markers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if resolve(config).compile_jobs > 1:
+        # every compile before the first GPU run: runs never share the CPU with compiles
+        others = [i for i in items if not isinstance(i, ScenarioItem)]
+        compiles = [i for i in items if isinstance(i, CompileItem)]
+        runs = [i for i in items if isinstance(i, ScenarioItem) and
+                not isinstance(i, CompileItem)]
+        items[:] = others + compiles + runs
     if not config.pluginmanager.hasplugin("timeout"):
         return
     for item in items:

@@ -160,6 +160,14 @@ def load_records(results_dir: Path) -> dict[str, dict[str, Any]]:
 
 
 # ---- records -------------------------------------------------------------------------------
+def _serious(findings: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """The static checks' errors and warnings; None when the checks did not run."""
+    if findings is None:
+        return None
+    return [f for f in findings if isinstance(f, dict) and f.get("severity") in ("error",
+                                                                              "warning")]
+
+
 def call_record(res, wall_s: float, out_dir: Path) -> dict[str, Any]:
     """What one run_scenario call (compile or run) contributes to a record."""
     compiled = res.evidence.get("compiled") or {}
@@ -177,7 +185,7 @@ def call_record(res, wall_s: float, out_dir: Path) -> dict[str, Any]:
         "mode": res.mode, "verdict": res.verdict.value, "reason": res.reason[:1000],
         "compiled": res.outcome.event("compiled") is not None,
         "fault_count": compiled.get("fault_count"),
-        "static_findings": compiled.get("static_findings"),
+        "static_findings": _serious(compiled.get("static_findings")),
         "localization": res.localization,
         "verdicts": verdicts,
         "harness_errors": verdicts.count("HARNESS_ERROR"),

@@ -31,6 +31,7 @@ class K:
 # and mode, what run_scenario returns; every call is appended to calls.jsonl.
 FAKE_CONFTEST = '''
 import json
+import time
 from pathlib import Path
 
 from cutedebug import runner
@@ -44,11 +45,14 @@ def fake_run_scenario(sc, *, runs_root="runs", run_dir=None, mode="run", probes=
                       wait_budget_ms=None, repeat=1, command=""):
     table = json.loads((HERE / "outcomes.json").read_text())
     spec = (table.get(sc.id) or table.get(f"fault:{sc.fault}") or {}).get(mode, {})
+    t0 = time.monotonic()
+    time.sleep(table.get("__delay__", 0.0))
     with open(HERE / "calls.jsonl", "a") as f:
         f.write(json.dumps({"id": sc.id, "mode": mode, "probes": probes, "repeat": repeat,
                             "deadline_s": sc.limits.deadline_s,
                             "compile_s": sc.limits.compile_s,
-                            "runs_root": str(runs_root)}) + "\\n")
+                            "runs_root": str(runs_root), "t0": t0,
+                            "t1": time.monotonic()}) + "\\n")
     d = Path(runs_root) / sc.id.replace("/", "__") / mode
     d.mkdir(parents=True, exist_ok=True)
     o = V.Outcome(phase="done")
@@ -136,10 +140,15 @@ def test_scenario_files_become_compile_and_run_items(pytester, no_gpu):
                        "hang": scenario_toml("fam/hang", "HANG", "my_switch")}, {})
     (pytester.path / "other").mkdir()
     (pytester.path / "other" / "settings.toml").write_text("x = 1\n")   # not a scenario dir
-    res = pytester.runpytest("--collect-only", "-q")
+    res = pytester.runpytest("--collect-only", "-q", "--cutedebug-compile-jobs=1")
     ids = [ln for ln in res.outlines if "::" in ln]
     assert ids == ["scenarios/fam/clean.toml::compile", "scenarios/fam/clean.toml::run",
                    "scenarios/fam/hang.toml::compile", "scenarios/fam/hang.toml::run"]
+    # compiling in parallel: every compile item comes before the first run item
+    res = pytester.runpytest("--collect-only", "-q", "--cutedebug-compile-jobs=2")
+    ids = [ln for ln in res.outlines if "::" in ln]
+    assert ids == ["scenarios/fam/clean.toml::compile", "scenarios/fam/hang.toml::compile",
+                   "scenarios/fam/clean.toml::run", "scenarios/fam/hang.toml::run"]
     # a .toml named on the command line is taken as a scenario wherever it is
     res = pytester.runpytest("-q", "other/settings.toml")
     res.assert_outcomes(failed=1)
@@ -210,7 +219,8 @@ def test_run_items_pass_fail_skip_and_hang_get_their_letter(pytester, fake_gpu):
     assert "cutedebug: 3 HANG verdict(s), 2 unexpected" in out
     res.assert_outcomes(passed=11, failed=3, skipped=2)
     # the one-letter progress line: H for an unexpected hang, h for an expected one
-    res = pytester.runpytest("-p", "no:cacheprovider", "scenarios/fam/hang_unexpected.toml",
+    res = pytester.runpytest("-p", "no:cacheprovider", "--cutedebug-compile-jobs=1",
+                             "scenarios/fam/hang_unexpected.toml",
                              "scenarios/fam/hang_expected.toml")
     lines = [ln for ln in res.outlines if ln.startswith("scenarios/fam/hang")]
     assert lines[0].startswith("scenarios/fam/hang_unexpected.toml .H")
@@ -237,6 +247,22 @@ def test_run_items_skip_with_the_reason_without_a_gpu(pytester, no_gpu):
     res.assert_outcomes(passed=1, skipped=1)
     assert "no NVIDIA GPU on this machine (nvidia-smi not found)" in res.stdout.str()
     assert [c["mode"] for c in calls(pytester)] == ["compile"]    # the run never started
+
+
+@pytest.mark.parametrize("jobs", [1, 3])
+def test_compile_items_run_compile_jobs_children_at_once(pytester, no_gpu, jobs):
+    names = [f"s{i}" for i in range(6)]
+    project(pytester, {n: scenario_toml(f"fam/{n}", "PASS") for n in names},
+            {"__delay__": 0.3, "fam/s4": {"compile": {"fault_count": 0}}})
+    (pytester.path / "scenarios" / "fam" / "s4.toml").write_text(
+        scenario_toml("fam/s4", "PASS", "my_switch"))
+    res = pytester.runpytest("-p", "no:cacheprovider", f"--cutedebug-compile-jobs={jobs}")
+    res.assert_outcomes(passed=5, failed=1, skipped=6)
+    assert "fault my_switch never triggered" in res.stdout.str()   # graded from the pool too
+    spans = sorted((c["t0"], c["t1"]) for c in calls(pytester) if c["mode"] == "compile")
+    at_once = max(sum(a <= start < b for a, b in spans) for start, _ in spans)
+    assert len(spans) == 6
+    assert at_once == 1 if jobs == 1 else at_once >= 2
 
 
 # ---- options ---------------------------------------------------------------------------------

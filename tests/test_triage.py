@@ -207,7 +207,11 @@ def engine(monkeypatch):
 
 SPECS = {"clean": ("PASS", None), "hang": ("HANG", "bad"), "crash": ("CRASH", "bad"),
          "cerr": ("COMPILE_ERROR", "bad"), "miss": ("MISMATCH", "bad")}
+ERR = {"severity": "error", "check": "tx_bytes", "message": "expect_tx 16 B above the copy"}
+NOTE = {"severity": "info", "check": "stages", "message": "4 stages"}
 OUTCOMES = {("k/hang", "run"): {"verdict": "HANG"}, ("k/crash", "run"): {"verdict": "CRASH"},
+            ("k/hang", "compile"): {"findings": [ERR, NOTE]},
+            ("k/clean", "compile"): {"findings": [NOTE]},
             ("k/cerr", "compile"): {"verdict": "COMPILE_ERROR", "compiled": False},
             ("k/miss", "run"): {"verdict": "NONDETERMINISTIC",
                                 "repeats": ["MISMATCH", "PASS"]}}
@@ -233,6 +237,11 @@ def test_compiles_in_parallel_gpu_runs_one_at_a_time(tmp_path, engine):
         "k/clean": "PASS", "k/hang": "HANG", "k/crash": "CRASH", "k/cerr": "COMPILE_ERROR",
         "k/miss": "NONDETERMINISTIC"}
     assert recs["k/miss"]["frequencies"] == {"MISMATCH": 1, "PASS": 1}
+    # caught statically: errors and warnings of the static checks count, notes do not
+    assert recs["k/hang"]["caught_statically"] is True
+    assert recs["k/hang"]["compile"]["static_findings"] == [ERR]
+    assert recs["k/clean"]["caught_statically"] is False
+    assert recs["k/crash"]["caught_statically"] is None       # the checks did not run
     progress = [ln for ln in lines if ln.startswith("[")]
     assert len(progress) == 5 and progress[-1].startswith("[  5/5]")
     assert "HARNESS_ERROR: 0" in lines and "processes of ours left: 0" in lines
