@@ -27,6 +27,10 @@ number of ``advance`` calls before this release, i.e. the 0-based k-tile of the 
 the kernel releases before advancing, or uses the handle API). A kernel that resets the
 count per work tile gets the fault in every tile. A state with no ``count`` falls back to the
 trace order of the release call sites (noted in the site's detail).
+
+"pipeline" (pipeline faults): which pipeline of the kernel the fault hits, numbered in the
+order the kernel traces ``create()`` of a cutlass.pipeline class with mbarriers (0 = first);
+-1 (the default, left out of the normalized args and the compile key) = every pipeline.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ class Param:
     choices: tuple[Any, ...] | None = None
     minimum: int | None = None
     nonzero: bool = False
+    omit_default: bool = False  # the default is left out of the normalized args (compile key)
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": self.type.__name__, "default": self.default,
@@ -161,6 +166,8 @@ def validate(name: str | None, args: dict[str, Any] | None) -> dict[str, Any]:
                                  f"(argument of {name})")
         if param.nonzero and value == 0:
             raise FaultSpecError(f"fault.args.{key} = 0: must be nonzero (argument of {name})")
+        if param.omit_default and value == param.default:
+            continue
         out[key] = value
     return out
 
@@ -184,7 +191,10 @@ def describe_all() -> list[dict[str, Any]]:
     for fault in FAULTS.values():
         out.append({
             "name": fault.name, "kind": fault.kind, "description": fault.description,
-            "params": {k: p.describe() for k, p in fault.params.items()},
+            "params": {k: p.describe() for k, p in fault.params.items() if not p.omit_default},
+            # absent from validate()'s normalized args while they keep their default
+            "optional_params": {k: p.describe() for k, p in fault.params.items()
+                                if p.omit_default},
             "expected": fault.expected, "expected_note": fault.expected_note,
             "patches": list(fault.patches),
         })
@@ -379,22 +389,85 @@ def _static_value(x: Any) -> Any:
     return x if isinstance(x, int) and not isinstance(x, bool) else None
 
 
+_PIPELINE_TAG = "_cutedebug_pipeline_index"
+
+
+class _PipelineSelector:
+    """Which pipeline a patched call belongs to: pipelines are numbered in create() order.
+
+    With ``wanted`` = -1 nothing is patched and every pipeline is selected. Otherwise each
+    library/user pipeline class's ``create`` is wrapped to tag the returned pipeline with its
+    index (``PipelineTmaStore`` has no mbarriers and is not counted).
+    """
+
+    def __init__(self, p: _Patcher, wanted: int):
+        self.wanted = wanted
+        self.creating: int | None = None  # index of the pipeline whose create() is running
+        if wanted < 0:
+            return
+        created = [0]
+        depth = _Depth()
+        for cls in _pipeline_classes("create", exclude=("PipelineTmaStore",)):
+
+            def create(*a, _orig=cls.create, **kw):
+                with depth.enter() as outermost:
+                    if not outermost:
+                        return _orig(*a, **kw)
+                    index, created[0] = created[0], created[0] + 1
+                    self.creating = index
+                    try:
+                        pipe = _orig(*a, **kw)
+                    finally:
+                        self.creating = None
+                    with contextlib.suppress(AttributeError, TypeError):
+                        object.__setattr__(pipe, _PIPELINE_TAG, index)
+                    return pipe
+
+            p.set_attr(cls, "create", staticmethod(create))
+
+    def selects(self, pipe: Any) -> bool:
+        return self.wanted < 0 or getattr(pipe, _PIPELINE_TAG, None) == self.wanted
+
+    def selects_creating(self) -> bool:
+        return self.wanted < 0 or self.creating == self.wanted
+
+    def selects_caller(self) -> bool:
+        """The innermost pipeline method on the stack (e.g. producer_acquire) is selected."""
+        if self.wanted < 0:
+            return True
+        from cutlass.pipeline import PipelineAsync
+
+        frame = sys._getframe(1)
+        while frame is not None:
+            owner = frame.f_locals.get("self")
+            if isinstance(owner, PipelineAsync):
+                return self.selects(owner)
+            frame = frame.f_back
+        return False
+
+    def extra(self) -> dict[str, Any]:
+        return {} if self.wanted < 0 else {"pipeline_index": self.wanted}
+
+
 # ---- patch faults ----------------------------------------------------------------------------
 
 def _apply_wrong_expect_tx(p: _Patcher, args: dict[str, Any], applied: Applied) -> None:
     from cutlass import cute
 
     delta = args["delta_bytes"]
+    select = _PipelineSelector(p, args.get("pipeline", -1))
     for fname in ("mbarrier_arrive_and_expect_tx", "mbarrier_expect_tx"):
         original = getattr(cute.arch, fname)
 
         def replacement(mbar_ptr, tx_bytes, *rest, _orig=original, _op=fname, loc=None,
                         ip=None, **kw):
+            if not select.selects_caller():
+                return _orig(mbar_ptr, tx_bytes, *rest, loc=loc, ip=ip, **kw)
             static = _static_value(tx_bytes)
             if static is not None and static + delta < 0:
                 raise FaultApplyError(f"wrong_expect_tx: {static} + {delta} tx bytes < 0")
             change = f"{static} -> {static + delta}" if static is not None else f"+ {delta}"
-            applied.add_site(_op, f"tx bytes {change}", tx_bytes=static)
+            applied.add_site(_op, f"tx bytes {change}", tx_bytes=static, **select.extra())
             return _orig(mbar_ptr, tx_bytes + delta, *rest, loc=loc, ip=ip, **kw)
 
         p.replace_everywhere(original, _user_op(replacement))
@@ -453,6 +526,9 @@ def _apply_missing_phase_flip(p: _Patcher, args: dict[str, Any], applied: Applie
     import cutlass.pipeline as pl
 
     role = args["role"]
+    if args.get("pipeline", -1) >= 0:
+        _phase_frozen_on_one_pipeline(p, role, args["pipeline"], applied)
+        return
     wanted = {"producer": (pl.PipelineUserType.Producer, pl.PipelineUserType.ProducerConsumer),
               "consumer": (pl.PipelineUserType.Consumer, pl.PipelineUserType.ProducerConsumer)}
     no_flip = _no_flip_state_class()
@@ -472,14 +548,49 @@ def _apply_missing_phase_flip(p: _Patcher, args: dict[str, Any], applied: Applie
     p.replace_everywhere(original, _user_op(make_pipeline_state))
 
 
+# Without a flip the phase a role waits on never leaves its initial value (make_pipeline_state:
+# consumer 0, producer 1). On one pipeline this is patched where that pipeline reads a state.
+_PHASE_READERS = {"consumer": ("consumer_wait", "consumer_try_wait"),
+                  "producer": ("producer_acquire", "producer_try_acquire", "producer_tail")}
+_INITIAL_PHASE = {"consumer": 0, "producer": 1}
+
+
+def _phase_frozen_on_one_pipeline(p: _Patcher, role: str, index: int, applied: Applied) -> None:
+    from cutlass.cutlass_dsl import Int32
+
+    select = _PipelineSelector(p, index)
+    no_flip = _no_flip_state_class()
+    depth = _Depth()
+    for op in _PHASE_READERS[role]:
+        for cls in _pipeline_classes(op, exclude=("PipelineTmaStore",)):
+
+            def patched(self, state, *rest, _orig=vars(cls)[op], _op=op, loc=None, ip=None,
+                        **kw):
+                with depth.enter() as outermost:
+                    if outermost and select.selects(self):
+                        state = no_flip(state.stages, state.count, state.index,
+                                        Int32(_INITIAL_PHASE[role]))
+                        applied.add_site(_op, f"{role} state of pipeline {index}: phase never "
+                                         "flips on wrap", pipeline=type(self).__name__,
+                                         pipeline_index=index)
+                    return _orig(self, state, *rest, loc=loc, ip=ip, **kw)
+
+            p.set_attr(cls, op, _user_op(patched))
+
+
 def _apply_skip_producer_tail(p: _Patcher, args: dict[str, Any], applied: Applied) -> None:
+    select = _PipelineSelector(p, args.get("pipeline", -1))
     # PipelineTmaStore's tail is a bulk-group wait, not a drain of empty barriers.
     for cls in _pipeline_classes("producer_tail", exclude=("PipelineTmaStore",)):
 
-        def producer_tail(self, *rest, _cls=cls, loc=None, ip=None, **kw):
+        def producer_tail(self, *rest, _orig=vars(cls)["producer_tail"], loc=None, ip=None,
+                          **kw):
+            if not select.selects(self):
+                return _orig(self, *rest, loc=loc, ip=ip, **kw)
             applied.add_site("producer_tail", f"{type(self).__name__}.producer_tail skipped "
                              f"({self.num_stages} empty-barrier waits removed)",
-                             pipeline=type(self).__name__, num_stages=self.num_stages)
+                             pipeline=type(self).__name__, num_stages=self.num_stages,
+                             **select.extra())
 
         p.set_attr(cls, "producer_tail", _user_op(producer_tail))
 
@@ -488,6 +599,7 @@ def _release_patch(p: _Patcher, args: dict[str, Any], applied: Applied, extra: b
     from cutlass.cutlass_dsl import if_generate
 
     k = args["at_iteration"]
+    select = _PipelineSelector(p, args.get("pipeline", -1))
     depth = _Depth()
     traced = [0]
     fault = "extra" if extra else "skip"
@@ -496,7 +608,7 @@ def _release_patch(p: _Patcher, args: dict[str, Any], applied: Applied, extra: b
 
         def consumer_release(self, state, *rest, _orig=original, loc=None, ip=None, **kw):
             with depth.enter() as outermost:
-                if not outermost:
+                if not outermost or not select.selects(self):
                     return _orig(self, state, *rest, loc=loc, ip=ip, **kw)
 
                 def release(inner_ip=ip):
@@ -510,7 +622,8 @@ def _release_patch(p: _Patcher, args: dict[str, Any], applied: Applied, extra: b
                         release()
                         release()
                     applied.add_site("consumer_release", f"{fault} release, {when}",
-                                     pipeline=pname, at_iteration=k)
+                                     pipeline=pname, at_iteration=k,
+                                     **select.extra())
                     return None
                 if count is None:  # no run-time count: the k-th traced call site
                     index, traced[0] = traced[0], traced[0] + 1
@@ -522,7 +635,8 @@ def _release_patch(p: _Patcher, args: dict[str, Any], applied: Applied, extra: b
                             release()
                         applied.add_site("consumer_release",
                                          f"{fault} release at traced call site {k} (the "
-                                         "state has no count)", pipeline=pname, at_iteration=k)
+                                         "state has no count)", pipeline=pname, at_iteration=k,
+                                     **select.extra())
                     return None
                 static = _static_value(count)
                 if static is not None:  # a compile-time count: decide now
@@ -532,7 +646,8 @@ def _release_patch(p: _Patcher, args: dict[str, Any], applied: Applied, extra: b
                         if extra:
                             release()
                         applied.add_site("consumer_release", f"{fault} release at count {k}",
-                                         pipeline=pname, at_iteration=k)
+                                         pipeline=pname, at_iteration=k,
+                                     **select.extra())
                     return None
                 if extra:
                     release()
@@ -541,7 +656,8 @@ def _release_patch(p: _Patcher, args: dict[str, Any], applied: Applied, extra: b
                     if_generate(count != k, lambda: release(None), loc=loc, ip=ip)
                 applied.add_site("consumer_release",
                                  f"{fault} release when state.count == {k} (run-time test)",
-                                 pipeline=pname, at_iteration=k)
+                                 pipeline=pname, at_iteration=k,
+                                     **select.extra())
                 return None
 
         p.set_attr(cls, "consumer_release", _user_op(consumer_release))
@@ -560,6 +676,7 @@ def _apply_wrong_arrive_count(p: _Patcher, args: dict[str, Any], applied: Applie
     from cutlass.pipeline.helpers import _get_thread_arrive_count
 
     delta, which = args["delta"], args["barrier"]
+    select = _PipelineSelector(p, args.get("pipeline", -1))
     depth = _Depth()
     for cls in _pipeline_classes("_make_sync_object"):
         original = cls._make_sync_object  # plain function or unwrapped staticmethod
@@ -568,7 +685,7 @@ def _apply_wrong_arrive_count(p: _Patcher, args: dict[str, Any], applied: Applie
             with depth.enter() as outermost:
                 a = list(a)
                 agent = kw["agent"] if "agent" in kw else a[2]
-                if outermost and kw.get("phase", "") == which:
+                if outermost and kw.get("phase", "") == which and select.selects_creating():
                     op, group = agent
                     count = _get_thread_arrive_count(group)
                     static = _static_value(count)
@@ -581,7 +698,8 @@ def _apply_wrong_arrive_count(p: _Patcher, args: dict[str, Any], applied: Applie
                         else f"+ {delta}"
                     applied.add_site("mbarrier_init", f"{which} barriers: arrive count {change}",
                                      pipeline=_cls.__name__,
-                                     arrive_count=static, num_stages=_static_value(stages))
+                                     arrive_count=static, num_stages=_static_value(stages),
+                                     **select.extra())
                     if "agent" in kw:
                         kw["agent"] = agent
                     else:
@@ -767,12 +885,13 @@ def _apply_early_exit(p: _Patcher, args: dict[str, Any], applied: Applied) -> No
 
     role, k = args["role"], args["at_iteration"]
     op = _EXIT_AT[role]
+    select = _PipelineSelector(p, args.get("pipeline", -1))
     depth = _Depth()
     for cls in _pipeline_classes(op, exclude=("PipelineTmaStore",)):
 
         def patched(self, state, *rest, _orig=vars(cls)[op], loc=None, ip=None, **kw):
             with depth.enter() as outermost:
-                if outermost:
+                if outermost and select.selects(self):
                     count = getattr(state, "count", None)
                     static = _static_value(count)
                     pname = type(self).__name__
@@ -781,13 +900,14 @@ def _apply_early_exit(p: _Patcher, args: dict[str, Any], applied: Applied) -> No
                             cute.arch.inline_ptx("exit;")
                             applied.add_site(op, f"{role} warps exit before {op} (the state "
                                              f"has {'no' if count is None else 'a static'} "
-                                             "count)", pipeline=pname, at_iteration=k)
+                                             "count)", pipeline=pname, at_iteration=k,
+                                             **select.extra())
                     else:
                         if_generate(count == k, lambda: cute.arch.inline_ptx("exit;"),
                                     loc=loc, ip=ip)
                         applied.add_site(op, f"{role} warps exit before {op} when state.count "
                                          f"== {k} (run-time test)", pipeline=pname,
-                                         at_iteration=k)
+                                         at_iteration=k, **select.extra())
                 return _orig(self, state, *rest, loc=loc, ip=ip, **kw)
 
         p.set_attr(cls, op, _user_op(patched))
@@ -823,11 +943,15 @@ def _refine_barrier_threads(args: dict[str, Any]) -> tuple[str, str]:
 _AT_ITERATION = Param(int, 0, "consumer state count at which it happens (run-time test); "
                       "-1 = every iteration", minimum=-1)
 
+_PIPELINE = Param(int, -1, "which pipeline, in create() order while tracing (0 = first); -1 = "
+                  "all", minimum=-1, omit_default=True)
+
 FAULTS: dict[str, Fault] = {f.name: f for f in (
     Fault(
         "wrong_expect_tx", "expect_tx byte count off by delta_bytes on every arrive.expect_tx",
         {"delta_bytes": Param(int, 16, "bytes added to each expect_tx (negative: fewer)",
-                              nonzero=True)},
+                              nonzero=True),
+         "pipeline": _PIPELINE},
         DEPENDS, expected_note="delta > 0: HANG (full barrier never completes); delta < 0: "
         "MISMATCH (phase completes before the data lands)",
         patches=("cute.arch.mbarrier_arrive_and_expect_tx", "cute.arch.mbarrier_expect_tx"),
@@ -836,7 +960,8 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
         "missing_phase_flip", "the PipelineState of one role wraps its index without flipping "
         "the phase bit",
         {"role": Param(str, "consumer", "whose states (make_pipeline_state) lose the flip",
-                       choices=("producer", "consumer"))},
+                       choices=("producer", "consumer")),
+         "pipeline": _PIPELINE},
         DEPENDS, expected_note="consumer: MISMATCH (waits on an already-completed parity, reads "
         "stale stages); producer: MISMATCH/RACE (overwrites stages still being read), HANG if "
         "a full barrier is lapped",
@@ -844,21 +969,21 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
         apply=_apply_missing_phase_flip),
     Fault(
         "skip_producer_tail", "producer_tail (drain of every empty barrier before exit) is a "
-        "no-op", {},
+        "no-op", {"pipeline": _PIPELINE},
         DEPENDS, expected_note="PASS in a single CTA; in a cluster a consumer's remote arrive "
         "may target an exited CTA (CRASH or HANG)",
         patches=("PipelineAsync.producer_tail and overrides",),
         apply=_apply_skip_producer_tail),
     Fault(
         "skip_consumer_release", "one consumer_release is not performed (run-time test on the "
-        "state's count)", {"at_iteration": _AT_ITERATION},
+        "state's count)", {"at_iteration": _AT_ITERATION, "pipeline": _PIPELINE},
         "HANG", expected_note="the empty barrier of that stage never completes: the producer "
         "(producer_acquire or producer_tail) waits forever; PASS only if at_iteration is never "
         "reached", patches=("PipelineAsync.consumer_release and overrides",),
         apply=_apply_skip_consumer_release),
     Fault(
         "extra_consumer_release", "one consumer_release is performed twice (run-time test on "
-        "the state's count)", {"at_iteration": _AT_ITERATION},
+        "the state's count)", {"at_iteration": _AT_ITERATION, "pipeline": _PIPELINE},
         "MISMATCH", expected_note="the empty barrier runs one phase ahead: the producer "
         "overwrites a stage still being read (RACE under racecheck; timing-dependent)",
         patches=("PipelineAsync.consumer_release and overrides",),
@@ -869,7 +994,8 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
         {"delta": Param(int, 1, "arrivals added to the init count (negative: fewer)",
                         nonzero=True),
          "barrier": Param(str, "empty", "which barriers of each pipeline",
-                          choices=("empty", "full"))},
+                          choices=("empty", "full")),
+         "pipeline": _PIPELINE},
         DEPENDS, expected_note="delta > 0: HANG; delta < 0: MISMATCH/RACE (phase completes "
         "before every agent arrived)",
         patches=("PipelineAsync._make_sync_object and overrides (agent group)",),
@@ -957,7 +1083,8 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
         "at_iteration (an early `return` in a role's loop)",
         {"role": Param(str, "consumer", "whose warps leave", choices=("producer", "consumer")),
          "at_iteration": Param(int, 0, "state count at which they leave (run-time test)",
-                               minimum=0)},
+                               minimum=0),
+         "pipeline": _PIPELINE},
         "HANG", expected_note="consumer: the empty barrier misses their releases -> producer_acquire "
         "(next lap) or producer_tail waits forever; producer: no later stage is filled -> "
         "consumer_wait waits forever (PipelineTmaAsync's commit is a no-op: the stage being "

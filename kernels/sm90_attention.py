@@ -382,13 +382,16 @@ class Sm90Attention:
         cute.arch.barrier(barrier_id=sched + wg, number_of_threads=CONSUMER_THREADS)
 
         # -- mainloop: the first (masked) block peeled, then unmasked blocks -----------------
-        self.key_block(k_pipe, v_pipe, k_state, v_state, tiled_mma_qk, tiled_mma_pv, t_q, t_k,
-                       t_vt, acc_s, acc_o, p_view, p, s_rc, o_rc, coords, row_max, row_sum, wg,
-                       m_block, n_end - 1, first=True)
+        # (the states are reassigned so the dynamic loop carries them)
+        k_state, v_state = self.key_block(
+            k_pipe, v_pipe, k_state, v_state, tiled_mma_qk, tiled_mma_pv, t_q, t_k, t_vt, acc_s,
+            acc_o, p_view, p, s_rc, o_rc, coords, row_max, row_sum, wg, m_block, n_end - 1,
+            first=True)
         for i in cutlass.range(1, n_end, unroll=1):
-            self.key_block(k_pipe, v_pipe, k_state, v_state, tiled_mma_qk, tiled_mma_pv, t_q,
-                           t_k, t_vt, acc_s, acc_o, p_view, p, s_rc, o_rc, coords, row_max,
-                           row_sum, wg, m_block, n_end - 1 - i, first=False)
+            k_state, v_state = self.key_block(
+                k_pipe, v_pipe, k_state, v_state, tiled_mma_qk, tiled_mma_pv, t_q, t_k, t_vt,
+                acc_s, acc_o, p_view, p, s_rc, o_rc, coords, row_max, row_sum, wg, m_block,
+                n_end - 1 - i, first=False)
         if wg == 0:  # the last turn: warpgroup 1's final PV
             cute.arch.barrier_arrive(barrier_id=sched + 1, number_of_threads=CONSUMER_THREADS)
 
@@ -490,6 +493,7 @@ class Sm90Attention:
         warpgroup.wait_group(0)
         v_pipe.consumer_release(v_state)
         v_state.advance()
+        return k_state, v_state
 
     # ---- interface ------------------------------------------------------------------------
     def _shape(self):
