@@ -53,8 +53,9 @@ Named barriers (ids; 0 is ``sync_threads`` / the pipeline init sync):
   Per tile with n key blocks each warpgroup syncs n + 1 times on its own id; warpgroup 0
   arrives n + 1 times on id 3 (once after each QK^T, once after the last PV), warpgroup 1 arrives
   n + 1 times on id 2 (once up front to give warpgroup 0 the first turn, once after each QK^T):
-  every phase of both barriers sees exactly 128 + 128 threads. Performance only: the data they
-  order is per warpgroup, so dropping them changes timing, not results.
+  every phase of both barriers sees exactly 128 + 128 threads. They order no data (each
+  warpgroup's operands are its own), but they are counted: a dropped ``bar.sync`` lets two
+  arrivals complete a phase with nobody waiting, and a later sync starves (HANG).
 - 1, epilogue: 256 threads (both consumer warpgroups ``bar.sync``) between the ``stmatrix`` of O
   and the TMA store that reads all 128 rows: the cross-warpgroup data dependency.
 Trace order of the counted barrier call sites (``which`` of drop_sync / wrong_barrier_threads):
@@ -82,7 +83,8 @@ Faults that apply (cutedebug patches them at trace time; none is written here), 
 - early_exit consumer / producer: HANG (producer_acquire / consumer_wait).
 - missing_init_fence: usually PASS (one shared init for the three pipelines).
 - drop_sync on the epilogue barrier (which=3) -> the TMA store reads a half-written O tile:
-  MISMATCH; on a scheduler sync -> PASS (order only).
+  MISMATCH; on the first scheduler sync (which=0) -> warpgroup 0 meets one arrival too few on
+  id 2 before its last PV: HANG.
 - wrong_barrier_threads +32 (all sites) -> the first scheduler ``bar.sync`` never completes: HANG
   (not an mbarrier: printf-bisection localizes it).
 Kernel-level switch: ``skip_rescale``: O is not multiplied by exp2((m_old - m_new) * scale_log2)
