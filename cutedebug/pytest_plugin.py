@@ -32,6 +32,8 @@ Options (precedence: marker > command line > environment > ini)
     - ``compile_jobs`` (N or auto; no marker: it is session-wide): compile items run N
       compile-only children at once (default: the CPU count, at most 8). With N > 1 every
       compile item runs before the first run item, so GPU runs never share the CPU.
+    - ``forkserver`` (on/off, default on; session-wide): workers fork from one server that
+      imported torch and cutlass once, instead of paying those imports per item.
 
 Outer guard
     Each scenario item (and each test using the fixture) gets a pytest-timeout marker set
@@ -141,9 +143,12 @@ OPTIONS = (
            "to the watchdog's worst case (default 60)"),
     Option("compile_jobs", _jobs, "compile items: compile-only children at once, session-wide "
            "(default: the CPU count, at most 8; 1: each in its turn)"),
+    Option("forkserver", _to_bool, "fork workers from one server that imported torch and "
+           "cutlass once, session-wide: on|off (default on)"),
 )
 DEFAULTS = {"deadline": None, "compile_deadline": None, "probes": None, "repeat": 1,
-            "runs_dir": None, "timeout_margin": 60.0, "compile_jobs": None}
+            "runs_dir": None, "timeout_margin": 60.0, "compile_jobs": None,
+            "forkserver": True}
 
 
 @dataclass(frozen=True)
@@ -155,6 +160,7 @@ class Settings:
     runs_dir: Path
     timeout_margin: float
     compile_jobs: int
+    forkserver: bool
     sources: dict[str, str]       # option -> where its value came from
 
     def apply(self, sc: S.Scenario) -> S.Scenario:
@@ -335,7 +341,7 @@ class ScenarioItem(_Item):
         return round(watchdog_budget_s(s.apply(self.scenario), self.mode, repeat)
                      + s.timeout_margin, 1)
 
-    def call_engine(self, s: Settings):
+    def call_engine(self, s: Settings, forkserver=None):
         """run_scenario + report (thread-safe: touches no pytest state)."""
         from cutedebug import report, runner
 
@@ -343,14 +349,15 @@ class ScenarioItem(_Item):
         try:
             res = runner.run_scenario(sc, runs_root=s.runs_dir, mode=self.mode,
                                       probes=s.probes,
-                                      repeat=1 if self.mode == "compile" else s.repeat)
+                                      repeat=1 if self.mode == "compile" else s.repeat,
+                                      forkserver=forkserver)
         except S.ScenarioError as e:   # the kernel could not be loaded in the child
             raise ScenarioFailure(f"{sc.id}: {e}") from None
         _, md = report.write(res)
         return res, md
 
     def _run(self, s: Settings):
-        res, md = self.call_engine(s)
+        res, md = self.call_engine(s, session_forkserver(self.config))
         self.user_properties.append((VERDICT_PROP, res.verdict.value))
         self.user_properties.append(("cutedebug_report", str(md)))
         return res, md
@@ -378,15 +385,34 @@ def _prefetch(item: CompileItem) -> Future | None:
         pool = ThreadPoolExecutor(jobs, thread_name_prefix="cutedebug-compile")
         config.stash[_PREFETCH_KEY] = pool
         config.stash[_FUTURES_KEY] = {
-            it.nodeid: pool.submit(it.call_engine, it.settings())
+            it.nodeid: pool.submit(it.call_engine, it.settings(), session_forkserver(config))
             for it in item.session.items if isinstance(it, CompileItem)}
     return config.stash[_FUTURES_KEY].pop(item.nodeid, None)
+
+
+# One fork server per session, started by the first item that needs a worker (main thread).
+_FORKSERVER_KEY = pytest.StashKey[Any]()
+
+
+def session_forkserver(config: pytest.Config):
+    """The session's fork server, or None (off, or it could not start: fresh workers then)."""
+    if _FORKSERVER_KEY not in config.stash:
+        from cutedebug import runner
+
+        s = resolve(config)
+        config.stash[_FORKSERVER_KEY] = runner.start_forkserver(s.runs_dir) \
+            if s.forkserver else None
+    return config.stash[_FORKSERVER_KEY]
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     pool = session.config.stash.get(_PREFETCH_KEY, None)
     if pool is not None:
         pool.shutdown(wait=True, cancel_futures=True)
+    server = session.config.stash.get(_FORKSERVER_KEY, None)
+    if server is not None:
+        server.close()
+        session.config.stash[_FORKSERVER_KEY] = None
 
 
 def compile_outcome(res) -> tuple[bool, str]:
@@ -568,7 +594,8 @@ def cutedebug_run(request: pytest.FixtureRequest):
             pytest.skip(reason)
         try:
             res = runner.run_scenario(s.apply(sc), runs_root=s.runs_dir, mode=mode,
-                                      probes=s.probes, repeat=s.repeat)
+                                      probes=s.probes, repeat=s.repeat,
+                                      forkserver=session_forkserver(request.config))
         except S.ScenarioError as e:   # the child could not load the kernel
             problem = str(e)
         if problem:

@@ -41,8 +41,13 @@ HERE = Path(__file__).parent
 _real = runner.run_scenario
 
 
+class FakeForkServer:
+    def close(self):
+        (HERE / "forkserver_closed").write_text("1")
+
+
 def fake_run_scenario(sc, *, runs_root="runs", run_dir=None, mode="run", probes=None,
-                      wait_budget_ms=None, repeat=1, command=""):
+                      wait_budget_ms=None, repeat=1, command="", forkserver=None):
     table = json.loads((HERE / "outcomes.json").read_text())
     spec = (table.get(sc.id) or table.get(f"fault:{sc.fault}") or {}).get(mode, {})
     t0 = time.monotonic()
@@ -52,6 +57,7 @@ def fake_run_scenario(sc, *, runs_root="runs", run_dir=None, mode="run", probes=
                             "deadline_s": sc.limits.deadline_s,
                             "compile_s": sc.limits.compile_s,
                             "runs_root": str(runs_root), "t0": t0,
+                            "forked": isinstance(forkserver, FakeForkServer),
                             "t1": time.monotonic()}) + "\\n")
     d = Path(runs_root) / sc.id.replace("/", "__") / mode
     d.mkdir(parents=True, exist_ok=True)
@@ -67,12 +73,17 @@ def fake_run_scenario(sc, *, runs_root="runs", run_dir=None, mode="run", probes=
                             outcome=o, evidence=evidence, mode=mode)
 
 
+_real_fs = runner.start_forkserver
+
+
 def pytest_configure(config):
     runner.run_scenario = fake_run_scenario
+    runner.start_forkserver = lambda runs_root="runs": FakeForkServer()
 
 
 def pytest_unconfigure(config):
     runner.run_scenario = _real
+    runner.start_forkserver = _real_fs
 '''
 
 
@@ -334,6 +345,12 @@ def test_runs_dir_option_and_outer_timeout_above_the_watchdog(pytester, fake_gpu
     res = pytester.runpytest("--cutedebug-runs-dir", "out/runs", "-p", "no:cacheprovider")
     res.assert_outcomes(passed=4)
     assert {c["runs_root"] for c in calls(pytester)} == {str(pytester.path / "out" / "runs")}
+    # one fork server for the session, handed to every run, closed at the end
+    assert all(c["forked"] for c in calls(pytester))
+    assert (pytester.path / "forkserver_closed").exists()
+    (pytester.path / "calls.jsonl").unlink()
+    pytester.runpytest("--cutedebug-forkserver=off").assert_outcomes(passed=4)
+    assert not any(c["forked"] for c in calls(pytester))
     assert list((pytester.path / "out" / "runs").glob("*/run/report.md"))
 
 
