@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from cutlass import cute
+from helpers.ptx import expect_tx_bytes
 
 from cutedebug import faults, probes
 from cutedebug import scenario as S
@@ -47,17 +48,6 @@ def ptx(tmp_path_factory):
         return _PTX[key]
 
     return compile_ptx
-
-
-def immediates(ptx_text: str) -> dict[str, int]:
-    return {r: int(v) for r, v in re.findall(r"mov\.b32\s+(%r\d+),\s*(\d+);", ptx_text)}
-
-
-def expect_tx_bytes(ptx_text: str) -> list[int]:
-    regs = immediates(ptx_text)
-    found = re.findall(r"mbarrier\.arrive\.expect_tx\.shared\.b64\s+\S+,\s*\[[^\]]+\],\s*(\S+);",
-                       ptx_text)
-    return [regs[r] if r in regs else int(r) for r in found]
 
 
 def count(ptx_text: str, pattern: str) -> int:

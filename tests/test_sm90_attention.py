@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
+from helpers.ptx import expect_tx_bytes, init_counts
 
 from cutedebug import faults
 from cutedebug.kernel_api import load_entry
@@ -42,24 +43,6 @@ def compile_ptx(tmp_path_factory):
         return _PTX[key]
 
     return run
-
-
-def immediates(text: str) -> dict[str, int]:
-    return {r: int(v) for r, v in re.findall(r"mov\.b32\s+(%r\d+),\s*(\d+);", text)}
-
-
-def expect_tx_bytes(text: str) -> list[int]:
-    """expect_tx byte counts in PTX order: Q (traced first by the producer), K, V."""
-    regs = immediates(text)
-    found = re.findall(r"mbarrier\.arrive\.expect_tx\.shared\.b64\s+\S+,\s*\[[^\]]+\],\s*(\S+);",
-                       text)
-    return [regs[r] if r in regs else int(r) for r in found]
-
-
-def init_counts(text: str) -> list[int]:
-    regs = immediates(text)
-    found = re.findall(r"mbarrier\.init\.shared\.b64\s+\[[^\]]+\],\s*(\S+);", text)
-    return [regs[r] if r in regs else int(r) for r in found]
 
 
 def named_barriers(text: str) -> list[tuple[str, str, int]]:

@@ -6,11 +6,11 @@ on it and changes the PTX the way the fault says."""
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 
 import pytest
+from helpers.ptx import expect_tx_bytes, init_counts
 
 from cutedebug import faults
 from cutedebug.kernel_api import load_entry, resolve_params
@@ -48,24 +48,6 @@ def ptx(tmp_path_factory):
         return _PTX[key]
 
     return compile_ptx
-
-
-def immediates(ptx_text: str) -> dict[str, int]:
-    """Register -> value for every ``mov.b32 %rN, IMM;`` in the PTX."""
-    return {r: int(v) for r, v in re.findall(r"mov\.b32\s+(%r\d+),\s*(\d+);", ptx_text)}
-
-
-def expect_tx_bytes(ptx_text: str) -> list[int]:
-    regs = immediates(ptx_text)
-    found = re.findall(r"mbarrier\.arrive\.expect_tx\.shared\.b64\s+\S+,\s*\[[^\]]+\],\s*(\S+);",
-                       ptx_text)
-    return [regs[r] if r in regs else int(r) for r in found]
-
-
-def init_counts(ptx_text: str) -> list[int]:
-    regs = immediates(ptx_text)
-    found = re.findall(r"mbarrier\.init\.shared\.b64\s+\[[^\]]+\],\s*(\S+);", ptx_text)
-    return [regs[r] if r in regs else int(r) for r in found]
 
 
 TMA_LOAD = "cp.async.bulk.tensor.2d.shared::cta.global.tile.mbarrier::complete_tx::bytes"

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.ptx import expect_tx_bytes, init_counts
 
 from cutedebug.kernel_api import KernelLoadError, load_entry, resolve_params
 
@@ -39,24 +40,6 @@ def ptx(tmp_path_factory):
         return _PTX[key]
 
     return compile_ptx
-
-
-def immediates(ptx_text: str) -> dict[str, int]:
-    """Register -> value for every ``mov.b32 %rN, IMM;`` in the PTX."""
-    return {r: int(v) for r, v in re.findall(r"mov\.b32\s+(%r\d+),\s*(\d+);", ptx_text)}
-
-
-def expect_tx_bytes(ptx_text: str) -> list[int]:
-    regs = immediates(ptx_text)
-    found = re.findall(r"mbarrier\.arrive\.expect_tx\.shared\.b64\s+\S+,\s*\[[^\]]+\],\s*(\S+);",
-                       ptx_text)
-    return [regs[r] if r in regs else int(r) for r in found]
-
-
-def init_counts(ptx_text: str) -> list[int]:
-    regs = immediates(ptx_text)
-    found = re.findall(r"mbarrier\.init\.shared\.b64\s+\[[^\]]+\],\s*(\S+);", ptx_text)
-    return [regs[r] if r in regs else int(r) for r in found]
 
 
 # ---- compile matrix ------------------------------------------------------------------------
