@@ -57,12 +57,13 @@ import os
 import re
 import struct
 import sys
-import sysconfig
 import threading
 import types
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from cutedebug import frames
 
 MAGIC = 0x4B434443  # b"CDCK" read as a little-endian u32
 VERSION = 1
@@ -87,9 +88,6 @@ _SYNTH = re.compile(r"^(loop_body|while_region|while_before_block|while_after_bl
                     r"then_block|else_block|elif_region|ifexp_then_block|ifexp_else_block)_\d+$")
 _LOOP = re.compile(r"^(loop_body|while_region)_\d+$")
 _ARM = re.compile(r"^(then_block|else_block|elif_region|ifexp_then_block|ifexp_else_block)_\d+$")
-_PKG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-_STDLIB = tuple({p + os.sep for p in (sysconfig.get_paths()["stdlib"],
-                                      sysconfig.get_paths()["platstdlib"])})
 
 
 @dataclass
@@ -237,14 +235,6 @@ def _module_of(frame: Any) -> str:
     return frame.f_globals.get("__name__", "") or ""
 
 
-def _is_user_frame(frame: Any) -> bool:
-    fn = frame.f_code.co_filename
-    if fn.startswith("<") or fn.startswith(_PKG_DIR) or fn.startswith(_STDLIB):
-        return False
-    parts = os.path.abspath(fn).replace("\\", "/").split("/")
-    return not ("cutlass" in parts or "nvidia_cutlass_dsl" in parts)
-
-
 def _caller_kind(skip: int) -> str:
     """Who called the intercepted op: "user", "ours" (cutedebug instrumentation), "init" (a
     pipeline's create / init sync) or "pipeline" (other cutlass.pipeline code)."""
@@ -260,7 +250,7 @@ def _caller_kind(skip: int) -> str:
             if f.f_code.co_name in _INIT_FUNCTIONS:
                 return "init"
             kind = kind or "pipeline"
-        elif _is_user_frame(f):
+        elif frames.is_user_frame(f):
             return kind or "user"
         f = f.f_back
     return kind or "user"
@@ -272,31 +262,31 @@ def _stack_fields(skip: int) -> dict[str, Any]:
     f = sys._getframe(skip + 1)
     user = []
     while f is not None:
-        if _is_user_frame(f):
+        if frames.is_user_frame(f):
             user.append(f)
         f = f.f_back
     if not user:
         return {}
     inner = user[0]
     user.reverse()  # outer -> inner
-    frames: list[list[Any]] = []
+    fn_frames: list[list[Any]] = []
     loops: list[list[Any]] = []
     arms: list[list[Any]] = []  # [file, arm function, line of its `if`, owner frame index]
     for i, fr in enumerate(user):
         name = fr.f_code.co_name
         if not _SYNTH.match(name):
-            frames.append([fr.f_code.co_filename, name])
+            fn_frames.append([fr.f_code.co_filename, name])
         elif i > 0:
             parent = [user[i - 1].f_code.co_filename, user[i - 1].f_lineno]
             if _LOOP.match(name):
                 loops.append(parent)
             elif _ARM.match(name):
-                arms.append([*parent[:1], name, parent[1], len(frames) - 1])
+                arms.append([*parent[:1], name, parent[1], len(fn_frames) - 1])
     fn = inner.f_code.co_filename
     return {"file": fn, "line": inner.f_lineno,
-            "function": frames[-1][1] if frames else inner.f_code.co_name,
+            "function": fn_frames[-1][1] if fn_frames else inner.f_code.co_name,
             "code": linecache.getline(fn, inner.f_lineno).strip(),
-            "loops": loops, "frames": frames, "arms": arms}
+            "loops": loops, "frames": fn_frames, "arms": arms}
 
 
 def _static(v: Any) -> Any:

@@ -37,11 +37,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import sys
-import sysconfig
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from cutedebug import frames
 
 VERDICTS = ("PASS", "MISMATCH", "HANG", "CRASH", "RACE", "MEMORY_ERROR", "SYNC_ERROR", "UNINIT")
 DEPENDS = "depends"
@@ -121,7 +121,7 @@ class Applied:
                 f"none of {self.patched or ['its patched functions']} was called by the kernel")
 
     def add_site(self, op: str, detail: str, **extra: Any) -> dict[str, Any]:
-        where = _kernel_frame()
+        where = frames.kernel_frame()
         site = {"fault": self.fault, "op": op, "file": where[0], "line": where[1],
                 "function": where[2], "detail": detail, **extra}
         self.sites.append(site)
@@ -304,38 +304,6 @@ def _module_items(module: Any) -> list[tuple[str, Any]]:
 
 
 # ---- kernel call sites -----------------------------------------------------------------------
-
-_SKIP_DIRS: tuple[str, ...] | None = None
-
-
-def _skip_dirs() -> tuple[str, ...]:
-    global _SKIP_DIRS
-    if _SKIP_DIRS is None:
-        import cutlass
-
-        root = os.path.dirname(os.path.abspath(cutlass.__file__))
-        up = root
-        while up != os.path.dirname(up) and os.path.basename(up) != "nvidia_cutlass_dsl":
-            up = os.path.dirname(up)
-        if os.path.basename(up) == "nvidia_cutlass_dsl":
-            root = up
-        dirs = [root + os.sep, sysconfig.get_paths()["stdlib"] + os.sep]
-        _SKIP_DIRS = tuple(dirs)
-    return _SKIP_DIRS
-
-
-def _kernel_frame() -> tuple[str | None, int | None, str | None]:
-    """file, line, function of the innermost frame outside cutlass, the stdlib and this file."""
-    skip = _skip_dirs()
-    frame = sys._getframe(1)
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        if (filename != __file__ and not filename.startswith(skip)
-                and not filename.startswith("<")):
-            return filename, frame.f_lineno, frame.f_code.co_name
-        frame = frame.f_back
-    return None, None, None
-
 
 def _called_from(names: frozenset[str]) -> bool:
     """True when a cutlass.pipeline frame named in ``names`` is on the stack (library internals)."""

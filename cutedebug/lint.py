@@ -34,11 +34,12 @@ import os
 import re
 import subprocess
 import sys
-import sysconfig
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from cutedebug import frames
 
 SEVERITIES = ("error", "warning", "info")
 PIPELINE_OPS = ("producer_acquire", "producer_commit", "consumer_wait", "consumer_release",
@@ -198,46 +199,14 @@ def _static_tuple(x: Any) -> tuple | None:
 
 # ---- frames ----------------------------------------------------------------------------------
 
-_SKIP: tuple[str, ...] | None = None
-_CUTEDEBUG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-
-
-def _skip_prefixes() -> tuple[str, ...]:
-    global _SKIP
-    if _SKIP is None:
-        import cutlass
-
-        root = os.path.dirname(os.path.abspath(cutlass.__file__))
-        up = root
-        while up != os.path.dirname(up) and os.path.basename(up) != "nvidia_cutlass_dsl":
-            up = os.path.dirname(up)
-        if os.path.basename(up) == "nvidia_cutlass_dsl":
-            root = up
-        _SKIP = (root + os.sep, sysconfig.get_paths()["stdlib"] + os.sep)
-    return _SKIP
-
-
-def _is_library(filename: str) -> bool:
-    return filename.startswith("<") or filename.startswith(_skip_prefixes())
-
-
-def _kernel_frame() -> tuple[str | None, int | None, str | None]:
-    """Innermost frame outside cutlass, the stdlib and cutedebug: the kernel's call site."""
-    skip = _skip_prefixes()
-    f = sys._getframe(1)
-    while f is not None:
-        fn = f.f_code.co_filename
-        if not fn.startswith("<") and not fn.startswith(skip) and \
-                not os.path.abspath(fn).startswith(_CUTEDEBUG_DIR):
-            return fn, f.f_lineno, f.f_code.co_name
-        f = f.f_back
-    return None, None, None
-
-
 def _caller_is_library(depth: int = 2) -> tuple[bool, str]:
     f = sys._getframe(depth)
     fn = f.f_code.co_filename
-    return (_is_library(fn) or os.path.abspath(fn) == os.path.abspath(__file__),
+    path = os.path.abspath(fn)
+    # A fault's wrapper (cutedebug/faults.py) calling a release is the kernel's call as far as
+    # the protocol goes; only the DSL, the stdlib and this recorder are library here.
+    in_dsl = frames.is_library(fn) and not path.startswith(frames.PACKAGE_DIR)
+    return (in_dsl or path == os.path.abspath(__file__),
             f"{os.path.basename(fn)}:{f.f_lineno}")
 
 
@@ -294,7 +263,7 @@ class _Recorder:
 
     # events
     def add(self, kind: str, pipeline: str | None = None, **detail: Any) -> Event:
-        file, line, func = _kernel_frame()
+        file, line, func = frames.kernel_frame()
         ev = Event(len(self.proto.events), kind, pipeline, file, line, func, tuple(self.conds),
                    detail)
         self.proto.events.append(ev)
@@ -320,22 +289,22 @@ class _Recorder:
         exact = [p for p in cands if (p.stages, p.tx_count, p.full_init) == fp]
         if exact or cands:
             return (exact or cands)[-1].key
-        file, line, _ = _kernel_frame()
+        file, line, _ = frames.kernel_frame()
         key = f"{cls}@{os.path.basename(file or '?')}:{line}"
         self.proto.pipelines.setdefault(key, PipelineRecord(key, cls, file, line,
                                                             stages=fp[0], tx_count=fp[1]))
         return key
 
     def on_array_init(self, array: Any) -> None:
-        frames = _create_frames()
+        create_frames = _create_frames()
         count = _static(getattr(array, "arrive_count", None))
         op = getattr(getattr(array, "op_type", None), "name", None)
-        if not frames:
+        if not create_frames:
             self.add("mbarrier_array_init", count=count, stages=array.num_stages)
             return
-        outer = frames[-1]
+        outer = create_frames[-1]
         cls_name = outer.f_code.co_qualname.rpartition(".")[0] or "Pipeline"
-        file, line, _ = _kernel_frame()
+        file, line, _ = frames.kernel_frame()
         key = f"{cls_name}@{os.path.basename(file or '?')}:{line}"
         rec = self.proto.pipelines.get(key)
         if rec is None or rec.init_seq != id(outer):
@@ -353,7 +322,7 @@ class _Recorder:
                 defer_sync=bool(loc.get("defer_sync", False)), init_seq=id(outer))
             self.proto.pipelines[key] = rec
             self.keep.append(outer)  # its id() marks this create call
-        if "sync_object_full" in frames[0].f_locals:  # the library assigns full, then empty
+        if "sync_object_full" in create_frames[0].f_locals:  # the library assigns full, then empty
             side = "empty"
         else:
             side = "full" if rec.full_init is None and rec.full_op is None else "empty"
@@ -371,7 +340,7 @@ class _Recorder:
         if name in self.proto.state_types:
             return
         stages = _static(getattr(state, "_stages", None))
-        file, line, _ = _kernel_frame()
+        file, line, _ = frames.kernel_frame()
         info: dict[str, Any] = {"role": role, "stages": stages, "flips": None, "file": file,
                                 "line": line}
         if stages and stages > 1:
@@ -408,8 +377,6 @@ def record() -> Iterator[Protocol]:
         op_mod._is_framework_frame(__file__)  # package roots: computed with its own prefixes
         patcher.set_attr(op_mod, "_FRAMEWORK_MODULE_PREFIXES",
                          (*op_mod._FRAMEWORK_MODULE_PREFIXES, __name__))
-        # Likewise for the fault sites' file:line (faults._kernel_frame) under these wrappers.
-        patcher.set_attr(faults, "_SKIP_DIRS", (*faults._skip_dirs(), __file__))
         _patch_pipelines(rec, patcher, user_op)
         _patch_arrays(rec, patcher, helpers)
         _patch_arch(rec, patcher, user_op, cute)
@@ -596,7 +563,7 @@ def _on_tma_copy(rec: _Recorder, op: Any, name: str, dst: Any, kw: dict[str, Any
         if ev.kind == "producer_acquire" and (key is None or ev.pipeline == key):
             acquire = ev
             break
-    file, line, _ = _kernel_frame()
+    file, line, _ = frames.kernel_frame()
     text = linecache.getline(file, line) if file else ""
     m = _COPY_ARG.search(text)
     label = m.group(1).rpartition(".")[2] if m else f"copy@{line}"
@@ -644,7 +611,7 @@ def _patch_launch(rec: _Recorder, p: Any, cdsl: Any) -> None:
     def launch(self, *a, **kw):
         entry = {k: _static_tuple(kw.get(k)) for k in ("grid", "block", "cluster")
                  if kw.get(k) is not None}
-        file, line, _ = _kernel_frame()
+        file, line, _ = frames.kernel_frame()
         entry.update(kernel=getattr(self.funcBody, "__name__", "?"), file=file, line=line)
         if not rec.proto.launch:
             rec.proto.launch = entry

@@ -54,6 +54,8 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from cutedebug import frames
+
 MAGIC = 0x42504443  # b"CDPB" read as a little-endian u32
 VERSION = 1
 HEADER_FMT = "<IIIIIIQ"
@@ -72,7 +74,6 @@ SITE_BITS = 12
 MAX_SITES = (1 << SITE_BITS) - 1
 BLOCK_MASK = (1 << 20) - 1
 
-_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 @dataclass
@@ -209,16 +210,6 @@ def _as_sites(sites: Any) -> dict[int, Site]:
     return out
 
 
-def _is_library_frame(filename: str) -> bool:
-    if filename.startswith("<"):
-        return True
-    path = os.path.abspath(filename)
-    if path.startswith(_PKG_DIR + os.sep):
-        return True
-    parts = path.replace("\\", "/").split("/")
-    return "cutlass" in parts or "nvidia_cutlass_dsl" in parts or "contextlib.py" in parts
-
-
 def _static_int(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
@@ -241,7 +232,7 @@ def _locate(skip: int) -> tuple[Any, Any]:
                 nearest = nearest or f
                 if f.f_code.co_name in PIPELINE_OPS:
                     named = f
-        if not _is_library_frame(f.f_code.co_filename):
+        if not frames.is_library(f.f_code.co_filename):
             return named or nearest, f
         f = f.f_back
     return named or nearest, None
