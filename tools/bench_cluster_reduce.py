@@ -23,13 +23,14 @@ samples after warm-up. Exits 0 with "no GPU" when there is none, 1 when a check 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from benchlib import median_ms  # noqa: E402
 
 from cutedebug.kernel_api import load_entry
 
@@ -85,22 +86,6 @@ def run_small(cls, params: dict, torch) -> tuple[bool, str]:
         return False, (f"{int(bad.sum())} of {out.numel()} bad; first {i} got "
                        f"{out[i].item()!r} want {ref[i].item()!r}")
     return True, f"max |err| {float((out - ref).abs().max()):.3g}"
-
-
-def median_ms(fn, torch, runs: int, reps: int, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(runs):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            fn()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) / reps)
-    return statistics.median(samples)
 
 
 def big_inputs(m: int, n: int, dtype: str, torch) -> dict:
@@ -184,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             tensors = big_inputs(m, n, dtype, torch)
             x = tensors["x"]
             dst = torch.empty_like(x)
-            t_copy = median_ms(lambda d=dst, s=x: d.copy_(s), torch, runs, args.reps)
+            t_copy = median_ms(lambda d=dst, s=x: d.copy_(s), torch, runs, args.reps, warmup=3)
             gbs_copy = 2 * x.nbytes / t_copy / 1e6
             del dst
             plan = [("sum", c) for c in configs(sms)] + [("rmsnorm", configs(sms)[0])]
@@ -205,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
                 if problem:
                     print(f"MISMATCH {op} {dtype} {m}x{n} {cfg}: {problem}")
                     return 1
-                t = median_ms(lambda f=compiled, a=cargs: f(*a), torch, runs, args.reps)
+                t = median_ms(lambda f=compiled, a=cargs: f(*a), torch, runs, args.reps, warmup=3)
                 gbs = moved / t / 1e6
                 ratio = gbs / gbs_copy
                 if op == "sum":

@@ -20,13 +20,14 @@ when there is no usable GPU, 1 when a correctness check fails.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from benchlib import median_ms  # noqa: E402
 
 from cutedebug.kernel_api import load_entry
 
@@ -106,22 +107,6 @@ def o_reference_per_batch(kern, tensors: dict, torch):
         out, _ = kern.reference_parts(one)
         parts.append(out)
     return torch.cat(parts)
-
-
-def median_ms(fn, torch, runs: int, reps: int, warmup: int = 5) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(runs):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            fn()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) / reps)
-    return statistics.median(samples)
 
 
 def time_sdpa(backend, q, k, v, causal: bool, torch, runs: int, reps: int) -> float | None:

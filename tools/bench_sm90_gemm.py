@@ -20,13 +20,14 @@ when there is no usable GPU, 1 when a correctness check fails.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from benchlib import median_ms  # noqa: E402
 
 from cutedebug.kernel_api import load_entry
 
@@ -109,22 +110,6 @@ def run_kernel(cls, params: dict, tensors: dict, torch):
     compiled(*args)
     torch.cuda.synchronize()
     return k, compiled, args, secs
-
-
-def median_ms(fn, torch, runs: int, reps: int, warmup: int = 5) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(runs):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            fn()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) / reps)
-    return statistics.median(samples)
 
 
 def main(argv: list[str] | None = None) -> int:

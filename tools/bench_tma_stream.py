@@ -18,7 +18,6 @@ correctness check fails.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -26,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
+from benchlib import median_ms  # noqa: E402
 from gpu_check_tma_stream import no_gpu_reason, run_case
 
 from cutedebug.kernel_api import load_entry
@@ -68,22 +68,6 @@ def check_big(k, tensors, torch, chunk_rows: int = 4096) -> str | None:
             return (f"{int(bad.sum())} bad in rows {r0}..{r0 + len(out) - 1}; first "
                     f"[{r0 + r}, {c}] got {out[r, c].item()!r} want {ref[r, c].item()!r}")
     return None
-
-
-def median_ms(fn, torch, runs: int, reps: int, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(runs):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            fn()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) / reps)
-    return statistics.median(samples)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,8 +124,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"MISMATCH {dtype} tile {tile_m}x{tile_n} stages {stages}: {problem}")
             return 1
         x, dst = tensors["x"], tensors["out"]
-        t_kernel = median_ms(lambda f=compiled, a=cargs: f(*a), torch, runs, args.reps)
-        t_copy = median_ms(lambda d=dst, s=x: d.copy_(s), torch, runs, args.reps)
+        t_kernel = median_ms(lambda f=compiled, a=cargs: f(*a), torch, runs, args.reps, warmup=3)
+        t_copy = median_ms(lambda d=dst, s=x: d.copy_(s), torch, runs, args.reps, warmup=3)
         gbs_kernel = (2 * x.nbytes + 8 * m) / t_kernel / 1e6
         gbs_copy = 2 * x.nbytes / t_copy / 1e6
         ratios.append(gbs_kernel / gbs_copy)
