@@ -186,8 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
     f = sub.add_parser("faults", help="list injectable faults")
     f.add_argument("--json", action="store_true")
     f.set_defaults(func=cmd_faults)
-    from cutedebug import sanitizer  # `cutedebug sanitize`
-    sanitizer.add_parser(sub)
+    from cutedebug import sanitize_cmd  # `cutedebug sanitize`
+    sanitize_cmd.add_parser(sub)
     from cutedebug import triage  # `cutedebug triage`
     triage.add_parser(sub)
     from cutedebug import lint  # `cutedebug lint`

@@ -23,6 +23,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cutedebug import sanitize_cmd as cmd
 from cutedebug import sanitizer as san
 from cutedebug.sanitizer import Finding, Site
 
@@ -358,7 +359,7 @@ def test_real_api_noise_filtered_with_reason():
     result = san.make_result("memcheck", ["cs"], found)
     assert result["verdict"] == "CLEAN"
     assert result["filtered"] == [{"reason": san.NOISE_PROC_ADDRESS, "count": 34}]
-    assert san.noise_cell(result) == "34 api-probing"
+    assert cmd.noise_cell(result) == "34 api-probing"
 
 
 def test_synthetic_real_api_error_is_kept():
@@ -537,9 +538,9 @@ def test_tma_hazard_filtered_by_source_line(tmp_path):
     assert kept == [tma, plain] and filtered == []
     on = san.make_result("racecheck", ["cs"], [tma, plain])
     off = san.make_result("racecheck", ["cs"], [tma, plain], tma_filter=False)
-    assert [g["kind"] for g in on["groups"]] == ["RAW_HAZARD"] and san.noise_cell(on) == "1 tma"
+    assert [g["kind"] for g in on["groups"]] == ["RAW_HAZARD"] and cmd.noise_cell(on) == "1 tma"
     assert [g["kind"] for g in off["groups"]] == ["WAR_HAZARD", "RAW_HAZARD"]
-    assert (off["tma_filter"], san.noise_cell(off)) == (False, "0")
+    assert (off["tma_filter"], cmd.noise_cell(off)) == (False, "0")
 
 
 def test_real_race_is_not_taken_for_tma():
@@ -799,13 +800,13 @@ def test_markdown_reports_shrink_sizes_and_times():
 
 
 def test_shrinkable_params_read_without_importing_the_kernel(tmp_path):
-    assert san.shrinkable_params(REPO / "kernels" / "minimal.py", "Minimal") == ("n",)
-    assert san.shrinkable_params(REPO / "kernels" / "tma_stream.py", "TmaStream") == (
+    assert cmd.shrinkable_params(REPO / "kernels" / "minimal.py", "Minimal") == ("n",)
+    assert cmd.shrinkable_params(REPO / "kernels" / "tma_stream.py", "TmaStream") == (
         "m", "n", "ctas")
-    assert san.shrinkable_params(REPO / "kernels" / "minimal.py", "Nope") == ()
+    assert cmd.shrinkable_params(REPO / "kernels" / "minimal.py", "Nope") == ()
     k = tmp_path / "k.py"
     k.write_text("class K:\n    PARAMS = {'n': 4}\n")
-    assert san.shrinkable_params(k, "K") == ()
+    assert cmd.shrinkable_params(k, "K") == ()
 
 
 # ---- the verdict of one sanitized run ------------------------------------------------------
@@ -833,7 +834,7 @@ def test_shrinkable_params_read_without_importing_the_kernel(tmp_path):
 ])
 def test_tool_verdict_table(cls, kernel, kw, expected):
     args = {"launched": True, "synced": True, "killed": None, "exit_code": 0, "records": 0}
-    verdict, reason = san.tool_verdict(cls, kernel, "worker says so", **(args | kw))
+    verdict, reason = cmd.tool_verdict(cls, kernel, "worker says so", **(args | kw))
     assert verdict == expected
     assert reason
     if not kw.get("launched", True):
@@ -841,19 +842,19 @@ def test_tool_verdict_table(cls, kernel, kw, expected):
 
 
 def test_parse_tools():
-    assert san.parse_tools("all") == san.TOOLS
-    assert san.parse_tools("racecheck,synccheck") == ("racecheck", "synccheck")
-    assert san.parse_tools(["memcheck", "memcheck,initcheck"]) == ("memcheck", "initcheck")
+    assert cmd.parse_tools("all") == san.TOOLS
+    assert cmd.parse_tools("racecheck,synccheck") == ("racecheck", "synccheck")
+    assert cmd.parse_tools(["memcheck", "memcheck,initcheck"]) == ("memcheck", "initcheck")
     with pytest.raises(ValueError, match="unknown sanitizer tool 'leakcheck'"):
-        san.parse_tools("leakcheck")
+        cmd.parse_tools("leakcheck")
 
 
 def test_as_expected():
-    assert san.as_expected("RACE", {"memcheck": "CLEAN", "racecheck": "RACE"})
-    assert not san.as_expected("RACE", {"racecheck": "HANG"})
-    assert san.as_expected("PASS", {"memcheck": "CLEAN", "racecheck": "CLEAN"})
-    assert not san.as_expected("PASS", {"memcheck": "CLEAN", "initcheck": "UNSUPPORTED"})
-    assert not san.as_expected("CRASH", {"memcheck": "MEMORY_ERROR"})
+    assert cmd.as_expected("RACE", {"memcheck": "CLEAN", "racecheck": "RACE"})
+    assert not cmd.as_expected("RACE", {"racecheck": "HANG"})
+    assert cmd.as_expected("PASS", {"memcheck": "CLEAN", "racecheck": "CLEAN"})
+    assert not cmd.as_expected("PASS", {"memcheck": "CLEAN", "initcheck": "UNSUPPORTED"})
+    assert not cmd.as_expected("CRASH", {"memcheck": "MEMORY_ERROR"})
 
 
 # ---- `cutedebug sanitize` end to end through the fake compute-sanitizer ---------------------
@@ -1043,7 +1044,7 @@ def test_sanitize_shrink_keeps_the_finding(fake_sanitizer, tmp_path):
 def test_sanitize_missing_sanitizer_is_a_clear_error(monkeypatch, capsys, tmp_path):
     from cutedebug import cli
 
-    monkeypatch.setattr(san, "find_sanitizer", lambda: None)
+    monkeypatch.setattr(cmd, "find_sanitizer", lambda: None)
     rc = cli.main(["sanitize", str(SCEN / "clean.toml"), "--runs-dir", str(tmp_path)])
     err = capsys.readouterr().err
     assert rc == 2

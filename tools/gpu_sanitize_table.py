@@ -29,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from cutedebug import sanitize_cmd as cmd
 from cutedebug import sanitizer as san
 from cutedebug import scenario as S
 
@@ -68,7 +69,7 @@ def plan(targets: list[str], tools: str | None) -> list[tuple[Path, tuple[str, .
             items.append((Path(path), own or tools or "all"))
     else:
         items = [(SCEN / f, tools or default) for f, default in PLAN if (SCEN / f).exists()]
-    return [(p, san.parse_tools(t)) for p, t in items]
+    return [(p, cmd.parse_tools(t)) for p, t in items]
 
 
 def row(sc_id: str, tool: str, res: dict | None, plain: dict | None) -> dict:
@@ -77,7 +78,7 @@ def row(sc_id: str, tool: str, res: dict | None, plain: dict | None) -> dict:
                 "findings": "-", "noise_filtered": "-", "sanitizer_s": None,
                 "plain_s": plain and plain["seconds"], "slowdown": None, "worker_said": "-"}
     return {"scenario": sc_id, "tool": tool, "verdict": res["verdict"],
-            "findings": san.findings_cell(res), "noise_filtered": san.noise_cell(res),
+            "findings": cmd.findings_cell(res), "noise_filtered": cmd.noise_cell(res),
             "sanitizer_s": res["sanitizer_seconds"], "plain_s": res["plain_seconds"],
             "slowdown": round(res["slowdown"], 1) if res.get("slowdown") else None,
             "worker_said": res["kernel_verdict"]}
@@ -123,10 +124,10 @@ def main() -> int:
                 continue
             if plain is None:
                 t0 = time.monotonic()
-                plain = san.plain_run(sc, sc_dir / "plain")
+                plain = cmd.plain_run(sc, sc_dir / "plain")
                 plain_s.append(time.monotonic() - t0)
             t0 = time.monotonic()
-            tr = san.run_tool(sc, tool, sc_dir / tool, sanitizer=sanitizer,
+            tr = cmd.run_tool(sc, tool, sc_dir / tool, sanitizer=sanitizer,
                               deadline_scale=args.deadline_scale, plain=plain,
                               tma_filter=args.tma_filter)
             run_s.append(time.monotonic() - t0)

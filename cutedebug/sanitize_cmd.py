@@ -1,0 +1,461 @@
+"""`cutedebug sanitize`: compute-sanitizer around the worker, under the watchdog.
+
+One plain run for the slowdown figure, then one sanitized run per tool through
+``runner.run_once(wrap=...)`` with the deadlines scaled; findings are parsed, filtered and
+classified by :mod:`cutedebug.sanitizer` and written as ``sanitize.json`` / ``sanitize.md``
+into the run directory. The per-tool verdict rules are in :func:`tool_verdict`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cutedebug.sanitizer import (
+    CLEAN,
+    DEFAULT_PRINT_LIMIT,
+    ERROR_EXITCODE,
+    NOISE_ANALYSIS_DUP,
+    NOISE_PROC_ADDRESS,
+    NOISE_TMA,
+    PARSE_FAILURE,
+    TOOLS,
+    Finding,
+    ShrinkResult,
+    _secs,
+    _where,
+    analyze,
+    build_command,
+    child_env,
+    filter_noise,
+    find_sanitizer,
+    group,
+    make_result,
+    render_markdown,
+    shrink,
+    source_line,
+)
+
+FINDING_VERDICTS = ("RACE", "MEMORY_ERROR", "SYNC_ERROR", "UNINIT")
+# Sanitized kernels run 10-100x slower; every phase deadline of the scenario is scaled by
+# this, so a sanitized hang still ends (as HANG) instead of hanging the caller.
+DEFAULT_DEADLINE_SCALE = 10.0
+EXIT_OK, EXIT_NOT_AS_EXPECTED, EXIT_USAGE = 0, 1, 2
+
+
+class SanitizerNotFound(RuntimeError):
+    pass
+
+
+def parse_tools(text: str | Sequence[str]) -> tuple[str, ...]:
+    """``"all"``, ``"memcheck"``, ``"racecheck,synccheck"`` (or a list of those) → tools."""
+    items = [text] if isinstance(text, str) else list(text)
+    names: list[str] = []
+    for item in items:
+        for name in (n.strip() for n in item.split(",")):
+            if not name:
+                continue
+            for t in (TOOLS if name == "all" else (name,)):
+                if t not in TOOLS:
+                    raise ValueError(f"unknown sanitizer tool {t!r}; choose from "
+                                     f"{', '.join(TOOLS)} or all")
+                if t not in names:
+                    names.append(t)
+    if not names:
+        raise ValueError("no sanitizer tool given")
+    return tuple(names)
+
+
+def shrinkable_params(kernel_file: str | os.PathLike, entry: str) -> tuple[str, ...]:
+    """The entry class's ``SHRINKABLE`` names, read from the source (cutlass never imported)."""
+    import ast
+
+    try:
+        tree = ast.parse(Path(kernel_file).read_text(), filename=str(kernel_file))
+    except (OSError, SyntaxError):
+        return ()
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == entry:
+            for stmt in node.body:
+                target = (stmt.targets[0] if isinstance(stmt, ast.Assign)
+                          and len(stmt.targets) == 1 else
+                          stmt.target if isinstance(stmt, ast.AnnAssign) and stmt.value else None)
+                if isinstance(target, ast.Name) and target.id == "SHRINKABLE":
+                    try:
+                        value = ast.literal_eval(stmt.value)
+                    except ValueError:
+                        return ()
+                    if isinstance(value, (tuple, list)):
+                        return tuple(v for v in value if isinstance(v, str))
+    return ()
+
+
+def tool_verdict(sanitizer_class: str, kernel_verdict: str, kernel_reason: str, *,
+                 launched: bool, synced: bool, killed: str | None, exit_code: int | None,
+                 records: int) -> tuple[str, str]:
+    """(verdict, reason) of one sanitized run, from what the sanitizer and the worker said.
+
+    CLEAN needs positive evidence: the kernel was launched, finished, and the sanitizer's
+    output was read. A run whose kernel never ran says what the worker said (UNSUPPORTED,
+    COMPILE_ERROR, ...), never CLEAN.
+    """
+    if killed:
+        return kernel_verdict, (f"the sanitized run was killed by the watchdog ({killed}): "
+                                f"{kernel_reason}")
+    if not launched:
+        why = f"the kernel never ran under the sanitizer: {kernel_reason}"
+        if records:
+            why += (f"; the sanitizer output holds {records} record(s) that cannot come from "
+                    "this kernel's launch (kept in the report, not used for the verdict)")
+        return kernel_verdict, why
+    if sanitizer_class in FINDING_VERDICTS:
+        return sanitizer_class, "findings below"
+    if sanitizer_class == "UNREADABLE":
+        return "UNREADABLE", "the sanitizer's output could not be read (see PARSE_FAILURE)"
+    if exit_code == ERROR_EXITCODE and not records:
+        return "UNREADABLE", (f"the sanitizer exited with its error code {ERROR_EXITCODE} "
+                              "but no record was read")
+    if not synced:
+        return kernel_verdict, ("the kernel failed and the sanitizer named no cause: "
+                                f"{kernel_reason}")
+    if sanitizer_class != CLEAN:
+        return sanitizer_class, "unfiltered findings below"
+    return CLEAN, ("no findings after noise filtering; the kernel ran to completion "
+                   f"({kernel_verdict})")
+
+
+@dataclass
+class ToolRun:
+    tool: str
+    result: dict[str, Any]
+    findings: list[Finding]
+    seconds: float
+
+
+def _kernel_seconds(outcome: Any) -> float | None:
+    synced = outcome.event("synced")
+    return synced.get("kernel_s") if synced else None
+
+
+def run_tool(scenario: Any, tool: str, run_dir: Path, *, sanitizer: str,
+             deadline_scale: float = DEFAULT_DEADLINE_SCALE,
+             print_limit: int = DEFAULT_PRINT_LIMIT, deadlock_timeout_s: int | None = None,
+             plain: Mapping[str, Any] | None = None, reproduce: str = "",
+             tma_filter: bool = True) -> ToolRun:
+    """One sanitized run of ``scenario``'s worker in ``run_dir``: findings and verdict."""
+    from cutedebug import runner
+
+    run_dir = Path(run_dir).resolve()
+    command: dict[str, Any] = {}
+
+    def wrap(argv: list[str], sub: Path) -> list[str]:
+        xml = Path(sub).resolve() / f"{tool}.xml"
+        xml.unlink(missing_ok=True)
+        command["argv"] = build_command(tool, argv, str(xml), sanitizer=sanitizer,
+                                        print_limit=print_limit,
+                                        deadlock_timeout_s=deadlock_timeout_s)
+        command["xml"] = xml
+        return command["argv"]
+
+    env = child_env(tool)
+    classified, outcome, _facts = runner.run_once(
+        scenario, run_dir, mode="run", probes=None, lineinfo=True, wrap=wrap, extra_env=env,
+        deadline_scale=deadline_scale)
+    log_text = (run_dir / "worker.log").read_text(errors="replace")
+    findings = analyze(tool, command["xml"], log_text, print_limit)
+    roots = (Path(scenario.kernel_file).parent, runner.REPO_ROOT)
+
+    def read(file: str | None, line: int | None) -> str | None:
+        return source_line(file, line, roots=roots)
+
+    plain = plain or {}
+    result = make_result(tool, command["argv"], findings, env=env,
+                         exit_code=outcome.returncode, sanitizer_seconds=outcome.elapsed_s,
+                         plain_seconds=plain.get("seconds"), xml_path=str(command["xml"]),
+                         read_source=read, tma_filter=tma_filter)
+    _, filtered = filter_noise(findings, tma=tma_filter, read_source=read)
+    records = len([f for f in findings if f.kind != PARSE_FAILURE])
+    verdict, reason = tool_verdict(
+        result["verdict"], classified.verdict.value, classified.reason,
+        launched=outcome.event("launched") is not None,
+        synced=outcome.event("synced") is not None, killed=outcome.killed_by_watchdog,
+        exit_code=outcome.returncode, records=records)
+    k_san, k_plain = _kernel_seconds(outcome), plain.get("kernel_seconds")
+    result.update({
+        "sanitizer_class": result["verdict"], "verdict": verdict, "reason": reason,
+        "kernel_verdict": classified.verdict.value, "kernel_reason": classified.reason,
+        "killed_by_watchdog": outcome.killed_by_watchdog,
+        "deadline_scale": deadline_scale, "run_dir": str(run_dir),
+        "worker_log": str(run_dir / "worker.log"),
+        "records": records, "filtered_count": len(filtered),
+        "kernel_seconds": {"sanitized": k_san, "plain": k_plain,
+                           "slowdown": k_san / k_plain if k_san and k_plain else None},
+    })
+    if reproduce:
+        result["reproduce_cutedebug"] = reproduce
+    return ToolRun(tool, result, list(findings), outcome.elapsed_s)
+
+
+def plain_run(scenario: Any, run_dir: Path) -> dict[str, Any]:
+    """The same worker without the sanitizer (line info on, probes off): the slowdown base."""
+    from cutedebug import runner
+
+    classified, outcome, _ = runner.run_once(scenario, Path(run_dir).resolve(), lineinfo=True)
+    return {"verdict": classified.verdict.value, "reason": classified.reason,
+            "seconds": outcome.elapsed_s, "kernel_seconds": _kernel_seconds(outcome),
+            "run_dir": str(run_dir)}
+
+
+def _resolved_params(scenario: Any, names: Sequence[str]) -> dict[str, Any]:
+    from cutedebug.scenario import ScenarioError, kernel_params_from_source
+
+    try:
+        declared = kernel_params_from_source(Path(scenario.kernel_file), scenario.kernel_entry,
+                                             scenario.id) or {}
+    except ScenarioError:
+        declared = {}
+    params = dict(scenario.params)
+    for name in names:
+        if name not in params and isinstance(declared.get(name), int):
+            params[name] = declared[name]
+    return params
+
+
+def shrink_tool(scenario: Any, first: ToolRun, run_dir: Path, *, max_runs: int = 24,
+                **run_kw: Any) -> ShrinkResult | None:
+    """Shrink the scenario's SHRINKABLE params while ``first``'s top finding persists."""
+    names = shrinkable_params(scenario.kernel_file, scenario.kernel_entry)
+    kept, _ = filter_noise(first.findings)
+    groups = group(kept)
+    if not names or not groups:
+        return None
+    params = _resolved_params(scenario, names)
+    counter = iter(range(1, 10_000))
+
+    def run(p: dict[str, Any]) -> list[Finding]:
+        i = next(counter)
+        sc = scenario.with_overrides(params=dict(p))
+        tr = run_tool(sc, first.tool, Path(run_dir) / f"candidate{i:02d}", **run_kw)
+        if tr.result["verdict"] not in FINDING_VERDICTS:
+            return []  # hung, never ran, unreadable: not "the same finding"
+        return tr.findings
+
+    return shrink(params, names, run, target=(groups[0].kind, groups[0].lines),
+                  max_runs=max_runs, original=(first.findings, first.seconds))
+
+
+def sanitize_scenario(scenario: Any, tools: Sequence[str], run_dir: Path, *, sanitizer: str,
+                      plain: bool = True, do_shrink: bool = False, shrink_max_runs: int = 24,
+                      deadline_scale: float = DEFAULT_DEADLINE_SCALE,
+                      print_limit: int = DEFAULT_PRINT_LIMIT,
+                      deadlock_timeout_s: int | None = None, reproduce: str = "",
+                      tma_filter: bool = True, on_tool: Callable[[dict[str, Any]], None] | None = None,
+                      ) -> dict[str, Any]:
+    """Plain run (for the slowdown), then one sanitized run per tool, then optional shrink."""
+    run_dir = Path(run_dir).resolve()
+    plain_info = plain_run(scenario, run_dir / "plain") if plain else None
+    run_kw = {"sanitizer": sanitizer, "deadline_scale": deadline_scale,
+              "print_limit": print_limit, "deadlock_timeout_s": deadlock_timeout_s,
+              "plain": plain_info, "tma_filter": tma_filter}
+    runs: list[ToolRun] = []
+    for tool in tools:
+        tr = run_tool(scenario, tool, run_dir / tool, reproduce=reproduce, **run_kw)
+        runs.append(tr)
+        if on_tool is not None:
+            on_tool(tr.result)
+    shrunk = None
+    if do_shrink:
+        first = next((r for r in runs if r.result["verdict"] in FINDING_VERDICTS), None)
+        if first is not None:
+            shrunk = shrink_tool(scenario, first, run_dir / "shrink" / first.tool,
+                                 max_runs=shrink_max_runs, **run_kw)
+            if shrunk is not None:
+                first.result["shrink"] = json.loads(json.dumps(shrunk.to_dict()))
+    return {"scenario": scenario.to_json(), "expected_verdict": scenario.expect.verdict,
+            "tools": {r.tool: r.result for r in runs}, "plain": plain_info,
+            "run_dir": str(run_dir), "reproduce": reproduce}
+
+
+def as_expected(expected: str, verdicts: Mapping[str, str]) -> bool:
+    """A sanitizer verdict is expected: some tool gave it. PASS: every tool CLEAN."""
+    if expected in FINDING_VERDICTS:
+        return expected in verdicts.values()
+    if expected == "PASS":
+        return bool(verdicts) and all(v == CLEAN for v in verdicts.values())
+    return False
+
+
+def _top(result: Mapping[str, Any]) -> str:
+    groups = result.get("groups") or []
+    if not groups or result["verdict"] not in FINDING_VERDICTS:
+        return result.get("reason") or ""
+    g = groups[0]
+    src = next((ln.get("source") for ln in g["lines"] if ln.get("source")), None)
+    return (f"{g['kind']} at {_where(g['lines'])} ×{g['count']}"
+            + (f": `{src}`" if src else ""))
+
+
+NOISE_LABELS = {NOISE_PROC_ADDRESS: "api-probing", NOISE_TMA: "tma",
+                NOISE_ANALYSIS_DUP: "analysis-dup"}
+
+
+def noise_cell(result: Mapping[str, Any]) -> str:
+    """Filtered records by reason, short (a table cell): ``34 api-probing; 1 analysis-dup``."""
+    cells = [f"{item['count']} {NOISE_LABELS.get(item['reason'], item['reason'])}"
+             for item in result.get("filtered") or []]
+    return "; ".join(cells) or "0"
+
+
+def findings_cell(result: Mapping[str, Any]) -> str:
+    """``KIND@file:line ×N`` per kept group (a table cell)."""
+    cells = [f"{g['kind']}@{_where(g['lines'])} ×{g['count']}"
+             for g in result.get("groups") or []]
+    return "; ".join(cells) or "-"
+
+
+def render_summary_markdown(summary: Mapping[str, Any]) -> str:
+    sc = summary["scenario"]
+    tools = summary["tools"]
+    plain = summary.get("plain") or {}
+    ok = as_expected(summary["expected_verdict"], {t: r["verdict"] for t, r in tools.items()})
+    out = [f"# cutedebug sanitize: {sc['id']}", ""]
+    for tool, r in tools.items():
+        out.append(f"- **{tool} → {r['verdict']}**: {_top(r)}")
+    verdict_line = (f"Expected: {summary['expected_verdict']} → "
+                    f"{'as expected' if ok else 'NOT as expected'}.")
+    out += ["", verdict_line]
+    if plain:
+        out.append(f"Plain run (no sanitizer): {plain['verdict']} in "
+                   f"{_secs(plain.get('seconds'))} ({plain.get('reason')}).")
+    out += ["", "| tool | verdict | findings | noise filtered | sanitized | plain | slowdown |",
+            "|---|---|---|---|---|---|---|"]
+    for tool, r in tools.items():
+        slow = f"{r['slowdown']:.1f}×" if r.get("slowdown") else "-"
+        out.append(f"| {tool} | {r['verdict']} | {findings_cell(r)} | "
+                   f"{noise_cell(r)} | {_secs(r.get('sanitizer_seconds'))} | "
+                   f"{_secs(r.get('plain_seconds'))} | {slow} |")
+    if summary.get("reproduce"):
+        out += ["", "Reproduce all of it: `" + summary["reproduce"] + "`"]
+    out.append("")
+    for r in tools.values():
+        body = render_markdown(r).replace("\n## ", "\n### ").replace("# compute", "## compute", 1)
+        out += [body]
+    return "\n".join(out)
+
+
+def _command_line(args: Any) -> str:
+    parts = ["cutedebug", "sanitize", args.scenario, "--tool", ",".join(args.tools)]
+    for p in args.param:
+        parts += ["--param", p]
+    if args.expect:
+        parts += ["--expect", args.expect]
+    if args.shrink:
+        parts.append("--shrink")
+    if not args.tma_filter:
+        parts.append("--no-tma-filter")
+    return shlex.join(parts)
+
+
+def cmd_sanitize(args: Any) -> int:
+    from cutedebug import runner
+    from cutedebug import scenario as S
+
+    try:
+        args.tools = parse_tools(args.tool or "all")
+    except ValueError as e:
+        print(f"cutedebug sanitize: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    sanitizer = args.sanitizer or find_sanitizer()
+    if not sanitizer or not (os.path.isfile(sanitizer) and os.access(sanitizer, os.X_OK)):
+        looked = (f"{args.sanitizer} (--sanitizer)" if args.sanitizer else
+                  "$COMPUTE_SANITIZER, compute-sanitizer on PATH, $CUDA_HOME/bin, "
+                  "$CUDA_PATH/bin, $CUDA_ROOT/bin, /usr/local/cuda/bin, /usr/local/cuda-*/bin, "
+                  "/opt/nvidia/compute-sanitizer")
+        print(f"cutedebug sanitize: compute-sanitizer not found; looked for: {looked}. "
+              "Install the CUDA toolkit or set COMPUTE_SANITIZER=/path/to/compute-sanitizer.",
+              file=sys.stderr)
+        return EXIT_USAGE
+    sc = S.load(args.scenario)
+    if args.param:
+        params = dict(sc.params)
+        for item in args.param:
+            if "=" not in item:
+                print(f"cutedebug sanitize: --param {item!r}: expected NAME=VALUE",
+                      file=sys.stderr)
+                return EXIT_USAGE
+            k, v = item.split("=", 1)
+            params[k.strip()] = S.parse_value(v.strip())
+        sc = sc.with_overrides(params=params)
+    if args.expect:
+        sc = sc.with_overrides(expect=S.Expect(verdict=args.expect))
+    run_dir = runner.new_run_dir(sc, args.runs_dir).resolve() / "sanitize"
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+    def progress(r: Mapping[str, Any]) -> None:
+        print(f"{r['tool']}: {r['verdict']} — {_top(r)} "
+              f"({_secs(r.get('sanitizer_seconds'))})", flush=True)
+
+    summary = sanitize_scenario(
+        sc, args.tools, run_dir, sanitizer=sanitizer, plain=args.plain,
+        do_shrink=args.shrink, shrink_max_runs=args.shrink_max_runs,
+        deadline_scale=args.deadline_scale, print_limit=args.print_limit,
+        deadlock_timeout_s=args.racecheck_deadlock_timeout, reproduce=_command_line(args),
+        tma_filter=args.tma_filter, on_tool=progress)
+    verdicts = {t: r["verdict"] for t, r in summary["tools"].items()}
+    ok = as_expected(sc.expect.verdict, verdicts)
+    summary["as_expected"] = ok
+    json_path, md_path = run_dir / "sanitize.json", run_dir / "sanitize.md"
+    json_path.write_text(json.dumps(summary, indent=1, default=str))
+    md_path.write_text(render_summary_markdown(summary))
+    for r in summary["tools"].values():
+        if r.get("shrink"):
+            s = r["shrink"]
+            print(f"  shrunk {s['original']} → {s['shrunk']} in {len(s['runs'])} run(s)")
+    plain = summary.get("plain")
+    if plain:
+        print(f"plain run: {plain['verdict']} ({_secs(plain['seconds'])})")
+    print(f"expected {sc.expect.verdict}: {'as expected' if ok else 'NOT as expected'}")
+    print(f"report: {md_path}")
+    return EXIT_OK if ok else EXIT_NOT_AS_EXPECTED
+
+
+def add_parser(subparsers: Any) -> Any:
+    """Register ``cutedebug sanitize`` on the CLI's subparsers."""
+    from cutedebug.verdict import ALL as VERDICTS
+
+    p = subparsers.add_parser(
+        "sanitize", help="run compute-sanitizer around a scenario's worker",
+        description="compute-sanitizer (memcheck/racecheck/synccheck/initcheck) around the "
+                    "scenario's worker, under the watchdog with scaled deadlines. Exit 0 when "
+                    "the scenario's expected sanitizer verdict is found (or, for PASS, every "
+                    "tool is CLEAN), 1 otherwise, 2 on usage errors or a missing sanitizer.")
+    p.add_argument("scenario", help="scenario .toml")
+    p.add_argument("--tool", action="append", default=None,
+                   help="memcheck|racecheck|synccheck|initcheck|all, or a comma list "
+                        "(repeatable; default all)")
+    p.add_argument("--shrink", action="store_true",
+                   help="shrink the kernel's SHRINKABLE params while the first finding persists")
+    p.add_argument("--shrink-max-runs", type=int, default=24)
+    p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                   help="override a kernel parameter")
+    p.add_argument("--expect", choices=VERDICTS, help="expected verdict (overrides the "
+                   "scenario's)")
+    p.add_argument("--deadline-scale", type=float, default=DEFAULT_DEADLINE_SCALE,
+                   help="multiply the scenario's deadlines by this under the sanitizer")
+    p.add_argument("--print-limit", type=int, default=DEFAULT_PRINT_LIMIT)
+    p.add_argument("--racecheck-deadlock-timeout", type=int, default=None, metavar="S",
+                   help="passed to racecheck (cuda::barrier deadlock detection)")
+    p.add_argument("--no-tma-filter", dest="tma_filter", action="store_false",
+                   help="keep racecheck hazards that touch a bulk async (TMA) copy line")
+    p.add_argument("--sanitizer", help="path of compute-sanitizer (default: search)")
+    p.add_argument("--no-plain", dest="plain", action="store_false",
+                   help="skip the plain run (no slowdown figure)")
+    p.add_argument("--runs-dir", default="runs", help="where run directories go")
+    p.set_defaults(func=cmd_sanitize, tool=None)
+    return p
