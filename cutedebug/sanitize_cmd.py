@@ -333,13 +333,15 @@ def render_summary_markdown(summary: Mapping[str, Any]) -> str:
     if plain:
         out.append(f"Plain run (no sanitizer): {plain['verdict']} in "
                    f"{_secs(plain.get('seconds'))} ({plain.get('reason')}).")
-    out += ["", "| tool | verdict | findings | noise filtered | sanitized | plain | slowdown |",
-            "|---|---|---|---|---|---|---|"]
+    out += ["", "| tool | verdict | findings | noise filtered | sanitized | plain | slowdown "
+            "(process) | slowdown (kernel) |", "|---|---|---|---|---|---|---|---|"]
     for tool, r in tools.items():
         slow = f"{r['slowdown']:.1f}×" if r.get("slowdown") else "-"
+        k = (r.get("kernel_seconds") or {}).get("slowdown")
         out.append(f"| {tool} | {r['verdict']} | {findings_cell(r)} | "
                    f"{noise_cell(r)} | {_secs(r.get('sanitizer_seconds'))} | "
-                   f"{_secs(r.get('plain_seconds'))} | {slow} |")
+                   f"{_secs(r.get('plain_seconds'))} | {slow} | "
+                   f"{f'{k:.1f}×' if k else '-'} |")
     if summary.get("reproduce"):
         out += ["", "Reproduce all of it: `" + summary["reproduce"] + "`"]
     out.append("")

@@ -46,8 +46,9 @@ PLAN = [
     ("minimal/oob_store.toml", "memcheck"),
 ]
 FIRST_GUESS_S = 15.0  # per sanitized run, until one has been timed
+# slowdown: whole processes (imports included); kernel_slowdown: launch -> synchronize only.
 COLS = ["scenario", "tool", "verdict", "findings", "noise_filtered", "sanitizer_s", "plain_s",
-        "slowdown", "worker_said"]
+        "slowdown", "kernel_slowdown", "worker_said"]
 
 
 def gpu_present() -> bool:
@@ -76,11 +77,14 @@ def row(sc_id: str, tool: str, res: dict | None, plain: dict | None) -> dict:
     if res is None:
         return {"scenario": sc_id, "tool": tool, "verdict": "skipped (time budget)",
                 "findings": "-", "noise_filtered": "-", "sanitizer_s": None,
-                "plain_s": plain and plain["seconds"], "slowdown": None, "worker_said": "-"}
+                "plain_s": plain and plain["seconds"], "slowdown": None,
+                "kernel_slowdown": None, "worker_said": "-"}
+    kernel = (res.get("kernel_seconds") or {}).get("slowdown")
     return {"scenario": sc_id, "tool": tool, "verdict": res["verdict"],
             "findings": cmd.findings_cell(res), "noise_filtered": cmd.noise_cell(res),
             "sanitizer_s": res["sanitizer_seconds"], "plain_s": res["plain_seconds"],
             "slowdown": round(res["slowdown"], 1) if res.get("slowdown") else None,
+            "kernel_slowdown": round(kernel, 1) if kernel else None,
             "worker_said": res["kernel_verdict"]}
 
 
