@@ -109,6 +109,12 @@ def _run_one(args, sc, mode, fs, n, results, status):
     results.append(res)
     print(report.tldr(res))
     comp = res.evidence.get("compiled")
+    static = [f for f in (comp or {}).get("static_findings") or []
+              if f.get("severity") in ("error", "warning")]
+    if comp and comp.get("static_findings") is not None:
+        first = f" — {static[0]['severity']} {static[0]['check']}: {static[0]['message'][:140]}" \
+            if static else ""
+        print(f"  static protocol checks: {len(static) or 'no'} finding(s){first}")
     if res.verdict.value == "UNSUPPORTED":
         state = f"compiled for {comp['arch']} in {comp['secs']} s" if comp else "did not compile"
         print(f"  {state}; the kernel was not run")

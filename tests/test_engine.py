@@ -97,3 +97,17 @@ def test_minimal_verdicts_on_gpu(tmp_path, name, verdict):
     assert rep["verdict"] == verdict, rep["tldr"]
     if verdict == "HANG":
         assert rep["health"]["healthy"] is True
+
+
+def test_cpu_run_reports_what_the_static_checks_caught(tmp_path):
+    r = cutedebug("run", "scenarios/tma_stream/wrong_expect_tx_plus.toml",
+                  "scenarios/tma_stream/clean.toml", "--compile-only", "--runs-dir",
+                  str(tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    faulted = lines.index(next(ln for ln in lines if "wrong_expect_tx_plus" in ln))
+    assert lines[faulted + 1].startswith("  static protocol checks: 1 finding(s) — error "
+                                         "expect_tx: full barrier of pipeline")
+    assert "expect_tx 33040 B per stage, TMA copies deliver 33024 B" in lines[faulted + 1]
+    clean = lines.index(next(ln for ln in lines if "tma_stream/clean" in ln))
+    assert lines[clean + 1] == "  static protocol checks: no finding(s)"
