@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchlib import median_ms  # noqa: E402
+from benchlib import median_ms, no_gpu_reason  # noqa: E402
 
 from cutedebug.kernel_api import load_entry
 
@@ -44,18 +44,6 @@ RAGGED = [  # (m, n, k, cluster_m, tile_n, ctas)
 ]
 
 
-def no_gpu_reason() -> str | None:
-    """Why this machine cannot run the kernel, or None when it can."""
-    try:
-        import torch
-    except ImportError:
-        return "torch is not installed"
-    if not torch.cuda.is_available():
-        return "no CUDA GPU visible to torch"
-    major, minor = torch.cuda.get_device_capability()
-    if (major, minor) != (9, 0):
-        return f"the kernel targets sm_90a; this GPU is sm_{major}{minor}"
-    return None
 
 
 def persistent_ctas(cluster_m: int, sms: int) -> int:

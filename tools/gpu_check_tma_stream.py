@@ -22,6 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchlib import no_gpu_reason  # noqa: E402
+
 from cutedebug.kernel_api import load_entry
 
 KERNEL = ROOT / "kernels" / "tma_stream.py"
@@ -29,18 +31,6 @@ KERNEL = ROOT / "kernels" / "tma_stream.py"
 RAGGED = [(1, 8), (31, 8), (1000, 1000), (1025, 264), (4097, 2056), (3000, 7992), (8192, 8192)]
 
 
-def no_gpu_reason() -> str | None:
-    """Why this machine cannot run the kernel, or None when it can."""
-    try:
-        import torch
-    except ImportError:
-        return "torch is not installed"
-    if not torch.cuda.is_available():
-        return "no CUDA GPU visible to torch"
-    major, minor = torch.cuda.get_device_capability()
-    if (major, minor) != (9, 0):
-        return f"the kernel targets sm_90a; this GPU is sm_{major}{minor}"
-    return None
 
 
 def cases(sms: int, quick: bool) -> list[dict]:
