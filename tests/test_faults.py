@@ -19,6 +19,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from helpers.ptx import last_operands
 
 from cutedebug import faults
 from cutedebug.faults import DEPENDS, FAULTS, VERDICTS, FaultSpecError
@@ -114,30 +115,11 @@ def test_inject_none_is_a_null_context():
 
 # ---- PTX features ----------------------------------------------------------------------------
 
-_MOV_IMM = re.compile(r"mov\.(?:b32|u32|s32)\s+(%r\d+),\s*(-?\d+);")
-
-
-def _resolved(ptx: str, instr: str) -> list[int | str]:
-    """Operand values of ``instr``'s last operand, resolving registers to their mov immediates."""
-    values: dict[str, str] = {}
-    out: list[int | str] = []
-    pattern = re.compile(r"^\s*" + re.escape(instr) + r"\b[^;]*,\s*(%r\d+|\d+)\s*;")
-    for line in ptx.splitlines():
-        m = _MOV_IMM.search(line)
-        if m:
-            values[m.group(1)] = m.group(2)
-        m = pattern.search(line)
-        if m:
-            operand = m.group(1)
-            value = values.get(operand, operand)
-            out.append(int(value) if value.lstrip("-").isdigit() else value)
-    return out
-
 
 def ptx_features(ptx: str) -> dict[str, object]:
     return {
-        "expect_tx_bytes": sorted(_resolved(ptx, "mbarrier.arrive.expect_tx.shared.b64")),
-        "init_counts": Counter(_resolved(ptx, "mbarrier.init.shared.b64")),
+        "expect_tx_bytes": sorted(last_operands(ptx, "mbarrier.arrive.expect_tx.shared.b64")),
+        "init_counts": Counter(last_operands(ptx, "mbarrier.init.shared.b64")),
         "init_fences": len(re.findall(r"fence\.mbarrier_init", ptx)),
         "try_waits": len(re.findall(r"mbarrier\.try_wait", ptx)),
         "arrives": len(re.findall(r"mbarrier\.arrive\.shared\.b64", ptx)),

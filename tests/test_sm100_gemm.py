@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from helpers.ptx import last_operands
 
 from cutedebug import faults, kernel_api, runner, scenario
 from cutedebug.verdict import Verdict
@@ -79,22 +80,6 @@ def test_persistent_schedule_covers_every_output_element_once(cta_group):
 
 # ---- PTX ----------------------------------------------------------------------------------------
 
-_MOV = re.compile(r"mov\.b32\s+(%r\d+),\s*(-?\d+);")
-
-
-def _resolved(ptx: str, instr: str) -> list[int | str]:
-    """Last operand of every ``instr``, registers resolved to the mov immediate before them."""
-    regs: dict[str, str] = {}
-    out: list[int | str] = []
-    pattern = re.compile(r"^\s*" + re.escape(instr) + r"\b[^;]*,\s*(%r\d+|\d+)\s*;")
-    for line in ptx.splitlines():
-        if m := _MOV.search(line):
-            regs[m.group(1)] = m.group(2)
-        if m := pattern.search(line):
-            value = regs.get(m.group(1), m.group(1))
-            out.append(int(value) if value.lstrip("-").isdigit() else value)
-    return out
-
 
 def features(ptx: str) -> dict[str, object]:
     def n(pattern: str) -> int:
@@ -109,8 +94,8 @@ def features(ptx: str) -> dict[str, object]:
         "relinquish": n(r"tcgen05\.relinquish_alloc_permit"),
         "tmem_loads": n(r"tcgen05\.ld\."),
         "tmem_load_waits": n(r"tcgen05\.wait::ld"),
-        "expect_tx": sorted(_resolved(ptx, "mbarrier.arrive.expect_tx.shared.b64")),
-        "init_counts": Counter(_resolved(ptx, "mbarrier.init.shared.b64")),
+        "expect_tx": sorted(last_operands(ptx, "mbarrier.arrive.expect_tx.shared.b64")),
+        "init_counts": Counter(last_operands(ptx, "mbarrier.init.shared.b64")),
         "try_waits": n(r"mbarrier\.try_wait"),
         "local_arrives": n(r"mbarrier\.arrive\.shared\.b64"),
         "remote_arrives": n(r"mbarrier\.arrive\.shared::cluster\.b64"),

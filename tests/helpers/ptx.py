@@ -25,3 +25,21 @@ def expect_tx_bytes(ptx_text: str) -> list[int]:
 def init_counts(ptx_text: str) -> list[int]:
     """The arrive count of every ``mbarrier.init`` in PTX order."""
     return _operands(_INIT, ptx_text)
+
+
+_MOV_ANY = re.compile(r"mov\.(?:b32|u32|s32)\s+(%r\d+),\s*(-?\d+);")
+
+
+def last_operands(ptx_text: str, instr: str) -> list[int | str]:
+    """The last operand of every ``instr`` line, a register resolved to the immediate of the
+    latest ``mov`` into it before that line (left as the register name when there is none)."""
+    values: dict[str, str] = {}
+    out: list[int | str] = []
+    pattern = re.compile(r"^\s*" + re.escape(instr) + r"\b[^;]*,\s*(%r\d+|\d+)\s*;")
+    for line in ptx_text.splitlines():
+        if m := _MOV_ANY.search(line):
+            values[m.group(1)] = m.group(2)
+        if m := pattern.search(line):
+            value = values.get(m.group(1), m.group(1))
+            out.append(int(value) if value.lstrip("-").isdigit() else value)
+    return out
