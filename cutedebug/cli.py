@@ -85,7 +85,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         else None
     try:
         for sc in scenarios:
-            status = _run_one(args, sc, mode, fs, len(scenarios), results, status)
+            res = _run_one(args, sc, mode, fs, single=len(scenarios) == 1)
+            results.append(res)
+            if not res.expected:
+                status = EXIT_MISMATCH
     finally:
         if fs is not None:
             fs.close()
@@ -99,14 +102,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     return status
 
 
-def _run_one(args, sc, mode, fs, n, results, status):
+def _run_one(args, sc, mode, fs, single: bool):
+    """Run one scenario, write its report and print its lines; returns the RunResult."""
     from cutedebug import report, runner
 
     res = runner.run_scenario(sc, runs_root=args.runs_dir, mode=mode, probes=args.probes,
                               wait_budget_ms=args.wait_budget_ms, repeat=args.repeat,
-                              command=report.command_line() if n == 1 else "", forkserver=fs)
+                              command=report.command_line() if single else "", forkserver=fs)
     _, md = report.write(res)
-    results.append(res)
     print(report.tldr(res))
     comp = res.evidence.get("compiled")
     static = [f for f in (comp or {}).get("static_findings") or []
@@ -119,7 +122,7 @@ def _run_one(args, sc, mode, fs, n, results, status):
         state = f"compiled for {comp['arch']} in {comp['secs']} s" if comp else "did not compile"
         print(f"  {state}; the kernel was not run")
     print(f"  report: {md}", flush=True)
-    return status if res.expected else EXIT_MISMATCH
+    return res
 
 
 def cmd_list(args: argparse.Namespace) -> int:

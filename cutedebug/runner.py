@@ -197,10 +197,9 @@ def watch(argv: list[str], events_path: Path, log_path: Path, limits: Limits, *,
             evs, bad = reader.poll()
             now = time.monotonic()
             for ev in evs:
-                outcome.events.append(ev)
                 name = ev["event"]
-                if name in V.PHASES and V.PHASES.index(name) > V.PHASES.index(outcome.phase):
-                    outcome.phase, phase_t = name, now
+                if outcome.add(ev):
+                    phase_t = now
                     if name == "launched":
                         counter_t = now
                 if name == "progress":
@@ -220,8 +219,7 @@ def watch(argv: list[str], events_path: Path, log_path: Path, limits: Limits, *,
                                               f"{_phase_deadline(outcome.phase, limits):g}s")
             if outcome.killed_by_watchdog:
                 facts["kill_t"] = round(now - t_start, 3)
-                facts["swept"] = kill_tree(proc, tag)
-                proc.wait(timeout=10)
+                facts["swept"] = kill_tree(proc, tag)     # also reaps the child
                 evs, bad = reader.poll()
                 outcome.events.extend(evs)
                 outcome.malformed_lines.extend(bad)
@@ -487,11 +485,9 @@ def replay(run_dir: Path | str) -> RunResult:
     request = json.loads((run_dir / "request.json").read_text())
     scenario = Scenario.from_json(request["scenario"])
     events, bad = EventReader(run_dir / "events.jsonl").poll()
-    outcome = V.Outcome(events=events, malformed_lines=bad, returncode=0)
+    outcome = V.Outcome(malformed_lines=bad, returncode=0)
     for ev in events:
-        name = ev["event"]
-        if name in V.PHASES and V.PHASES.index(name) > V.PHASES.index(outcome.phase):
-            outcome.phase = name
+        outcome.add(ev)
     if outcome.event("done") is None and outcome.phase == "launched":
         outcome.killed_by_watchdog = "deadline:launched (replayed)"
     classified = V.classify(outcome)

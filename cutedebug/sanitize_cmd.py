@@ -49,10 +49,6 @@ DEFAULT_DEADLINE_SCALE = 10.0
 EXIT_OK, EXIT_NOT_AS_EXPECTED, EXIT_USAGE = 0, 1, 2
 
 
-class SanitizerNotFound(RuntimeError):
-    pass
-
-
 def parse_tools(text: str | Sequence[str]) -> tuple[str, ...]:
     """``"all"``, ``"memcheck"``, ``"racecheck,synccheck"`` (or a list of those) → tools."""
     items = [text] if isinstance(text, str) else list(text)

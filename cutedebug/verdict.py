@@ -31,18 +31,11 @@ class Verdict(str, enum.Enum):
 
 
 ALL = tuple(v.value for v in Verdict)
-SANITIZER_VERDICTS = frozenset({Verdict.RACE, Verdict.MEMORY_ERROR, Verdict.SYNC_ERROR,
-                                Verdict.UNINIT})
 
 
 def is_failure(v: Verdict) -> bool:
     """The kernel misbehaved (what a faulted scenario should produce)."""
     return v not in (Verdict.PASS, Verdict.UNSUPPORTED, Verdict.HARNESS_ERROR)
-
-
-def is_kernel_verdict(v: Verdict) -> bool:
-    """A statement about the kernel, not about the harness or the machine."""
-    return v not in (Verdict.UNSUPPORTED, Verdict.HARNESS_ERROR)
 
 
 # Phases the worker reports, in order. The phase a child was in when it died or was killed
@@ -62,6 +55,15 @@ class Outcome:
     malformed_lines: list[str] = field(default_factory=list)
     log_tail: str = ""
     elapsed_s: float = 0.0
+
+    def add(self, ev: dict[str, Any]) -> bool:
+        """Record an event; True when it moves the run to a later phase."""
+        self.events.append(ev)
+        name = ev.get("event")
+        if name in PHASES and PHASES.index(name) > PHASES.index(self.phase):
+            self.phase = name
+            return True
+        return False
 
     def event(self, name: str) -> dict[str, Any] | None:
         for ev in reversed(self.events):
@@ -90,10 +92,6 @@ def _died(o: Outcome) -> str:
     if o.returncode < 0:
         return f"killed by {_signal_name(o.returncode)}"
     return f"exited with status {o.returncode}"
-
-
-def _phase_at_least(o: Outcome, phase: str) -> bool:
-    return PHASES.index(o.phase) >= PHASES.index(phase)
 
 
 # Each rule: (name, predicate, verdict, reason builder). First match wins; the order is the
