@@ -15,13 +15,18 @@ heaviest causal tiles first. Block = 3 warpgroups (384 threads), one CTA per SM
   the Q tile once, then per key block n (from the last visible block down to 0) K[n] into the K
   ring and V[n] into the V ring.
 - warpgroups 1 and 2, consumers: ``setmaxregister_increase(232)``; consumer warpgroup w owns
-  Q rows 64w .. 64w+63 of the tile (2 * 128 * 232 + 128 * 40 = 64512 <= 65536 registers). Per key
-  block: wait K, S = Q K^T (WGMMA, Q and K from smem, 64 x 128 fp32 accumulators), release K;
-  mask (first block only: causal diagonal and seqlen tail); online softmax in registers (row max
-  over the quad of 4 threads sharing a row, exp2 with scale * log2(e) folded in, a row max of -inf
-  is taken as 0, running sum per thread, O *= exp2((m_old - m_new) * scale_log2) = the rescale
-  step); P = bf16(S) straight from the accumulator registers; wait V, O += P V (WGMMA with A from
-  registers, V^T from smem as an MN-major view), release V.
+  Q rows 64w .. 64w+63 of the tile (2 * 128 * 232 + 128 * 40 = 64512 <= 65536 registers).
+  Registers per thread: S 64 x 128 fp32 accumulators (64), O 64 x d fp32 (d / 2), P bf16 (32).
+  First block: wait K, S = Q K^T (WGMMA, Q and K from smem), release K, mask (causal diagonal
+  and seqlen tail: only this block has them), online softmax, P = bf16(S) straight from the
+  accumulator registers. Then per further key block n, intra-warpgroup overlap as FA3 does: wait
+  K(n) and V(n+1), issue S = Q K(n)^T and O += P V(n+1) (A = P from registers, V^T from smem as
+  an MN-major view) as two WGMMA groups, ``wgmma.wait_group 1`` (S has landed, PV may still
+  run), release K, online softmax of S (row max over the quad of 4 threads sharing a row, exp2
+  with scale * log2(e) folded in, a row max of -inf is taken as 0, running sum per thread)
+  while the tensor cores finish PV, ``wgmma.wait_group 0``, release V, O *= exp2((m_old -
+  m_new) * scale_log2) (the rescale step), P = bf16(S). Last: O += P V(0), release V.
+  O starts at zero and every PV accumulates.
   Epilogue: quad-sum of the running sum, O /= sum, lse = (m * scale_log2 + log2(sum)) * ln 2,
   ``stmatrix`` of bf16 O into smem, ``fence.proxy.async.shared::cta``, epilogue named barrier,
   warp 4 issues one TMA store (128 x d) and waits until it has read smem.
@@ -48,21 +53,22 @@ faults' ``pipeline`` argument selects): 0 = K ring, 1 = V ring (S = ``stages`` s
 Named barriers (ids; 0 is ``sync_threads`` / the pipeline init sync):
 - 2 and 3, warpgroup scheduler (as FA3): id 2 + w is consumer warpgroup w's turn to issue
   WGMMAs, 256 threads = its 128 ``bar.sync`` + the other warpgroup's 128 ``bar.arrive``. A turn
-  is "PV of the previous block + QK^T of this block" (the first turn QK^T only, the last PV
+  is "QK^T of this block + PV of the previous one" (the first turn QK^T only, the last PV
   only), so the two warpgroups alternate tensor-core bursts while the other one does softmax.
-  Per tile with n key blocks each warpgroup syncs n + 1 times on its own id; warpgroup 0
-  arrives n + 1 times on id 3 (once after each QK^T, once after the last PV), warpgroup 1 arrives
-  n + 1 times on id 2 (once up front to give warpgroup 0 the first turn, once after each QK^T):
-  every phase of both barriers sees exactly 128 + 128 threads. They order no data (each
-  warpgroup's operands are its own), but they are counted: a dropped ``bar.sync`` lets two
-  arrivals complete a phase with nobody waiting, and a later sync starves (HANG).
+  Per tile with n key blocks each warpgroup syncs n + 1 times on its own id and arrives on the
+  other's id right after issuing each turn's WGMMAs; warpgroup 1 also arrives once on id 2 up
+  front (warpgroup 0 has the first turn) and skips the arrive after its own last turn. So
+  warpgroup 0 arrives n + 1 times on id 3, warpgroup 1 n + 1 times on id 2: every phase of both
+  barriers sees exactly 128 + 128 threads. They order no data (each warpgroup's operands are
+  its own), but they are counted: a dropped ``bar.sync`` lets two arrivals complete a phase
+  with nobody waiting, and a later sync starves (HANG).
 - 1, epilogue: 256 threads (both consumer warpgroups ``bar.sync``) between the ``stmatrix`` of O
   and the TMA store that reads all 128 rows: the cross-warpgroup data dependency.
 Trace order of the counted barrier call sites (``which`` of drop_sync / wrong_barrier_threads):
-``bar.arrive`` id 2 (warpgroup 1's first-turn gift), scheduler ``bar.sync`` before the first
-QK^T, [first block: ``bar.arrive`` after QK^T, ``bar.sync`` before PV], [loop: the same two],
-``bar.arrive`` after the last PV (warpgroup 0), epilogue ``bar.sync`` id 1. drop_sync counts only
-``bar.sync``: 0 = first turn, 1 / 2 = before PV (first block / loop), 3 = epilogue.
+``bar.arrive`` id 2 (warpgroup 1's first-turn gift), [first turn: ``bar.sync``, ``bar.arrive``],
+[loop turn: the same two], [last turn: ``bar.sync``, ``bar.arrive`` id 3 (warpgroup 0)],
+epilogue ``bar.sync`` id 1. drop_sync counts only ``bar.sync``: 0 = first turn, 1 = loop turn,
+2 = last turn, 3 = epilogue.
 
 Smem (d 128, S 2): 1024 (mbarriers: 2 * (2S + 1) * 8 B, padded to the 1024 B alignment of the
 128B-swizzled buffers) + 32768 (Q) + 2 * 32768 (K) + 2 * 32768 (V) + 32768 (O) = 197632 B.
@@ -371,6 +377,7 @@ class Sm90Attention:
         rows = cute.size(s_rc, mode=[0])
         row_max = cute.make_rmem_tensor(rows, cutlass.Float32)
         row_sum = cute.make_rmem_tensor(rows, cutlass.Float32)
+        rescale = cute.make_rmem_tensor(rows, cutlass.Float32)  # O's factor per row, per block
         row_max.fill(-cutlass.Float32.inf)
         row_sum.fill(0.0)
 
@@ -381,21 +388,53 @@ class Sm90Attention:
         q_pipe.consumer_wait(q_state)
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-        cute.arch.barrier(barrier_id=sched + wg, number_of_threads=CONSUMER_THREADS)
+        t_q0 = t_q[(None, None, None, 0)]
+        acc_o.fill(0.0)  # every PV accumulates: the first one runs inside the dynamic loop
 
-        # -- mainloop: the first (masked) block peeled, then unmasked blocks -----------------
-        # (the states are reassigned so the dynamic loop carries them)
-        k_state, v_state = self.key_block(
-            k_pipe, v_pipe, k_state, v_state, tiled_mma_qk, tiled_mma_pv, t_q, t_k, t_vt, acc_s,
-            acc_o, p_view, p, s_rc, o_rc, coords, row_max, row_sum, wg, m_block, n_end - 1,
-            first=True)
-        for i in cutlass.range(1, n_end, unroll=1):
-            k_state, v_state = self.key_block(
-                k_pipe, v_pipe, k_state, v_state, tiled_mma_qk, tiled_mma_pv, t_q, t_k, t_vt,
-                acc_s, acc_o, p_view, p, s_rc, o_rc, coords, row_max, row_sum, wg, m_block,
-                n_end - 1 - i, first=False)
-        if wg == 0:  # the last turn: warpgroup 1's final PV
+        # -- first turn: S = Q K^T of the first (masked) key block, softmax, P ----------------
+        k_pipe.consumer_wait(k_state)
+        cute.arch.barrier(barrier_id=sched + wg, number_of_threads=CONSUMER_THREADS)
+        wgmma(tiled_mma_qk, acc_s, t_q0, t_k[(None, None, None, k_state.index)], True)
+        cute.arch.barrier_arrive(barrier_id=sched + 1 - wg, number_of_threads=CONSUMER_THREADS)
+        warpgroup.wait_group(0)
+        k_pipe.consumer_release(k_state)
+        k_state.advance()
+        self.mask(s_rc, coords, m_block, n_end - 1)
+        self.softmax(s_rc, row_max, row_sum, rescale, first=True)
+        p.store(p_view.load().to(cutlass.BFloat16))
+
+        # -- mainloop, one turn per key block: issue S(n) = Q K(n)^T and O += P(n+1) V(n+1),
+        # softmax of S(n) while the PV WGMMA runs, then rescale O and convert P(n) ----------
+        for _i in cutlass.range(1, n_end, unroll=1):
+            k_pipe.consumer_wait(k_state)
+            v_pipe.consumer_wait(v_state)
+            cute.arch.barrier(barrier_id=sched + wg, number_of_threads=CONSUMER_THREADS)
+            wgmma(tiled_mma_qk, acc_s, t_q0, t_k[(None, None, None, k_state.index)], True)
+            wgmma(tiled_mma_pv, acc_o, p, t_vt[(None, None, None, v_state.index)], False)
+            cute.arch.barrier_arrive(barrier_id=sched + 1 - wg,
+                                     number_of_threads=CONSUMER_THREADS)
+            warpgroup.wait_group(1)  # S(n) is in registers; PV may still run
+            k_pipe.consumer_release(k_state)
+            k_state.advance()
+            self.softmax(s_rc, row_max, row_sum, rescale, first=False)
+            warpgroup.wait_group(0)  # PV done: P and O may be touched again
+            v_pipe.consumer_release(v_state)
+            v_state.advance()
+            if cutlass.const_expr(not self.skip_rescale):
+                for r in cutlass.range_constexpr(rows):
+                    for c in cutlass.range_constexpr(cute.size(o_rc, mode=[1])):
+                        o_rc[r, c] = o_rc[r, c] * rescale[r]
+            p.store(p_view.load().to(cutlass.BFloat16))
+
+        # -- last turn: O += P V of the last key block ------------------------------------------
+        v_pipe.consumer_wait(v_state)
+        cute.arch.barrier(barrier_id=sched + wg, number_of_threads=CONSUMER_THREADS)
+        wgmma(tiled_mma_pv, acc_o, p, t_vt[(None, None, None, v_state.index)], False)
+        if wg == 0:  # warpgroup 1's last turn
             cute.arch.barrier_arrive(barrier_id=sched + 1, number_of_threads=CONSUMER_THREADS)
+        warpgroup.wait_group(0)
+        v_pipe.consumer_release(v_state)
+        v_state.advance()
 
         # -- epilogue: normalize, lse, O -> smem -> one TMA store ----------------------------
         for r in cutlass.range_constexpr(rows):
@@ -431,37 +470,32 @@ class Sm90Attention:
             cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
-    def key_block(self, k_pipe: pipeline.PipelineTmaAsync, v_pipe: pipeline.PipelineTmaAsync,
-                  k_state: pipeline.PipelineState, v_state: pipeline.PipelineState,
-                  tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma, t_q: cute.Tensor,
-                  t_k: cute.Tensor, t_vt: cute.Tensor, acc_s: cute.Tensor, acc_o: cute.Tensor,
-                  p_view: cute.Tensor, p: cute.Tensor, s_rc: cute.Tensor, o_rc: cute.Tensor,
-                  coords: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor,
-                  wg: cutlass.Int32, m_block: cutlass.Int32, n: cutlass.Int32,
-                  first: cutlass.Constexpr[bool]):
-        """One key block n: S = QK^T, (mask), online softmax and rescale, O += PV."""
-        sched = SCHEDULER_BARRIER_ID
-        # S = Q K^T; then hand the tensor cores to the other warpgroup
-        k_pipe.consumer_wait(k_state)
-        wgmma(tiled_mma_qk, acc_s, t_q[(None, None, None, 0)], t_k[(None, None, None,
-                                                                    k_state.index)], True)
-        cute.arch.barrier_arrive(barrier_id=sched + 1 - wg, number_of_threads=CONSUMER_THREADS)
-        warpgroup.wait_group(0)
-        k_pipe.consumer_release(k_state)
-        k_state.advance()
+    def mask(self, s_rc: cute.Tensor, coords: cute.Tensor, m_block: cutlass.Int32,
+             n: cutlass.Int32):
+        """-inf for the scores of key block n past seqlen or (causal) above the diagonal.
 
-        if cutlass.const_expr(first):  # the only block with the causal diagonal / seqlen tail
-            for r in cutlass.range_constexpr(cute.size(s_rc, mode=[0])):
-                for c in cutlass.range_constexpr(cute.size(s_rc, mode=[1])):
-                    row = m_block * TILE_M + coords[r, c][0]
-                    col = n * TILE_N + coords[r, c][1]
-                    hidden = col >= self.seqlen
-                    if cutlass.const_expr(self.causal):
-                        hidden = hidden | (col > row)
-                    if hidden:
-                        s_rc[r, c] = -cutlass.Float32.inf
+        Only the first block a tile visits (n = n_end - 1) has either: the blocks run from the
+        last visible one down, and with TILE_M == TILE_N the diagonal block is the last one.
+        """
+        for r in cutlass.range_constexpr(cute.size(s_rc, mode=[0])):
+            for c in cutlass.range_constexpr(cute.size(s_rc, mode=[1])):
+                row = m_block * TILE_M + coords[r, c][0]
+                col = n * TILE_N + coords[r, c][1]
+                hidden = col >= self.seqlen
+                if cutlass.const_expr(self.causal):
+                    hidden = hidden | (col > row)
+                if hidden:
+                    s_rc[r, c] = -cutlass.Float32.inf
 
-        # online softmax: rows are spread over the 4 threads of a quad
+    @cute.jit
+    def softmax(self, s_rc: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor,
+                rescale: cute.Tensor, first: cutlass.Constexpr[bool]):
+        """Online softmax of one block of scores, in place: S -> exp2(S * scale_log2 - m).
+
+        Rows are spread over the 4 threads of a quad. Updates the running max and sum and
+        leaves in ``rescale`` the factor exp2((m_old - m_new) * scale_log2) that the caller
+        applies to O once the PV WGMMA reading the previous P has finished.
+        """
         scale_log2 = self.scale_log2
         for r in cutlass.range_constexpr(cute.size(s_rc, mode=[0])):
             m_old = row_max[r]
@@ -481,21 +515,9 @@ class Sm90Attention:
             if cutlass.const_expr(first):
                 row_sum[r] = partial
             else:
-                rescale = cute.math.exp2(m_old * scale_log2 - base, fastmath=True)
-                row_sum[r] = row_sum[r] * rescale + partial
-                if cutlass.const_expr(not self.skip_rescale):
-                    for c in cutlass.range_constexpr(cute.size(o_rc, mode=[1])):
-                        o_rc[r, c] = o_rc[r, c] * rescale
-        p.store(p_view.load().to(cutlass.BFloat16))
-
-        # O += P V in this warpgroup's turn
-        v_pipe.consumer_wait(v_state)
-        cute.arch.barrier(barrier_id=sched + wg, number_of_threads=CONSUMER_THREADS)
-        wgmma(tiled_mma_pv, acc_o, p, t_vt[(None, None, None, v_state.index)], first)
-        warpgroup.wait_group(0)
-        v_pipe.consumer_release(v_state)
-        v_state.advance()
-        return k_state, v_state
+                factor = cute.math.exp2(m_old * scale_log2 - base, fastmath=True)
+                row_sum[r] = row_sum[r] * factor + partial
+                rescale[r] = factor
 
     # ---- interface ------------------------------------------------------------------------
     def _shape(self):

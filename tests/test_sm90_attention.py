@@ -157,7 +157,7 @@ def test_other_pipeline_faults_trigger(compile_ptx):
 
 def test_named_barrier_faults(compile_ptx):
     clean, _ = compile_ptx()
-    # drop_sync counts bar.sync sites: 0 first turn, 1 / 2 before PV, 3 epilogue (id 1)
+    # drop_sync counts bar.sync sites: 0 first turn, 1 loop turn, 2 last turn, 3 epilogue (id 1)
     text, sites = compile_ptx("drop_sync", {"which": 3})
     assert [s["barrier_id"] for s in sites] == [1]
     assert ("sync", "1", 256) not in named_barriers(text)

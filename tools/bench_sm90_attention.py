@@ -3,6 +3,7 @@
     python tools/bench_sm90_attention.py            # correctness sweep, then timing (< 3 min)
     python tools/bench_sm90_attention.py --quick    # smoke check (~30 s)
     python tools/bench_sm90_attention.py --runs 50
+    python tools/bench_sm90_attention.py --kernel old/sm90_attention.py   # A/B another version
 
 Problem: O = softmax(Q K^T / sqrt(d)) V (+ lse), bf16, q / k / v / o as [batch, seqlen, heads, d];
 the torch peer is ``F.scaled_dot_product_attention`` on [b, h, s, d] transposed views of the same
@@ -120,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
                     "fewer samples")
     ap.add_argument("--runs", type=int, default=20, help="timed samples (median; >= 20)")
     ap.add_argument("--reps", type=int, default=5, help="launches per timed sample")
+    ap.add_argument("--kernel", type=Path, default=KERNEL, help="kernel file to measure (another "
+                    "version of sm90_attention.py, for an A/B in the same session)")
     args = ap.parse_args(argv)
     reason = no_gpu_reason()
     if reason:
@@ -129,8 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     from torch.nn.attention import SDPBackend
 
     torch.backends.cuda.matmul.allow_tf32 = False
-    print(f"device: {torch.cuda.get_device_name(0)}; torch {torch.__version__}", flush=True)
-    cls = load_entry(KERNEL, "Sm90Attention")
+    print(f"device: {torch.cuda.get_device_name(0)}; torch {torch.__version__}; "
+          f"kernel {args.kernel}", flush=True)
+    cls = load_entry(args.kernel, "Sm90Attention")
     atol, rtol = cls.TOLERANCE
 
     # -- correctness: ragged seqlens, d 64 / 128, causal and not (O and lse) ----------------

@@ -1,11 +1,12 @@
-"""Verdict frequencies of the cluster_reduce scenarios, each run N times through the engine.
+"""Verdict frequencies of scenarios, each run N times through the engine.
 
-    python tools/repeat_cluster_faults.py                       # scenarios/cluster_reduce, 20x
-    python tools/repeat_cluster_faults.py -n 50 scenarios/cluster_reduce/skip_cluster_tail.toml
-    python tools/repeat_cluster_faults.py --json runs/cluster_repeat.json
+    python tools/repeat_verdicts.py                       # scenarios/cluster_reduce, 20x
+    python tools/repeat_verdicts.py -n 50 scenarios/cluster_reduce/skip_cluster_tail.toml
+    python tools/repeat_verdicts.py -n 20 scenarios/sm90_gemm/extra_consumer_release.toml
+    python tools/repeat_verdicts.py --json runs/repeat.json
 
-Several cluster-protocol faults are timing-dependent (a lost race shows as HANG or MISMATCH, a won
-one as PASS), so one run says little: every scenario runs ``-n`` times (``runner.run_scenario``
+Several faults (cluster-protocol ones, a slot released early) are timing-dependent (a lost race
+shows as HANG or MISMATCH, a won one as PASS), so one run says little: every scenario runs ``-n`` times (``runner.run_scenario``
 with ``repeat=N``; RunResult.repeats holds each run's verdict) and the table shows how often each
 verdict came up, next to the scenario's expected verdict. Runs share one fork server (torch and
 cutlass imported once). Exits 0 with "no GPU" when the engine sees none.
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="also write the table as JSON to this file")
     args = ap.parse_args(argv)
     if not has_gpu():
-        print("repeat_cluster_faults: no GPU (nvidia-smi lists none); nothing to do.")
+        print("repeat_verdicts: no GPU (nvidia-smi lists none); nothing to do.")
         return 0
     files = [f for t in args.targets for f in S.discover(t)]
     fs = runner.start_forkserver(args.out)
