@@ -41,8 +41,8 @@ def where(result: RunResult) -> str:
 
 
 def tldr(result: RunResult) -> str:
-    exp = result.scenario.expect.verdict
-    mark = "as expected" if result.expected else f"EXPECTED {exp}"
+    exp = result.scenario.expect
+    mark = "as expected" if result.expected else f"EXPECTED {exp.verdict_text()}"
     w = where(result)
     diagnosis = result.evidence.get("diagnosis") or []
     why = diagnosis[0] if diagnosis else result.reason
@@ -128,7 +128,7 @@ def to_markdown(result: RunResult, extra_sections: list[str] | None = None) -> s
               f"- kernel: `{sc.kernel_file}:{sc.kernel_entry}`",
               f"- params: `{json.dumps(sc.params)}`",
               f"- fault: `{sc.fault or 'none'}` {json.dumps(sc.fault_args) if sc.fault else ''}",
-              f"- expected: {sc.expect.verdict}"
+              f"- expected: {sc.expect.verdict_text()}"
               + (f" at {sc.expect.localization()}" if sc.expect.localization() else "")
               + (f" — {sc.expect.note}" if sc.expect.note else ""), ""]
     loc = result.localization

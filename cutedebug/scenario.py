@@ -81,6 +81,21 @@ class Expect:
     stage: int | None = None
     note: str = ""
     localized_by: str = "probes"       # who can check role/op/barrier/stage: probes | bisect
+    also: tuple[str, ...] = ()         # timing-dependent: other verdicts measured for this fault
+
+    @property
+    def timing_dependent(self) -> bool:
+        return bool(self.also)
+
+    def accepts(self, verdict: str) -> bool:
+        """The expected verdict, or one a timing-dependent fault was also measured to give."""
+        return verdict == self.verdict or verdict in self.also
+
+    def verdict_text(self) -> str:
+        """'MISMATCH', or 'MISMATCH (timing-dependent: also PASS, HANG)'."""
+        if not self.also:
+            return self.verdict
+        return f"{self.verdict} (timing-dependent: also {', '.join(self.also)})"
 
     def localization(self) -> dict[str, Any]:
         return {k: v for k, v in (("role", self.role), ("op", self.op),
@@ -118,7 +133,7 @@ class Scenario:
         return cls(id=d["id"], description=d.get("description", ""), source=d.get("source"),
                    kernel_file=d["kernel"]["file"], kernel_entry=d["kernel"]["entry"],
                    params=d.get("params", {}), fault=d.get("fault"),
-                   fault_args=d.get("fault_args") or {}, expect=Expect(**d.get("expect", {})),
+                   fault_args=d.get("fault_args") or {}, expect=_expect_from_json(d.get("expect", {})),
                    limits=Limits(**d.get("limits", {})), archs=tuple(d.get("archs", ["sm_90a"])),
                    probes=d.get("probes", False))
 
@@ -126,12 +141,16 @@ class Scenario:
         return replace(self, **kw)
 
 
+def _expect_from_json(d: dict[str, Any]) -> Expect:
+    return Expect(**(d | {"also": tuple(d.get("also", ()))}))
+
+
 # ---- field schemas ---------------------------------------------------------------------
 _TOP = {"id": str, "description": str, "kernel": dict, "params": dict, "fault": dict,
         "expect": dict, "limits": dict, "requires": dict, "probes": dict}
 _KERNEL = {"file": str, "entry": str}
 _EXPECT = {"verdict": str, "role": str, "op": str, "barrier": str, "stage": int, "note": str,
-           "localized_by": str}
+           "localized_by": str, "also": list}
 LOCALIZERS = ("probes", "bisect")
 _LIMITS = {"compile_s": float, "deadline_s": float, "stall_s": float, "wait_budget_ms": int,
            "import_s": float, "check_s": float}
@@ -318,7 +337,12 @@ def build(data: dict[str, Any], where: str, base_dir: Path, source: str | None) 
         _choice(where, "expect.localized_by", expect_t["localized_by"], LOCALIZERS)
     if expect_t.get("stage", 0) < 0:
         raise ScenarioError(f"{where}: field expect.stage = {expect_t['stage']}: must be >= 0")
-    expect = Expect(**expect_t)
+    for v in expect_t.get("also", []):
+        _choice(where, "expect.also", v, tuple(x for x in VERDICTS if x != expect_t["verdict"]))
+    if len(set(expect_t.get("also", []))) != len(expect_t.get("also", [])):
+        raise ScenarioError(f"{where}: field expect.also = {expect_t['also']!r}: names a "
+                            "verdict twice")
+    expect = Expect(**(expect_t | {"also": tuple(expect_t.get("also", []))}))
 
     limits_t = data.get("limits", {})
     _check_table(where, limits_t, _LIMITS, "limits.")

@@ -201,7 +201,7 @@ def new_record(sc: S.Scenario, digest: str, repeat: int) -> dict[str, Any]:
             "kernel": f"{Path(sc.kernel_file).name}:{sc.kernel_entry}",
             "fault": sc.fault, "fault_args": sc.fault_args, "params": sc.params,
             "digest": digest, "repeat": repeat,
-            "expected": {"verdict": sc.expect.verdict,
+            "expected": {"verdict": sc.expect.verdict, "also": list(sc.expect.also),
                          "localization": sc.expect.localization()},
             "compile": None, "run": None, "not_run": None, "invalid": None,
             "status": "pending"}
@@ -227,8 +227,12 @@ def finalize(rec: dict[str, Any], final: dict[str, Any] | None, not_run: str | N
     loc_ok = final["localization"].get("ok") \
         if exp["localization"] and final["mode"] == "run" else None
     freq = dict(Counter(final.get("verdicts") or [verdict]))
-    rec.update(verdict=verdict, verdict_ok=verdict == exp["verdict"], localization_ok=loc_ok,
-               frequencies=freq, timing_dependent=len(freq) > 1,
+    also = exp.get("also") or []
+    # a verdict the scenario lists under expect.also counts as expected, and marks the
+    # scenario timing-dependent (as disagreeing repeats do)
+    ok = all(v == exp["verdict"] or v in also for v in freq)
+    rec.update(verdict=verdict, verdict_ok=ok, localization_ok=loc_ok,
+               frequencies=freq, timing_dependent=len(freq) > 1 or bool(also),
                time_to_verdict_s=final["wall_s"], overhead_s=final["overhead_s"])
 
 
@@ -333,6 +337,12 @@ def _secs(x: float | None) -> str:
     return "" if x is None else f"{x:.1f}"
 
 
+def expected_text(r: dict[str, Any]) -> str:
+    """The expected verdict, with the ones a timing-dependent scenario also accepts."""
+    also = r["expected"].get("also") or []
+    return r["expected"]["verdict"] + "".join(f" or {v}" for v in also)
+
+
 def _short(sid: str) -> str:
     return sid.rsplit("/", 1)[-1]
 
@@ -341,7 +351,7 @@ def detail_rows(records: list[dict[str, Any]]) -> list[list[str]]:
     rows = []
     for r in sorted(records, key=lambda r: (r.get("kernel", ""), r.get("fault") or "", r["id"])):
         rows.append([r.get("kernel", "?"), _fault_text(r), r["id"],
-                     r["expected"]["verdict"], actual_text(r), MARK[state(r)], _loc_text(r),
+                     expected_text(r), actual_text(r), MARK[state(r)], _loc_text(r),
                      _static_text(r), _secs(r.get("time_to_verdict_s")),
                      _secs(r.get("overhead_s"))])
     return rows
@@ -402,7 +412,8 @@ def render_markdown(m: dict[str, Any]) -> str:
               "|---" * len(DETAIL_HEAD) + "|"]
     for row in detail_rows(recs):
         lines.append("| " + " | ".join(x.replace("|", "\\|") for x in row) + " |")
-    bad = [r for r in recs if state(r) in ("miss", "harness", "invalid", "timing")]
+    bad = [r for r in recs if state(r) in ("miss", "harness", "invalid")
+           or (state(r) == "timing" and not r["verdict_ok"])]
     if bad:
         lines += ["", "## Not as expected", ""]
         for r in bad:
@@ -654,7 +665,7 @@ def triage(opts: Options, *, out=print) -> int:
     def progress(rec: dict[str, Any]) -> None:
         nonlocal finished
         finished += 1
-        exp = rec["expected"]["verdict"]
+        exp = expected_text(rec)
         loc = f" loc {_loc_text(rec)}" if rec["expected"]["localization"] and \
             rec.get("verdict") else ""
         t = rec.get("time_to_verdict_s")

@@ -10,6 +10,7 @@ import json
 import os
 import stat
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -447,3 +448,19 @@ def test_assert_verdict_message(tmp_path):
     P.assert_verdict(res, "CRASH")
     with pytest.raises(ValueError, match="unknown verdict"):
         P.assert_verdict(res, "BROKEN")
+
+
+def test_repeats_are_as_expected_only_when_every_verdict_is_accepted(tmp_path):
+    kfile = tmp_path / "k.py"
+    kfile.write_text(KERNEL)
+    sc = S.adhoc(f"{kfile}:K", {}, None, {}, "MISMATCH")
+    timing = sc.with_overrides(expect=replace(sc.expect, also=("PASS",)))
+
+    def result(scenario, verdicts):
+        return runner.RunResult(scenario=scenario, verdict=V.Verdict.NONDETERMINISTIC,
+                                reason="", run_dir=tmp_path, outcome=V.Outcome(),
+                                repeats=[{"verdict": v, "digest": None} for v in verdicts])
+
+    assert result(timing, ["MISMATCH", "PASS"]).verdict_ok
+    assert not result(timing, ["MISMATCH", "HANG"]).verdict_ok
+    assert not result(sc, ["MISMATCH", "PASS"]).verdict_ok

@@ -74,6 +74,11 @@ def test_relative_kernel_path_is_relative_to_the_scenario(tmp_path):
     (f'file = "{MINIMAL}"', 'file = "nope/k.py"', ["kernel.file", "nope/k.py", "no such file"]),
     ('entry = "Minimal"', "", ["kernel.entry is missing"]),
     ('[expect]\nverdict = "PASS"', "", ["'expect' is missing"]),
+    ('verdict = "PASS"', 'verdict = "PASS"\nalso = ["PASS"]', ["expect.also", "'PASS'", "HANG"]),
+    ('verdict = "PASS"', 'verdict = "PASS"\nalso = ["HUNG"]', ["expect.also", "'HUNG'"]),
+    ('verdict = "PASS"', 'verdict = "PASS"\nalso = ["HANG", "HANG"]', ["expect.also",
+                                                                    "twice"]),
+    ('verdict = "PASS"', 'verdict = "PASS"\nalso = "HANG"', ["expect.also", "expected list"]),
 ])
 def test_bad_fields_name_file_field_and_value(tmp_path, old, new, needles):
     assert old in GOOD
@@ -84,6 +89,19 @@ def test_bad_fields_name_file_field_and_value(tmp_path, old, new, needles):
     assert msg.startswith(str(path))
     for n in needles:
         assert n in msg, msg
+
+
+def test_timing_dependent_scenario_accepts_its_measured_alternatives(tmp_path):
+    sc = S.load(write(tmp_path, GOOD.replace('verdict = "PASS"',
+                                              'verdict = "MISMATCH"\nalso = ["PASS", "HANG"]')))
+    assert sc.expect.also == ("PASS", "HANG") and sc.expect.timing_dependent
+    assert [sc.expect.accepts(v) for v in ("MISMATCH", "PASS", "HANG", "CRASH")] == \
+        [True, True, True, False]
+    assert sc.expect.verdict_text() == "MISMATCH (timing-dependent: also PASS, HANG)"
+    assert S.Scenario.from_json(sc.to_json()) == sc  # replay keeps it
+    plain = S.load(write(tmp_path, GOOD, "plain.toml"))
+    assert not plain.expect.timing_dependent and plain.expect.verdict_text() == "PASS"
+    assert not plain.expect.accepts("HANG")
 
 
 def test_not_toml(tmp_path):
