@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -206,17 +208,41 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM / SIGHUP, raised like Ctrl-C so that every watchdog's cleanup runs."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _terminate(signum, _frame):
+    raise Terminated(signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # `timeout`, a CI runner or a closed terminal sends SIGTERM / SIGHUP: Python's default is
+    # to die on the spot, leaving the watched children (a hung kernel, a sanitizer) running.
+    # As an exception it unwinds through the watchdogs' finally blocks, which kill them.
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {sig: signal.signal(sig, _terminate) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         return args.func(args)
     except (S.ScenarioError, UsageError) as e:
         print(f"cutedebug: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except Terminated as e:
+        print(f"cutedebug: terminated by {signal.Signals(e.signum).name}", file=sys.stderr)
+        return 128 + e.signum
     except KeyboardInterrupt:
         print("cutedebug: interrupted", file=sys.stderr)
         return 130
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 if __name__ == "__main__":

@@ -65,6 +65,8 @@ test with the reason. Kernel paths are tried relative to the test file, then the
 from __future__ import annotations
 
 import os
+import signal
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -235,6 +237,25 @@ def pytest_configure(config: pytest.Config) -> None:
         "runs_dir=DIR, timeout_margin=S): cutedebug settings for this test (they win over "
         "the command line, the environment and the ini file)")
     resolve(config)    # a bad value on the command line, in the env or the ini: fail early
+    # SIGTERM (a CI runner's cancel, `timeout`) kills Python on the spot by default, leaving
+    # the watched children (a hung kernel) running. As a KeyboardInterrupt it unwinds through
+    # the watchdogs' cleanup and pytest's own session finish. Only when nobody else set one.
+    if threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        config.stash[_SIGTERM_KEY] = signal.signal(signal.SIGTERM, _sigterm)
+
+
+_SIGTERM_KEY = pytest.StashKey[Any]()
+
+
+def _sigterm(signum, _frame):
+    raise KeyboardInterrupt(f"cutedebug: {signal.Signals(signum).name}")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    previous = config.stash.get(_SIGTERM_KEY, None)
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
 
 
 # ---- GPU (never imports torch: nvidia-smi only) -------------------------------------------

@@ -287,6 +287,26 @@ def as_expected(expected: str, verdicts: Mapping[str, str]) -> bool:
     return False
 
 
+SANITIZER_EXPECTATIONS = (*FINDING_VERDICTS, "PASS")
+
+
+def judge(expected: str, verdicts: Mapping[str, str],
+          plain_verdict: str | None) -> tuple[bool | None, str]:
+    """(as expected?, one line). A sanitizer verdict (or PASS) is checked against the tools;
+    a plain-run verdict (HANG, MISMATCH, CRASH, ...) against the plain run, when there was
+    one. None: nothing the sanitize command ran can check it."""
+    if expected in SANITIZER_EXPECTATIONS:
+        ok = as_expected(expected, verdicts)
+        return ok, f"expected {expected}: {'as expected' if ok else 'NOT as expected'}"
+    if plain_verdict is None:
+        return None, (f"expected {expected} is a plain-run verdict, and there was no plain run: "
+                      f"not checked (--expect {'|'.join(SANITIZER_EXPECTATIONS)} checks the "
+                      "tools)")
+    ok = plain_verdict == expected
+    return ok, (f"expected {expected} (plain run): got {plain_verdict}, "
+                f"{'as expected' if ok else 'NOT as expected'}")
+
+
 def _top(result: Mapping[str, Any]) -> str:
     groups = result.get("groups") or []
     if not groups or result["verdict"] not in FINDING_VERDICTS:
@@ -319,13 +339,12 @@ def render_summary_markdown(summary: Mapping[str, Any]) -> str:
     sc = summary["scenario"]
     tools = summary["tools"]
     plain = summary.get("plain") or {}
-    ok = as_expected(summary["expected_verdict"], {t: r["verdict"] for t, r in tools.items()})
+    _, verdict_line = judge(summary["expected_verdict"],
+                            {t: r["verdict"] for t, r in tools.items()}, plain.get("verdict"))
     out = [f"# cutedebug sanitize: {sc['id']}", ""]
     for tool, r in tools.items():
         out.append(f"- **{tool} → {r['verdict']}**: {_top(r)}")
-    verdict_line = (f"Expected: {summary['expected_verdict']} → "
-                    f"{'as expected' if ok else 'NOT as expected'}.")
-    out += ["", verdict_line]
+    out += ["", verdict_line[0].upper() + verdict_line[1:] + "."]
     if plain:
         out.append(f"Plain run (no sanitizer): {plain['verdict']} in "
                    f"{_secs(plain.get('seconds'))} ({plain.get('reason')}).")
@@ -406,7 +425,8 @@ def cmd_sanitize(args: Any) -> int:
         deadlock_timeout_s=args.racecheck_deadlock_timeout, reproduce=_command_line(args),
         tma_filter=args.tma_filter, on_tool=progress)
     verdicts = {t: r["verdict"] for t, r in summary["tools"].items()}
-    ok = as_expected(sc.expect.verdict, verdicts)
+    ok, verdict_line = judge(summary["expected_verdict"], verdicts,
+                             (summary.get("plain") or {}).get("verdict"))
     summary["as_expected"] = ok
     json_path, md_path = run_dir / "sanitize.json", run_dir / "sanitize.md"
     json_path.write_text(json.dumps(summary, indent=1, default=str))
@@ -418,9 +438,9 @@ def cmd_sanitize(args: Any) -> int:
     plain = summary.get("plain")
     if plain:
         print(f"plain run: {plain['verdict']} ({_secs(plain['seconds'])})")
-    print(f"expected {sc.expect.verdict}: {'as expected' if ok else 'NOT as expected'}")
+    print(verdict_line)
     print(f"report: {md_path}")
-    return EXIT_OK if ok else EXIT_NOT_AS_EXPECTED
+    return EXIT_NOT_AS_EXPECTED if ok is False else EXIT_OK
 
 
 def add_parser(subparsers: Any) -> Any:

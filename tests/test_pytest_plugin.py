@@ -464,3 +464,21 @@ def test_repeats_are_as_expected_only_when_every_verdict_is_accepted(tmp_path):
     assert result(timing, ["MISMATCH", "PASS"]).verdict_ok
     assert not result(timing, ["MISMATCH", "HANG"]).verdict_ok
     assert not result(sc, ["MISMATCH", "PASS"]).verdict_ok
+
+
+def test_sigterm_unwinds_like_ctrl_c(pytester):
+    """Under SIGTERM (a CI cancel) the session unwinds, so the watchdogs kill their children."""
+    pytester.makepyfile(test_sig='''
+import signal
+
+import pytest
+
+
+def test_handler():
+    handler = signal.getsignal(signal.SIGTERM)
+    assert handler.__module__ == "cutedebug.pytest_plugin"
+    with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+        handler(signal.SIGTERM, None)
+''')
+    res = pytester.runpytest_subprocess("test_sig.py")
+    res.assert_outcomes(passed=1)

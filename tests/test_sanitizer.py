@@ -14,11 +14,14 @@ import itertools
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
+import psutil
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -857,6 +860,19 @@ def test_as_expected():
     assert not cmd.as_expected("CRASH", {"memcheck": "MEMORY_ERROR"})
 
 
+def test_judge_checks_plain_run_verdicts_against_the_plain_run():
+    found = {"memcheck": "MEMORY_ERROR"}
+    assert cmd.judge("MEMORY_ERROR", found, "MISMATCH") == (True, "expected MEMORY_ERROR: "
+                                                                  "as expected")
+    # the oob_store scenario expects MISMATCH of its plain run: memcheck's finding is no miss
+    assert cmd.judge("MISMATCH", found, "MISMATCH") == (
+        True, "expected MISMATCH (plain run): got MISMATCH, as expected")
+    assert cmd.judge("MISMATCH", found, "PASS")[0] is False
+    ok, line = cmd.judge("HANG", found, None)
+    assert ok is None and "not checked" in line and "--expect RACE|MEMORY_ERROR" in line
+    assert cmd.judge("PASS", {"racecheck": "RACE"}, "PASS")[0] is False
+
+
 # ---- `cutedebug sanitize` end to end through the fake compute-sanitizer ---------------------
 SCEN = REPO / "scenarios" / "minimal"
 
@@ -924,7 +940,7 @@ def test_sanitize_racecheck_finds_the_captured_race(fake_sanitizer, tmp_path):
     assert "**TL;DR** racecheck → **RACE**: RAW_HAZARD at race_smem.py:28" in md
     assert ("| racecheck | RACE | RAW_HAZARD@race_smem.py:28 / race_smem.py:31 ×512 | "
             "1 analysis-dup |") in md
-    assert "Expected: RACE → as expected." in md
+    assert "Expected RACE: as expected." in md
     assert summary["as_expected"] is True
 
 
@@ -1121,3 +1137,40 @@ def test_table_without_gpu_says_so():
     r = subprocess.run([sys.executable, str(REPO / "tools" / "gpu_sanitize_table.py")],
                        capture_output=True, text=True, check=False, timeout=120)
     assert (r.returncode, r.stdout) == (0, "no GPU\n")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sanitize_killed_by_a_signal_leaves_no_process_behind(fake_sanitizer, tmp_path, sig):
+    """`timeout 100 cutedebug sanitize ...` on a hung kernel: the sanitizer and the worker go
+    too (they did not, before SIGTERM was handled: the H200 run of --shrink left both)."""
+    toml = tmp_path / "hang.toml"
+    toml.write_text(f'id = "t/hang"\n[kernel]\nfile = "{REPO / "kernels" / "minimal.py"}"\n'
+                    'entry = "Minimal"\n[expect]\nverdict = "PASS"\n'
+                    '[limits]\ndeadline_s = 600\n')
+    env = dict(os.environ, COMPUTE_SANITIZER=str(fake_sanitizer),
+               FAKE_SANITIZER_CASE="racecheck_clean", FAKE_SANITIZER_MODE="hang")
+    proc = subprocess.Popen([sys.executable, "-m", "cutedebug", "sanitize", str(toml), "--tool",
+                             "racecheck", "--no-plain", "--runs-dir", str(tmp_path)],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        parent = psutil.Process(proc.pid)
+        deadline = time.monotonic() + 120
+        launched = []
+        while time.monotonic() < deadline and not launched:  # the sanitized kernel "runs"
+            launched = [p for p in tmp_path.rglob("events.jsonl") if '"launched"' in
+                        p.read_text()]
+            time.sleep(0.2)
+        assert launched, "the fake sanitized worker never launched"
+        children = parent.children(recursive=True)
+        assert children
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 128 + sig, out + err
+        assert f"terminated by {signal.Signals(sig).name}" in err
+        _, alive = psutil.wait_procs(children, timeout=10)
+        assert not alive, [p.cmdline() for p in alive]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
