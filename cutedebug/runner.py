@@ -368,6 +368,8 @@ def _timings(o: V.Outcome, facts: dict[str, Any]) -> dict[str, float]:
         t["compile_s"] = c.get("secs", 0.0)
     if (s := o.event("synced")) is not None:
         t["kernel_s"] = s.get("kernel_s", 0.0)
+        if (ck := o.event("checked")) is not None and "t" in ck and "t" in s:
+            t["check_s"] = round(max(0.0, ck["t"] - s["t"]), 3)  # the reference + comparison
     if "stall_detected_after_s" in facts:
         t["stall_to_verdict_s"] = facts["stall_detected_after_s"]
     if (launched := o.event("launched")) is not None and "kill_t" in facts:
@@ -375,6 +377,13 @@ def _timings(o: V.Outcome, facts: dict[str, Any]) -> dict[str, float]:
         # report how long the kernel ran before the watchdog ended it.
         t["launch_to_kill_s"] = round(facts["kill_t"] - launched["t"], 3)
     return t
+
+
+def work_s(t: dict[str, float]) -> float:
+    """Seconds one attempt spent on the work itself: compile, the kernel (until the kill, for
+    a hang) and the reference check. The rest of its wall time is the harness's."""
+    kernel = t.get("kernel_s") or t.get("launch_to_kill_s") or 0.0
+    return t.get("compile_s", 0.0) + kernel + t.get("check_s", 0.0)
 
 
 def run_once(scenario: Scenario, run_dir: Path, *, mode: str = "run",
@@ -443,7 +452,9 @@ def run_scenario(scenario: Scenario, *, runs_root: Path | str = "runs",
                                                   mode=mode, probes=probe_cfg,
                                                   forkserver=forkserver)
             facts["rerun_with_probes"] = {"first_verdict": first[0].verdict.value,
-                                          "first_reason": first[0].reason}
+                                          "first_reason": first[0].reason,
+                                          "first_work_s": round(work_s(_timings(
+                                              first[1], first[2])), 3)}
         health = None
         if outcome.killed_by_watchdog and outcome.phase in ("launched", "synced") and \
                 (outcome.event("device") or {}).get("present"):
@@ -473,8 +484,13 @@ def run_scenario(scenario: Scenario, *, runs_root: Path | str = "runs",
     for a in attempts:
         if a[3] is not None:
             health = a[3]
+    timings = _timings(outcome, facts)
+    # Work of the first attempt: its own run, a blind hang's first run before the rerun with
+    # probes, and the GPU health check after a kill (a fresh process that imports torch).
+    timings["work_s"] = round(work_s(timings) + facts.get("rerun_with_probes", {}).get(
+        "first_work_s", 0.0) + (attempts[0][3] or {}).get("secs", 0.0), 3)
     return RunResult(scenario=scenario, verdict=verdict, reason=reason, run_dir=run_dir,
-                     outcome=outcome, evidence=evidence, timings=_timings(outcome, facts),
+                     outcome=outcome, evidence=evidence, timings=timings,
                      health=health, repeats=repeats, mode=mode, command=command)
 
 

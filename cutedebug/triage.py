@@ -174,6 +174,8 @@ def call_record(res, wall_s: float, out_dir: Path) -> dict[str, Any]:
     t = res.timings
     compile_s = float(t.get("compile_s") or 0.0)
     kernel_s = float(t.get("kernel_s") or t.get("launch_to_kill_s") or 0.0)
+    # compile + kernel + reference check, plus a blind hang's first run and the health check
+    work = float(t["work_s"]) if t.get("work_s") is not None else compile_s + kernel_s
     attempts = max(1, len(res.repeats))
     verdicts = [r["verdict"] for r in res.repeats] or [res.verdict.value]
     md = Path(res.run_dir) / "report.md"
@@ -190,8 +192,8 @@ def call_record(res, wall_s: float, out_dir: Path) -> dict[str, Any]:
         "verdicts": verdicts,
         "harness_errors": verdicts.count("HARNESS_ERROR"),
         "wall_s": round(wall_s, 3), "compile_s": round(compile_s, 3),
-        "kernel_s": round(kernel_s, 6),
-        "overhead_s": round(wall_s / attempts - compile_s - kernel_s, 3),
+        "kernel_s": round(kernel_s, 6), "work_s": round(work, 3),
+        "overhead_s": round(wall_s / attempts - work, 3),
         "device": res.evidence.get("device"), "report": report,
     }
 
@@ -513,8 +515,9 @@ def write_matrix(out: Path, m: dict[str, Any]) -> None:
 
 
 def overhead_list(recs: list[dict[str, Any]]) -> list[tuple[float, str]]:
-    """Per scenario, wall - compile - kernel time of its last call (the run, else the
-    compile-only one): what the harness costs beyond the work itself."""
+    """Per scenario, wall - work time of its last call (the run, else the compile-only one):
+    what the harness costs beyond compiling, running, checking the result, a blind hang's
+    first run and the health check after a kill."""
     out = []
     for r in recs:
         call = r.get("run") or r.get("compile") or {}
@@ -532,7 +535,7 @@ def facts_lines(f: dict[str, Any]) -> list[str]:
         + (f" (pids {f['processes_left']}, killed)" if f["processes_left"] else ""),
         "GPU health: " + ("n.a. (no GPU)" if health is None else
                           ("healthy" if health.get("healthy") else f"UNHEALTHY {health}")),
-        "overhead beyond compile + run per scenario: "
+        "overhead beyond compile + run + check per scenario: "
         + (f"mean {ov['mean']:.2f} s, max {ov['max']:.2f} s ({ov['max_id']}) over {ov['n']}"
            if ov.get("n") else "n.a."),
         f"total time: {f['total_s']:.1f} s" + (" (interrupted)" if f.get("interrupted") else ""),

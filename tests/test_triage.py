@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from cutedebug import cli, runner
+from cutedebug import scenario as S
 from cutedebug import triage as T
 from cutedebug import verdict as V
 
@@ -263,7 +264,7 @@ def test_compiles_in_parallel_gpu_runs_one_at_a_time(tmp_path, engine):
     assert len(progress) == 5 and progress[-1].startswith("[  5/5]")
     assert "HARNESS_ERROR: 0" in lines and "processes of ours left: 0" in lines
     assert "GPU health: healthy" in lines
-    assert any(ln.startswith("overhead beyond compile + run per scenario: mean") for ln in lines)
+    assert any(ln.startswith("overhead beyond compile + run + check per scenario: mean") for ln in lines)
     assert rc == 1          # k/miss is timing-dependent, not as expected
     m = json.loads((out / "matrix.json").read_text())
     assert m["rates"]["detection"]["of"] == 4 and m["facts"]["processes_left"] == []
@@ -417,3 +418,26 @@ def test_cli_triage(tmp_path, engine, capsys):
     assert rc == 0 and "[  1/1] ✓ k/clean" in out and "classification: 100% (1/1)" in out
     assert cli.main(["triage", str(tmp_path / "scen"), "--out", str(tmp_path / "o"),
                      "--repeat", "0"]) == 2
+
+
+def test_overhead_leaves_out_the_check_a_blind_first_run_and_the_health_check(tmp_path):
+    o = V.Outcome(phase="done")
+    o.events += [{"event": "compiled", "secs": 1.5, "t": 2.0},
+                 {"event": "launched", "t": 2.1},
+                 {"event": "synced", "kernel_s": 0.25, "t": 2.4},
+                 {"event": "checked", "ok": False, "t": 4.9}]
+    t = runner._timings(o, {})
+    assert (t["compile_s"], t["kernel_s"], t["check_s"]) == (1.5, 0.25, 2.5)
+    assert runner.work_s(t) == 1.5 + 0.25 + 2.5
+    # a hang killed by the watchdog: the kernel's time is launch -> kill
+    assert runner.work_s({"compile_s": 1.0, "launch_to_kill_s": 1.5}) == 2.5
+    sc = S.adhoc(str(Path(runner.REPO_ROOT) / "kernels" / "minimal.py") + ":Minimal", {},
+                 None, {}, "HANG")
+    res = runner.RunResult(scenario=sc, verdict=V.Verdict.HANG, reason="", run_dir=tmp_path,
+                           outcome=o, timings={"compile_s": 1.0, "launch_to_kill_s": 1.5,
+                                               "work_s": 2.5 + 3.0 + 4.0})
+    rec = T.call_record(res, wall_s=11.0, out_dir=tmp_path)
+    assert rec["work_s"] == 9.5 and rec["overhead_s"] == 1.5
+    # recorded results without work_s: compile + kernel, as before
+    res.timings = {"compile_s": 1.0, "kernel_s": 0.5}
+    assert T.call_record(res, wall_s=2.0, out_dir=tmp_path)["overhead_s"] == 0.5
