@@ -64,6 +64,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from cutedebug import frames
+from cutedebug.probes import device_ids
 
 MAGIC = 0x4B434443  # b"CDCK" read as a little-endian u32
 VERSION = 1
@@ -319,20 +320,17 @@ def _device() -> Any:
 
     gmem = cute.AddressSpace.gmem
 
+    ids = device_ids()
+
     @cute.jit
     def mark(plan: cutlass.Constexpr, banner: cutlass.Constexpr):
         """Lowest active lane: hits = ld.relaxed.sys(slot) + 1; st.relaxed.sys(slot, hits);
         printf on the warp's first hit in CTA 0."""
-        active = cute.arch.inline_ptx("activemask.b32 {$w0};", write_only_types=[Uint32])
-        if (active & cute.arch.lanemask_lt()) == Uint32(0):
-            tx, ty, tz = cute.arch.thread_idx()
-            nx, ny, _ = cute.arch.block_dim()
-            warp = Uint32(tx + nx * (ty + ny * tz)) >> Uint32(5)
+        if ids.lowest_active_lane():
             bx, by, bz = cute.arch.block_idx()
-            gx, gy, _ = cute.arch.grid_dim()
-            linear = Uint32(bx + gx * (by + gy * bz))
-            slot = (linear % Uint32(plan.max_ctas)) * Uint32(plan.max_warps) + warp % Uint32(
-                plan.max_warps)
+            warp = ids.warp_id()
+            linear = Uint32(ids.linear_block_id())
+            slot = ids.warp_slot(linear, warp, plan.max_ctas, plan.max_warps)
             ptr = cute.make_ptr(Uint32, Int64(plan.addr + plan.slots_off) + Int64(slot) * 4,
                                 gmem, assumed_align=4)
             hits = cute.arch.load(ptr, Uint32, sem="relaxed", scope="sys") + Uint32(1)

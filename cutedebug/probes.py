@@ -265,6 +265,53 @@ class _Plan:
     records_off: int
 
 
+_IDS: Any = None
+
+
+def device_ids() -> Any:
+    """The @cute.jit helpers that say who is running, shared with checkpoint.py's marks.
+
+    - ``lowest_active_lane()``: true in one lane of the active ones (the writer of a record);
+    - ``warp_id()``: linear thread index // 32, without make_warp_uniform's shfl.sync: these
+      run in one lane;
+    - ``linear_block_id()``: bx + gx * (by + gy * bz);
+    - ``warp_slot(linear, warp, max_ctas, max_warps)``: the (CTA, warp) slot of a per-warp
+      table of max_ctas x max_warps entries (wrapping).
+    """
+    global _IDS
+    if _IDS is not None:
+        return _IDS
+    from types import SimpleNamespace
+
+    import cutlass
+    from cutlass import Uint32, cute
+
+    @cute.jit
+    def lowest_active_lane():
+        active = cute.arch.inline_ptx("activemask.b32 {$w0};", write_only_types=[Uint32])
+        return (active & cute.arch.lanemask_lt()) == Uint32(0)
+
+    @cute.jit
+    def warp_id():
+        tx, ty, tz = cute.arch.thread_idx()
+        nx, ny, _ = cute.arch.block_dim()
+        return Uint32(tx + nx * (ty + ny * tz)) >> Uint32(5)
+
+    @cute.jit
+    def linear_block_id():
+        bx, by, bz = cute.arch.block_idx()
+        gx, gy, _ = cute.arch.grid_dim()
+        return bx + gx * (by + gy * bz)
+
+    @cute.jit
+    def warp_slot(linear, warp, max_ctas: cutlass.Constexpr, max_warps: cutlass.Constexpr):
+        return (linear % Uint32(max_ctas)) * Uint32(max_warps) + warp % Uint32(max_warps)
+
+    _IDS = SimpleNamespace(lowest_active_lane=lowest_active_lane, warp_id=warp_id,
+                           linear_block_id=linear_block_id, warp_slot=warp_slot)
+    return _IDS
+
+
 _DEVICE: Any = None
 
 
@@ -278,25 +325,14 @@ def _device() -> Any:
 
     gmem = cute.AddressSpace.gmem
 
-    @cute.jit
-    def warp_id():
-        """Linear thread index // 32, without make_warp_uniform's shfl.sync: these run in one lane."""
-        tx, ty, tz = cute.arch.thread_idx()
-        nx, ny, _ = cute.arch.block_dim()
-        return Uint32(tx + nx * (ty + ny * tz)) >> Uint32(5)
-
-    @cute.jit
-    def linear_block_id():
-        bx, by, bz = cute.arch.block_idx()
-        gx, gy, _ = cute.arch.grid_dim()
-        return bx + gx * (by + gy * bz)
+    ids = device_ids()
+    warp_id, linear_block_id = ids.warp_id, ids.linear_block_id
 
     @cute.jit
     def report_stuck(phase, stage, seq, waited, site: cutlass.Constexpr, plan: cutlass.Constexpr,
                      banner: cutlass.Constexpr):
         """Lowest timed-out lane: claim a record slot, fill it, publish it, printf one line."""
-        active = cute.arch.inline_ptx("activemask.b32 {$w0};", write_only_types=[Uint32])
-        if (active & cute.arch.lanemask_lt()) == Uint32(0):
+        if ids.lowest_active_lane():
             now = cute.arch.globaltimer()
             bx, by, bz = cute.arch.block_idx()
             warp = warp_id()
@@ -332,9 +368,7 @@ def _device() -> Any:
     @cute.jit
     def write_beacon(phase, stage, seq, site: cutlass.Constexpr, plan: cutlass.Constexpr):
         linear = Uint32(linear_block_id())
-        warp = warp_id()
-        slot = (linear % Uint32(plan.max_ctas)) * Uint32(plan.max_warps) + warp % Uint32(
-            plan.max_warps)
+        slot = ids.warp_slot(linear, warp_id(), plan.max_ctas, plan.max_warps)
         word = (
             (Uint64(seq) & Uint64(SEQ_MASK))
             | ((Uint64(stage) & Uint64(0xFF)) << Uint64(23))
