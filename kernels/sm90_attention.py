@@ -83,14 +83,17 @@ Faults that apply (cutedebug patches them at trace time; none is written here), 
 - skip_consumer_release: that slot's empty barrier never completes -> HANG in producer_acquire
   (or producer_tail).
 - extra_consumer_release / wrong_arrive_count -1 on empty: a slot refilled while a consumer
-  warpgroup still reads it -> MISMATCH (timing-dependent), or the drift ends in a HANG.
+  warpgroup still reads it -> MISMATCH (timing-dependent), or the drift ends in a HANG (both
+  extra_consumer_release scenarios on the H200); wrong_arrive_count -1 measured PASS (10/10
+  on K and on V).
 - wrong_arrive_count +1: HANG (empty: producer_acquire; full: consumer_wait).
 - skip_producer_tail: single CTA, benign -> PASS.
 - early_exit consumer / producer: HANG (producer_acquire / consumer_wait).
 - missing_init_fence: usually PASS (one shared init for the three pipelines).
-- drop_sync on the epilogue barrier (which=3) -> the TMA store reads a half-written O tile:
-  MISMATCH; on the first scheduler sync (which=0) -> warpgroup 0 meets one arrival too few on
-  id 2 before its last PV: HANG.
+- drop_sync on the epilogue barrier (which=3) -> the TMA store may read a half-written O tile:
+  MISMATCH, unless the other warpgroup has already written its rows (the usual case on the
+  H200 with the overlap: PASS); on the first scheduler sync (which=0) -> warpgroup 0 meets one
+  arrival too few on id 2 before its last turn: HANG.
 - wrong_barrier_threads +32 (all sites) -> the first scheduler ``bar.sync`` never completes: HANG
   (not an mbarrier: printf-bisection localizes it).
 Kernel-level switch: ``skip_rescale``: O is not multiplied by exp2((m_old - m_new) * scale_log2)
