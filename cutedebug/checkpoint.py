@@ -52,6 +52,7 @@ This module imports neither cutlass nor torch at import time (the parent decodes
 from __future__ import annotations
 
 import contextlib
+import functools
 import linecache
 import os
 import re
@@ -307,14 +308,9 @@ class _Plan:
     slots_off: int
 
 
-_DEVICE: Any = None
-
-
+@functools.cache
 def _device() -> Any:
     """Build the @cute.jit mark helper once (cutlass is imported only here)."""
-    global _DEVICE
-    if _DEVICE is not None:
-        return _DEVICE
     import cutlass
     from cutlass import Int32, Int64, Uint32, cute
 
@@ -339,7 +335,6 @@ def _device() -> Any:
                 cute.printf(banner + " block=(%d,%d,%d) warp=%d", Int32(bx), Int32(by),
                             Int32(bz), Int32(warp))
 
-    _DEVICE = mark
     return mark
 
 

@@ -134,7 +134,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         try:
             sc = S.load(f)
             rows.append((sc.id, f"{Path(sc.kernel_file).name}:{sc.kernel_entry}",
-                         sc.fault or "-", "/".join((sc.expect.verdict, *sc.expect.also))))
+                         sc.fault or "-", "/".join(sc.expect.verdicts)))
         except S.ScenarioError as e:
             rows.append((str(f), "INVALID", str(e).split(": ", 1)[-1][:60], "-"))
     if args.json:

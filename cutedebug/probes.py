@@ -43,6 +43,7 @@ as a stall of the beacons; a wait executed by lanes that exclude lane 0 leaves n
 from __future__ import annotations
 
 import contextlib
+import functools
 import html
 import json
 import linecache
@@ -52,6 +53,7 @@ import sys
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 from cutedebug import frames
@@ -265,9 +267,7 @@ class _Plan:
     records_off: int
 
 
-_IDS: Any = None
-
-
+@functools.cache
 def device_ids() -> Any:
     """The @cute.jit helpers that say who is running, shared with checkpoint.py's marks.
 
@@ -278,11 +278,6 @@ def device_ids() -> Any:
     - ``warp_slot(linear, warp, max_ctas, max_warps)``: the (CTA, warp) slot of a per-warp
       table of max_ctas x max_warps entries (wrapping).
     """
-    global _IDS
-    if _IDS is not None:
-        return _IDS
-    from types import SimpleNamespace
-
     import cutlass
     from cutlass import Uint32, cute
 
@@ -307,19 +302,13 @@ def device_ids() -> Any:
     def warp_slot(linear, warp, max_ctas: cutlass.Constexpr, max_warps: cutlass.Constexpr):
         return (linear % Uint32(max_ctas)) * Uint32(max_warps) + warp % Uint32(max_warps)
 
-    _IDS = SimpleNamespace(lowest_active_lane=lowest_active_lane, warp_id=warp_id,
+    return SimpleNamespace(lowest_active_lane=lowest_active_lane, warp_id=warp_id,
                            linear_block_id=linear_block_id, warp_slot=warp_slot)
-    return _IDS
 
 
-_DEVICE: Any = None
-
-
+@functools.cache
 def _device() -> Any:
     """Build the @cute.jit device helpers once (cutlass is imported only here)."""
-    global _DEVICE
-    if _DEVICE is not None:
-        return _DEVICE
     import cutlass
     from cutlass import Int32, Int64, Uint32, Uint64, cute
 
@@ -401,13 +390,7 @@ def _device() -> Any:
                 else:
                     write_beacon(phase, stage, seq, site, plan)
 
-    class _NS:
-        pass
-
-    ns = _NS()
-    ns.bounded_wait, ns.Int32 = bounded_wait, Int32
-    _DEVICE = ns
-    return ns
+    return SimpleNamespace(bounded_wait=bounded_wait, Int32=Int32)
 
 
 def _banner(site: Site) -> str:

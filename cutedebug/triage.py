@@ -229,12 +229,12 @@ def finalize(rec: dict[str, Any], final: dict[str, Any] | None, not_run: str | N
     loc_ok = final["localization"].get("ok") \
         if exp["localization"] and final["mode"] == "run" else None
     freq = dict(Counter(final.get("verdicts") or [verdict]))
-    also = exp.get("also") or []
+    expect = _expect(rec)
     # a verdict the scenario lists under expect.also counts as expected, and marks the
     # scenario timing-dependent (as disagreeing repeats do)
-    ok = all(v == exp["verdict"] or v in also for v in freq)
+    ok = all(expect.accepts(v) for v in freq)
     rec.update(verdict=verdict, verdict_ok=ok, localization_ok=loc_ok,
-               frequencies=freq, timing_dependent=len(freq) > 1 or bool(also),
+               frequencies=freq, timing_dependent=len(freq) > 1 or expect.timing_dependent,
                time_to_verdict_s=final["wall_s"], overhead_s=final["overhead_s"])
 
 
@@ -339,10 +339,15 @@ def _secs(x: float | None) -> str:
     return "" if x is None else f"{x:.1f}"
 
 
+def _expect(r: dict[str, Any]) -> S.Expect:
+    """A record's expected verdicts as the scenario's Expect (records are plain JSON)."""
+    return S.Expect(verdict=r["expected"]["verdict"],
+                    also=tuple(r["expected"].get("also") or ()))
+
+
 def expected_text(r: dict[str, Any]) -> str:
     """The expected verdict, with the ones a timing-dependent scenario also accepts."""
-    also = r["expected"].get("also") or []
-    return r["expected"]["verdict"] + "".join(f" or {v}" for v in also)
+    return " or ".join(_expect(r).verdicts)
 
 
 def _short(sid: str) -> str:

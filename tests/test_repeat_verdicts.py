@@ -22,7 +22,7 @@ def test_frequencies_count_expect_also_as_expected(monkeypatch, tmp_path, capsys
         return runner.RunResult(scenario=sc, verdict=V.Verdict.NONDETERMINISTIC, reason="x",
                                 run_dir=tmp_path, outcome=V.Outcome(), repeats=reps)
 
-    monkeypatch.setattr(repeat_verdicts, "has_gpu", lambda: True)
+    monkeypatch.setattr(repeat_verdicts, "detect_gpu", lambda: {"present": True})
     monkeypatch.setattr(runner, "start_forkserver", lambda *a, **k: None)
     monkeypatch.setattr(runner, "run_scenario", fake_run)
     out_json = tmp_path / "rep.json"

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,20 +23,11 @@ sys.path.insert(0, str(ROOT))
 
 from cutedebug import bisect as B  # noqa: E402
 from cutedebug import scenario as S  # noqa: E402
+from cutedebug.triage import detect_gpu  # noqa: E402
 
 TARGET_S = 60.0
 DEFAULT_TARGETS = [ROOT / "scenarios" / "bisect",
                    ROOT / "scenarios" / "tma_stream" / "wrong_expect_tx_plus.toml"]
-
-
-def gpu_present() -> bool:
-    if shutil.which("nvidia-smi") is None:
-        return False
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return out.returncode == 0 and "GPU" in out.stdout
 
 
 def row(res: B.BisectResult, wall: float) -> dict:
@@ -67,7 +56,7 @@ def main() -> int:
     ap.add_argument("--window", type=float, default=B.DEFAULT_WINDOW_S)
     ap.add_argument("--out", default="runs")
     args = ap.parse_args()
-    if not gpu_present():
+    if not detect_gpu()["present"]:
         print("no GPU")
         return 0
     files = [f for t in args.targets for f in S.discover(t)]

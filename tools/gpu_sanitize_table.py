@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -32,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 from cutedebug import sanitize_cmd as cmd
 from cutedebug import sanitizer as san
 from cutedebug import scenario as S
+from cutedebug.triage import detect_gpu
 
 SCEN = ROOT / "scenarios"
 # scenario -> tools that can see its fault (clean cases: every tool, for false alarms)
@@ -49,17 +48,6 @@ FIRST_GUESS_S = 15.0  # per sanitized run, until one has been timed
 # slowdown: whole processes (imports included); kernel_slowdown: launch -> synchronize only.
 COLS = ["scenario", "tool", "verdict", "findings", "noise_filtered", "sanitizer_s", "plain_s",
         "slowdown", "kernel_slowdown", "worker_said"]
-
-
-def gpu_present() -> bool:
-    if shutil.which("nvidia-smi") is None:
-        return False
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30,
-                             check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return out.returncode == 0 and "GPU" in out.stdout
 
 
 def plan(targets: list[str], tools: str | None) -> list[tuple[Path, tuple[str, ...]]]:
@@ -99,7 +87,7 @@ def main() -> int:
                     help="keep racecheck hazards that touch a TMA copy line (compare with/without)")
     ap.add_argument("--out", default="runs")
     args = ap.parse_args()
-    if not gpu_present():
+    if not detect_gpu()["present"]:
         print("no GPU")
         return 0
     sanitizer = san.find_sanitizer()

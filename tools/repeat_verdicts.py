@@ -26,21 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from cutedebug import runner  # noqa: E402
 from cutedebug import scenario as S  # noqa: E402
-
-
-def has_gpu() -> bool:
-    """nvidia-smi lists a GPU (the parent never imports torch)."""
-    import shutil
-    import subprocess
-
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return False
-    try:
-        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return out.returncode == 0 and "GPU" in out.stdout
+from cutedebug.triage import detect_gpu  # noqa: E402
 
 
 def frequencies(res: runner.RunResult) -> Counter:
@@ -56,8 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="runs", help="run directories go here")
     ap.add_argument("--json", help="also write the table as JSON to this file")
     args = ap.parse_args(argv)
-    if not has_gpu():
-        print("repeat_verdicts: no GPU (nvidia-smi lists none); nothing to do.")
+    gpu = detect_gpu()
+    if not gpu["present"]:
+        print(f"repeat_verdicts: no GPU ({gpu['reason']}); nothing to do.")
         return 0
     files = [f for t in args.targets for f in S.discover(t)]
     fs = runner.start_forkserver(args.out)
@@ -70,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
             freq = frequencies(res)
             n = sum(freq.values())
             rows.append({
-                "scenario": sc.id, "expected": "/".join((sc.expect.verdict, *sc.expect.also)),
+                "scenario": sc.id, "expected": "/".join(sc.expect.verdicts),
                 "runs": n, "frequencies": dict(freq.most_common()),
                 # a timing-dependent scenario expects each verdict of its expect.also too
                 "expected_share": round(sum(c for v, c in freq.items()
