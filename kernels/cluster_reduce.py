@@ -17,8 +17,8 @@ phases.
 
 Per row, in every CTA (T = ``threads`` threads, W = T / 32 warps, U = ``unroll``):
 1. slice -> registers: U 128-bit loads per thread in flight, fp32 accumulators (x, or x^2);
-2. warp shuffle reduction, lane 0 -> warp_sums[warp] (smem), ``bar.sync``, warp 0 reduces the W
-   values into the CTA partial p (fp32);
+2. warp shuffle reduction, lane 0 -> warp_sums[s][warp] (smem), ``bar.sync``, warp 0 reduces
+   the W values into the CTA partial p (fp32);
 3. warp 0 lane 0 arms its OWN barrier: ``mbarrier.arrive.expect_tx(bar[s], C * 4)``;
    lanes k < C push p into CTA k's ``partials[s][r]`` with ``st.async.shared::cluster ...
    mbarrier::complete_tx::bytes`` on CTA k's bar[s] (4 bytes each; k == r is this CTA);
@@ -36,8 +36,11 @@ Barrier arithmetic (bar[0], bar[1] in smem, initialised by thread 0 with arrive 
   completes once the arm arrived and all 4C bytes landed.
 Slot reuse (no empty barriers): peer P writes slot s for row i + 2 only after P's wait of row
 i + 1, which needs this CTA's row i + 1 partial, sent after this CTA's ``bar.sync`` of row i + 1,
-which every warp reaches only after reading row i's slot s. Likewise warp_sums is rewritten only
-after the wait of the previous row, which needs warp 0's own partial (read from warp_sums).
+which every warp reaches only after reading row i's slot s. warp_sums is double-buffered the
+same way: warp 0 reads warp_sums[s] for row i before it reaches row i + 1's ``bar.sync``, and
+the other warps write warp_sums[s] for row i + 2 only after that ``bar.sync``, so a CTA barrier
+orders the reuse (with one buffer, the order went through the partials mbarrier: correct, but
+racecheck, which does not model mbarriers, reported it as a WAR hazard).
 
 Cluster synchronization:
 - after init: ``fence.mbarrier_init.release.cluster`` + ``barrier.cluster.arrive.relaxed`` +
@@ -89,7 +92,7 @@ DTYPES = {"fp32": cutlass.Float32, "bf16": cutlass.BFloat16}
 ELEM_BYTES = {"fp32": 4, "bf16": 2}
 VECTOR_BYTES = 16
 PARTIAL_BYTES = 4  # one fp32 partial per CTA per row
-SLOTS = 2  # double-buffered partials / barriers
+SLOTS = 2  # double-buffered partials, barriers and warp_sums
 
 
 def slice_bounds(rank: int, nv: int, cluster: int) -> tuple[int, int]:
@@ -195,7 +198,7 @@ class ClusterReduce:
         partials = smem.allocate_tensor(
             cutlass.Float32, cute.make_layout((C, SLOTS), stride=(1, C)), byte_alignment=16)
         warp_sums = smem.allocate_tensor(
-            cutlass.Float32, cute.make_layout((self.warps,)), byte_alignment=16)
+            cutlass.Float32, cute.make_layout((self.warps, SLOTS)), byte_alignment=16)
         if tid == 0:
             for s in cutlass.range_constexpr(SLOTS):
                 cute.arch.mbarrier_init(bars + s, 1)
@@ -219,7 +222,7 @@ class ClusterReduce:
             part = self.slice_sum(xrow, start, end, tid)
             part = cute.arch.warp_reduction(part, operator.add)
             if lane == 0:
-                warp_sums[warp] = part
+                warp_sums[(warp, s)] = part
             cute.arch.sync_threads()
             if warp == 0:
                 self.exchange(warp_sums, partials, bars + s, s, rank, lane)
@@ -281,10 +284,10 @@ class ClusterReduce:
     @cute.jit
     def exchange(self, warp_sums: cute.Tensor, partials: cute.Tensor, bar: cute.Pointer,
                  s: cutlass.Int32, rank: cutlass.Int32, lane: cutlass.Int32):
-        """Warp 0: CTA partial -> every peer's partials[s][rank] (st.async, complete_tx)."""
+        """Warp 0: CTA partial (sum of warp_sums[s]) -> every peer's partials[s][rank]."""
         v = cutlass.Float32(0.0)
         if lane < self.warps:
-            v = warp_sums[lane]
+            v = warp_sums[(lane, s)]
         p = cute.arch.warp_reduction(v, operator.add)
         if lane == 0:
             cute.arch.mbarrier_arrive_and_expect_tx(bar, self.tx_bytes)
