@@ -4,8 +4,9 @@
 
 1. kernels/minimal.py with spin_hang=True under probes: every warp waits on an mbarrier nobody
    arrives on. The bounded waits must time out, so synchronize returns (~budget); the buffer
-   (pinned host memory, read live by a thread while the kernel runs) must hold one stuck record
-   per warp with the right site, block, warp, stage -1 and phase 0; printf lines appear.
+   (pinned host memory, read by a thread with no synchronize, while a second stuck launch
+   still runs) must hold one stuck record per warp with the right site, block, warp, stage -1
+   and phase 0; printf lines appear.
 2. The same context afterwards: kernels/minimal.py clean, probes on: correct output, no stuck
    record, one beacon per warp.
 3. With --bench and kernels/tma_stream.py present: probes-on vs probes-off kernel time.
@@ -68,20 +69,28 @@ def hang_check(budget_ns: int) -> None:
             live.append((time.monotonic(), snap.n_stuck_reported))
             time.sleep(0.01)
 
+    # Every warp times out at the same moment and the grid ends microseconds later, so a
+    # second stuck launch (its own buffer) keeps the stream busy for one more budget: the
+    # first launch's records must reach host memory with no synchronize, as the worker's
+    # monitor thread reads them.
+    buf2 = torch.zeros_like(buf)
+    compiled2, _ = compile_kernel(obj, obj.cute_args(tensors), cfg, buf2.data_ptr())
     th = threading.Thread(target=monitor, daemon=True)
     t0 = time.monotonic()
     th.start()
     compiled(*obj.cute_args(tensors))
+    compiled2(*obj.cute_args(tensors))
     launched = time.monotonic()
     torch.cuda.synchronize()
     synced = time.monotonic()
     stop.set()
     th.join()
-    print(f"launch returned after {launched - t0:.3f} s, synchronize after {synced - t0:.3f} s")
-    check(synced - t0 < 10 * budget_ns / 1e9 + 5, "synchronize returned (waits are bounded)")
-    seen_live = [c for t, c in live if t < synced and c > 0]
-    check(bool(seen_live), f"stuck counter visible from the host while the kernel ran "
-                           f"(max seen live: {max(seen_live, default=0)})")
+    print(f"launches returned after {launched - t0:.3f} s, synchronize after {synced - t0:.3f} s")
+    check(synced - t0 < 10 * 2 * budget_ns / 1e9 + 5, "synchronize returned (waits are bounded)")
+    early = synced - budget_ns / 2e9  # the second launch is still waiting then
+    seen_live = [c for t, c in live if t < early and c > 0]
+    check(bool(seen_live), f"stuck counter visible from the host before synchronize, while the "
+                           f"next launch was still stuck (max seen: {max(seen_live, default=0)})")
 
     snap = probes.decode(bytes(buf.numpy()), cfg, table)
     warps = (n // 128) * 4
