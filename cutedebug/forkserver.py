@@ -5,8 +5,9 @@ that once; each run is then a fork. The server never touches CUDA (no context ma
 before a fork), each forked worker starts its own session (so the watchdog can kill its
 process group) and writes its exit status to a file the runner polls.
 
-Protocol (JSON lines): the runner writes {"request", "log", "status", "env"} to the server's
-stdin; the server answers {"pid": N} on stdout. End of stdin stops the server, which kills
+Protocol (JSON lines): the runner writes {"request", "log", "status", "env"[, "job"]} to the
+server's stdin (job "health": the GPU health check of cutedebug.health instead of a worker);
+the server answers {"pid": N} on stdout. End of stdin stops the server, which kills
 any worker still running. The parent-side handle is :class:`ForkServer`.
 """
 
@@ -49,6 +50,10 @@ def _child(req: dict[str, Any]) -> int:
     os.environ.update(req.get("env", {}))
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
+    if req.get("job") == "health":
+        from cutedebug import health
+
+        return health.main()
     from cutedebug import worker
 
     return worker.main([req["request"]])
@@ -173,11 +178,14 @@ class ForkServer:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def spawn(self, request_path: Path, log_path: Path, env: dict[str, str]) -> ForkedChild:
+    def spawn(self, request_path: Path, log_path: Path, env: dict[str, str],
+              job: str = "worker") -> ForkedChild:
+        """Fork a worker for request_path (job "health": the GPU health check; request_path
+        then only names the folder of its exit status)."""
         assert self.proc is not None and self.proc.stdin is not None
         status = request_path.parent / "exit_status.json"
         msg = {"request": str(request_path), "log": str(log_path), "status": str(status),
-               "env": env}
+               "env": env, "job": job}
         with self._lock:
             self.proc.stdin.write((json.dumps(msg) + "\n").encode())
             self.proc.stdin.flush()

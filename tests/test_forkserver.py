@@ -71,3 +71,28 @@ def test_closing_the_server_kills_its_workers(tmp_path):
         psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE
     assert not psutil.pid_exists(server_pid) or \
         psutil.Process(server_pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_forked_health_check_answers_like_a_fresh_one(tmp_path):
+    fresh = runner.health_check()
+    fs = runner.start_forkserver(tmp_path)
+    try:
+        forked = runner.health_check(forkserver=fs, run_dir=tmp_path / "run")
+        left = [c.pid for c in psutil.Process(fs.proc.pid).children(recursive=True)]
+    finally:
+        fs.close()
+    assert forked.pop("forked") is True and "forked" not in fresh
+    fresh_s, forked_s = fresh.pop("secs"), forked.pop("secs")
+    assert forked == fresh          # on a machine without a GPU: {"healthy": None, ...}
+    assert (tmp_path / "run" / "health" / "exit_status.json").exists()
+    assert left == []
+    # the forked check skips the torch import a fresh interpreter pays for
+    assert forked_s < fresh_s
+
+
+def test_health_check_output_that_is_not_json_is_unhealthy():
+    assert runner._health_result("", "Traceback ...\nRuntimeError: boom")["error"].endswith(
+        "boom")
+    bad = runner._health_result("warning\n[1, 2]", "")
+    assert bad["healthy"] is False and "not a JSON object" in bad["error"]
+    assert runner._health_result('{"healthy": true}\n', "") == {"healthy": True}
