@@ -57,6 +57,12 @@ class RunResult:
         if expect.localized_by != "probes":
             return {"ok": None, "expected": expect.localization(), "matched": None,
                     "why": f"graded by `cutedebug {expect.localized_by}`, not by a run"}
+        if self.verdict.value in expect.also:
+            # The localization describes the expected verdict (where the hang sits), not the
+            # timing-dependent alternative this run gave.
+            return {"ok": None, "expected": expect.localization(), "matched": None,
+                    "why": f"{self.verdict.value} is one of expect.also; the localization "
+                           f"describes a {expect.verdict}"}
         return grade_localization(expect.localization(), self.evidence.get("stuck_sites", []))
 
     @property

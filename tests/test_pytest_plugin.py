@@ -466,6 +466,28 @@ def test_repeats_are_as_expected_only_when_every_verdict_is_accepted(tmp_path):
     assert not result(sc, ["MISMATCH", "PASS"]).verdict_ok
 
 
+def test_localization_is_not_graded_on_a_timing_dependent_alternative_verdict(tmp_path):
+    kfile = tmp_path / "k.py"
+    kfile.write_text(KERNEL)
+    sc = S.adhoc(f"{kfile}:K", {}, None, {}, "HANG")
+    sc = sc.with_overrides(expect=replace(sc.expect, also=("CRASH",), role="producer",
+                                          op="producer_acquire", barrier="empty"))
+
+    def result(verdict, sites):
+        return runner.RunResult(scenario=sc, verdict=V.Verdict(verdict), reason="",
+                                run_dir=tmp_path, outcome=V.Outcome(),
+                                evidence={"stuck_sites": sites})
+
+    where = {"role": "producer", "op": "producer_acquire", "barrier": "empty"}
+    crash = result("CRASH", [])
+    assert crash.localization["ok"] is None and "expect.also" in crash.localization["why"]
+    assert crash.expected
+    assert result("HANG", [where]).expected
+    wrong_place = result("HANG", [dict(where, op="consumer_wait")])
+    assert wrong_place.localization["ok"] is False and not wrong_place.expected
+    assert not result("HANG", []).expected
+
+
 def test_sigterm_unwinds_like_ctrl_c(pytester):
     """Under SIGTERM (a CI cancel) the session unwinds, so the watchdogs kill their children."""
     pytester.makepyfile(test_sig='''

@@ -73,7 +73,7 @@ def hang_check(budget_ns: int) -> None:
     # second stuck launch (its own buffer) keeps the stream busy for one more budget: the
     # first launch's records must reach host memory with no synchronize, as the worker's
     # monitor thread reads them.
-    buf2 = torch.zeros_like(buf)
+    buf2 = torch.zeros_like(buf).pin_memory()  # device-mapped: pinned, like buf
     compiled2, _ = compile_kernel(obj, obj.cute_args(tensors), cfg, buf2.data_ptr())
     th = threading.Thread(target=monitor, daemon=True)
     t0 = time.monotonic()
