@@ -37,6 +37,9 @@ tests/data/sanitizer/h200/, tests pin every shape below):
 
   - ``Initcheck``: like ``Precise`` without level/space/direction, text "Uninitialized
     __global__ memory read of size 4 bytes".
+  - ``Synccheck``: ``<who><threadIdx/><blockIdx/></who><what><text>Barrier error</text>
+    <type>Missing wait</type></what><where>...</where>`` (type "Missing init" for an mbarrier
+    used before its init was fenced; "Missing wait" for an arrive beyond the phase's count).
   - ``Api`` (only with ``--report-api-errors all``): ``<what><text>Program hit
     CUDA_ERROR_INVALID_VALUE (error 1) due to "invalid argument" on CUDA API call to
     cuGetProcAddress_v2.</text><api/><error/><message/><result/></what>``, no location.
@@ -388,6 +391,10 @@ def _finding_from_record(rec: ET.Element, tool: str) -> Finding:
     common = _first(rec, "common")
     if common is not None:
         hazard_type = _text(common, "type")
+    # synccheck says which barrier rule broke in <what><type>: "Missing wait", "Missing init"
+    detail = _text(what.find("type")) if what is not None else None
+    if detail and detail.lower() not in text.lower():
+        text = f"{text}: {detail}"
     if hazard_type and hazard_type.upper() in ("RAW", "WAR", "WAW"):
         kind = f"{hazard_type.upper()}_HAZARD"
     elif kind_tag.lower() in ("api", "apierror", "api_error"):

@@ -128,6 +128,12 @@ run_case racecheck_raw racecheck -- "$SAMPLES/race_smem.py"
 run_case memcheck_oob memcheck -- "$SAMPLES/oob_store.py"
 # synccheck: sync_threads in divergent code (within warps; across warps).
 run_case synccheck_divergent_warp synccheck -- "$SAMPLES/divergent_barrier.py" --mode warp
+# synccheck: barrier misuse in a real pipeline (tma_stream with a cutedebug fault injected):
+# the mbarrier init not fenced before the TMA signals it; one consumer_release too many.
+run_case synccheck_unfenced_init synccheck -- "$SAMPLES/scenario_run.py" \
+    scenarios/tma_stream/missing_init_fence.toml
+run_case synccheck_extra_release synccheck -- "$SAMPLES/scenario_run.py" \
+    scenarios/tma_stream/extra_consumer_release.toml
 # initcheck: load of a torch.empty buffer nothing wrote.
 run_case initcheck_uninit initcheck -- "$SAMPLES/uninit_read.py"
 # memcheck with API errors reported: cuda-bindings' cuGetProcAddress probing noise.
