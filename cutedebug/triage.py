@@ -759,6 +759,10 @@ def triage(opts: Options, *, out=print) -> int:
     finally:
         compile_pool.shutdown(wait=True, cancel_futures=True)
         gpu_pool.shutdown(wait=True, cancel_futures=True)
+        health = None
+        if gpu["present"] and not interrupted:
+            # forked from the server while it still runs (a fresh interpreter: seconds more)
+            health = runner.health_check(forkserver=fs, run_dir=opts.out)
         if fs is not None:
             fs.close()
 
@@ -769,11 +773,6 @@ def triage(opts: Options, *, out=print) -> int:
         os.environ.pop(TRIAGE_TAG_VAR, None)
     else:
         os.environ[TRIAGE_TAG_VAR] = saved_tag
-    health = None
-    if gpu["present"] and not interrupted:
-        from cutedebug import runner
-
-        health = runner.health_check()
     recs = list(records.values())
     overheads = overhead_list(recs)
     facts = {"harness_errors": sum(r.get("harness_errors", 0) for r in recs),

@@ -217,7 +217,12 @@ def engine(monkeypatch):
         fake = FakeEngine(**kw)
         monkeypatch.setattr(runner, "run_scenario", fake)
         monkeypatch.setattr(T, "detect_gpu", lambda: gpu)
-        monkeypatch.setattr(runner, "health_check", lambda: {"healthy": True})
+        def health_check(**kw):
+            fake.health_calls.append(kw)
+            return {"healthy": True}
+
+        fake.health_calls = []
+        monkeypatch.setattr(runner, "health_check", health_check)
         monkeypatch.setattr(runner, "start_forkserver", lambda *a, **k: None)
         return fake
     return install
@@ -264,6 +269,8 @@ def test_compiles_in_parallel_gpu_runs_one_at_a_time(tmp_path, engine):
     assert len(progress) == 5 and progress[-1].startswith("[  5/5]")
     assert "HARNESS_ERROR: 0" in lines and "processes of ours left: 0" in lines
     assert "GPU health: healthy" in lines
+    # one health check at the end, handed the fork server (None here) and the output folder
+    assert fake.health_calls == [{"forkserver": None, "run_dir": out}]
     assert any(ln.startswith("overhead beyond compile + run + check per scenario: mean") for ln in lines)
     assert rc == 1          # k/miss is timing-dependent, not as expected
     m = json.loads((out / "matrix.json").read_text())
@@ -283,7 +290,7 @@ def test_without_a_gpu_runs_are_not_run_not_misses(tmp_path, engine):
                if k != "k/cerr")
     md = (out / "matrix.md").read_text()
     assert "| classification | 100% (1/1) |" in md and "4 × not run: no GPU" in md
-    assert "GPU health: n.a. (no GPU)" in lines
+    assert "GPU health: n.a. (no GPU)" in lines and fake.health_calls == []
 
 
 def test_interrupted_triage_keeps_results_and_resume_finishes_the_rest(tmp_path, engine):
