@@ -509,13 +509,18 @@ def _site_key(s: dict[str, Any]) -> tuple:
 
 def bisect(scenario: S.Scenario, *, runs_root: Path | str = "runs",
            window_s: float = DEFAULT_WINDOW_S, probes: bool = True, forkserver: bool = True,
-           command: str = "") -> BisectResult:
-    """Baseline, then per-role search; returns the result (written with ``write``)."""
+           command: str = "", server: Any = None) -> BisectResult:
+    """Baseline, then per-role search; returns the result (written with ``write``).
+
+    ``server``: a running fork server to fork the workers from (the caller's, left open);
+    otherwise one is started for this bisection when ``forkserver`` is true."""
     t0 = time.monotonic()
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = (Path(runs_root) / f"{scenario.id.replace('/', '__')}-bisect-{stamp}-"
                f"{uuid.uuid4().hex[:6]}").resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
+    if server is not None:
+        return _bisect(scenario, run_dir, server, window_s, probes, command, t0)
     fs = runner.start_forkserver(run_dir) if forkserver else None
     try:
         return _bisect(scenario, run_dir, fs, window_s, probes, command, t0)

@@ -3,7 +3,7 @@
     cutedebug run SCENARIO.toml|DIR|FILE.py:ENTRY [...]   one verdict (and report) per scenario
     cutedebug list [DIR]                                  scenarios as a table
     cutedebug faults                                      the fault registry
-    cutedebug triage DIR --out OUT [--resume] [--repeat N]  every scenario, one matrix
+    cutedebug triage DIR --out OUT [--resume] [--repeat N] [--bisect]  every scenario, one matrix
 
 Exit codes: 0 every verdict matched its expectation, 1 some did not, 2 usage or input error.
 """

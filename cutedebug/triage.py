@@ -1,6 +1,7 @@
 """`cutedebug triage DIR --out OUT`: every scenario under DIR, graded, as one matrix.
 
     cutedebug triage scenarios --out reports/triage [--resume] [--repeat N] [--jobs J]
+                                                    [--bisect]
 
 Compiles run J at a time on the CPU (compile-only children); GPU runs go one at a time, in
 the order their compiles finish. A scenario whose compile already decides its verdict
@@ -12,6 +13,11 @@ Output, written as results come (each file replaced atomically):
     OUT/results/<scenario>.json   one record per scenario (the source of truth)
     OUT/matrix.json|.md|.html     regenerated from the records after each one
     OUT/runs/                     the run directories (report.md, events, logs, PTX)
+
+With ``--bisect``, a scenario that HANGs where only printf-bisection can say where (its
+expected localization is not graded by the run: named barriers, flag spins, early exits) is
+then bisected (``cutedebug bisect``, on the GPU queue, the same fork server); the record keeps
+the bisection's answer and grades the localization by it (15-25 s per such hang on an H200).
 
 An interrupted triage keeps every finished record; ``--resume`` skips the scenarios whose
 record is complete and whose scenario file and kernel source are unchanged (and runs, on a
@@ -320,7 +326,8 @@ MARK = {"ok": "✓", "miss": "✗", "notrun": "–", "harness": "!", "timing": "
 
 def _loc_text(r: dict[str, Any]) -> str:
     ok = r.get("localization_ok")
-    return "n.a." if ok is None else ("right" if ok else "wrong")
+    text = "n.a." if ok is None else ("right" if ok else "wrong")
+    return text + (" (bisect)" if r.get("bisect") else "")
 
 
 def _static_text(r: dict[str, Any]) -> str:
@@ -558,6 +565,7 @@ class Options:
     probes: bool | None = None
     runs_dir: Path | None = None
     command: str = ""
+    bisect: bool = False
 
 
 @dataclass
@@ -610,6 +618,50 @@ def _harness_call(mode: str, exc: BaseException) -> dict[str, Any]:
             "localization": {"ok": None}, "verdicts": ["HARNESS_ERROR"], "harness_errors": 1,
             "wall_s": 0.0, "compile_s": 0.0, "kernel_s": 0.0, "overhead_s": 0.0,
             "device": None, "report": None}
+
+
+def needs_bisect(rec: dict[str, Any]) -> bool:
+    """A HANG whose expected localization the run could not grade (ok None: only a
+    printf-bisection can, e.g. a named-barrier hang)."""
+    return (rec.get("verdict") == "HANG" and bool(rec["expected"]["localization"])
+            and rec.get("localization_ok") is None and (rec.get("run") or {}).get("mode") == "run")
+
+
+def _bisect_call(sc: S.Scenario, runs_dir: Path, forkserver=None):
+    """One printf-bisection in the GPU pool thread: (result, wall seconds)."""
+    from cutedebug import bisect
+
+    t0 = time.monotonic()
+    res = bisect.bisect(sc, runs_root=runs_dir, server=forkserver,
+                        command=f"cutedebug bisect {sc.source}")
+    bisect.write(res)
+    return res, time.monotonic() - t0
+
+
+def bisect_record(res, wall_s: float, out_dir: Path) -> dict[str, Any]:
+    """What a bisection contributes to a record: its status, answer per role and grade."""
+    from cutedebug import bisect
+
+    md = Path(res.run_dir) / "bisect.md"
+    try:
+        report = os.path.relpath(md, out_dir)
+    except ValueError:
+        report = str(md)
+    return {"status": res.status, "ok": res.grade.get("ok"), "grade": res.grade,
+            "reason": res.reason[:500],
+            "answer": {role: bisect.role_answer(st, res.by_id)
+                       for role, st in res.searches.items()},
+            "runs": len(res.runs), "timing_bug": [p.site for p in res.timing_bugs],
+            "wall_s": round(wall_s, 3), "report": report}
+
+
+def apply_bisect(rec: dict[str, Any], bis: dict[str, Any]) -> None:
+    """Grade the record's localization by its bisection (a failed bisection grades nothing)."""
+    rec["bisect"] = bis
+    rec["status"] = "done"
+    if bis["status"] == "localized":
+        rec["localization_ok"] = bis["ok"]
+    rec["harness_errors"] = rec.get("harness_errors", 0) + (bis["status"] == "error")
 
 
 def plan(opts: Options, gpu: dict[str, Any]) -> tuple[list[_Plan], list[dict[str, Any]]]:
@@ -722,6 +774,17 @@ def triage(opts: Options, *, out=print) -> int:
             done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
             for fut in done:
                 mode, p = pending.pop(fut)
+                if mode == "bisect":
+                    try:
+                        res, wall = fut.result()
+                        bis = bisect_record(res, wall, opts.out)
+                    except Exception as e:  # noqa: BLE001  (a bug of ours: HARNESS_ERROR)
+                        bis = {"status": "error", "ok": None, "reason":
+                               "".join(traceback.format_exception(e))[-1500:]}
+                    apply_bisect(p.rec, bis)
+                    save(p.rec)
+                    progress(p.rec)
+                    continue
                 try:
                     res, wall = fut.result()
                     call = call_record(res, wall, opts.out)
@@ -747,6 +810,12 @@ def triage(opts: Options, *, out=print) -> int:
                         finalize(p.rec, None, f"not run: unsupported — {call['reason']}")
                     else:
                         finalize(p.rec, call, None)
+                        if opts.bisect and needs_bisect(p.rec):
+                            p.rec["status"] = "bisecting"
+                            save(p.rec)
+                            pending[gpu_pool.submit(_bisect_call, p.sc, runs_dir, fs)] = \
+                                ("bisect", p)
+                            continue
                 save(p.rec)
                 progress(p.rec)
     except KeyboardInterrupt:
@@ -818,6 +887,9 @@ def add_parser(sub) -> None:
     t.add_argument("--probes", action=argparse.BooleanOptionalAction, default=None,
                    help="bounded waits + beacons (default: each scenario's setting)")
     t.add_argument("--runs-dir", help="where run directories go (default OUT/runs)")
+    t.add_argument("--bisect", action="store_true", help="printf-bisect the hangs whose "
+                   "localization only bisection can grade (named barriers, flag spins, early "
+                   "exits; 15-25 s each on an H200)")
     t.set_defaults(func=cmd_triage)
 
 
@@ -830,5 +902,5 @@ def cmd_triage(args: argparse.Namespace) -> int:
     opts = Options(dir=Path(args.dir), out=Path(args.out), resume=args.resume,
                    repeat=args.repeat, jobs=args.jobs, probes=args.probes,
                    runs_dir=Path(args.runs_dir) if args.runs_dir else None,
-                   command=command_line())
+                   command=command_line(), bisect=args.bisect)
     return triage(opts)

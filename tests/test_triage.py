@@ -427,6 +427,16 @@ def test_cli_triage(tmp_path, engine, capsys):
                      "--repeat", "0"]) == 2
 
 
+def test_cli_triage_bisect_flag(tmp_path, engine, monkeypatch):
+    scenarios_dir(tmp_path, {"clean": ("PASS", None)})
+    (tmp_path / "scen" / "k" / "nb.toml").write_text(NAMED)
+    fake = engine(outcomes={("k/nb", "run"): {"verdict": "HANG"}})
+    monkeypatch.setattr(T, "_bisect_call", fake_bisect(fake))
+    rc = cli.main(["triage", str(tmp_path / "scen"), "--out", str(tmp_path / "o"),
+                   "--jobs", "1", "--bisect"])
+    assert rc == 0 and ("k/nb", "bisect") in fake.calls
+
+
 def test_overhead_leaves_out_the_check_a_blind_first_run_and_the_health_check(tmp_path):
     o = V.Outcome(phase="done")
     o.events += [{"event": "compiled", "secs": 1.5, "t": 2.0},
@@ -448,3 +458,85 @@ def test_overhead_leaves_out_the_check_a_blind_first_run_and_the_health_check(tm
     # recorded results without work_s: compile + kernel, as before
     res.timings = {"compile_s": 1.0, "kernel_s": 0.5}
     assert T.call_record(res, wall_s=2.0, out_dir=tmp_path)["overhead_s"] == 0.5
+
+
+# ---- --bisect: hangs that only printf-bisection can localize ----------------------------------
+NAMED = ('id = "k/nb"\n[kernel]\nfile = "../../k.py"\nentry = "K"\n[fault]\nkind = "bad"\n'
+         '[expect]\nverdict = "HANG"\nrole = "consumer"\nop = "named_barrier"\n'
+         'barrier = "named"\nlocalized_by = "bisect"\n')
+
+
+def fake_bisect(fake, *, found_op="named_barrier", fail=False):
+    from cutedebug import bisect as B
+
+    def bisect_call(sc, runs_dir, forkserver=None):
+        with fake.lock:
+            fake.calls.append((sc.id, "bisect"))
+            fake.bisect_seen.append((threading.current_thread().name, dict(fake.active)))
+        if fail:
+            raise RuntimeError("bisect broke")
+        site = {"id": 3, "kind": "named_barrier", "op": found_op, "barrier": "named",
+                "file": "/k.py", "line": 12, "role": "consumer", "detail": "bar.sync 1, 256"}
+        search = B.RoleSearch(role="consumer", sites=[3], lo=-1, hi=0, runs=1, budget=2)
+        grade = B.grade({"role": "consumer", "op": "named_barrier", "barrier": "named"},
+                        {"consumer": search}, {3: site})
+        d = Path(runs_dir) / "nb-bisect"
+        d.mkdir(parents=True, exist_ok=True)
+        res = B.BisectResult(scenario=sc, run_dir=d, baseline={}, sites=[site],
+                             roles={"consumer": [3]}, searches={"consumer": search},
+                             runs=[B.CheckpointRun(site=3, reached=False, verdict="HANG")],
+                             grade=grade)
+        return res, 17.5
+
+    fake.bisect_seen = []
+    return bisect_call
+
+
+def test_bisect_grades_the_hangs_a_run_cannot_localize(tmp_path, engine, monkeypatch):
+    scenarios_dir(tmp_path, SPECS)
+    (tmp_path / "scen" / "k" / "nb.toml").write_text(NAMED)
+    fake = engine(outcomes=OUTCOMES | {("k/nb", "run"): {"verdict": "HANG"}})
+    monkeypatch.setattr(T, "_bisect_call", fake_bisect(fake))
+    rc, lines, out = run_triage(tmp_path, jobs=2, bisect=True)
+    # only the named-barrier hang is bisected (k/hang states no localization), on the GPU
+    # queue, with no run on the GPU at the same time
+    assert [c for c in fake.calls if c[1] == "bisect"] == [("k/nb", "bisect")]
+    (thread, active), = fake.bisect_seen
+    assert thread.startswith("gpu") and active["run"] == 0
+    rec = T.load_records(out / "results")["k/nb"]
+    assert rec["status"] == "done" and rec["localization_ok"] is True
+    b = rec["bisect"]
+    assert (b["status"], b["ok"], b["runs"], b["wall_s"]) == ("localized", True, 1, 17.5)
+    assert b["answer"]["consumer"].startswith("never reached its first site #3 named_barrier")
+    assert b["report"] == os.path.join("runs", "nb-bisect", "bisect.md")
+    assert rec["time_to_verdict_s"] == rec["run"]["wall_s"]   # the bisection is extra
+    nb = next(ln for ln in lines if "k/nb" in ln)
+    assert "HANG (expected HANG) loc right (bisect)" in nb
+    m = json.loads((out / "matrix.json").read_text())
+    assert (m["rates"]["localization"]["hits"], m["rates"]["localization"]["of"]) == (1, 1)
+    assert rc == 1      # k/miss is still not as expected
+
+
+def test_without_bisect_the_named_barrier_hang_stays_ungraded(tmp_path, engine, monkeypatch):
+    scenarios_dir(tmp_path, {"clean": ("PASS", None)})
+    (tmp_path / "scen" / "k" / "nb.toml").write_text(NAMED)
+    fake = engine(outcomes={("k/nb", "run"): {"verdict": "HANG"}})
+    monkeypatch.setattr(T, "_bisect_call", fake_bisect(fake))
+    rc, lines, out = run_triage(tmp_path, jobs=1)
+    assert not [c for c in fake.calls if c[1] == "bisect"]
+    rec = T.load_records(out / "results")["k/nb"]
+    assert rec["localization_ok"] is None and "bisect" not in rec
+    assert any("k/nb" in ln and "loc n.a." in ln for ln in lines) and rc == 0
+
+
+def test_a_failing_bisection_is_a_harness_error_not_a_localization(tmp_path, engine,
+                                                                   monkeypatch):
+    scenarios_dir(tmp_path, {"clean": ("PASS", None)})
+    (tmp_path / "scen" / "k" / "nb.toml").write_text(NAMED)
+    fake = engine(outcomes={("k/nb", "run"): {"verdict": "HANG"}})
+    monkeypatch.setattr(T, "_bisect_call", fake_bisect(fake, fail=True))
+    rc, lines, out = run_triage(tmp_path, jobs=1, bisect=True)
+    rec = T.load_records(out / "results")["k/nb"]
+    assert rec["status"] == "done" and rec["localization_ok"] is None
+    assert rec["bisect"]["status"] == "error" and "bisect broke" in rec["bisect"]["reason"]
+    assert rec["harness_errors"] == 1 and "HARNESS_ERROR: 1" in lines and rc == 1
