@@ -17,7 +17,7 @@ Output, written as results come (each file replaced atomically):
 With ``--bisect``, a scenario that HANGs where only printf-bisection can say where (its
 expected localization is not graded by the run: named barriers, flag spins, early exits) is
 then bisected (``cutedebug bisect``, on the GPU queue, the same fork server); the record keeps
-the bisection's answer and grades the localization by it (15-25 s per such hang on an H200).
+the bisection's answer and grades the localization by it (10-20 s per such hang on an H200).
 
 An interrupted triage keeps every finished record; ``--resume`` skips the scenarios whose
 record is complete and whose scenario file and kernel source are unchanged (and runs, on a
@@ -889,7 +889,7 @@ def add_parser(sub) -> None:
     t.add_argument("--runs-dir", help="where run directories go (default OUT/runs)")
     t.add_argument("--bisect", action="store_true", help="printf-bisect the hangs whose "
                    "localization only bisection can grade (named barriers, flag spins, early "
-                   "exits; 15-25 s each on an H200)")
+                   "exits; 10-20 s each on an H200)")
     t.set_defaults(func=cmd_triage)
 
 
