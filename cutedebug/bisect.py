@@ -485,16 +485,8 @@ class _Runner:
 
     def run(self, name: str, site: int | None, *, probes: dict[str, Any] | None,
             limits: S.Limits, stall_s: float | None) -> tuple[V.Classified, V.Outcome]:
-        sub = self.run_dir / name
-        sub.mkdir(parents=True, exist_ok=True)
-        events_path, log_path = sub / "events.jsonl", sub / "worker.log"
-        events_path.write_text("")
-        request = {"scenario": self.scenario.to_json(), "mode": "run",
-                   "events": str(events_path), "probes": probes, "lineinfo": False,
-                   "ptx_path": str(sub / "kernel.ptx"), "dump_dir": str(sub),
-                   "bisect": {"site": site}}
-        req_path = sub / "request.json"
-        req_path.write_text(json.dumps(request, indent=1))
+        req_path, events_path, log_path = runner.write_request(
+            self.run_dir / name, self.scenario, probes=probes, bisect={"site": site})
         outcome, _ = runner.watch(runner.worker_argv(req_path), events_path, log_path, limits,
                                   env=self.env, stall_s=stall_s, forkserver=self.fs)
         if (ke := outcome.event("kernel_error")) is not None:

@@ -433,6 +433,23 @@ def work_s(t: dict[str, float]) -> float:
     return t.get("compile_s", 0.0) + kernel + t.get("check_s", 0.0)
 
 
+def write_request(sub: Path, scenario: Scenario, *, mode: str = "run",
+                  probes: dict[str, Any] | None = None, lineinfo: bool = False,
+                  **extra: Any) -> tuple[Path, Path, Path]:
+    """The worker's request.json in ``sub`` (created), with an empty event file beside it.
+    ``extra``: further request fields (``bisect``). Returns (request, events, log) paths."""
+    sub = Path(sub).resolve()
+    sub.mkdir(parents=True, exist_ok=True)
+    events_path, log_path = sub / "events.jsonl", sub / "worker.log"
+    events_path.write_text("")
+    request = {"scenario": scenario.to_json(), "mode": mode, "events": str(events_path),
+               "probes": probes, "lineinfo": lineinfo, "ptx_path": str(sub / "kernel.ptx"),
+               "dump_dir": str(sub), **extra}
+    req_path = sub / "request.json"
+    req_path.write_text(json.dumps(request, indent=1))
+    return req_path, events_path, log_path
+
+
 def run_once(scenario: Scenario, run_dir: Path, *, mode: str = "run",
              probes: dict[str, Any] | None = None, lineinfo: bool = False,
              index: int = 0, wrap=None, extra_env: dict[str, str] | None = None,
@@ -441,14 +458,8 @@ def run_once(scenario: Scenario, run_dir: Path, *, mode: str = "run",
     # Absolute: the worker runs in the repository root, not in the caller's directory.
     run_dir = Path(run_dir).resolve()
     sub = run_dir if index == 0 else run_dir / f"repeat{index}"
-    sub.mkdir(parents=True, exist_ok=True)
-    events_path, log_path = sub / "events.jsonl", sub / "worker.log"
-    events_path.write_text("")
-    request = {"scenario": scenario.to_json(), "mode": mode, "events": str(events_path),
-               "probes": probes, "lineinfo": lineinfo, "ptx_path": str(sub / "kernel.ptx"),
-               "dump_dir": str(sub.resolve())}
-    req_path = sub / "request.json"
-    req_path.write_text(json.dumps(request, indent=1))
+    req_path, events_path, log_path = write_request(sub, scenario, mode=mode, probes=probes,
+                                                    lineinfo=lineinfo)
     argv = worker_argv(req_path)
     if wrap is not None:
         argv = wrap(argv, sub)

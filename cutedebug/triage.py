@@ -184,11 +184,6 @@ def call_record(res, wall_s: float, out_dir: Path) -> dict[str, Any]:
     work = float(t["work_s"]) if t.get("work_s") is not None else compile_s + kernel_s
     attempts = max(1, len(res.repeats))
     verdicts = [r["verdict"] for r in res.repeats] or [res.verdict.value]
-    md = Path(res.run_dir) / "report.md"
-    try:
-        report = os.path.relpath(md, out_dir)
-    except ValueError:
-        report = str(md)
     return {
         "mode": res.mode, "verdict": res.verdict.value, "reason": res.reason[:1000],
         "compiled": res.outcome.event("compiled") is not None,
@@ -200,8 +195,17 @@ def call_record(res, wall_s: float, out_dir: Path) -> dict[str, Any]:
         "wall_s": round(wall_s, 3), "compile_s": round(compile_s, 3),
         "kernel_s": round(kernel_s, 6), "work_s": round(work, 3),
         "overhead_s": round(wall_s / attempts - work, 3),
-        "device": res.evidence.get("device"), "report": report,
+        "device": res.evidence.get("device"),
+        "report": _relative(Path(res.run_dir) / "report.md", out_dir),
     }
+
+
+def _relative(path: Path, out_dir: Path) -> str:
+    """A report's path as the matrix links it: relative to the triage's output folder."""
+    try:
+        return os.path.relpath(path, out_dir)
+    except ValueError:
+        return str(path)
 
 
 def new_record(sc: S.Scenario, digest: str, repeat: int) -> dict[str, Any]:
@@ -638,21 +642,23 @@ def _bisect_call(sc: S.Scenario, runs_dir: Path, forkserver=None):
     return res, time.monotonic() - t0
 
 
-def bisect_record(res, wall_s: float, out_dir: Path) -> dict[str, Any]:
-    """What a bisection contributes to a record: its status, answer per role and grade."""
+def bisect_record(fut: Future, out_dir: Path) -> dict[str, Any]:
+    """What a finished bisection contributes to a record: its status, answer per role and
+    grade (status "error" with the traceback when it raised: a bug of ours)."""
     from cutedebug import bisect
 
-    md = Path(res.run_dir) / "bisect.md"
     try:
-        report = os.path.relpath(md, out_dir)
-    except ValueError:
-        report = str(md)
+        res, wall_s = fut.result()
+    except Exception as e:  # noqa: BLE001
+        return {"status": "error", "ok": None,
+                "reason": "".join(traceback.format_exception(e))[-1500:]}
     return {"status": res.status, "ok": res.grade.get("ok"), "grade": res.grade,
             "reason": res.reason[:500],
             "answer": {role: bisect.role_answer(st, res.by_id)
                        for role, st in res.searches.items()},
             "runs": len(res.runs), "timing_bug": [p.site for p in res.timing_bugs],
-            "wall_s": round(wall_s, 3), "report": report}
+            "wall_s": round(wall_s, 3),
+            "report": _relative(Path(res.run_dir) / "bisect.md", out_dir)}
 
 
 def apply_bisect(rec: dict[str, Any], bis: dict[str, Any]) -> None:
@@ -775,13 +781,7 @@ def triage(opts: Options, *, out=print) -> int:
             for fut in done:
                 mode, p = pending.pop(fut)
                 if mode == "bisect":
-                    try:
-                        res, wall = fut.result()
-                        bis = bisect_record(res, wall, opts.out)
-                    except Exception as e:  # noqa: BLE001  (a bug of ours: HARNESS_ERROR)
-                        bis = {"status": "error", "ok": None, "reason":
-                               "".join(traceback.format_exception(e))[-1500:]}
-                    apply_bisect(p.rec, bis)
+                    apply_bisect(p.rec, bisect_record(fut, opts.out))
                     save(p.rec)
                     progress(p.rec)
                     continue

@@ -217,6 +217,7 @@ def engine(monkeypatch):
         fake = FakeEngine(**kw)
         monkeypatch.setattr(runner, "run_scenario", fake)
         monkeypatch.setattr(T, "detect_gpu", lambda: gpu)
+
         def health_check(**kw):
             fake.health_calls.append(kw)
             return {"healthy": True}

@@ -14,7 +14,6 @@ Prints the worker's events (JSON lines) and exits with the worker's status.
 
 from __future__ import annotations
 
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -24,17 +23,13 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print(__doc__, file=sys.stderr)
         return 2
-    from cutedebug import scenario, worker
+    from cutedebug import runner, scenario, worker
 
     sc = scenario.load(argv[0])
     with tempfile.TemporaryDirectory(prefix="cutedebug-sample-") as tmp:
-        events = Path(tmp) / "events.jsonl"
-        request = Path(tmp) / "request.json"
-        request.write_text(json.dumps({"scenario": sc.to_json(), "mode": "run",
-                                       "events": str(events), "probes": None,
-                                       "lineinfo": True, "dump_dir": tmp}))
+        request, events, _ = runner.write_request(Path(tmp), sc, lineinfo=True)
         rc = worker.main([str(request)])
-        print(events.read_text() if events.exists() else "(no events)", end="")
+        print(events.read_text(), end="")
     return rc
 
 
