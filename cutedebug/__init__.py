@@ -8,5 +8,5 @@ def __getattr__(name: str):
     if name == "checkpoint":
         import importlib
 
-        return importlib.import_module("cutedebug.checkpoint")  # a callable module
+        return importlib.import_module("cutedebug.instrument.checkpoint")  # a callable module
     raise AttributeError(f"module 'cutedebug' has no attribute {name!r}")

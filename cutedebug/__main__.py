@@ -1,5 +1,5 @@
 import sys
 
-from cutedebug.cli import main
+from cutedebug.commands.cli import main
 
 sys.exit(main())

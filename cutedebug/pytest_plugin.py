@@ -56,7 +56,7 @@ The fixture::
         assert_verdict(res, "HANG", op="consumer_wait", barrier="full")
 
 ``cutedebug_run`` runs the kernel in the watched child and returns the
-:class:`cutedebug.runner.RunResult`. With ``expect`` it fails the test unless the verdict is
+:class:`cutedebug.engine.runner.RunResult`. With ``expect`` it fails the test unless the verdict is
 that; without, it fails the test on HANG and HARNESS_ERROR only (so a test that would hang
 fails with a HANG verdict instead). Without a suitable GPU a ``mode="run"`` call skips the
 test with the reason. Kernel paths are tried relative to the test file, then the rootdir.
@@ -74,9 +74,9 @@ from typing import Any
 
 import pytest
 
-from cutedebug import scenario as S
-from cutedebug.verdict import ALL as VERDICTS
-from cutedebug.verdict import Verdict
+from cutedebug.engine import scenario as S
+from cutedebug.engine.verdict import ALL as VERDICTS
+from cutedebug.engine.verdict import Verdict
 
 COMPILE_VERDICTS = ("COMPILE_ERROR", "COMPILER_CRASH")
 HEALTH_CHECK_S = 60.0     # runner.health_check's own timeout, run after a kill
@@ -211,8 +211,8 @@ def watchdog_budget_s(sc: S.Scenario, mode: str, repeat: int) -> float:
     """The longest a run_scenario call can legitimately take: the watchdog restarts its clock
     at every phase, so the sum of the limits of each phase the child may go through; a blind
     hang is rerun once with probes; a kill is followed by a health check."""
-    from cutedebug import runner
-    from cutedebug.verdict import PHASES
+    from cutedebug.engine import runner
+    from cutedebug.engine.verdict import PHASES
 
     phases = [p for p in PHASES if mode == "run" or p not in ("launched", "synced", "checked")]
     once = sum(runner._phase_deadline(p, sc.limits) for p in phases)
@@ -264,7 +264,7 @@ _GPU_KEY = pytest.StashKey[dict]()
 
 def gpu_facts(config: pytest.Config) -> dict[str, Any]:
     if _GPU_KEY not in config.stash:
-        from cutedebug.triage import detect_gpu
+        from cutedebug.commands.triage import detect_gpu
 
         config.stash[_GPU_KEY] = detect_gpu()
     return config.stash[_GPU_KEY]
@@ -364,7 +364,8 @@ class ScenarioItem(_Item):
 
     def call_engine(self, s: Settings, forkserver=None):
         """run_scenario + report (thread-safe: touches no pytest state)."""
-        from cutedebug import report, runner
+        from cutedebug.reporting import report
+        from cutedebug.engine import runner
 
         sc = s.apply(self.scenario)
         try:
@@ -418,7 +419,7 @@ _FORKSERVER_KEY = pytest.StashKey[Any]()
 def session_forkserver(config: pytest.Config):
     """The session's fork server, or None (off, or it could not start: fresh workers then)."""
     if _FORKSERVER_KEY not in config.stash:
-        from cutedebug import runner
+        from cutedebug.engine import runner
 
         s = resolve(config)
         config.stash[_FORKSERVER_KEY] = runner.start_forkserver(s.runs_dir) \
@@ -456,7 +457,7 @@ class CompileItem(ScenarioItem):
     mode = "compile"
 
     def runtest(self) -> None:
-        from cutedebug import report
+        from cutedebug.reporting import report
 
         future = _prefetch(self)
         if future is None:
@@ -478,7 +479,7 @@ class CompileItem(ScenarioItem):
 
 class RunItem(ScenarioItem):
     def runtest(self) -> None:
-        from cutedebug import report
+        from cutedebug.reporting import report
 
         s = self.settings()
         reason = gpu_skip_reason(self.config, self.scenario.archs)
@@ -563,7 +564,8 @@ def assert_verdict(result, verdict: str, **localization: Any) -> None:
     """Fail unless ``result`` has this verdict (and, given role/op/barrier/stage, a stuck site
     that agrees with them). The message says what came back, where, why, and the report."""
     __tracebackhide__ = True
-    from cutedebug import report, runner
+    from cutedebug.reporting import report
+    from cutedebug.engine import runner
 
     if verdict not in VERDICTS:
         raise ValueError(f"unknown verdict {verdict!r}; one of {list(VERDICTS)}")
@@ -588,7 +590,8 @@ def cutedebug_run(request: pytest.FixtureRequest):
     """Run a kernel in the watchdog: ``cutedebug_run(kernel="file.py:Entry", params={...},
     fault=None, fault_args={}, expect=None, deadline=None, probes=None, repeat=None,
     archs=("sm_90a",), mode="run") -> RunResult``. See the module docstring."""
-    from cutedebug import report, runner
+    from cutedebug.reporting import report
+    from cutedebug.engine import runner
 
     def run(kernel: str, params: dict[str, Any] | None = None, fault: str | None = None,
             fault_args: dict[str, Any] | None = None, expect: str | None = None, *,

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from cutedebug import bisect as B
-from cutedebug import checkpoint as C
-from cutedebug import scenario as S
-from cutedebug import verdict as V
-from cutedebug.bisect import CheckpointRun, Oracle, run_budget, search_all, search_role
+from cutedebug.analyses import bisect as B
+from cutedebug.instrument import checkpoint as C
+from cutedebug.engine import scenario as S
+from cutedebug.engine import verdict as V
+from cutedebug.analyses.bisect import CheckpointRun, Oracle, run_budget, search_all, search_role
 
 ROOT = Path(__file__).resolve().parent.parent
 TMA = ROOT / "kernels" / "tma_stream.py"
@@ -388,7 +388,8 @@ def compile_variant(path: Path, entry: str, params: dict, site, *, session: bool
     from cutlass import cute
     from cutlass.base_dsl.compiler import DumpDir
 
-    from cutedebug import faults, kernel_api
+    from cutedebug import kernel_api
+    from cutedebug.instrument import faults
 
     obj = kernel_api.load_entry(path, entry)(**params)
     # a fresh dump directory per compile: the PTX is read back from there
@@ -499,7 +500,7 @@ def test_wrong_barrier_threads_shifts_counted_barriers_only(which, expect):
 
 
 def test_wrong_barrier_threads_rejects_partial_warps():
-    from cutedebug import faults
+    from cutedebug.instrument import faults
 
     with pytest.raises(faults.FaultApplyError):
         compile_variant(FLAG, "FlagSpin", FLAG_PARAMS, None, session=False,
@@ -573,7 +574,7 @@ def test_grade_accepts_the_pipeline_role_of_a_function_named_role():
 def test_probes_do_not_change_the_site_numbering(path, entry, params, fault, args):
     """The baseline runs with bounded-wait probes, the checkpoint runs without: the site ids
     must mean the same sites (probes' own try_waits are not sites)."""
-    from cutedebug import probes
+    from cutedebug.instrument import probes
 
     pytest.importorskip("cutlass")
     _, plain = compile_variant(path, entry, params, None, fault=fault, fault_args=args)

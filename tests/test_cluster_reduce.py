@@ -15,8 +15,9 @@ import torch
 from cutlass import cute
 from helpers.ptx import expect_tx_bytes
 
-from cutedebug import faults, probes
-from cutedebug import scenario as S
+from cutedebug.instrument import faults
+from cutedebug.instrument import probes
+from cutedebug.engine import scenario as S
 from cutedebug.kernel_api import load_entry, resolve_params
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from helpers.ptx import last_operands
 
-from cutedebug import faults
-from cutedebug.faults import DEPENDS, FAULTS, VERDICTS, FaultSpecError
+from cutedebug.instrument import faults
+from cutedebug.instrument.faults import DEPENDS, FAULTS, VERDICTS, FaultSpecError
 
 ROOT = Path(__file__).resolve().parents[1]
 KERNELS = {
@@ -34,7 +34,7 @@ KERNELS = {
 # ---- validation (no cutlass needed) ----------------------------------------------------------
 
 def test_registry_imports_without_cutlass_or_torch():
-    code = ("import sys, cutedebug.faults as f; f.validate('wrong_expect_tx', {}); "
+    code = ("import sys, cutedebug.instrument.faults as f; f.validate('wrong_expect_tx', {}); "
             "f.describe_all(); print(sorted(m for m in ('cutlass', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          check=True)

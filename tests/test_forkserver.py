@@ -5,9 +5,9 @@ from pathlib import Path
 
 import psutil
 
-from cutedebug import runner
-from cutedebug import scenario as S
-from cutedebug.verdict import Verdict
+from cutedebug.engine import runner
+from cutedebug.engine import scenario as S
+from cutedebug.engine.verdict import Verdict
 
 ROOT = Path(__file__).resolve().parent.parent
 

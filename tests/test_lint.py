@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from cutedebug import lint
-from cutedebug.lint import Event, Finding, PipelineRecord, Protocol
+from cutedebug.analyses import lint
+from cutedebug.analyses.lint import Event, Finding, PipelineRecord, Protocol
 
 ROOT = Path(__file__).resolve().parents[1]
 STREAM = ("kernels/tma_stream.py", "TmaStream", {"m": 4096, "n": 512, "ctas": 4})
@@ -195,7 +195,8 @@ def test_patches_are_restored():
 def test_recording_changes_neither_the_ptx_nor_the_fault_sites(monkeypatch):
     import cutlass.cute as cute
 
-    from cutedebug import faults, kernel_api
+    from cutedebug import kernel_api
+    from cutedebug.instrument import faults
 
     monkeypatch.setenv("CUTE_DSL_LINEINFO", "1")  # locs must not point into lint.py
     kernel = kernel_api.load_entry(str(ROOT / COPY[0]), COPY[1])()
@@ -267,7 +268,7 @@ def test_protocol_and_findings_round_trip_through_json():
 # ---- command line (the parent never imports cutlass) -------------------------------------------
 
 def test_cli_lint_scenarios_exit_codes():
-    code = ("import sys, cutedebug.lint, cutedebug.cli; "
+    code = ("import sys, cutedebug.analyses.lint, cutedebug.commands.cli; "
             "print(sorted(m for m in ('cutlass', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          check=True)

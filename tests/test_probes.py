@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from cutedebug import probes
-from cutedebug.probes import (
+from cutedebug.instrument import probes
+from cutedebug.instrument.probes import (
     MAGIC,
     RECORD_FMT,
     RECORD_VALID,

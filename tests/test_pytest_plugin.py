@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from cutedebug import pytest_plugin as P
-from cutedebug import runner
-from cutedebug import scenario as S
-from cutedebug import verdict as V
+from cutedebug.engine import runner
+from cutedebug.engine import scenario as S
+from cutedebug.engine import verdict as V
 
 pytest_plugins = ["pytester"]
 
@@ -35,8 +35,8 @@ import json
 import time
 from pathlib import Path
 
-from cutedebug import runner
-from cutedebug import verdict as V
+from cutedebug.engine import runner
+from cutedebug.engine import verdict as V
 
 HERE = Path(__file__).parent
 _real = runner.run_scenario

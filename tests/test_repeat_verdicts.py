@@ -4,8 +4,8 @@ import json
 import sys
 from pathlib import Path
 
-from cutedebug import runner
-from cutedebug import verdict as V
+from cutedebug.engine import runner
+from cutedebug.engine import verdict as V
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))

@@ -7,8 +7,9 @@ data without a GPU.
 
 from pathlib import Path
 
-from cutedebug import report, runner
-from cutedebug.verdict import Verdict
+from cutedebug.reporting import report
+from cutedebug.engine import runner
+from cutedebug.engine.verdict import Verdict
 
 DATA = Path(__file__).parent / "data" / "runs"
 

@@ -1,4 +1,4 @@
-"""cutedebug.sanitizer on CPU: command, parsing of the real H200 captures (exact findings),
+"""cutedebug.analyses.sanitizer on CPU: command, parsing of the real H200 captures (exact findings),
 noise, grouping, classification, report, shrink, and `cutedebug sanitize` end to end through a
 fake compute-sanitizer that replays those captures (tests/helpers/fake_compute_sanitizer.py).
 
@@ -26,9 +26,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cutedebug import sanitize_cmd as cmd
-from cutedebug import sanitizer as san
-from cutedebug.sanitizer import Finding, Site
+from cutedebug.commands import sanitize as cmd
+from cutedebug.analyses import sanitizer as san
+from cutedebug.analyses.sanitizer import Finding, Site
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data" / "sanitizer"
@@ -76,7 +76,7 @@ def finding(kind="RAW_HAZARD", lines=((RACE_PY, 28), (RACE_PY, 31)), tool="racec
 
 # ---- command and environment --------------------------------------------------------------
 def test_build_command_racecheck_wraps_worker_argv_last():
-    worker = [sys.executable, "-m", "cutedebug.worker", "/tmp/req.json"]
+    worker = [sys.executable, "-m", "cutedebug.engine.worker", "/tmp/req.json"]
     cmd = san.build_command("racecheck", worker, "/tmp/out.xml", sanitizer="/cs")
     assert cmd[0] == "/cs"
     assert cmd[-4:] == worker
@@ -128,14 +128,14 @@ def test_find_sanitizer_env_override_then_path(tmp_path, monkeypatch):
 
 
 def test_module_imports_without_torch_or_cutlass():
-    code = ("import sys, cutedebug.sanitizer; "
+    code = ("import sys, cutedebug.analyses.sanitizer; "
             "bad = [m for m in ('torch', 'cutlass') if m in sys.modules]; "
             "sys.exit(1 if bad else 0)")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 
 
 def test_cli_command_prints_argv_and_text_only_variant():
-    out = subprocess.run([sys.executable, "-m", "cutedebug.sanitizer", "command", "memcheck",
+    out = subprocess.run([sys.executable, "-m", "cutedebug.analyses.sanitizer", "command", "memcheck",
                           "-", "--", "python", "prog.py", "--flag"], cwd=REPO, check=True,
                          capture_output=True, text=True).stdout.splitlines()
     assert "--xml" not in out and "--save" not in out
@@ -730,7 +730,7 @@ def test_capture_paths_map_onto_this_checkout_by_suffix():
 def test_make_result_and_markdown():
     findings = (san.parse_xml(H200 / "racecheck_raw.xml", "racecheck")
                 + san.parse_xml(H200 / "memcheck_api_noise.xml", "racecheck")[:2])
-    cmd = san.build_command("racecheck", ["python", "-m", "cutedebug.worker", "r.json"],
+    cmd = san.build_command("racecheck", ["python", "-m", "cutedebug.engine.worker", "r.json"],
                             "/tmp/r.xml", sanitizer="compute-sanitizer")
     result = san.make_result("racecheck", cmd, findings, env=san.child_env("racecheck"),
                              exit_code=86, sanitizer_seconds=12.0, plain_seconds=1.5,
@@ -1012,7 +1012,7 @@ def test_sanitize_racecheck_finds_the_captured_race(fake_sanitizer, tmp_path):
     run_dir = Path(res["run_dir"])
     argv = res["command"]
     assert argv[0] == str(fake_sanitizer)
-    assert argv[-4:] == [sys.executable, "-m", "cutedebug.worker",
+    assert argv[-4:] == [sys.executable, "-m", "cutedebug.engine.worker",
                          str(run_dir / "request.json")]
     assert argv[argv.index("--save") + 1] == str(run_dir / "racecheck.xml")
     assert argv[argv.index("--tool") + 1] == "racecheck"
@@ -1165,7 +1165,7 @@ def test_sanitize_shrink_keeps_the_finding(fake_sanitizer, tmp_path):
 
 
 def test_sanitize_missing_sanitizer_is_a_clear_error(monkeypatch, capsys, tmp_path):
-    from cutedebug import cli
+    from cutedebug.commands import cli
 
     monkeypatch.setattr(cmd, "find_sanitizer", lambda: None)
     rc = cli.main(["sanitize", str(SCEN / "clean.toml"), "--runs-dir", str(tmp_path)])

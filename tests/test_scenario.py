@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cutedebug import scenario as S
+from cutedebug.engine import scenario as S
 
 ROOT = Path(__file__).resolve().parent.parent
 MINIMAL = ROOT / "kernels" / "minimal.py"

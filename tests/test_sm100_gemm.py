@@ -15,8 +15,11 @@ from pathlib import Path
 import pytest
 from helpers.ptx import last_operands
 
-from cutedebug import faults, kernel_api, runner, scenario
-from cutedebug.verdict import Verdict
+from cutedebug import kernel_api
+from cutedebug.instrument import faults
+from cutedebug.engine import runner
+from cutedebug.engine import scenario
+from cutedebug.engine.verdict import Verdict
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNEL = ROOT / "kernels" / "sm100_gemm.py"
@@ -349,7 +352,7 @@ def test_scenarios_require_blackwell_and_say_they_are_unobserved():
 def test_worker_detects_blackwell_as_sm_100a(monkeypatch):
     import torch
 
-    from cutedebug import worker
+    from cutedebug.engine import worker
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA B200")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from helpers.ptx import expect_tx_bytes, init_counts
 
-from cutedebug import faults
+from cutedebug.instrument import faults
 from cutedebug.kernel_api import load_entry, resolve_params
 
 ROOT = Path(__file__).resolve().parent.parent

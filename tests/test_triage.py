@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from cutedebug import cli, runner
-from cutedebug import scenario as S
-from cutedebug import triage as T
-from cutedebug import verdict as V
+from cutedebug.commands import cli
+from cutedebug.engine import runner
+from cutedebug.engine import scenario as S
+from cutedebug.commands import triage as T
+from cutedebug.engine import verdict as V
 
 H200 = {"present": True, "reason": None, "name": "NVIDIA H200", "cc": "9.0",
         "driver": "580.65.06", "arch": "sm_90a"}
@@ -341,7 +342,7 @@ def test_resume_redoes_changed_scenarios_and_not_run_ones_once_a_gpu_is_there(tm
 
 def test_harness_bugs_and_unloadable_kernels_are_recorded_not_raised(tmp_path, engine,
                                                                       monkeypatch):
-    from cutedebug.scenario import ScenarioError
+    from cutedebug.engine.scenario import ScenarioError
 
     scenarios_dir(tmp_path, {"clean": ("PASS", None), "hang": ("HANG", "bad"),
                              "gone": ("PASS", None)})
@@ -468,7 +469,7 @@ NAMED = ('id = "k/nb"\n[kernel]\nfile = "../../k.py"\nentry = "K"\n[fault]\nkind
 
 
 def fake_bisect(fake, *, found_op="named_barrier", fail=False):
-    from cutedebug import bisect as B
+    from cutedebug.analyses import bisect as B
 
     def bisect_call(sc, runs_dir, forkserver=None):
         with fake.lock:

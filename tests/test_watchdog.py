@@ -10,9 +10,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from cutedebug import runner
-from cutedebug.scenario import Limits
-from cutedebug.verdict import Verdict, classify
+from cutedebug.engine import runner
+from cutedebug.engine.scenario import Limits
+from cutedebug.engine.verdict import Verdict, classify
 
 FAKE = Path(__file__).parent / "helpers" / "fake_worker.py"
 TAGS: list[str] = []      # every run tag this module used

@@ -7,7 +7,7 @@
 # CASE_TIMEOUT seconds per sanitized run (default 90), TEXT_RUNS=0 to skip the text-only
 # reruns. Expect 4-8 minutes for all cases.
 #
-# Every sanitized command is built by cutedebug.sanitizer.build_command (the flags the runner
+# Every sanitized command is built by cutedebug.analyses.sanitizer.build_command (the flags the runner
 # uses) with child_env's environment, so the capture also checks our flag spellings on the
 # real tool. Per case NAME it writes:
 #   NAME.xml       --xml --save output
@@ -26,11 +26,11 @@ SAMPLES=tools/sanitizer_samples
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 
-if ! $PY -c 'import cutedebug.sanitizer' 2>/dev/null; then
-    echo "cannot import cutedebug.sanitizer: run from the repo root with PYTHONPATH=." >&2
+if ! $PY -c 'import cutedebug.analyses.sanitizer' 2>/dev/null; then
+    echo "cannot import cutedebug.analyses.sanitizer: run from the repo root with PYTHONPATH=." >&2
     exit 2
 fi
-SAN=$($PY -c 'from cutedebug.sanitizer import find_sanitizer; print(find_sanitizer() or "")')
+SAN=$($PY -c 'from cutedebug.analyses.sanitizer import find_sanitizer; print(find_sanitizer() or "")')
 if [ -z "$SAN" ]; then
     echo "compute-sanitizer not found (PATH, \$CUDA_HOME/bin, /usr/local/cuda*/bin)" >&2
     exit 2
@@ -73,7 +73,7 @@ run_case() {
     shift
     selected "$name" || return 0
     local -a envs cmd
-    mapfile -t envs < <($PY -m cutedebug.sanitizer env "$tool")
+    mapfile -t envs < <($PY -m cutedebug.analyses.sanitizer env "$tool")
     if [ "$caching_on" = 1 ]; then
         local -a kept=()
         for e in "${envs[@]}"; do
@@ -85,7 +85,7 @@ run_case() {
     for mode in xml text; do
         if [ "$mode" = text ] && [ "$TEXT_RUNS" = 0 ]; then continue; fi
         if [ "$mode" = xml ]; then xml="$OUT/$name.xml"; else xml=-; fi
-        mapfile -t cmd < <($PY -m cutedebug.sanitizer command "$tool" "$xml" $api -- "$PY" "$@")
+        mapfile -t cmd < <($PY -m cutedebug.analyses.sanitizer command "$tool" "$xml" $api -- "$PY" "$@")
         local log="$OUT/$name.txt"
         [ "$mode" = text ] && log="$OUT/$name.text.txt"
         {

@@ -25,7 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from cutedebug import kernel_api, probes
+from cutedebug import kernel_api
+from cutedebug.instrument import probes
 
 FAILURES: list[str] = []
 

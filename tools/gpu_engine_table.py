@@ -15,8 +15,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from cutedebug import report, runner  # noqa: E402
-from cutedebug import scenario as S  # noqa: E402
+from cutedebug.reporting import report  # noqa: E402
+from cutedebug.engine import runner  # noqa: E402
+from cutedebug.engine import scenario as S  # noqa: E402
 
 
 def main() -> int:

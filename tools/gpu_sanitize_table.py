@@ -27,10 +27,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from cutedebug import sanitize_cmd as cmd
-from cutedebug import sanitizer as san
-from cutedebug import scenario as S
-from cutedebug.triage import detect_gpu
+from cutedebug.commands import sanitize as cmd
+from cutedebug.analyses import sanitizer as san
+from cutedebug.engine import scenario as S
+from cutedebug.commands.triage import detect_gpu
 
 SCEN = ROOT / "scenarios"
 # scenario -> tools that can see its fault (clean cases: every tool, for false alarms)

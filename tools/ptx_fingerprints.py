@@ -23,7 +23,9 @@ sys.path.insert(0, str(ROOT))
 from cutlass import cute  # noqa: E402
 from cutlass.base_dsl.compiler import DumpDir  # noqa: E402
 
-from cutedebug import checkpoint, kernel_api, probes  # noqa: E402
+from cutedebug import kernel_api  # noqa: E402
+from cutedebug.instrument import checkpoint  # noqa: E402
+from cutedebug.instrument import probes  # noqa: E402
 
 KERNELS = [("kernels/tma_stream.py", "TmaStream"), ("kernels/flag_spin.py", "FlagSpin"),
            ("kernels/sm90_gemm.py", "Sm90Gemm")]

@@ -24,9 +24,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from cutedebug import runner  # noqa: E402
-from cutedebug import scenario as S  # noqa: E402
-from cutedebug.triage import detect_gpu  # noqa: E402
+from cutedebug.engine import runner  # noqa: E402
+from cutedebug.engine import scenario as S  # noqa: E402
+from cutedebug.commands.triage import detect_gpu  # noqa: E402
 
 
 def frequencies(res: runner.RunResult) -> Counter:

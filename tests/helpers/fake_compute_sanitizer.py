@@ -2,7 +2,7 @@
 
     python fake_compute_sanitizer.py --tool T [--xml --save F] [options] TARGET ARGV...
 
-It accepts the options ``cutedebug.sanitizer.build_command`` emits (an unknown option is an
+It accepts the options ``cutedebug.analyses.sanitizer.build_command`` emits (an unknown option is an
 error, as with the real tool), then, for the capture named by $FAKE_SANITIZER_CASE in
 tests/data/sanitizer/h200/:
 

@@ -1,4 +1,4 @@
-"""cutedebug.worker on a machine that claims to have a given GPU (device detection faked).
+"""cutedebug.engine.worker on a machine that claims to have a given GPU (device detection faked).
 
 usage: python fake_gpu_worker.py NAME MAJOR MINOR REQUEST.json
 
@@ -8,7 +8,7 @@ kernel can run on this "device" exactly as it would on real hardware.
 
 import sys
 
-from cutedebug import worker
+from cutedebug.engine import worker
 
 name, major, minor = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 cc = (major, minor)

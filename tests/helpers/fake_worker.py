@@ -1,4 +1,4 @@
-"""A stand-in for cutedebug.worker that misbehaves on purpose, for watchdog tests.
+"""A stand-in for cutedebug.engine.worker that misbehaves on purpose, for watchdog tests.
 
 usage: python fake_worker.py EVENTS_PATH BEHAVIOUR [PIDFILE]
 """

@@ -56,7 +56,7 @@ from dataclasses import asdict, dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from cutedebug import frames
+from cutedebug.instrument import frames
 
 MAGIC = 0x42504443  # b"CDPB" read as a little-endian u32
 VERSION = 1

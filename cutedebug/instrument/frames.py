@@ -14,7 +14,7 @@ import sysconfig
 from functools import cache
 from typing import Any
 
-PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # cutedebug/
 
 
 @cache

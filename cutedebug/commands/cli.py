@@ -18,8 +18,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from cutedebug import scenario as S
-from cutedebug.verdict import ALL as VERDICTS
+from cutedebug.engine import scenario as S
+from cutedebug.engine.verdict import ALL as VERDICTS
 
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
 
@@ -76,7 +76,7 @@ def load_targets(args: argparse.Namespace) -> list[S.Scenario]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from cutedebug import runner
+    from cutedebug.engine import runner
 
     scenarios = load_targets(args)
     mode = "compile" if args.compile_only else "run"
@@ -106,7 +106,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _run_one(args, sc, mode, fs, single: bool):
     """Run one scenario, write its report and print its lines; returns the RunResult."""
-    from cutedebug import report, runner
+    from cutedebug.reporting import report
+    from cutedebug.engine import runner
 
     res = runner.run_scenario(sc, runs_root=args.runs_dir, mode=mode, probes=args.probes,
                               wait_budget_ms=args.wait_budget_ms, repeat=args.repeat,
@@ -149,7 +150,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_faults(args: argparse.Namespace) -> int:
-    from cutedebug import faults
+    from cutedebug.instrument import faults
 
     entries = faults.describe_all()
     if args.json:
@@ -197,13 +198,13 @@ def build_parser() -> argparse.ArgumentParser:
     f = sub.add_parser("faults", help="list injectable faults")
     f.add_argument("--json", action="store_true")
     f.set_defaults(func=cmd_faults)
-    from cutedebug import sanitize_cmd  # `cutedebug sanitize`
+    from cutedebug.commands import sanitize as sanitize_cmd  # `cutedebug sanitize`
     sanitize_cmd.add_parser(sub)
-    from cutedebug import triage  # `cutedebug triage`
+    from cutedebug.commands import triage  # `cutedebug triage`
     triage.add_parser(sub)
-    from cutedebug import lint  # `cutedebug lint`
+    from cutedebug.analyses import lint  # `cutedebug lint`
     lint.add_parser(sub)
-    from cutedebug import bisect  # `cutedebug bisect`
+    from cutedebug.analyses import bisect  # `cutedebug bisect`
     bisect.add_parser(sub)
     return p
 

@@ -1,6 +1,6 @@
 """compute-sanitizer around the worker: command, environment, parsing, triage, shrinking.
 
-The runner wraps the same worker command (``python -m cutedebug.worker request.json``) in
+The runner wraps the same worker command (``python -m cutedebug.engine.worker request.json``) in
 ``compute-sanitizer --tool T --xml --save F ...`` under its watchdog. This module builds that
 command and environment, turns the XML file (and the plain-text stdout, as fallback and as a
 cross-check) into one record type, ``Finding``, filters known noise with the reason kept,
@@ -1057,7 +1057,7 @@ def _shrink_one(current: dict[str, Any], name: str, value: int, minimum: int,
 
 # ---- command line (used by tools/capture_sanitizer_samples.sh and for quick looks) --------
 def _main(argv: Sequence[str]) -> int:
-    """Usage: python -m cutedebug.sanitizer
+    """Usage: python -m cutedebug.analyses.sanitizer
     command TOOL XML|- [--api-errors] -- ARGV...   the sanitizer argv, one per line
                                                   (XML "-": text report only)
     env TOOL                                      child_env(TOOL) as KEY=VALUE lines

@@ -41,7 +41,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from cutedebug import frames
+from cutedebug.instrument import frames
 
 VERDICTS = ("PASS", "MISMATCH", "HANG", "CRASH", "RACE", "MEMORY_ERROR", "SYNC_ERROR", "UNINIT")
 DEPENDS = "depends"

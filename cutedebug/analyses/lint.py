@@ -19,7 +19,7 @@ A loop body is traced once, so the protocol describes one iteration of each loop
 traced between two producer_acquire calls of a pipeline are one stage's copies.
 
 This module imports cutlass only inside ``record()``: the parent (``cutedebug lint``) runs the
-compile in a child process (``python -m cutedebug.lint REQUEST.json``).
+compile in a child process (``python -m cutedebug.analyses.lint REQUEST.json``).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from cutedebug import frames
+from cutedebug.instrument import frames
 
 SEVERITIES = ("error", "warning", "info")
 PIPELINE_OPS = ("producer_acquire", "producer_commit", "consumer_wait", "consumer_release",
@@ -364,7 +364,7 @@ def record() -> Iterator[Protocol]:
     from cutlass.cute.nvgpu import cpasync
     from cutlass.pipeline import helpers
 
-    from cutedebug import faults
+    from cutedebug.instrument import faults
 
     rec = _Recorder()
     patcher = faults._Patcher(faults.Applied(fault=None, args={}))
@@ -395,7 +395,7 @@ def _call(orig: Any, *a: Any, loc: Any = None, ip: Any = None, **kw: Any) -> Any
 
 
 def _patch_pipelines(rec: _Recorder, p: Any, user_op: Callable) -> None:
-    from cutedebug.faults import _pipeline_classes
+    from cutedebug.instrument.faults import _pipeline_classes
 
     for attr in PIPELINE_OPS:
         for cls in _pipeline_classes(attr):
@@ -994,7 +994,8 @@ def compile_and_check(sc: dict[str, Any], dump_dir: str | None = None) -> dict[s
     import cutlass.cute as cute
     from cutlass.base_dsl.compiler import DumpDir
 
-    from cutedebug import faults, kernel_api
+    from cutedebug import kernel_api
+    from cutedebug.instrument import faults
 
     where = f"{sc['kernel']['file']}:{sc['kernel']['entry']}"
     cls = kernel_api.load_entry(sc["kernel"]["file"], sc["kernel"]["entry"])
@@ -1037,11 +1038,11 @@ def lint_scenario(sc: Any, timeout_s: float | None = None,
         data["arch_from_kernel"] = arch_from_kernel
         req.write_text(json.dumps({"scenario": data, "out": str(out), "dump_dir": tmp}))
         env = dict(os.environ, CUTE_DSL_DUMP_DIR=tmp)
-        root = str(Path(__file__).resolve().parents[1])
+        root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
         timeout = timeout_s or sc.limits.compile_s + sc.limits.import_s
         try:
-            proc = subprocess.run([sys.executable, "-m", "cutedebug.lint", str(req)], env=env,
+            proc = subprocess.run([sys.executable, "-m", "cutedebug.analyses.lint", str(req)], env=env,
                                   capture_output=True, text=True, timeout=timeout,
                                   start_new_session=True)
         except subprocess.TimeoutExpired:
@@ -1069,8 +1070,8 @@ def render(findings: list[Finding], title: str = "") -> str:
 
 
 def cmd_lint(args: argparse.Namespace) -> int:
-    from cutedebug import cli
-    from cutedebug import scenario as S
+    from cutedebug.commands import cli
+    from cutedebug.engine import scenario as S
 
     scenarios = []
     adhoc_ids = set()
@@ -1125,6 +1126,6 @@ def add_parser(sub: Any) -> None:
 
 
 if __name__ == "__main__":
-    from cutedebug import lint as _module  # record() must run as cutedebug.lint, not __main__
+    from cutedebug.analyses import lint as _module  # record() must run as cutedebug.analyses.lint, not __main__
 
     sys.exit(_module._child(sys.argv[1:]))

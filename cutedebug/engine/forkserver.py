@@ -6,7 +6,7 @@ before a fork), each forked worker starts its own session (so the watchdog can k
 process group) and writes its exit status to a file the runner polls.
 
 Protocol (JSON lines): the runner writes {"request", "log", "status", "env"[, "job"]} to the
-server's stdin (job "health": the GPU health check of cutedebug.health instead of a worker);
+server's stdin (job "health": the GPU health check of cutedebug.engine.health instead of a worker);
 the server answers {"pid": N} on stdout. End of stdin stops the server, which kills
 any worker still running. The parent-side handle is :class:`ForkServer`.
 """
@@ -28,7 +28,7 @@ from typing import Any
 READY_TIMEOUT_S = 120.0
 
 
-# ---- server side (python -m cutedebug.forkserver) ----------------------------------------
+# ---- server side (python -m cutedebug.engine.forkserver) ----------------------------------------
 def _write_status(path: str, returncode: int) -> None:
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
@@ -51,10 +51,10 @@ def _child(req: dict[str, Any]) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
     if req.get("job") == "health":
-        from cutedebug import health
+        from cutedebug.engine import health
 
         return health.main()
-    from cutedebug import worker
+    from cutedebug.engine import worker
 
     return worker.main([req["request"]])
 
@@ -64,7 +64,10 @@ def serve() -> int:
     import cutlass.cute  # noqa: F401
     import torch  # noqa: F401
 
-    from cutedebug import faults, kernel_api, probes, worker  # noqa: F401
+    from cutedebug import kernel_api  # noqa: F401
+    from cutedebug.instrument import faults  # noqa: F401
+    from cutedebug.instrument import probes  # noqa: F401
+    from cutedebug.engine import worker  # noqa: F401
 
     children: dict[int, str] = {}
     print(json.dumps({"ready": True, "pid": os.getpid()}), flush=True)
@@ -158,7 +161,7 @@ class ForkServer:
     def start(self) -> ForkServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115
-        self.proc = subprocess.Popen([sys.executable, "-m", "cutedebug.forkserver"],
+        self.proc = subprocess.Popen([sys.executable, "-m", "cutedebug.engine.forkserver"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=log, env=self.env, cwd=self.cwd,
                                      start_new_session=True)

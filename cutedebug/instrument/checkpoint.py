@@ -64,8 +64,8 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from cutedebug import frames
-from cutedebug.probes import device_ids
+from cutedebug.instrument import frames
+from cutedebug.instrument.probes import device_ids
 
 MAGIC = 0x4B434443  # b"CDCK" read as a little-endian u32
 VERSION = 1
@@ -422,7 +422,7 @@ def _patch(sess: Session, patcher: Any) -> None:
     from cutlass import cute
     from cutlass.cutlass_dsl import dsl_user_op
 
-    from cutedebug import faults
+    from cutedebug.instrument import faults
 
     for op, (_, barrier) in PIPELINE_OPS.items():
         for cls in faults._pipeline_classes(op):
@@ -534,7 +534,7 @@ def session(spec: dict[str, Any] | None = None, events: Any = None,
     init_buffer(view, cfg, enabled)
     sess = Session(None if enabled is None else int(enabled), addr, cfg)
     sess.buffer = holder
-    from cutedebug import faults
+    from cutedebug.instrument import faults
 
     patcher = faults._Patcher(faults.Applied(None, {}))
     _ACTIVE.append(sess)

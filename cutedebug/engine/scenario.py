@@ -17,7 +17,7 @@ A scenario is a TOML file::
     delta_bytes = 16
 
     [expect]
-    verdict = "HANG"                      # one of cutedebug.verdict.ALL
+    verdict = "HANG"                      # one of cutedebug.engine.verdict.ALL
     role = "consumer"                     # optional localization, graded when given
     op = "consumer_wait"
     barrier = "full"
@@ -49,7 +49,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from cutedebug.verdict import ALL as VERDICTS
+from cutedebug.engine.verdict import ALL as VERDICTS
 
 ARCHS = ("sm_90a", "sm_100a")
 ROLES = ("producer", "consumer", "any")
@@ -270,7 +270,7 @@ def _check_params(where: str, given: dict[str, Any], declared: dict[str, Any] | 
 
 
 def _check_fault(where: str, table: dict[str, Any], declared: dict[str, Any] | None):
-    from cutedebug import faults
+    from cutedebug.instrument import faults
 
     switches = (declared or {}).get("__switches__", [])
     allowed = sorted(set(faults.FAULTS) | set(switches))

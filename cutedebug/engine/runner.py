@@ -21,13 +21,13 @@ from typing import Any
 
 import psutil
 
-from cutedebug import verdict as V
-from cutedebug.scenario import Limits, Scenario, ScenarioError
+from cutedebug.engine import verdict as V
+from cutedebug.engine.scenario import Limits, Scenario, ScenarioError
 
 TAG_VAR = "CUTEDEBUG_RUN_TAG"
 POLL_S = 0.02
 MAX_EVENT_LINE = 1 << 20
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -282,7 +282,7 @@ def health_check(timeout_s: float = 60.0, *, forkserver=None,
 def _fresh_health_check(tag: str, timeout_s: float) -> dict[str, Any]:
     env = dict(os.environ, **{TAG_VAR: tag})
     try:
-        out = subprocess.run([sys.executable, "-m", "cutedebug.health"], capture_output=True,
+        out = subprocess.run([sys.executable, "-m", "cutedebug.engine.health"], capture_output=True,
                              text=True, timeout=timeout_s, env=env, cwd=str(REPO_ROOT),
                              start_new_session=True)
     except subprocess.TimeoutExpired:
@@ -305,7 +305,7 @@ def _forked_health_check(forkserver, dir_: Path, tag: str, timeout_s: float) -> 
 
 
 def _health_result(stdout: str, stderr: str) -> dict[str, Any]:
-    """The last line of cutedebug.health's output, which is one JSON object."""
+    """The last line of cutedebug.engine.health's output, which is one JSON object."""
     lines = stdout.strip().splitlines()
     if not lines:
         return {"healthy": False, "error": stderr[-500:] or "the health check printed nothing"}
@@ -331,7 +331,7 @@ def new_run_dir(scenario: Scenario, root: Path | str = "runs") -> Path:
 def start_forkserver(runs_root: Path | str = "runs"):
     """A fork server for many runs in a row (each run then skips the torch/cutlass imports).
     Returns None when it cannot start; callers then spawn fresh workers."""
-    from cutedebug.forkserver import ForkServer
+    from cutedebug.engine.forkserver import ForkServer
 
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
@@ -344,7 +344,7 @@ def start_forkserver(runs_root: Path | str = "runs"):
 
 
 def worker_argv(request_path: Path) -> list[str]:
-    return [sys.executable, "-m", "cutedebug.worker", str(request_path)]
+    return [sys.executable, "-m", "cutedebug.engine.worker", str(request_path)]
 
 
 def _evidence(o: V.Outcome, facts: dict[str, Any]) -> dict[str, Any]:
@@ -375,7 +375,7 @@ def probe_evidence(o: V.Outcome) -> dict[str, Any] | None:
     picture = final or _last_probe_picture(o)
     if not picture:
         return None
-    from cutedebug import probes
+    from cutedebug.instrument import probes
 
     sites = (o.event("compiled") or {}).get("probe_sites") or []
     snap = probes.snapshot_from_json(picture)

@@ -59,10 +59,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cutedebug import checkpoint as C
-from cutedebug import runner
-from cutedebug import scenario as S
-from cutedebug import verdict as V
+from cutedebug.instrument import checkpoint as C
+from cutedebug.engine import runner
+from cutedebug.engine import scenario as S
+from cutedebug.engine import verdict as V
 
 DEFAULT_WINDOW_S = 0.5
 FINISHED = ("PASS", "MISMATCH")  # the kernel ran to completion: the hang vanished
@@ -465,7 +465,7 @@ def to_markdown(res: BisectResult) -> str:
 
 
 def write(res: BisectResult) -> tuple[Path, Path]:
-    from cutedebug.report import atomic_write
+    from cutedebug.reporting.report import atomic_write
 
     jp, mp = res.run_dir / "bisect.json", res.run_dir / "bisect.md"
     atomic_write(jp, json.dumps(res.to_json(), indent=1, default=str))
@@ -609,7 +609,7 @@ def tldr(res: BisectResult) -> str:
 
 
 def cmd_bisect(args: argparse.Namespace) -> int:
-    from cutedebug import report
+    from cutedebug.reporting import report
 
     sc = S.load(args.scenario)
     res = bisect(sc, runs_root=args.runs_dir, window_s=args.window, probes=args.probes,

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cutedebug.runner import RunResult
+from cutedebug.engine.runner import RunResult
 
 SCHEMA_VERSION = 1
 

@@ -52,8 +52,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from cutedebug import scenario as S
-from cutedebug import verdict as V
+from cutedebug.engine import scenario as S
+from cutedebug.engine import verdict as V
 
 RECORD_SCHEMA = "cutedebug.triage.record/1"
 MATRIX_SCHEMA = "cutedebug.triage.matrix/1"
@@ -85,7 +85,7 @@ def detect_gpu(timeout_s: float = 20.0) -> dict[str, Any]:
     if first.isdigit() and int(first) < len(rows):
         index = int(first)
     name, cc, driver = (c.strip() for c in rows[index].split(",")[:3])
-    from cutedebug.worker import ARCH_BY_CC  # stdlib-only at import time
+    from cutedebug.engine.worker import ARCH_BY_CC  # stdlib-only at import time
 
     try:
         major, minor = (int(x) for x in cc.split("."))
@@ -604,7 +604,8 @@ def _kill_ours(tag: str) -> None:
 
 def _call(sc: S.Scenario, mode: str, opts: Options, runs_dir: Path, forkserver=None):
     """One run_scenario call in a pool thread: (result, wall seconds)."""
-    from cutedebug import report, runner
+    from cutedebug.reporting import report
+    from cutedebug.engine import runner
 
     t0 = time.monotonic()
     res = runner.run_scenario(sc, runs_root=runs_dir, mode=mode, probes=opts.probes,
@@ -633,7 +634,7 @@ def needs_bisect(rec: dict[str, Any]) -> bool:
 
 def _bisect_call(sc: S.Scenario, runs_dir: Path, forkserver=None):
     """One printf-bisection in the GPU pool thread: (result, wall seconds)."""
-    from cutedebug import bisect
+    from cutedebug.analyses import bisect
 
     t0 = time.monotonic()
     res = bisect.bisect(sc, runs_root=runs_dir, server=forkserver,
@@ -645,7 +646,7 @@ def _bisect_call(sc: S.Scenario, runs_dir: Path, forkserver=None):
 def bisect_record(fut: Future, out_dir: Path) -> dict[str, Any]:
     """What a finished bisection contributes to a record: its status, answer per role and
     grade (status "error" with the traceback when it raised: a bug of ours)."""
-    from cutedebug import bisect
+    from cutedebug.analyses import bisect
 
     try:
         res, wall_s = fut.result()
@@ -749,7 +750,7 @@ def triage(opts: Options, *, out=print) -> int:
     saved_tag = os.environ.get(TRIAGE_TAG_VAR)
     os.environ[TRIAGE_TAG_VAR] = tag    # children inherit it: that is how leftovers are found
     interrupted = False
-    from cutedebug import runner
+    from cutedebug.engine import runner
 
     # Workers fork from one process that imported torch and cutlass once (seconds per run).
     fs = runner.start_forkserver(opts.out)
@@ -897,7 +898,7 @@ def cmd_triage(args: argparse.Namespace) -> int:
     if args.repeat < 1 or args.jobs < 1:
         print("cutedebug: error: --repeat and --jobs must be >= 1", file=sys.stderr)
         return 2
-    from cutedebug.report import command_line
+    from cutedebug.reporting.report import command_line
 
     opts = Options(dir=Path(args.dir), out=Path(args.out), resume=args.resume,
                    repeat=args.repeat, jobs=args.jobs, probes=args.probes,

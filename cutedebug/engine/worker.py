@@ -1,6 +1,6 @@
 """The child process: run one scenario and report phases as JSON lines.
 
-    python -m cutedebug.worker REQUEST.json
+    python -m cutedebug.engine.worker REQUEST.json
 
 The request (written by the runner) holds the scenario, the mode ("run" or "compile"), the
 events path and the probe settings. Events go to their own file, one JSON object per line,
@@ -134,7 +134,7 @@ class ProbeMonitor:
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def _loop(self):
-        from cutedebug import probes
+        from cutedebug.instrument import probes
 
         last_picture_t, last_sig = 0.0, None
         while not self._stop.wait(self.interval_s):
@@ -187,7 +187,7 @@ def run(request: dict[str, Any], events: Events) -> None:
     fault, fault_args = sc.get("fault"), sc.get("fault_args") or {}
     patch_fault = fault
     if fault:
-        from cutedebug import faults
+        from cutedebug.instrument import faults
     if fault and (fault not in faults.FAULTS or faults.FAULTS[fault].kind == "switch"):
         if fault not in getattr(cls, "SWITCHES", {}):
             raise kernel_api.KernelLoadError(
@@ -215,7 +215,7 @@ def run(request: dict[str, Any], events: Events) -> None:
     if request.get("probes"):
         import torch
 
-        from cutedebug import probes
+        from cutedebug.instrument import probes
 
         probe_cfg = probes.ProbeConfig(**request["probes"])
         nbytes = probes.buffer_nbytes(probe_cfg)
@@ -227,17 +227,17 @@ def run(request: dict[str, Any], events: Events) -> None:
     events.emit("compiling", arch=target, fault=fault, fault_args=fault_args)
     t0 = time.monotonic()
     with ExitStack() as stack:
-        from cutedebug import lint  # outermost: faults and probes wrap the recorder's patches
+        from cutedebug.analyses import lint  # outermost: faults and probes wrap the recorder's patches
 
         protocol = stack.enter_context(lint.record())
         applied = stack.enter_context(faults.inject(patch_fault, fault_args)
                                       if patch_fault else nullcontext())
         if probe_cfg is not None:
-            from cutedebug import probes
+            from cutedebug.instrument import probes
 
             site_table = stack.enter_context(probes.instrument(probe_cfg, addr))
         if request.get("bisect") is not None:  # printf-bisection: one checkpoint (bisect.py)
-            from cutedebug import checkpoint
+            from cutedebug.instrument import checkpoint
 
             stack.enter_context(checkpoint.session(request["bisect"], events, runnable))
         try:
@@ -291,7 +291,7 @@ def run(request: dict[str, Any], events: Events) -> None:
                 # Pinned host memory stays readable after the context died. Stuck records
                 # written before the fault mean the waits timed out first: warps that leave a
                 # timed-out wait can fault the CTA (e.g. TMA still landing in its smem).
-                from cutedebug import probes
+                from cutedebug.instrument import probes
 
                 snap = probes.decode(probe_buf.numpy().tobytes(), probe_cfg, site_table)
                 if snap.stuck or snap.beacons:
@@ -303,7 +303,7 @@ def run(request: dict[str, Any], events: Events) -> None:
     events.emit("synced", kernel_s=round(time.monotonic() - t0, 6))
 
     if probe_cfg is not None:
-        from cutedebug import probes
+        from cutedebug.instrument import probes
 
         snap = probes.decode(probe_buf.numpy().tobytes(), probe_cfg, site_table)
         events.emit("probe_report", **probes.snapshot_to_json(snap, site_table))
@@ -321,7 +321,7 @@ def run(request: dict[str, Any], events: Events) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python -m cutedebug.worker REQUEST.json", file=sys.stderr)
+        print("usage: python -m cutedebug.engine.worker REQUEST.json", file=sys.stderr)
         return 2
     request = json.loads(Path(argv[0]).read_text())
     events = Events(request["events"])

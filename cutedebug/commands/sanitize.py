@@ -2,7 +2,7 @@
 
 One plain run for the slowdown figure, then one sanitized run per tool through
 ``runner.run_once(wrap=...)`` with the deadlines scaled; findings are parsed, filtered and
-classified by :mod:`cutedebug.sanitizer` and written as ``sanitize.json`` / ``sanitize.md``
+classified by :mod:`cutedebug.analyses.sanitizer` and written as ``sanitize.json`` / ``sanitize.md``
 into the run directory. The per-tool verdict rules are in :func:`tool_verdict`.
 """
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cutedebug.sanitizer import (
+from cutedebug.analyses.sanitizer import (
     CLEAN,
     DEFAULT_PRINT_LIMIT,
     ERROR_EXITCODE,
@@ -145,7 +145,7 @@ def run_tool(scenario: Any, tool: str, run_dir: Path, *, sanitizer: str,
              plain: Mapping[str, Any] | None = None, reproduce: str = "",
              tma_filter: bool = True) -> ToolRun:
     """One sanitized run of ``scenario``'s worker in ``run_dir``: findings and verdict."""
-    from cutedebug import runner
+    from cutedebug.engine import runner
 
     run_dir = Path(run_dir).resolve()
     command: dict[str, Any] = {}
@@ -200,7 +200,7 @@ def run_tool(scenario: Any, tool: str, run_dir: Path, *, sanitizer: str,
 
 def plain_run(scenario: Any, run_dir: Path) -> dict[str, Any]:
     """The same worker without the sanitizer (line info on, probes off): the slowdown base."""
-    from cutedebug import runner
+    from cutedebug.engine import runner
 
     classified, outcome, _ = runner.run_once(scenario, Path(run_dir).resolve(), lineinfo=True)
     return {"verdict": classified.verdict.value, "reason": classified.reason,
@@ -209,7 +209,7 @@ def plain_run(scenario: Any, run_dir: Path) -> dict[str, Any]:
 
 
 def _resolved_params(scenario: Any, names: Sequence[str]) -> dict[str, Any]:
-    from cutedebug.scenario import ScenarioError, kernel_params_from_source
+    from cutedebug.engine.scenario import ScenarioError, kernel_params_from_source
 
     try:
         declared = kernel_params_from_source(Path(scenario.kernel_file), scenario.kernel_entry,
@@ -380,8 +380,8 @@ def _command_line(args: Any) -> str:
 
 
 def cmd_sanitize(args: Any) -> int:
-    from cutedebug import runner
-    from cutedebug import scenario as S
+    from cutedebug.engine import runner
+    from cutedebug.engine import scenario as S
 
     try:
         args.tools = parse_tools(args.tool or "all")
@@ -445,7 +445,7 @@ def cmd_sanitize(args: Any) -> int:
 
 def add_parser(subparsers: Any) -> Any:
     """Register ``cutedebug sanitize`` on the CLI's subparsers."""
-    from cutedebug.verdict import ALL as VERDICTS
+    from cutedebug.engine.verdict import ALL as VERDICTS
 
     p = subparsers.add_parser(
         "sanitize", help="run compute-sanitizer around a scenario's worker",
