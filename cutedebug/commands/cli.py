@@ -18,33 +18,17 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from cutedebug.commands.args import parse_fault, parse_kv
 from cutedebug.engine import scenario as S
 from cutedebug.engine.verdict import ALL as VERDICTS
+from cutedebug.errors import UsageError
 
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
 
 
-class UsageError(Exception):
-    pass
-
-
-def _kv(items: list[str], what: str) -> dict[str, Any]:
-    out = {}
-    for item in items:
-        if "=" not in item:
-            raise UsageError(f"{what} {item!r}: expected NAME=VALUE")
-        k, v = item.split("=", 1)
-        out[k.strip()] = S.parse_value(v.strip())
-    return out
-
-
-def parse_fault(text: str | None) -> tuple[str | None, dict[str, Any]]:
-    """`name` or `name:arg=v,arg2=w`."""
-    if not text:
-        return None, {}
-    name, _, rest = text.partition(":")
-    args = _kv([a for a in rest.split(",") if a], "--fault argument") if rest else {}
-    return name, args
+# Kept under their old names: other commands and tests import them from here.
+_kv = parse_kv
+__all__ = ["UsageError", "parse_fault", "main"]
 
 
 def load_targets(args: argparse.Namespace) -> list[S.Scenario]:
@@ -59,7 +43,7 @@ def load_targets(args: argparse.Namespace) -> list[S.Scenario]:
         else:
             fault, fault_args = parse_fault(args.fault)
             archs = tuple(args.arch) if args.arch else ("sm_90a",)
-            scenarios.append(S.adhoc(target, _kv(args.param, "--param"), fault, fault_args,
+            scenarios.append(S.adhoc(target, parse_kv(args.param, "--param"), fault, fault_args,
                                      args.expect or "PASS", archs))
     overrides: dict[str, Any] = {}
     if args.expect and all(t.endswith(".toml") or Path(t).is_dir() for t in args.targets):
@@ -202,7 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     sanitize_cmd.add_parser(sub)
     from cutedebug.commands import triage  # `cutedebug triage`
     triage.add_parser(sub)
-    from cutedebug.analyses import lint  # `cutedebug lint`
+    from cutedebug.commands import lint  # `cutedebug lint`
     lint.add_parser(sub)
     from cutedebug.analyses import bisect  # `cutedebug bisect`
     bisect.add_parser(sub)

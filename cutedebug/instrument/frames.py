@@ -1,9 +1,13 @@
 """Which Python frame is the kernel's: trace-time code finds its call site in the kernel file.
 
 Faults, probes, the lint recorder and checkpoints all wrap cutlass functions; what they record
-(a site's file:line) is the innermost frame that is neither cutlass (the installed DSL
-package), nor the standard library, nor cutedebug itself. Paths are compared by prefix, so a
-user's checkout that happens to sit in a folder named ``cutlass`` still counts as user code.
+(a site's file:line) is the innermost frame that is kernel code. Everything is kernel code
+except three trees: the DSL (the installed nvidia_cutlass_dsl package), the standard library
+proper and cutedebug itself. Installed libraries are kernel code: a package under
+site-packages / dist-packages is the user's kernel even though, in a venv (and for a system or
+conda Python), those folders lie inside the stdlib's ``lib/pythonX.Y`` (sysconfig's ``stdlib``
+/ ``platstdlib``). Paths are compared by prefix, so a user's checkout that happens to sit in a
+folder named ``cutlass`` still counts as user code.
 """
 
 from __future__ import annotations
@@ -15,26 +19,55 @@ from functools import cache
 from typing import Any
 
 PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # cutedebug/
+# Folders inside the stdlib tree that hold installed packages, not the stdlib.
+INSTALL_DIRS = ("site-packages", "dist-packages")
 
 
-@cache
-def library_prefixes() -> tuple[str, ...]:
-    """Path prefixes of code that is never the kernel's: the DSL, the stdlib, cutedebug."""
+def dsl_root() -> str:
+    """The installed DSL's tree: the wheel's whole nvidia_cutlass_dsl folder when there is one."""
     import cutlass
 
     root = os.path.dirname(os.path.abspath(cutlass.__file__))
     up = root
     while up != os.path.dirname(up) and os.path.basename(up) != "nvidia_cutlass_dsl":
         up = os.path.dirname(up)
-    if os.path.basename(up) == "nvidia_cutlass_dsl":
-        root = up      # the wheel's whole tree: dsl_packages, python_packages, lib
+    return up if os.path.basename(up) == "nvidia_cutlass_dsl" else root
+
+
+@cache
+def library_prefixes() -> tuple[str, ...]:
+    """Path prefixes of code that is never the kernel's: the DSL, the stdlib, cutedebug. Paths
+    under the stdlib prefixes are exempt when they lie in an INSTALL_DIRS folder (is_library)."""
     paths = sysconfig.get_paths()
     stdlib = {paths["stdlib"] + os.sep, paths["platstdlib"] + os.sep}
-    return (root + os.sep, *sorted(stdlib), PACKAGE_DIR)
+    return (dsl_root() + os.sep, *sorted(stdlib), PACKAGE_DIR)
+
+
+def classify(path: str, dsl: str, stdlib: tuple[str, ...], own: str = PACKAGE_DIR) -> str:
+    """"dsl", "stdlib", "cutedebug" or "kernel" for an absolute path (the frame rule, pure)."""
+    if path.startswith(own):
+        return "cutedebug"
+    if path.startswith(dsl):
+        return "dsl"
+    for prefix in stdlib:
+        if path.startswith(prefix):
+            parts = path[len(prefix):].split(os.sep)
+            return "kernel" if any(p in INSTALL_DIRS for p in parts[:-1]) else "stdlib"
+    return "kernel"
+
+
+@cache
+def _classify_cached(path: str) -> str:
+    dsl, *stdlib, own = library_prefixes()
+    return classify(path, dsl, tuple(stdlib), own)
 
 
 def is_library(filename: str) -> bool:
-    return filename.startswith("<") or os.path.abspath(filename).startswith(library_prefixes())
+    """True for code that is not the kernel's: the DSL, the stdlib proper, cutedebug, and
+    synthesized code (``<string>``, ``<frozen ...>``)."""
+    if filename.startswith("<"):
+        return True
+    return _classify_cached(os.path.abspath(filename)) != "kernel"
 
 
 def is_user_frame(frame: Any) -> bool:

@@ -1,0 +1,100 @@
+"""`cutedebug lint`: the command front end of the static protocol checks (analyses/lint.py).
+
+The parent never imports cutlass: each scenario is compiled under the recorder in a child
+process (``python -m cutedebug.analyses.lint REQUEST.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from cutedebug.analyses.lint import Finding, render
+from cutedebug.commands.args import parse_fault, parse_kv
+from cutedebug.engine import scenario as S
+from cutedebug.errors import UsageError
+
+
+def lint_scenario(sc: Any, timeout_s: float | None = None,
+                  arch_from_kernel: bool = False) -> dict[str, Any]:
+    """Run compile_and_check in a child process (the parent never imports cutlass)."""
+    with tempfile.TemporaryDirectory(prefix="cutedebug-lint-") as tmp:
+        req, out = Path(tmp) / "request.json", Path(tmp) / "result.json"
+        data = sc.to_json()
+        data["arch_from_kernel"] = arch_from_kernel
+        req.write_text(json.dumps({"scenario": data, "out": str(out), "dump_dir": tmp}))
+        env = dict(os.environ, CUTE_DSL_DUMP_DIR=tmp)
+        root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+        timeout = timeout_s or sc.limits.compile_s + sc.limits.import_s
+        try:
+            proc = subprocess.run([sys.executable, "-m", "cutedebug.analyses.lint", str(req)], env=env,
+                                  capture_output=True, text=True, timeout=timeout,
+                                  start_new_session=True)
+        except subprocess.TimeoutExpired:
+            return {"error": f"compile did not finish within {timeout} s"}
+        if not out.exists():
+            return {"error": f"lint child exited with {proc.returncode} and no result",
+                    "stderr": proc.stderr[-4000:]}
+        return json.loads(out.read_text())
+
+
+def cmd_lint(args: argparse.Namespace) -> int:
+    scenarios = []
+    adhoc_ids = set()
+    for target in args.targets:
+        p = Path(target)
+        if target.endswith(".toml") or p.is_dir():
+            scenarios += [S.load(f) for f in S.discover(p)]
+        else:
+            fault, fault_args = parse_fault(args.fault)
+            scenarios.append(S.adhoc(target, parse_kv(args.param, "--param"), fault, fault_args,
+                                     "PASS", tuple(args.arch) if args.arch else ("sm_90a",)))
+            if not args.arch:
+                adhoc_ids.add(id(scenarios[-1]))
+    if not scenarios:
+        raise UsageError("no scenarios found")
+    status = 0
+    results = []
+    for sc in scenarios:
+        res = lint_scenario(sc, arch_from_kernel=id(sc) in adhoc_ids)
+        fault = f" fault {sc.fault}{sc.fault_args or ''}" if sc.fault else ""
+        if "error" in res:
+            print(f"{sc.id}{fault}: lint could not compile: {res['error']}")
+            status = max(status, 2)
+            results.append({"scenario": sc.id, **res})
+            continue
+        findings = [Finding.from_json(f) for f in res["findings"]]
+        if not args.all:
+            findings = [f for f in findings if f.severity != "info"] or findings
+        if not args.json:
+            print(render(findings, f"{sc.id}{fault}"))
+        if any(f.severity == "error" for f in findings):
+            status = max(status, 1)
+        results.append({"scenario": sc.id, "findings": [f.to_json() for f in findings],
+                        "protocol": res["protocol"] if args.protocol else None})
+    if args.json:
+        print(json.dumps(results, indent=1))
+    return status
+
+
+def add_parser(sub: Any) -> None:
+    """`cutedebug lint SCENARIO|DIR|KERNEL_FILE[:ENTRY]`: static protocol checks, no GPU."""
+    p = sub.add_parser("lint", help="static barrier-protocol checks at trace time (no GPU)")
+    p.add_argument("targets", nargs="+", help="scenario .toml, a directory of them, or "
+                   "FILE.py:ENTRY")
+    p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE")
+    p.add_argument("--fault", metavar="NAME[:ARG=V,...]", help="fault to inject (FILE.py targets)")
+    p.add_argument("--arch", action="append", help="target arch (FILE.py targets)")
+    p.add_argument("--all", action="store_true", help="show info findings too")
+    p.add_argument("--json", action="store_true", help="findings as JSON")
+    p.add_argument("--protocol", action="store_true", help="with --json: the recorded protocol")
+    p.set_defaults(func=cmd_lint)
+
+
