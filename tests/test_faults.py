@@ -369,6 +369,9 @@ def test_a_fault_that_never_triggers_is_visible(kernel):
     kind = {"tma_copy": "warp", "tma_stream": "cta"}[kernel.key]
     ptx, applied = kernel.faulted("drop_sync", {"sync": kind})
     assert applied.count == 0 and ptx == kernel.clean
+    note = applied.not_applied()
+    assert note.startswith(f"fault drop_sync(sync={kind!r}, which=0) NOT APPLIED: 0 sites")
+    assert "cute.arch.sync_warp" in note  # what it looked for
     with pytest.raises(faults.FaultNotTriggered, match="never triggered"):
         applied.require()
     with pytest.raises(faults.FaultNotTriggered), \
@@ -456,3 +459,21 @@ def test_nested_injections_restore_in_order(kernel):
     clean = kernel.features["expect_tx_bytes"]
     assert ptx_features(ptx)["expect_tx_bytes"] == sorted(b + 48 for b in clean)
     assert kernel.ptx() == kernel.clean
+
+
+def test_a_pass_of_a_fault_at_zero_sites_says_not_applied_on_the_verdict_line():
+    from cutedebug.engine.verdict import Outcome, Verdict, classify
+
+    note = faults.Applied("skip_producer_tail", {}).not_applied()
+    assert "NOT APPLIED" in note and "PipelineAsync.producer_tail" in note
+    assert faults.Applied(None, {}).not_applied() is None
+    o = Outcome()
+    for ev in ({"event": "compiled", "fault_count": 0, "fault_not_applied": note},
+               {"event": "launched"}, {"event": "synced"}, {"event": "checked", "ok": True},
+               {"event": "done"}):
+        o.add(ev)
+    got = classify(o)
+    assert got.verdict is Verdict.PASS
+    assert got.reason == f"{note}; output matches the reference"
+    o.events[0] = {"event": "compiled", "fault_count": 2, "fault_not_applied": None}
+    assert classify(o).reason == "output matches the reference"

@@ -138,8 +138,14 @@ def _rules():
         ("mismatch", lambda o: (o.event("checked") or {}).get("ok") is False, Verdict.MISMATCH,
          lambda o: _mismatch_reason(o.event("checked"))),
         ("pass", lambda o: (o.event("checked") or {}).get("ok") is True, Verdict.PASS,
-         lambda o: "output matches the reference"),
+         lambda o: _not_applied_prefix(o) + "output matches the reference"),
     ]
+
+
+def _not_applied_prefix(o: Outcome) -> str:
+    """A PASS of a fault that applied at 0 sites is no evidence: the reason says so first."""
+    note = (o.event("compiled") or {}).get("fault_not_applied")
+    return f"{note}; " if note else ""
 
 
 RULES = _rules()

@@ -256,6 +256,8 @@ def run(request: dict[str, Any], events: Events) -> None:
                 compile_key=json.dumps([fault, fault_args, target, params], sort_keys=True),
                 fault_sites=getattr(applied, "sites", None) if patch_fault else None,
                 fault_count=getattr(applied, "count", None) if patch_fault else None,
+                # instrument/faults: a fault at 0 sites says so on the verdict line
+                fault_not_applied=applied.not_applied() if patch_fault else None,
                 probe_sites=site_table.to_json() if site_table is not None else None,
                 static_findings=lint.static_findings(protocol))
 

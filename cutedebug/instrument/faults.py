@@ -114,6 +114,20 @@ class Applied:
     def count(self) -> int:
         return len(self.sites)
 
+    def looked_for(self) -> str:
+        """What the fault looked for in the kernel, for a fault that applied at 0 sites."""
+        fault = FAULTS.get(self.fault or "")
+        what = ", ".join(fault.patches) if fault and fault.patches else \
+            ", ".join(dict.fromkeys(self.patched)) or "its patched functions"
+        return what + "".join(f"; {n}" for n in self.notes)
+
+    def not_applied(self) -> str | None:
+        """None when the fault changed the kernel; else one line saying what was looked for."""
+        if self.fault is None or self.count:
+            return None
+        return (f"fault {self.fault}{_fmt_args(self.args)} NOT APPLIED: 0 sites while tracing "
+                f"(looked for: {self.looked_for()}); the kernel ran unmodified")
+
     def require(self) -> None:
         if self.fault is not None and self.count == 0:
             raise FaultNotTriggered(
