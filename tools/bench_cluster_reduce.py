@@ -1,23 +1,25 @@
-"""Correctness and bandwidth of kernels/cluster_reduce.py against a torch device-to-device copy.
+"""Correctness and speed of kernels/cluster_reduce.py against torch's own row sum, in one loop.
 
     python tools/bench_cluster_reduce.py               # ~2 GiB inputs, rows of 64k/128k/256k
-    python tools/bench_cluster_reduce.py --gib 4 --runs 30
+    python tools/bench_cluster_reduce.py --gib 4 --rounds 30
     python tools/bench_cluster_reduce.py --skip-sweep --rows 131072
 
 1. Correctness sweep (small, ragged): op sum / rmsnorm x fp32 / bf16 x cluster 2 / 4 / 8, N with
    a ragged last slice and N with no 16-byte rows (scalar fallback), one cluster per row and
    persistent clusters (both barriers cycle through both phases). Output pre-filled with NaN,
    compared with ``reference`` at the kernel's TOLERANCE.
-2. Bandwidth: for each dtype and row length, x of ``--gib`` GiB (M = bytes / row bytes), every
-   configuration is checked against torch (float64 row sums) and timed; then a torch copy
-   ``dst.copy_(x)`` of the same tensor in the same run.
+2. Speed: for each dtype and row length, x of ``--gib`` GiB (M = bytes / row bytes), every
+   configuration is checked at that size (row sums against a float64 torch.sum; rmsnorm on a
+   sample of rows) and then timed against its like-for-like torch baseline in the same loop:
+   row sum vs ``torch.sum(x, dim=1, dtype=torch.float32)`` (fp32 accumulate, fp32 [M] out, as
+   the kernel), rmsnorm vs ``F.rms_norm(x, (N,), w, eps)`` (torch's eager rms_norm).
 
-Byte accounting (1 GB = 1e9 bytes): row sum reads x once (its M * 4 output bytes are counted
-too); rmsnorm reads x (+ w per CTA, not counted) and writes out, its second read of the slice
-is not counted; the copy moves 2 * x.nbytes (read + write), as CUDA's bandwidthTest counts a
-device-to-device copy. ratio = kernel GB/s / copy GB/s; target for row sum >= 0.80.
-Timing: CUDA events around ``--reps`` back-to-back launches, median of ``--runs`` (>= 20)
-samples after warm-up. Exits 0 with "no GPU" when there is none, 1 when a check fails.
+Both sides of a pair move the same bytes, so ratio = baseline time / kernel time per round
+(> 1: the kernel is faster); GB/s counts x once (+ 4 M output bytes) for the row sum, x read
+and out written for rmsnorm (its second read of the slice is not counted). Timing
+(tools/benchlib.py): A B A B in one loop, ``--reps`` launches per sample, ``--rounds`` rounds,
+GPU clocks read around every sample. Exits 0 with "no GPU" when there is none, 1 when a check
+fails.
 """
 
 from __future__ import annotations
@@ -30,14 +32,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchlib import median_ms, no_gpu_reason  # noqa: E402
+from benchlib import (  # noqa: E402
+    Case,
+    CheckFailed,
+    GpuClocks,
+    Side,
+    format_table,
+    no_gpu_reason,
+    run_cases,
+    write_json,
+)
 
 from cutedebug.kernel_api import load_entry
 
 KERNEL = ROOT / "kernels" / "cluster_reduce.py"
-TARGET = 0.80
-
-
 
 
 def sweep_cases() -> list[dict]:
@@ -51,8 +59,17 @@ def sweep_cases() -> list[dict]:
                 for case in out[-2:]:
                     case.update(op=op, dtype=dtype, cluster=cluster)
     out.append({"m": 3, "n": 7, "cluster": 8, "op": "sum"})  # slices of 1 vector and empty ones
-    out.append({"m": 300, "n": 65536, "cluster": 4, "clusters": 7, "threads": 512,
-                "unroll": 4, "dtype": "bf16"})
+    out.append(
+        {
+            "m": 300,
+            "n": 65536,
+            "cluster": 4,
+            "clusters": 7,
+            "threads": 512,
+            "unroll": 4,
+            "dtype": "bf16",
+        }
+    )
     return out
 
 
@@ -72,8 +89,10 @@ def run_small(cls, params: dict, torch) -> tuple[bool, str]:
     bad = ~torch.isclose(out, ref, atol=atol, rtol=rtol)
     if bad.any():
         i = tuple(int(v) for v in bad.nonzero()[0])
-        return False, (f"{int(bad.sum())} of {out.numel()} bad; first {i} got "
-                       f"{out[i].item()!r} want {ref[i].item()!r}")
+        return False, (
+            f"{int(bad.sum())} of {out.numel()} bad; first {i} got "
+            f"{out[i].item()!r} want {ref[i].item()!r}"
+        )
     return True, f"max |err| {float((out - ref).abs().max()):.3g}"
 
 
@@ -111,18 +130,80 @@ def configs(sms: int) -> list[dict]:
         {"cluster": 2, "clusters": 0, "threads": 512, "unroll": 4},
         # persistent: 8 CTAs of 256 threads per SM (~31 registers per thread fits 8)
         {"cluster": 2, "clusters": 8 * sms // 2, "threads": 256, "unroll": 8},
-        {"cluster": 4, "clusters": 8 * sms // 4, "threads": 256, "unroll": 8},
     ]
+
+
+HEADLINE = {"cluster": 2, "clusters": 0, "threads": 256, "unroll": 8}
+
+
+def cases(plan, gib: float, torch):
+    """For each (op, dtype, N, config) of ``plan``: the kernel compiled, run once and checked
+    at the benchmark size, as a Case against its torch baseline on the same tensors (raises
+    CheckFailed on a mismatch)."""
+    import torch.nn.functional as F
+
+    cls = load_entry(KERNEL, "ClusterReduce")
+    tensors, key = None, None
+    for op, dtype, n, cfg in plan:
+        elem = 4 if dtype == "fp32" else 2
+        m = min(int(gib * 2**30) // (n * elem), (2**31 - 1) // n)  # 32-bit offsets
+        if key != (dtype, n):
+            tensors = None
+            torch.cuda.empty_cache()
+            tensors, key = big_inputs(m, n, dtype, torch), (dtype, n)
+        x, w = tensors["x"], tensors["w"]
+        k = cls(m=m, n=n, dtype=dtype, op=op, **cfg)
+        if op == "sum":
+            out = torch.full((m,), float("nan"), device="cuda")
+            moved = x.nbytes + 4 * m
+            base = Side(
+                "torch.sum(x, dim=1)", lambda x=x: torch.sum(x, dim=1, dtype=torch.float32), moved
+            )
+        else:
+            out = torch.full_like(x, float("nan"))
+            moved = 2 * x.nbytes
+            wx = w.to(x.dtype)
+            base = Side(
+                "F.rms_norm(x, (N,), w)",
+                lambda x=x, wx=wx, eps=k.eps, n=n: F.rms_norm(x, (n,), wx, eps),
+                moved,
+            )
+        tensors["out"] = out
+        compiled = compile_kernel(k)
+        cargs = k.cute_args(tensors)
+        compiled(*cargs)
+        torch.cuda.synchronize()
+        label = (
+            f"{'row sum' if op == 'sum' else op} {m}x{n} {dtype} C{cfg['cluster']} "
+            f"G{k.groups} T{cfg['threads']} U{cfg['unroll']}"
+        )
+        problem = check_big(k, tensors, torch)
+        if problem:
+            raise CheckFailed(f"{label}: {problem}")
+        del tensors["out"]  # the closure below keeps out alive while the kernel writes it
+        yield Case(
+            label,
+            "GB/s",
+            Side("kernel", lambda f=compiled, a=cargs, _out=out: f(*a), moved),
+            [base],
+            check="output matches the reference at this size",
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gib", type=float, default=2.0, help="size of x in GiB (default 2)")
-    ap.add_argument("--runs", type=int, default=20, help="timed samples (median; >= 20)")
-    ap.add_argument("--reps", type=int, default=3, help="launches per timed sample")
-    ap.add_argument("--rows", type=int, nargs="*", default=[65536, 131072, 262144],
-                    help="row lengths N (elements)")
+    ap.add_argument("--rounds", type=int, default=20, help="A/B rounds (>= 10)")
+    ap.add_argument("--reps", type=int, default=10, help="launches per timed sample")
+    ap.add_argument(
+        "--rows",
+        type=int,
+        nargs="*",
+        default=[65536, 131072, 262144],
+        help="row lengths N (elements)",
+    )
     ap.add_argument("--skip-sweep", action="store_true", help="skip the correctness sweep")
+    ap.add_argument("--json", help="write every sample and clock reading here")
     args = ap.parse_args(argv)
     reason = no_gpu_reason()
     if reason:
@@ -131,9 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     t_start = time.monotonic()
-    runs = max(args.runs, 20)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    print(f"device: {torch.cuda.get_device_name(0)}, {sms} SMs")
+    clocks = GpuClocks(torch)
+    print(f"device: {torch.cuda.get_device_name(0)}, {sms} SMs; clocks via {clocks.source}")
     cls = load_entry(KERNEL, "ClusterReduce")
 
     if not args.skip_sweep:
@@ -147,54 +228,41 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(f"correctness sweep passed ({time.monotonic() - t_start:.1f} s)")
 
-    print(f"\n{'op':>7} {'dtype':>5} {'M x N':>14} {'C':>2} {'G':>5} {'T':>4} {'U':>2} "
-          f"{'ms':>7} {'GB/s':>7} {'copy GB/s':>9} {'ratio':>6}", flush=True)
-    best_sum: dict[tuple, float] = {}
-    for dtype in ("fp32", "bf16"):
-        elem = 4 if dtype == "fp32" else 2
-        for n in args.rows:
-            m = min(int(args.gib * 2**30) // (n * elem), (2**31 - 1) // n)  # 32-bit offsets
-            torch.cuda.empty_cache()
-            tensors = big_inputs(m, n, dtype, torch)
-            x = tensors["x"]
-            dst = torch.empty_like(x)
-            t_copy = median_ms(lambda d=dst, s=x: d.copy_(s), torch, runs, args.reps, warmup=3)
-            gbs_copy = 2 * x.nbytes / t_copy / 1e6
-            del dst
-            plan = [("sum", c) for c in configs(sms)] + [("rmsnorm", configs(sms)[0])]
-            for op, cfg in plan:
-                k = cls(m=m, n=n, dtype=dtype, op=op, **cfg)
-                if op == "sum":
-                    out = torch.full((m,), float("nan"), device="cuda")
-                    moved = x.nbytes + 4 * m
-                else:
-                    out = torch.full_like(x, float("nan"))
-                    moved = 2 * x.nbytes
-                tensors["out"] = out
-                compiled = compile_kernel(k)
-                cargs = k.cute_args(tensors)
-                compiled(*cargs)
-                torch.cuda.synchronize()
-                problem = check_big(k, tensors, torch)
-                if problem:
-                    print(f"MISMATCH {op} {dtype} {m}x{n} {cfg}: {problem}")
-                    return 1
-                t = median_ms(lambda f=compiled, a=cargs: f(*a), torch, runs, args.reps, warmup=3)
-                gbs = moved / t / 1e6
-                ratio = gbs / gbs_copy
-                if op == "sum":
-                    key = (dtype, n)
-                    best_sum[key] = max(best_sum.get(key, 0.0), ratio)
-                print(f"{op:>7} {dtype:>5} {f'{m}x{n}':>14} {cfg['cluster']:>2} "
-                      f"{k.groups:>5} {cfg['threads']:>4} {cfg['unroll']:>2} {t:>7.3f} "
-                      f"{gbs:>7.0f} {gbs_copy:>9.0f} {ratio:>6.3f}", flush=True)
-                del tensors["out"], out
-            del tensors, x
-    print(f"\nrow sum, best ratio per shape (target >= {TARGET:.2f}):")
-    for (dtype, n), r in best_sum.items():
-        print(f"  {dtype} N={n}: {r:.3f} {'met' if r >= TARGET else 'MISSED'}")
-    print(f"median of {runs} samples x {args.reps} launches; G = clusters launched; "
-          f"total {time.monotonic() - t_start:.0f} s")
+    plan = [
+        (op, dtype, n, cfg)
+        for dtype in ("fp32", "bf16")
+        for n in args.rows
+        for op, cfg in [("sum", c) for c in configs(sms)] + [("rmsnorm", HEADLINE)]
+    ]
+    rounds = max(args.rounds, 10)
+    try:
+        table, measured = run_cases(
+            cases(plan, args.gib, torch),
+            torch,
+            rounds=rounds,
+            reps=args.reps,
+            warmup=3,
+            clocks=clocks,
+        )
+    except CheckFailed as e:
+        print(f"MISMATCH {e}")
+        return 1
+    print(
+        f"\n{format_table(table)}\nratio = baseline time / kernel time per round (same "
+        f"bytes), {rounds} rounds x {args.reps} launches, A B A B in one loop; G = clusters "
+        f"launched; total {time.monotonic() - t_start:.0f} s"
+    )
+    if args.json:
+        write_json(
+            args.json,
+            measured,
+            {
+                "script": "bench_cluster_reduce",
+                "rounds": rounds,
+                "reps": args.reps,
+                "clocks": clocks.source,
+            },
+        )
     return 0
 
 

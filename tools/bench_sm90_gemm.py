@@ -1,20 +1,21 @@
-"""TFLOP/s of kernels/sm90_gemm.py against torch.matmul (cuBLAS) in the same run.
+"""TFLOP/s of kernels/sm90_gemm.py against torch.matmul (cuBLAS), alternated in one loop.
 
     python tools/bench_sm90_gemm.py            # correctness sweep, then the timing table (< 3 min)
     python tools/bench_sm90_gemm.py --quick    # smoke check (~30 s): 2 ragged checks, 4096^3
-    python tools/bench_sm90_gemm.py --runs 50
+    python tools/bench_sm90_gemm.py --rounds 40
 
 Problem: C[M, N] = A[M, K] @ B[N, K]^T, bf16 in, fp32 accumulate, bf16 out; the torch peer is
 ``torch.matmul(a, b.T)`` on the same tensors (same layouts: A, B K-major, C row-major).
-TFLOP/s = 2 * M * N * K / median time; ratio = kernel TFLOP/s / torch TFLOP/s (targets: >= 0.85
-at 8192^3, >= 0.75 at 4096^3 and 8192x8192x1024; M=256 is reported as it is).
+TFLOP/s = 2 * M * N * K / median time; ratio = kernel TFLOP/s / torch TFLOP/s.
 
 Correctness first: ragged shapes (M, N, K not multiples of the tile, tile rows past M in a
 cluster, one k-tile, many k-tiles) for cluster_m 1 and 2, each against an fp32 reference
 (float32 matmul of the same bf16 inputs, TF32 off), then every timed configuration on its own
-inputs. Timing: CUDA events around ``--reps`` back-to-back launches (host call overhead hidden
-while the GPU is busy), median of ``--runs`` (>= 20) samples after warm-up. Exits 0 with "no GPU"
-when there is no usable GPU, 1 when a correctness check fails.
+inputs at the benchmark size. Timing (tools/benchlib.py): kernel and torch.matmul alternated in
+one loop (A B A B ...), ``--reps`` back-to-back launches per sample (host call overhead hidden
+while the GPU is busy), ``--rounds`` rounds, GPU clocks read around every sample; the ratio is
+taken per round, its median and min-max printed. Exits 0 with "no GPU" when there is no usable
+GPU, 1 when a correctness check fails.
 """
 
 from __future__ import annotations
@@ -27,23 +28,30 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchlib import median_ms, no_gpu_reason  # noqa: E402
+from benchlib import (  # noqa: E402
+    Case,
+    CheckFailed,
+    GpuClocks,
+    Side,
+    format_table,
+    no_gpu_reason,
+    run_cases,
+    write_json,
+)
 
 from cutedebug.kernel_api import load_entry
 
 KERNEL = ROOT / "kernels" / "sm90_gemm.py"
 TIMED_SHAPES = [(8192, 8192, 8192), (4096, 4096, 4096), (8192, 8192, 1024), (256, 8192, 8192)]
-TARGETS = {(8192, 8192, 8192): 0.85, (4096, 4096, 4096): 0.75, (8192, 8192, 1024): 0.75}
 RAGGED = [  # (m, n, k, cluster_m, tile_n, ctas)
-    (1000, 1000, 1000, 1, 256, 8),      # 4 tiles per CTA, 16 k-tiles each: the ring wraps
+    (1000, 1000, 1000, 1, 256, 8),  # 4 tiles per CTA, 16 k-tiles each: the ring wraps
     (1000, 1000, 1000, 2, 256, 8),
-    (4097, 264, 72, 2, 256, 0),         # odd tile rows: the last cluster's rank 1 is past M
+    (4097, 264, 72, 2, 256, 0),  # odd tile rows: the last cluster's rank 1 is past M
     (300, 1000, 520, 2, 128, 0),
-    (129, 8, 8, 1, 256, 0),             # one k-tile, N smaller than one TMA box
+    (129, 8, 8, 1, 256, 0),  # one k-tile, N smaller than one TMA box
     (777, 2056, 4104, 2, 256, 5),
 ]
-
-
+HEADLINE = [((4096, 4096, 4096), (1, 256)), ((8192, 8192, 8192), (1, 256))]
 
 
 def persistent_ctas(cluster_m: int, sms: int) -> int:
@@ -60,7 +68,7 @@ def gpu_inputs(m: int, n: int, k: int, seed: int, torch) -> dict:
     """Unit-variance outputs, drawn on the GPU (make_inputs draws on the CPU: slow at 8192^3)."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     a = torch.randn(m, k, generator=g, device="cuda").to(torch.bfloat16)
-    b = (torch.randn(n, k, generator=g, device="cuda") * k ** -0.5).to(torch.bfloat16)
+    b = (torch.randn(n, k, generator=g, device="cuda") * k**-0.5).to(torch.bfloat16)
     c = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
     return {"a": a, "b": b, "c": c}
 
@@ -81,8 +89,10 @@ def mismatch(out, ref, atol: float, rtol: float, torch) -> str | None:
     if not bad.any():
         return None
     r, c = (int(i) for i in bad.nonzero()[0])
-    return (f"{int(bad.sum())} of {bad.numel()} bad; first [{r}, {c}] got {out[r, c].item()!r} "
-            f"want {ref[r, c].item()!r}; max |err| {(out - ref).abs().nan_to_num(1e30).max():.3g}")
+    return (
+        f"{int(bad.sum())} of {bad.numel()} bad; first [{r}, {c}] got {out[r, c].item()!r} "
+        f"want {ref[r, c].item()!r}; max |err| {(out - ref).abs().nan_to_num(1e30).max():.3g}"
+    )
 
 
 def run_kernel(cls, params: dict, tensors: dict, torch):
@@ -100,11 +110,58 @@ def run_kernel(cls, params: dict, tensors: dict, torch):
     return k, compiled, args, secs
 
 
+def cases(plan, torch):
+    """For each ((m, n, k), (cluster_m, tile_n)) of ``plan``: the kernel compiled, run once and
+    checked against an fp32 reference at the benchmark size, as a Case against
+    ``torch.matmul(a, b.T)`` on the same tensors (raises CheckFailed on a mismatch)."""
+    cls = load_entry(KERNEL, "Sm90Gemm")
+    atol, rtol = cls.TOLERANCE
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    tensors, ref, shape_now = None, None, None
+    for (m, n, k), (cluster_m, tile_n) in plan:
+        if shape_now != (m, n, k):
+            tensors = ref = None
+            torch.cuda.empty_cache()
+            tensors, shape_now = gpu_inputs(m, n, k, 0, torch), (m, n, k)
+            ref = fp32_reference(tensors, torch)
+        stages = 4 if tile_n == 256 else 6
+        params = dict(
+            m=m,
+            n=n,
+            k=k,
+            cluster_m=cluster_m,
+            tile_n=tile_n,
+            stages=stages,
+            ctas=persistent_ctas(cluster_m, sms),
+        )
+        _, compiled, cargs, _ = run_kernel(cls, params, tensors, torch)
+        label = f"GEMM {m}x{n}x{k} bf16 cluster {cluster_m} 128x{tile_n} S{stages}"
+        problem = mismatch(tensors["c"], ref, atol, rtol, torch)
+        if problem:
+            raise CheckFailed(f"{label}: {problem}")
+        a, b = tensors["a"], tensors["b"]
+        flops = 2 * m * n * k
+        yield Case(
+            label,
+            "TFLOP/s",
+            Side("kernel", lambda f=compiled, x=cargs: f(*x), flops),
+            [
+                Side(
+                    "torch.matmul(a, b.T)",
+                    lambda a=a, b=b, c=torch.empty_like(tensors["c"]): torch.matmul(a, b.T, out=c),
+                    flops,
+                )
+            ],
+            check="output matches the fp32 reference at this size",
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smoke check: 2 ragged shapes, 4096^3")
-    ap.add_argument("--runs", type=int, default=30, help="timed samples (median; >= 20)")
+    ap.add_argument("--rounds", type=int, default=20, help="A/B rounds (>= 10)")
     ap.add_argument("--reps", type=int, default=5, help="launches per timed sample")
+    ap.add_argument("--json", help="write every sample and clock reading here")
     args = ap.parse_args(argv)
     reason = no_gpu_reason()
     if reason:
@@ -113,65 +170,71 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     t_start = time.monotonic()
-    runs = max(args.runs, 20)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     ctas = {c: persistent_ctas(c, sms) for c in (1, 2)}
-    print(f"device: {torch.cuda.get_device_name(0)}, {sms} SMs; persistent CTAs: "
-          f"cluster 1 -> {ctas[1]}, cluster 2 -> {ctas[2]}", flush=True)
+    clocks = GpuClocks(torch)
+    print(
+        f"device: {torch.cuda.get_device_name(0)}, {sms} SMs; persistent CTAs: "
+        f"cluster 1 -> {ctas[1]}, cluster 2 -> {ctas[2]}; clocks via {clocks.source}",
+        flush=True,
+    )
     cls = load_entry(KERNEL, "Sm90Gemm")
     atol, rtol = cls.TOLERANCE
 
     # -- correctness on ragged shapes ---------------------------------------------------------
     for m, n, k, cluster_m, tile_n, grid in RAGGED[::3] if args.quick else RAGGED:
-        params = dict(m=m, n=n, k=k, cluster_m=cluster_m, tile_n=tile_n,
-                      stages=4 if tile_n == 256 else 6, ctas=grid or ctas[cluster_m])
+        params = dict(
+            m=m,
+            n=n,
+            k=k,
+            cluster_m=cluster_m,
+            tile_n=tile_n,
+            stages=4 if tile_n == 256 else 6,
+            ctas=grid or ctas[cluster_m],
+        )
         tensors = gpu_inputs(m, n, k, 1, torch)
         _, _, _, secs = run_kernel(cls, params, tensors, torch)
         problem = mismatch(tensors["c"], fp32_reference(tensors, torch), atol, rtol, torch)
-        print(f"ragged check {params}: {'FAIL ' + problem if problem else 'PASS'} "
-              f"(compile {secs:.1f} s)", flush=True)
+        print(
+            f"ragged check {params}: {'FAIL ' + problem if problem else 'PASS'} "
+            f"(compile {secs:.1f} s)",
+            flush=True,
+        )
         if problem:
             return 1
 
     # -- timing table --------------------------------------------------------------------------
     shapes = [(4096, 4096, 4096)] if args.quick else TIMED_SHAPES
     configs = [(1, 256), (2, 256)] if args.quick else [(1, 256), (2, 256), (2, 128)]
-    print(f"{'M x N x K':>18} {'cluster':>7} {'tile':>7} {'S':>2} {'TFLOP/s':>8} "
-          f"{'torch':>7} {'ratio':>6} {'target':>6}", flush=True)
-    verdicts = []
-    for m, n, k in shapes:
-        tensors = gpu_inputs(m, n, k, 0, torch)
-        ref = fp32_reference(tensors, torch)
-        a, b = tensors["a"], tensors["b"]
-        t_torch = median_ms(lambda a=a, b=b: torch.matmul(a, b.T), torch, runs, args.reps)
-        tf_torch = 2 * m * n * k / t_torch / 1e9
-        for cluster_m, tile_n in configs:
-            stages = 4 if tile_n == 256 else 6
-            params = dict(m=m, n=n, k=k, cluster_m=cluster_m, tile_n=tile_n, stages=stages,
-                          ctas=ctas[cluster_m])
-            kern, compiled, cargs, _ = run_kernel(cls, params, tensors, torch)
-            problem = mismatch(tensors["c"], ref, atol, rtol, torch)
-            if problem:
-                print(f"MISMATCH {params}: {problem}")
-                return 1
-            t = median_ms(lambda f=compiled, x=cargs: f(*x), torch, runs, args.reps)
-            tf = 2 * m * n * k / t / 1e9
-            target = TARGETS.get((m, n, k))
-            met = "-" if target is None else ("met" if tf / tf_torch >= target else "MISSED")
-            if target is not None:
-                verdicts.append(((m, n, k), cluster_m, tile_n, tf / tf_torch, met))
-            print(f"{f'{m}x{n}x{k}':>18} {cluster_m:>7} {f'128x{tile_n}':>7} {stages:>2} "
-                  f"{tf:>8.1f} {tf_torch:>7.1f} {tf / tf_torch:>6.3f} "
-                  f"{'' if target is None else f'{target:.2f}':>6} {met}", flush=True)
-        del tensors, ref
-        torch.cuda.empty_cache()
-    best: dict[tuple, float] = {}
-    for shape, _, _, ratio, _ in verdicts:
-        best[shape] = max(best.get(shape, 0.0), ratio)
-    summary = ", ".join(f"{'x'.join(map(str, s))}: best {r:.3f} "
-                        f"({'met' if r >= TARGETS[s] else 'MISSED'})" for s, r in best.items())
-    print(f"median of {runs} samples x {args.reps} launches; {summary}; "
-          f"total {time.monotonic() - t_start:.0f} s")
+    rounds = max(args.rounds, 10)
+    try:
+        table, measured = run_cases(
+            cases([(s, c) for s in shapes for c in configs], torch),
+            torch,
+            rounds=rounds,
+            reps=args.reps,
+            warmup=5,
+            clocks=clocks,
+        )
+    except CheckFailed as e:
+        print(f"MISMATCH {e}")
+        return 1
+    print(
+        f"\n{format_table(table)}\nratio = kernel TFLOP/s / torch.matmul TFLOP/s per round, "
+        f"{rounds} rounds x {args.reps} launches, A B A B in one loop; "
+        f"total {time.monotonic() - t_start:.0f} s"
+    )
+    if args.json:
+        write_json(
+            args.json,
+            measured,
+            {
+                "script": "bench_sm90_gemm",
+                "rounds": rounds,
+                "reps": args.reps,
+                "clocks": clocks.source,
+            },
+        )
     return 0
 
 
