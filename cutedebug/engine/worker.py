@@ -236,14 +236,22 @@ def run(request: dict[str, Any], events: Events) -> None:
             from cutedebug.instrument import probes
 
             site_table = stack.enter_context(probes.instrument(probe_cfg, addr))
+        wait_sites = None
+        if request.get("wait_sites") and probe_cfg is None:
+            # Observe-only: the table a coredump's PCs are mapped with (analyses/coredump.py).
+            from cutedebug.instrument import waitsites
+
+            wait_sites = stack.enter_context(waitsites.record())
         if request.get("bisect") is not None:  # printf-bisection: one checkpoint (bisect.py)
             from cutedebug.instrument import checkpoint
 
             stack.enter_context(checkpoint.session(request["bisect"], events, runnable))
         try:
-            compiled = cute.compile[cute.GPUArch(target), cute.KeepPTX(),
-                                    DumpDir(request.get("dump_dir") or tempfile.gettempdir())
-                                    ](kernel, *args)
+            options = [cute.GPUArch(target), cute.KeepPTX(),
+                       DumpDir(request.get("dump_dir") or tempfile.gettempdir())]
+            if request.get("cubin_path"):
+                options.append(cute.KeepCUBIN())
+            compiled = cute.compile[tuple(options)](kernel, *args)
         except Exception as e:
             events.emit("compile_error", type=type(e).__name__, message=str(e),
                         traceback=traceback.format_exc()[-4000:])
@@ -252,6 +260,11 @@ def run(request: dict[str, Any], events: Events) -> None:
     ptx = getattr(compiled, "__ptx__", None) or ""
     if request.get("ptx_path") and ptx:
         Path(request["ptx_path"]).write_text(ptx)
+    cubin = getattr(compiled, "__cubin__", None)
+    if request.get("cubin_path") and cubin:
+        # The SASS a coredump's PCs point into (cutedebug.analyses.coredump).
+        Path(request["cubin_path"]).write_bytes(cubin if isinstance(cubin, bytes)
+                                                else cubin.encode("latin-1"))
     events.emit("compiled", secs=round(compile_s, 3), arch=target, ptx_bytes=len(ptx),
                 compile_key=json.dumps([fault, fault_args, target, params], sort_keys=True),
                 fault_sites=getattr(applied, "sites", None) if patch_fault else None,
@@ -259,6 +272,7 @@ def run(request: dict[str, Any], events: Events) -> None:
                 # instrument/faults: a fault at 0 sites says so on the verdict line
                 fault_not_applied=applied.not_applied() if patch_fault else None,
                 probe_sites=site_table.to_json() if site_table is not None else None,
+                wait_sites=[w.to_json() for w in wait_sites] if wait_sites is not None else None,
                 static_findings=lint.static_findings(protocol))
 
     if not runnable:

@@ -416,38 +416,51 @@ class _Instrumenter:
                          _banner(site), count is None)
 
     def pipeline_wait(self, mbar_array: Any, index: Any, phase: Any, loc: Any, ip: Any) -> None:
-        pipe_frame, src = _locate(2)
-        pipe = pipe_frame.f_locals["self"] if pipe_frame is not None else None
-        state = pipe_frame.f_locals.get("state") if pipe_frame is not None else None
-        if pipe is not None and getattr(pipe, "sync_object_full", None) is mbar_array:
-            barrier = "full"
-        elif pipe is not None and getattr(pipe, "sync_object_empty", None) is mbar_array:
-            barrier = "empty"
-        else:
-            barrier = (getattr(mbar_array, "name", "") or "").rpartition(".")[2]
-        name = getattr(mbar_array, "name", "") or ""
-        site = self.table.add(
-            kind="pipeline", op=pipe_frame.f_code.co_name if pipe_frame else "wait",
-            barrier=barrier, pipeline_class=type(pipe).__name__ if pipe is not None else "",
-            pipeline_name=name.rpartition(".")[0] if "." in name else name,
-            stages=_static_int(getattr(mbar_array, "num_stages", None)),
-            arrive_count=_static_int(getattr(mbar_array, "arrive_count", None)),
-            tx_count=_static_int(getattr(mbar_array, "tx_count", None)) or None,
-            **_source_fields(src))
+        fields = pipeline_wait_fields(mbar_array, skip=1)
+        state = fields.pop("state")
+        site = self.table.add(kind="pipeline", **fields)
         ptr = mbar_array.get_barrier(index, loc=loc, ip=ip)
         self._emit(ptr, phase, index, state, site)
 
     def raw_wait(self, mbar_ptr: Any, phase: Any) -> None:
-        pipe_frame, src = _locate(2)
-        op, cls_name, barrier, state = "raw_wait", "", "", None
-        if pipe_frame is not None:  # e.g. PipelineOrder.wait calls cute.arch.mbarrier_wait
-            cls_name = type(pipe_frame.f_locals["self"]).__name__
-            op = f"{cls_name.removeprefix('Pipeline').lower()}_{pipe_frame.f_code.co_name}"
-            barrier, state = "full", pipe_frame.f_locals.get("state")
-        site = self.table.add(kind="raw", op=op, barrier=barrier, pipeline_class=cls_name,
-                              pipeline_name="", stages=None, arrive_count=None, tx_count=None,
-                              **_source_fields(src))
+        fields = raw_wait_fields(skip=1)
+        state = fields.pop("state")
+        site = self.table.add(kind="raw", **fields)
         self._emit(mbar_ptr, phase, -1, state, site)
+
+
+def pipeline_wait_fields(mbar_array: Any, skip: int = 0) -> dict[str, Any]:
+    """A pipeline wait's site fields (op, full/empty, pipeline, kernel file:line) and its
+    PipelineState (key "state"), from the frames above the caller (``skip`` more frames up)."""
+    pipe_frame, src = _locate(skip + 2)
+    pipe = pipe_frame.f_locals["self"] if pipe_frame is not None else None
+    state = pipe_frame.f_locals.get("state") if pipe_frame is not None else None
+    if pipe is not None and getattr(pipe, "sync_object_full", None) is mbar_array:
+        barrier = "full"
+    elif pipe is not None and getattr(pipe, "sync_object_empty", None) is mbar_array:
+        barrier = "empty"
+    else:
+        barrier = (getattr(mbar_array, "name", "") or "").rpartition(".")[2]
+    name = getattr(mbar_array, "name", "") or ""
+    return dict(op=pipe_frame.f_code.co_name if pipe_frame else "wait",
+                barrier=barrier, pipeline_class=type(pipe).__name__ if pipe is not None else "",
+                pipeline_name=name.rpartition(".")[0] if "." in name else name,
+                stages=_static_int(getattr(mbar_array, "num_stages", None)),
+                arrive_count=_static_int(getattr(mbar_array, "arrive_count", None)),
+                tx_count=_static_int(getattr(mbar_array, "tx_count", None)) or None,
+                state=state, **_source_fields(src))
+
+
+def raw_wait_fields(skip: int = 0) -> dict[str, Any]:
+    """A raw mbarrier wait's site fields and PipelineState (key "state"), as above."""
+    pipe_frame, src = _locate(skip + 2)
+    op, cls_name, barrier, state = "raw_wait", "", "", None
+    if pipe_frame is not None:  # e.g. PipelineOrder.wait calls cute.arch.mbarrier_wait
+        cls_name = type(pipe_frame.f_locals["self"]).__name__
+        op = f"{cls_name.removeprefix('Pipeline').lower()}_{pipe_frame.f_code.co_name}"
+        barrier, state = "full", pipe_frame.f_locals.get("state")
+    return dict(op=op, barrier=barrier, pipeline_class=cls_name, pipeline_name="", stages=None,
+                arrive_count=None, tx_count=None, state=state, **_source_fields(src))
 
 
 _ACTIVE: list[_Instrumenter] = []
