@@ -34,8 +34,9 @@ def compile_ptx(path: Path, entry: str, params: dict, record: bool, tmp_path, mp
 
 
 def test_tma_stream_waits_in_emission_order_and_code_unchanged(tmp_path, monkeypatch):
-    from cutedebug.instrument import waitsites
     from cutlass.pipeline import helpers
+
+    from cutedebug.instrument import waitsites
 
     orig_wait = helpers.MbarrierArray.__dict__["wait"]
     plain, _ = compile_ptx(TMA_STREAM, "TmaStream", {"stages": 4}, False, tmp_path, monkeypatch)
