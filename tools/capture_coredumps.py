@@ -162,7 +162,6 @@ def run_worker(spec: str, out: Path, settle_s: float) -> dict:
             env=env,
             start_new_session=True,
             cwd=str(runner.REPO_ROOT),
-            preexec_fn=no_core_limit,
         )
     rec["pid"] = proc.pid
     try:
@@ -202,7 +201,7 @@ def run_worker(spec: str, out: Path, settle_s: float) -> dict:
                 except OSError as e:
                     rec["pipe_error"] = f"{type(e).__name__}: {e}"
                     rec["pipe_exists"] = pipe.exists()
-                rec["dump"] = wait_core(d, proc.pid, proc, 60.0)
+                rec["dump"] = wait_core(d, proc.pid, proc, 2.0 if "pipe_error" in rec else 20.0)
                 break
             time.sleep(0.02)
         else:
@@ -372,6 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--settle-s", type=float, default=1.5)
     ap.add_argument("specs", nargs="*")
     args = ap.parse_args(argv)
+    no_core_limit()  # inherited by every worker
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     t_begin = time.monotonic()
