@@ -285,7 +285,10 @@ def representatives(text: str, per_pc: int = 2) -> list[tuple[int, int, int, int
             by_pc.setdefault(m.group(4), []).append((dev, sm, int(m.group(1)), lane, m.group(4)))
     reps = []
     for _pc, ws in sorted(by_pc.items()):
-        reps += ws[:1] + (ws[-1:] if per_pc > 1 and len(ws) > 1 else [])
+        if per_pc > 2:
+            reps += ws[:per_pc]
+        else:
+            reps += ws[:1] + (ws[-1:] if per_pc > 1 and len(ws) > 1 else [])
     return reps
 
 
@@ -327,6 +330,8 @@ def analyse(rec: dict, out: Path, tools: dict) -> dict:
             "info cuda warps device 0",
             "info cuda warps sm all",
             "info cuda threads",
+            "echo \\n=== python\\n",
+            "python print('PYOK', gdb.VERSION)",
         ],
         d / "gdb_pass1.txt",
     )
@@ -342,6 +347,9 @@ def analyse(rec: dict, out: Path, tools: dict) -> dict:
             "bt",
             "x/16i $pc-0x80",
             "info registers",
+            "p/x $R0",
+            "p/x $UR4",
+            "p $pc",
         ]
         if i == 0:
             cmds += ["echo \\n=== disassemble\\n", "disassemble"]
@@ -356,6 +364,19 @@ def analyse(rec: dict, out: Path, tools: dict) -> dict:
         ]
     if cmds:
         res["pass2"] = gdb(tools["cuda-gdb"], core, cmds, d / "gdb_pass2.txt")
+    # Pass 3: the cost of visiting every warp (focus, the instruction, its registers).
+    everyone = representatives((d / "gdb_pass1.txt").read_text(), per_pc=10**6)[:64]
+    cmds = []
+    for dev, sm, wp, ln, _pc in everyone:
+        cmds += [
+            f"echo \\n=== warp {dev} {sm} {wp} {ln}\\n",
+            f"cuda device {dev} sm {sm} warp {wp} lane {ln}",
+            "x/1i $pc",
+            "info registers",
+        ]
+    if cmds:
+        res["pass3"] = gdb(tools["cuda-gdb"], core, cmds, d / "gdb_pass3.txt")
+        res["pass3_warps"] = len(everyone)
     return res
 
 
