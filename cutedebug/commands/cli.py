@@ -4,6 +4,7 @@
     cutedebug list [DIR]                                  scenarios as a table
     cutedebug faults                                      the fault registry
     cutedebug triage DIR --out OUT [--resume] [--repeat N] [--bisect]  every scenario, one matrix
+    cutedebug exec [--fault F] [--probes] -- CMD ARGS...  any program, watched and instrumented
 
 Exit codes: 0 every verdict matched its expectation, 1 some did not, 2 usage or input error.
 """
@@ -190,6 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
     lint.add_parser(sub)
     from cutedebug.analyses import bisect  # `cutedebug bisect`
     bisect.add_parser(sub)
+    from cutedebug.commands import exec as exec_cmd  # `cutedebug exec`
+    exec_cmd.add_parser(sub)
     return p
 
 

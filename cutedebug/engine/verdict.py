@@ -14,6 +14,7 @@ from typing import Any
 class Verdict(str, enum.Enum):
     PASS = "PASS"
     MISMATCH = "MISMATCH"
+    FAIL = "FAIL"  # `cutedebug exec`: the program's own check failed (non-zero exit)
     NONDETERMINISTIC = "NONDETERMINISTIC"
     HANG = "HANG"
     CRASH = "CRASH"

@@ -1,0 +1,734 @@
+"""`cutedebug exec -- CMD ARGS...`: any program watched and instrumented, no adapter.
+
+    cutedebug exec [--fault KIND:ARGS] [--probes] [--deadline S] -- python repro.py
+    cutedebug exec --probes -- python -m pytest tests/test_x.py -k y
+
+CMD runs as a watched child in its own session, tagged like the workers of `run`, with the
+instrumentation active in every Python interpreter of its process tree from the moment the
+program imports cutlass (cutedebug/instrument/launch.py). The verdict comes from, in order:
+
+- HARNESS_ERROR: the instrumentation failed in some process (never reported as the program's);
+- HANG: a bounded wait timed out (probe stuck records: the kernel by name, the stuck sites and
+  the stuck map), or the watchdog ended the command (deadline; the Python stack of every
+  process of the tree, dumped by faulthandler just before the kill, says where it waited);
+- CRASH: the command failed with a CUDA error in its output (named like `run` names it), or a
+  process died of a signal the watchdog did not send;
+- FAIL: the command's own check failed (non-zero exit), with the last lines of its output;
+- PASS: exit status 0.
+
+A HANG without probes is rerun once with probes on to localize it (when the first run traced
+a CuTe DSL kernel), as `run` does. Whatever the command leaves behind (grandchildren that
+outlived it included) is swept by its tag; a GPU health check follows a kill.
+Exit codes as `run`: 0 the verdict is the expected one (--expect, default PASS), 1 it is not,
+2 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cutedebug.engine import runner
+from cutedebug.engine import verdict as V
+from cutedebug.instrument import launch
+
+EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
+DEFAULT_DEADLINE_S = 600.0
+DEFAULT_BUDGET_MS = 500
+STUCK_SETTLE_S = 0.3  # stuck records stop arriving for this long: every warp has reported
+STUCK_MAX_WAIT_S = 1.5  # ... or this long after the first one
+STACK_DUMP_WAIT_S = 0.3
+ACTIVATION_FAILED = "cutedebug: instrumentation failed to activate"
+# CUDA errors as programs print them: the runtime's message (torch, cuda-python), or the name.
+_CUDA_TEXT = re.compile(
+    r"(CUDA error[^\n]*|cudaError\w+|CUDA_ERROR_\w+[^\n]*|"
+    r"an illegal (?:memory access|instruction) was encountered|"
+    r"misaligned address|unspecified launch failure|"
+    r"device-side assert triggered)",
+    re.IGNORECASE,
+)
+_CUDA_NAME = re.compile(r"\b(cudaError\w+)")
+_CU_NAMES = {
+    "CUDA_ERROR_ILLEGAL_ADDRESS": "cudaErrorIllegalAddress",
+    "CUDA_ERROR_ILLEGAL_INSTRUCTION": "cudaErrorIllegalInstruction",
+    "CUDA_ERROR_MISALIGNED_ADDRESS": "cudaErrorMisalignedAddress",
+    "CUDA_ERROR_LAUNCH_FAILED": "cudaErrorLaunchFailure",
+    "CUDA_ERROR_ASSERT": "cudaErrorAssert",
+    "CUDA_ERROR_HARDWARE_STACK_ERROR": "cudaErrorHardwareStackError",
+    "CUDA_ERROR_LAUNCH_TIMEOUT": "cudaErrorLaunchTimeout",
+    "CUDA_ERROR_OUT_OF_MEMORY": "cudaErrorMemoryAllocation",
+}
+
+
+class UsageError(Exception):
+    pass
+
+
+@dataclass
+class Settings:
+    """One watched run of the command."""
+
+    argv: list[str]
+    fault: str | None = None
+    fault_args: dict[str, Any] = field(default_factory=dict)
+    probes: dict[str, Any] | None = None  # ProbeConfig fields; None: off
+    deadline_s: float = DEFAULT_DEADLINE_S
+    record: bool = False  # the protocol recorder (mutate's clean run)
+    cwd: str | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class ExecResult:
+    settings: Settings
+    verdict: V.Verdict
+    reason: str
+    run_dir: Path
+    returncode: int | None
+    killed_by: str | None
+    elapsed_s: float
+    evidence: dict[str, Any] = field(default_factory=dict)
+    processes: dict[int, dict[str, Any]] = field(default_factory=dict)
+    log_tail: str = ""
+    health: dict[str, Any] | None = None
+    swept: list[int] = field(default_factory=list)
+    first_run: dict[str, Any] | None = None  # a blind HANG rerun with probes: the first run
+
+    @property
+    def fault_count(self) -> int | None:
+        """Sites the fault changed, over every process (None: no fault asked)."""
+        if not self.settings.fault:
+            return None
+        return sum(p.get("fault_count") or 0 for p in self.processes.values())
+
+    @property
+    def traced(self) -> int:
+        return sum(len(p.get("traces", [])) for p in self.processes.values())
+
+
+# ---- watching ---------------------------------------------------------------------------------
+class _Tree:
+    """Events of every instrumented process of the command, by pid."""
+
+    def __init__(self) -> None:
+        self.procs: dict[int, dict[str, Any]] = {}
+
+    def add(self, ev: dict[str, Any]) -> None:
+        pid = ev.get("pid")
+        if not isinstance(pid, int):
+            return
+        p = self.procs.setdefault(
+            pid, {"pid": pid, "events": [], "traces": [], "fault_count": 0, "stuck": 0}
+        )
+        name = ev["event"]
+        p["events"].append(ev)
+        if name == "process":
+            p["argv"], p["ppid"] = ev.get("argv"), ev.get("ppid")
+        elif name == "instrumented":
+            p["instrumented"] = ev
+        elif name == "instrument_error":
+            p.setdefault("errors", []).append(ev)
+        elif name == "compiled":
+            p["traces"].append({"function": ev.get("function"), "kernels": ev.get("kernels")})
+            p["compiled"] = ev
+            p["fault_count"] = ev.get("fault_count") or p["fault_count"]
+        elif name in ("progress", "probe_report"):
+            stuck = ev.get("stuck") if name == "progress" else ev.get("n_stuck_reported")
+            if isinstance(stuck, list):
+                stuck = len(stuck)
+            p["stuck"] = max(p["stuck"], stuck or 0)
+        elif name == "exit":
+            p["exited"] = True
+            if ev.get("fault_count") is not None:
+                p["fault_count"] = ev["fault_count"]
+
+    @property
+    def stuck(self) -> int:
+        return sum(p["stuck"] for p in self.procs.values())
+
+
+def _signal_tree(proc: subprocess.Popen, tag: str, sig: int) -> None:
+    pids = {proc.pid} | {p.pid for p in runner.tagged_processes(tag)}
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def watch_command(s: Settings, run_dir: Path) -> ExecResult:
+    """Run the command once under the watchdog; classify what happened."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    events_path, log_path = run_dir / "events.jsonl", run_dir / "command.log"
+    events_path.write_text("")
+    stacks = run_dir / "stacks"
+    config = {
+        "events": str(events_path),
+        "stacks_dir": str(stacks),
+        "fault": s.fault,
+        "fault_args": s.fault_args,
+        "probes": s.probes,
+        "record": s.record,
+    }
+    tag = uuid.uuid4().hex
+    env = launch.child_env(config, dict(os.environ))
+    env.update(s.extra_env)
+    env[runner.TAG_VAR] = tag
+    reader, tree = runner.EventReader(events_path), _Tree()
+    malformed: list[str] = []
+    t0 = time.monotonic()
+    killed_by, first_stuck_t, last_stuck_change, last_stuck = None, None, None, 0
+    swept: list[int] = []
+    with open(log_path, "ab") as log:
+        try:
+            proc = subprocess.Popen(
+                s.argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                cwd=s.cwd,
+                start_new_session=True,
+            )
+        except OSError as e:
+            raise UsageError(f"cannot start {s.argv[0]!r}: {e}") from e
+    try:
+        while True:
+            exited = proc.poll() is not None
+            evs, bad = reader.poll()
+            for ev in evs:
+                tree.add(ev)
+            malformed.extend(bad)
+            now = time.monotonic()
+            if tree.stuck != last_stuck:
+                last_stuck, last_stuck_change = tree.stuck, now
+                first_stuck_t = first_stuck_t or now
+            if exited:
+                break
+            if first_stuck_t is not None and (
+                now - last_stuck_change >= STUCK_SETTLE_S or now - first_stuck_t >= STUCK_MAX_WAIT_S
+            ):
+                killed_by = "stuck records"
+            elif now - t0 > s.deadline_s:
+                killed_by = f"deadline:{s.deadline_s:g}s"
+            if killed_by:
+                # Where every process waits, from faulthandler, then the kill.
+                _signal_tree(proc, tag, signal.SIGUSR1)
+                time.sleep(STACK_DUMP_WAIT_S)
+                swept = runner.kill_tree(proc, tag)
+                break
+            time.sleep(runner.POLL_S)
+    finally:
+        if proc.poll() is None:
+            swept += runner.kill_tree(proc, tag)
+        swept += runner.sweep(tag)  # grandchildren that outlived the command
+    evs, bad = reader.poll()
+    for ev in evs:
+        tree.add(ev)
+    malformed.extend(bad)
+    res = ExecResult(
+        settings=s,
+        verdict=V.Verdict.HARNESS_ERROR,
+        reason="",
+        run_dir=run_dir,
+        returncode=proc.returncode,
+        killed_by=killed_by,
+        elapsed_s=round(time.monotonic() - t0, 3),
+        processes=tree.procs,
+        log_tail=runner._tail(log_path, 8000),
+        swept=sorted(set(swept)),
+    )
+    res.evidence["stacks"] = _read_stacks(stacks) if killed_by else {}
+    if malformed:
+        res.evidence["malformed_lines"] = malformed[:5]
+    classify(res)
+    return res
+
+
+def _read_stacks(stacks: Path) -> dict[str, str]:
+    out = {}
+    for f in sorted(stacks.glob("*.txt")) if stacks.is_dir() else []:
+        text = f.read_text(errors="replace").strip()
+        if text:
+            out[f.stem] = text[:4000]
+    return out
+
+
+# ---- verdict ---------------------------------------------------------------------------------
+def cuda_error(text: str) -> str | None:
+    """The CUDA error a program's output reports, by name; None when there is none."""
+    m = _CUDA_TEXT.search(text)
+    if not m:
+        return None
+    if (name := _CUDA_NAME.search(text)) is not None:
+        return name.group(1)
+    for cu, name in _CU_NAMES.items():
+        if cu in text:
+            return name
+    from cutedebug.engine.worker import cuda_error_name  # message -> name, as `run` names them
+
+    return cuda_error_name(m.group(0)) or "cudaErrorUnknown"
+
+
+def last_lines(text: str, n: int = 15) -> str:
+    return "\n".join(text.rstrip().splitlines()[-n:])
+
+
+def _harness_problem(res: ExecResult) -> str | None:
+    for p in res.processes.values():
+        for e in p.get("errors", []):
+            return f"instrumentation failed in pid {p['pid']}: {e.get('type')}: {e.get('message')}"
+    if ACTIVATION_FAILED in res.log_tail:
+        line = next(ln for ln in res.log_tail.splitlines() if ACTIVATION_FAILED in ln)
+        return line.strip()
+    if res.evidence.get("malformed_lines"):
+        return f"unreadable event lines: {res.evidence['malformed_lines'][0][:120]!r}"
+    return None
+
+
+def classify(res: ExecResult) -> None:
+    """Set res.verdict / res.reason / res.evidence from what was observed (first rule wins)."""
+    rc, tail = res.returncode, res.log_tail
+    if (why := _harness_problem(res)) is not None:
+        res.verdict, res.reason = V.Verdict.HARNESS_ERROR, why
+        return
+    stuck_pid = next((pid for pid, p in res.processes.items() if p["stuck"]), None)
+    if stuck_pid is not None:
+        ev = hang_evidence(res.processes[stuck_pid], stalled=False)
+        res.evidence.update(ev)
+        res.verdict = V.Verdict.HANG
+        res.reason = (
+            f"bounded waits timed out in {ev.get('kernel') or 'a CuTe DSL kernel'} "
+            f"(pid {stuck_pid}): {ev.get('n_stuck_reported')} stuck record(s)"
+        )
+        return
+    if res.killed_by:
+        res.verdict = V.Verdict.HANG
+        where = stack_summary(res.evidence.get("stacks") or {})
+        res.reason = f"the command did not finish before the deadline ({res.killed_by}); killed" + (
+            f"; it was waiting in {where}" if where else ""
+        )
+        return
+    if rc not in (0, None) and (name := cuda_error(tail)):
+        res.verdict, res.reason = V.Verdict.CRASH, f"{name}: {_cuda_line(tail)}"
+        res.evidence["cuda_error"] = {"name": name, "line": _cuda_line(tail)}
+        return
+    if rc is not None and rc < 0:
+        sig = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else -rc
+        res.verdict, res.reason = V.Verdict.CRASH, f"the command was killed by {sig}"
+        return
+    if rc:
+        res.verdict = V.Verdict.FAIL
+        tail_lines = last_lines(tail)
+        res.reason = f"the command exited with status {rc}" + (
+            f": {tail_lines.splitlines()[-1].strip()[:200]}" if tail_lines else ""
+        )
+        res.evidence["last_lines"] = tail_lines
+        return
+    res.verdict, res.reason = V.Verdict.PASS, "the command exited with status 0"
+
+
+def _cuda_line(text: str) -> str:
+    m = _CUDA_TEXT.search(text)
+    start = text.rfind("\n", 0, m.start()) + 1 if m else 0
+    end = text.find("\n", m.end()) if m else -1
+    return text[start : end if end >= 0 else None].strip()[:300]
+
+
+def hang_evidence(proc: dict[str, Any], stalled: bool) -> dict[str, Any]:
+    """Stuck sites, diagnosis and stuck map of one process, through the run's own renderer."""
+    o = V.Outcome()
+    for ev in proc["events"]:
+        if ev["event"] in ("compiled", "progress", "probe_report"):
+            o.add(dict(ev))
+    if stalled:
+        o.killed_by_watchdog = "stall"
+    ev = runner.probe_evidence(o) or {}
+    sites = {s["id"]: s for s in (proc.get("compiled") or {}).get("probe_sites") or []}
+    kernels = []
+    for st in ev.get("stuck_sites", []):
+        site = sites.get(st.get("site"), {})
+        st["kernel"] = site.get("kernel")
+        if site.get("kernel") and site["kernel"] not in kernels:
+            kernels.append(site["kernel"])
+        if site.get("file"):
+            st["file"] = site["file"]
+    ev["kernel"] = ", ".join(kernels) if kernels else None
+    ev["pid"] = proc["pid"]
+    return ev
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+) in (\S+)')
+
+
+def stack_summary(stacks: dict[str, str]) -> str:
+    """'file.py:LINE in func (pid N)' of the innermost frame of each process's current thread
+    that is not in the standard library or an installed package."""
+    parts = []
+    for pid, text in stacks.items():
+        frames = _FRAME.findall(text.split("(most recent call first):", 1)[-1].split("\n\n")[0])
+        user = [f for f in frames if "site-packages" not in f[0] and "/lib/python" not in f[0]]
+        pick = (user or frames)[:1]
+        for file, line, func in pick:
+            parts.append(f"{os.path.basename(file)}:{line} in {func} (pid {pid})")
+    return "; ".join(parts)
+
+
+# ---- one exec, as the command line asks ---------------------------------------------------------
+def probe_config(budget_ms: int) -> dict[str, Any]:
+    return {"budget_ns": int(budget_ms) * 1_000_000}
+
+
+def new_run_dir(root: Path | str, name: str = "exec") -> Path:
+    d = Path(root) / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    d.mkdir(parents=True, exist_ok=True)
+    return d.resolve()
+
+
+def run_exec(
+    s: Settings, run_dir: Path, *, probes_asked: bool | None, budget_ms: int = DEFAULT_BUDGET_MS
+) -> ExecResult:
+    """The command once; a HANG without probes is rerun with them, as `run` does."""
+    res = watch_command(s, run_dir)
+    if res.verdict is V.Verdict.HANG and s.probes is None and probes_asked is None and res.traced:
+        first = res
+        s2 = Settings(**{**vars(s), "probes": probe_config(budget_ms)})
+        res = watch_command(s2, run_dir / "with_probes")
+        res.first_run = {
+            "verdict": first.verdict.value,
+            "reason": first.reason,
+            "elapsed_s": first.elapsed_s,
+            "stacks": first.evidence.get("stacks"),
+        }
+        res.swept = sorted(set(res.swept) | set(first.swept))
+    if res.killed_by and _used_gpu(res):
+        res.health = runner.health_check()
+    return res
+
+
+def _used_gpu(res: ExecResult) -> bool:
+    return any(
+        (p.get("instrumented") or {}).get("gpu")
+        or p.get("compiled")
+        and any(e["event"] == "progress" for e in p["events"])
+        for p in res.processes.values()
+    )
+
+
+# ---- reports -----------------------------------------------------------------------------------
+def where(res: ExecResult) -> str:
+    sites = res.evidence.get("stuck_sites") or []
+    if sites:
+        s = sites[0]
+        parts = [
+            f"in {s.get('kernel')}" if s.get("kernel") else None,
+            s.get("role"),
+            s.get("op"),
+            f"{s.get('barrier')}[{s.get('stage')}]" if s.get("barrier") else None,
+            f"phase {s.get('phase')}" if s.get("phase") is not None else None,
+            s.get("location"),
+        ]
+        return " ".join(str(p) for p in parts if p)
+    return ""
+
+
+def tldr(res: ExecResult, expect: str = "PASS") -> str:
+    mark = "as expected" if res.verdict.value == expect else f"EXPECTED {expect}"
+    cmd = shlex.join(res.settings.argv)
+    w = where(res)
+    diagnosis = res.evidence.get("diagnosis") or []
+    why = diagnosis[0] if diagnosis else res.reason.splitlines()[0] if res.reason else ""
+    return f"{res.verdict.value} ({mark}) — {cmd}" + (f" — {w}" if w else "") + f": {why}"
+
+
+def to_json(res: ExecResult, expect: str = "PASS", command: str = "") -> dict[str, Any]:
+    s = res.settings
+    procs = [
+        {k: v for k, v in p.items() if k not in ("events", "compiled")}
+        | {
+            "probe_sites": (p.get("compiled") or {}).get("probe_sites"),
+            "fault_sites": (p.get("compiled") or {}).get("fault_sites"),
+            "protocol": (p.get("compiled") or {}).get("protocol"),
+        }
+        for p in res.processes.values()
+    ]
+    ev = {k: v for k, v in res.evidence.items() if k != "stuck_map_svg"}
+    return {
+        "schema_version": 1,
+        "mode": "exec",
+        "argv": s.argv,
+        "cwd": s.cwd or os.getcwd(),
+        "fault": s.fault,
+        "fault_args": s.fault_args,
+        "probes": s.probes,
+        "deadline_s": s.deadline_s,
+        "verdict": res.verdict.value,
+        "expected_verdict": expect,
+        "as_expected": res.verdict.value == expect,
+        "reason": res.reason,
+        "tldr": tldr(res, expect),
+        "returncode": res.returncode,
+        "killed_by_watchdog": res.killed_by,
+        "elapsed_s": res.elapsed_s,
+        "fault_count": res.fault_count,
+        "kernels_traced": res.traced,
+        "evidence": ev,
+        "processes": procs,
+        "health": res.health,
+        "swept_pids": res.swept,
+        "first_run": res.first_run,
+        "run_dir": str(res.run_dir),
+        "command": command,
+        "log_tail": res.log_tail[-3000:],
+    }
+
+
+def to_markdown(res: ExecResult, expect: str = "PASS", command: str = "") -> str:
+    from cutedebug.reporting.report import group_sites
+
+    s, ev = res.settings, res.evidence
+    lines = [
+        f"# exec: {res.verdict.value}",
+        "",
+        f"**TL;DR** {tldr(res, expect)}",
+        "",
+        "## Command",
+        "",
+        f"- `{shlex.join(s.argv)}` in `{s.cwd or os.getcwd()}`",
+        f"- fault: `{s.fault or 'none'}` {json.dumps(s.fault_args) if s.fault else ''}",
+        f"- probes: {'on, wait budget ' + str(s.probes['budget_ns'] // 1_000_000) + ' ms' if s.probes else 'off'}",
+        f"- deadline: {s.deadline_s:g} s; expected verdict: {expect}",
+        "",
+        "## Evidence",
+        "",
+    ]
+    lines.append(
+        f"- exit: {'killed by the watchdog (' + res.killed_by + ')' if res.killed_by else f'status {res.returncode}'} after {res.elapsed_s} s"
+    )
+    for p in res.processes.values():
+        kern = sorted({k for t in p["traces"] for k in (t.get("kernels") or [])})
+        lines.append(
+            f"- pid {p['pid']} `{shlex.join(p.get('argv') or [])[:160]}`: "
+            + ("instrumented" if p.get("instrumented") else "did not import cutlass")
+            + f", {len(p['traces'])} trace(s), {len(kern)} kernel(s)"
+            + (f", fault applied at {p['fault_count']} site(s)" if s.fault else "")
+            + (f", {p['stuck']} stuck record(s)" if p["stuck"] else "")
+        )
+    if s.fault:
+        n = res.fault_count or 0
+        lines.append(
+            f"- fault `{s.fault}`: "
+            + (
+                f"applied at {n} site(s)"
+                if n
+                else "NOT applied: no traced kernel called what it patches"
+            )
+        )
+        for p in res.processes.values():
+            for fs in ((p.get("compiled") or {}).get("fault_sites") or [])[:10]:
+                lines.append(
+                    f"  - {fs.get('kernel') or '?'} {os.path.basename(fs.get('file') or '?')}:"
+                    f"{fs.get('line')} {fs.get('op')}: {fs.get('detail')}"
+                )
+    if (ce := ev.get("cuda_error")) is not None:
+        lines.append(f"- CUDA error {ce['name']}: `{ce['line']}`")
+    if ev.get("last_lines"):
+        lines += ["- the command's last lines:", "", "```", ev["last_lines"], "```"]
+    if res.health is not None:
+        lines.append(f"- GPU health check afterwards: {res.health}")
+    for d in ev.get("diagnosis") or []:
+        lines.append(f"- diagnosis: {d}")
+    if res.swept:
+        lines.append(f"- swept leftover processes: {res.swept}")
+    lines.append("")
+    if ev.get("stuck_sites"):
+        lines += [
+            "## Stuck sites",
+            "",
+            f"Kernel: `{ev.get('kernel')}` (pid {ev.get('pid')}). "
+            "Identical stuck states grouped over CTAs and warps.",
+            "",
+            "| CTAs | warps | role | op | barrier[stage] | phase | waited ms | where |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for g in group_sites(ev["stuck_sites"]):
+            bar = f"{g['barrier']}[{g['stage']}]" if g["barrier"] else f"stage {g['stage']}"
+            lines.append(
+                f"| {g['ctas']} | {g['warps']} | {g['role']} | {g['op']} | {bar} | "
+                f"{g['phase']} | {g['waited_ms']} | {g['location']} |"
+            )
+        lines.append("")
+    if ev.get("stuck_map_text"):
+        lines += ["## Stuck map", "", f"Source: {ev.get('probe_source')}.", ""]
+        if ev.get("stuck_map_svg_file"):
+            lines += [f"![stuck map]({ev['stuck_map_svg_file']})", ""]
+        lines += ["```", ev["stuck_map_text"], "```", ""]
+    if ev.get("stacks"):
+        lines += ["## Python stacks at the kill", ""]
+        for pid, text in ev["stacks"].items():
+            lines += [f"pid {pid}:", "", "```", text[:2500], "```", ""]
+    if res.first_run:
+        lines += [
+            f"_First run without probes: {res.first_run['verdict']} "
+            f"({res.first_run['reason'].splitlines()[0]}); rerun with probes on to "
+            "localize it._",
+            "",
+        ]
+    if res.log_tail.strip():
+        lines += ["## Output (tail)", "", "```", res.log_tail[-2000:], "```", ""]
+    lines += [
+        "## Reproduce",
+        "",
+        "```",
+        command or "cutedebug exec -- " + shlex.join(s.argv),
+        "```",
+        "",
+        f"Run directory: `{res.run_dir}` (events.jsonl, command.log, stacks/)",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_report(res: ExecResult, expect: str = "PASS", command: str = "") -> Path:
+    from cutedebug.reporting.report import atomic_write
+
+    svg = res.evidence.pop("stuck_map_svg", None)
+    if svg:
+        (res.run_dir / "stuck_map.svg").write_text(svg)
+        res.evidence["stuck_map_svg_file"] = "stuck_map.svg"
+    atomic_write(
+        res.run_dir / "report.json",
+        json.dumps(to_json(res, expect, command), indent=1, default=str),
+    )
+    md = res.run_dir / "report.md"
+    atomic_write(md, to_markdown(res, expect, command))
+    return md
+
+
+# ---- command line ----------------------------------------------------------------------------
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    from cutedebug.commands.cli import parse_fault
+    from cutedebug.instrument import faults
+
+    argv = list(args.cmd)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv:
+        raise UsageError("no command given: cutedebug exec [options] -- CMD ARGS...")
+    fault, fault_args = parse_fault(args.fault)
+    if fault is not None:
+        try:
+            fault_args = faults.validate(fault, fault_args)
+        except faults.FaultSpecError as e:
+            raise UsageError(f"--fault {args.fault!r}: {e}") from e
+        if faults.FAULTS[fault].kind == "switch":
+            raise UsageError(
+                f"--fault {fault}: a kernel-level switch (declared by an adapter "
+                "kernel), not a patch: exec can only inject patch faults; allowed: "
+                f"{sorted(n for n, f in faults.FAULTS.items() if f.kind == 'patch')}"
+            )
+    for name in ("deadline", "wait_budget_ms"):
+        v = getattr(args, name, None)
+        if v is not None and v <= 0:
+            raise UsageError(f"--{name.replace('_', '-')} {v}: must be > 0")
+    return Settings(
+        argv=argv,
+        fault=fault,
+        fault_args=fault_args,
+        probes=probe_config(args.wait_budget_ms) if args.probes else None,
+        deadline_s=args.deadline or DEFAULT_DEADLINE_S,
+        cwd=os.getcwd(),
+    )
+
+
+def add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--probes",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="bounded waits + beacons in every traced kernel (default: off, and on "
+        "for one rerun when the command hangs)",
+    )
+    p.add_argument(
+        "--wait-budget-ms",
+        type=int,
+        default=DEFAULT_BUDGET_MS,
+        help="bounded-wait budget with probes on (default %(default)s)",
+    )
+    p.add_argument(
+        "--deadline",
+        type=float,
+        help=f"seconds the whole command may take (default {DEFAULT_DEADLINE_S:g})",
+    )
+    p.add_argument("--runs-dir", default="runs", help="where run directories go")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "exec",
+        help="run any command watched and instrumented (no adapter)",
+        description=__doc__.split("\n\n")[0],
+    )
+    p.add_argument(
+        "--fault",
+        metavar="NAME[:ARG=V,...]",
+        help="patch fault injected into "
+        "every kernel the command traces (`cutedebug faults` lists them)",
+    )
+    p.add_argument(
+        "--expect",
+        default="PASS",
+        choices=V.ALL,
+        help="expected verdict (default PASS): exit status 0 when it is the verdict",
+    )
+    add_common(p)
+    p.set_defaults(func=cmd_exec)
+
+
+def cmd_exec(args: argparse.Namespace) -> int:
+    from cutedebug.reporting.report import command_line
+
+    try:
+        s = settings_from_args(args)
+    except UsageError as e:
+        print(f"cutedebug: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    run_dir = new_run_dir(args.runs_dir)
+    try:
+        res = run_exec(s, run_dir, probes_asked=args.probes, budget_ms=args.wait_budget_ms)
+    except UsageError as e:
+        print(f"cutedebug: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    md = write_report(res, args.expect, command_line())
+    print(tldr(res, args.expect))
+    if res.verdict is V.Verdict.FAIL:
+        print(
+            "  last lines of its output:\n    "
+            + "\n    ".join(last_lines(res.log_tail, 8).splitlines())
+        )
+    if s.fault:
+        n = res.fault_count or 0
+        print(
+            f"  fault {s.fault}: "
+            + (
+                f"applied at {n} site(s)"
+                if n
+                else "NOT applied (no traced kernel called what it patches)"
+            )
+        )
+    if res.swept:
+        print(f"  swept leftover processes: {res.swept}")
+    print(f"  report: {md}", flush=True)
+    return EXIT_OK if res.verdict.value == args.expect else EXIT_MISMATCH

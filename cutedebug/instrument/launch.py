@@ -1,0 +1,436 @@
+"""The instrumentation inside a command that `cutedebug exec` / `cutedebug mutate` watches.
+
+The parent puts ``cutedebug/instrument/site`` first on the command's PYTHONPATH and its
+settings in ``CUTEDEBUG_EXEC`` (``child_env``). Every Python interpreter of the command's
+process tree (``python repro.py``, ``python -m pytest``, pytest-xdist workers, a script's own
+subprocesses) then imports that folder's ``sitecustomize``, which calls ``activate()``:
+
+- an import hook waits for ``import cutlass`` (nothing is imported before the program does), then
+  enters, for the rest of the process and in this order, the protocol recorder (mutate's clean
+  run), the fault (``faults.inject``) and the probes (``probes.instrument``, with a pinned,
+  host-mapped buffer). Every kernel traced after that point, by ``cute.compile`` or a direct
+  ``@cute.jit`` call, in the program or in an installed library, is traced with them;
+- after each trace (the DSL's trace-finalize hook) one ``compiled`` event: the kernels of the
+  module, the probe sites (each with the Python kernel it belongs to), the fault's sites, and
+  with the recorder on the pipelines and ops traced so far;
+- a monitor thread streams the probe buffer (stuck records, beacons) as ``progress`` events
+  while the program runs, and a final ``probe_report`` at exit;
+- SIGUSR1 dumps every thread's Python stack (faulthandler) to ``stacks/PID.txt``: the parent
+  sends it before it kills a command it found stuck.
+
+Compile caches: the DSL's own cache is keyed by the traced IR (tracing always re-runs, and
+instrumented IR differs), so it cannot hand back an uninstrumented kernel; the libraries'
+persistent caches (quack's ``.o`` cache keyed by arguments, FA-4's optional one) would skip
+tracing altogether and are switched off in ``child_env``; their in-memory caches start empty
+in a new process, after the instrumentation is active.
+
+Events go to one JSON-lines file shared by the whole process tree (appends of one line each);
+every event carries the writing process's pid. This module imports neither torch nor cutlass at
+import time: the parent imports it for ``child_env``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import faulthandler
+import importlib.abc
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+ENV_CONFIG = "CUTEDEBUG_EXEC"
+SITE_DIR = Path(__file__).resolve().parent / "site"
+# Library compile caches that would hand back a kernel compiled without the instrumentation.
+CACHE_ENV = {
+    "QUACK_CACHE_ENABLED": "0",  # quack.cache.jit_cache: .o files keyed by the arguments only
+    "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED": "0",  # FA-4 cache_utils (off by default too)
+}
+FAKE_PROBE_ADDR = 0x7F0000000000  # no GPU: the address only has to be a plausible constant
+
+
+def child_env(config: dict[str, Any], env: dict[str, str]) -> dict[str, str]:
+    """The watched command's environment: our sitecustomize first on PYTHONPATH, the settings
+    in CUTEDEBUG_EXEC, the libraries' persistent compile caches off."""
+    out = dict(env)
+    out[ENV_CONFIG] = json.dumps(config)
+    rest = [p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(SITE_DIR)]
+    out["PYTHONPATH"] = os.pathsep.join([str(SITE_DIR), *rest])
+    out.update(CACHE_ENV)
+    out.setdefault("PYTHONUNBUFFERED", "1")
+    return out
+
+
+class _Emitter:
+    """Appends one JSON line per event; O_APPEND keeps lines of several processes whole."""
+
+    def __init__(self, path: str):
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self.lock = threading.Lock()
+        self.t0 = time.monotonic()
+        self.pid = os.getpid()
+
+    def emit(self, event: str, **fields: Any) -> None:
+        rec = {
+            "event": event,
+            "pid": self.pid,
+            "t": round(time.monotonic() - self.t0, 6),
+            "wall": round(time.time(), 3),
+            **fields,
+        }
+        data = (json.dumps(rec, default=str) + "\n").encode()
+        with self.lock:
+            os.write(self.fd, data)
+
+
+class _State:
+    def __init__(self, cfg: dict[str, Any]):
+        self.cfg = cfg
+        self.events = _Emitter(cfg["events"])
+        self.stack = contextlib.ExitStack()
+        self.protocol = None
+        self.applied = None
+        self.sites = None  # probes.SiteTable
+        self.probe_cfg = None
+        self.probe_buf = None
+        self.kernel_of: dict[int, dict[str, Any]] = {}  # probe site id -> its kernel
+        self.kernels: list[dict[str, Any]] = []  # one per traced module
+        self.monitor: _Monitor | None = None
+        self.active = False
+
+
+_STATE: _State | None = None
+
+
+def activate() -> None:
+    """Called by sitecustomize in every interpreter of the watched command."""
+    global _STATE
+    raw = os.environ.get(ENV_CONFIG)
+    if not raw or _STATE is not None:
+        return
+    cfg = json.loads(raw)
+    state = _STATE = _State(cfg)
+    state.events.emit("process", ppid=os.getppid(), argv=_argv())
+    stacks = cfg.get("stacks_dir")
+    if stacks:
+        os.makedirs(stacks, exist_ok=True)
+        f = open(os.path.join(stacks, f"{os.getpid()}.txt"), "w")  # noqa: SIM115 (process-long)
+        faulthandler.register(signal.SIGUSR1, file=f, all_threads=True, chain=False)
+    atexit.register(_at_exit)
+    if "cutlass" in sys.modules:
+        _on_cutlass()
+    else:
+        sys.meta_path.insert(0, _CutlassFinder())
+
+
+def _argv() -> list[str]:
+    # sys.argv is not set yet while site runs; the kernel's record of the command line is.
+    try:
+        with open(f"/proc/{os.getpid()}/cmdline", "rb") as f:
+            return [a.decode("utf-8", "replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return list(getattr(sys, "argv", []))
+
+
+class _CutlassFinder(importlib.abc.MetaPathFinder):
+    """Finds ``cutlass`` with the other finders and runs ``_on_cutlass`` once it has executed."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != "cutlass":
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None:
+                spec.loader = _AfterLoader(spec.loader, self)
+                return spec
+        return None
+
+
+class _AfterLoader(importlib.abc.Loader):
+    def __init__(self, loader, finder):
+        self.loader, self.finder = loader, finder
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        self.loader.exec_module(module)
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self.finder)
+        _on_cutlass()
+
+
+def _on_cutlass() -> None:
+    """cutlass is imported: enter the instrumentation for the rest of the process."""
+    state = _STATE
+    if state is None or state.active:
+        return
+    state.active = True
+    cfg = state.cfg
+    try:
+        if cfg.get("record"):
+            from cutedebug.analyses import (
+                lint,
+            )  # the protocol recorder (outermost, as in the worker)
+
+            state.protocol = state.stack.enter_context(lint.record())
+        if cfg.get("fault"):
+            from cutedebug.instrument import faults
+
+            state.applied = state.stack.enter_context(
+                faults.inject(cfg["fault"], cfg.get("fault_args") or {})
+            )
+            _attribute_fault_sites(state)
+        if cfg.get("probes"):
+            _enter_probes(state)
+        _register_trace_hook(state)
+    except Exception as e:
+        state.events.emit(
+            "instrument_error",
+            type=type(e).__name__,
+            message=str(e),
+            traceback=traceback.format_exc()[-3000:],
+        )
+        raise
+    state.events.emit(
+        "instrumented",
+        fault=cfg.get("fault"),
+        fault_args=cfg.get("fault_args"),
+        probes=cfg.get("probes"),
+        record=bool(cfg.get("record")),
+        cutlass=getattr(sys.modules.get("cutlass"), "__version__", None),
+    )
+
+
+def _gpu_present() -> bool | None:
+    """Whether this process sees a GPU, when torch is already imported (None: not asked)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        return bool(torch.cuda.is_available())
+    except Exception:
+        return None
+
+
+def _enter_probes(state: _State) -> None:
+    import torch
+
+    from cutedebug.instrument import probes
+
+    pcfg = probes.ProbeConfig(**state.cfg["probes"])
+    nbytes = probes.buffer_nbytes(pcfg)
+    on_gpu = torch.cuda.is_available()
+    buf = torch.zeros(nbytes, dtype=torch.uint8, pin_memory=on_gpu)
+    probes.init_buffer(buf.numpy(), pcfg)
+    addr = buf.data_ptr() if on_gpu else FAKE_PROBE_ADDR
+    state.probe_cfg, state.probe_buf = pcfg, buf
+    table = state.stack.enter_context(probes.instrument(pcfg, addr))
+    add = table.add
+
+    def add_with_kernel(**kw):
+        site = add(**kw)
+        state.kernel_of.setdefault(site.id, current_kernel())
+        return site
+
+    table.add = add_with_kernel
+    state.sites = table
+    if on_gpu:
+        state.monitor = _Monitor(state)
+        state.monitor.start()
+
+
+def _attribute_fault_sites(state: _State) -> None:
+    applied = state.applied
+    add_site = applied.add_site
+
+    def add_site_with_kernel(op, detail, **extra):
+        site = add_site(op, detail, **extra)
+        site.setdefault("kernel", current_kernel().get("kernel"))
+        return site
+
+    applied.add_site = add_site_with_kernel
+
+
+def current_kernel() -> dict[str, Any]:
+    """The @cute.kernel function being traced (its qualified name and generated symbol), from
+    the DSL's kernel-generation frame on the stack; {} outside a kernel body."""
+    f = sys._getframe(1)
+    while f is not None:
+        loc = f.f_locals
+        if (
+            "funcBody" in loc
+            and "kernel_name" in loc
+            and f.f_code.co_filename.endswith(os.path.join("base_dsl", "dsl.py"))
+        ):
+            body = loc["funcBody"]
+            return {
+                "kernel": getattr(body, "__qualname__", str(body)),
+                "module": getattr(body, "__module__", None),
+                "file": getattr(getattr(body, "__code__", None), "co_filename", None),
+                "symbol": str(loc["kernel_name"]),
+            }
+        f = f.f_back
+    return {}
+
+
+def _module_kernels(module: Any) -> list[str]:
+    """Symbol names of the GPU kernels in a traced MLIR module."""
+    names: list[str] = []
+    try:
+        for op in module.body.operations:
+            if op.operation.name != "gpu.module":
+                continue
+            for region in op.operation.regions:
+                for block in region.blocks:
+                    for inner in block.operations:
+                        attrs = inner.operation.attributes
+                        if "sym_name" in attrs:
+                            names.append(str(attrs["sym_name"]).strip('"'))
+    except Exception as e:  # the IR API differs: say so rather than guess
+        names.append(f"<unreadable module: {type(e).__name__}>")
+    return names
+
+
+def _register_trace_hook(state: _State) -> None:
+    from cutlass.cutlass_dsl import CuTeDSL
+
+    dsl = CuTeDSL._get_dsl()
+    if not hasattr(dsl, "register_trace_finalize_hook"):
+        raise RuntimeError(
+            "this CuTe DSL has no register_trace_finalize_hook: exec needs it to "
+            "report what was traced (nvidia-cutlass-dsl 4.8.1 has it)"
+        )
+
+    def on_trace(owner, module, function_name):
+        try:
+            _emit_compiled(state, function_name, _module_kernels(module))
+        except Exception as e:  # never break the user's compile; the parent sees the error
+            state.events.emit(
+                "instrument_error",
+                type=type(e).__name__,
+                message=str(e),
+                traceback=traceback.format_exc()[-3000:],
+            )
+
+    dsl.register_trace_finalize_hook(on_trace)
+
+
+def _emit_compiled(state: _State, function_name: str, kernels: list[str]) -> None:
+    fields: dict[str, Any] = {
+        "function": function_name[:200],
+        "kernels": kernels,
+        "n_traces": len(state.kernels) + 1,
+    }
+    state.kernels.append({"function": function_name[:200], "kernels": kernels})
+    if state.sites is not None:
+        sites = state.sites.to_json()
+        for s in sites:
+            s.update(
+                {
+                    k: v
+                    for k, v in state.kernel_of.get(s["id"], {}).items()
+                    if k in ("kernel", "symbol")
+                }
+            )
+        fields["probe_sites"] = sites
+    if state.applied is not None:
+        fields["fault_count"] = state.applied.count
+        fields["fault_sites"] = state.applied.sites[:200]
+    if state.protocol is not None:
+        fields["protocol"] = protocol_summary(state.protocol)
+    state.events.emit("compiled", **fields)
+
+
+def protocol_summary(proto: Any) -> dict[str, Any]:
+    """Pipelines in creation order (the order faults number them) and the ops each one has."""
+    pipes = sorted(proto.pipelines.values(), key=lambda p: p.init_seq)
+    ops: dict[str, dict[str, int]] = {}
+    for ev in proto.events:
+        if ev.pipeline is not None:
+            per = ops.setdefault(ev.pipeline, {})
+            per[ev.kind] = per.get(ev.kind, 0) + 1
+    other: dict[str, int] = {}
+    for ev in proto.events:
+        if ev.pipeline is None:
+            other[ev.kind] = other.get(ev.kind, 0) + 1
+    return {
+        "pipelines": [
+            {
+                "key": p.key,
+                "class": p.cls,
+                "file": p.file,
+                "line": p.line,
+                "stages": p.stages,
+                "initialized": p.full_init is not None or p.empty_init is not None,
+                "ops": ops.get(p.key, {}),
+            }
+            for p in pipes
+        ],
+        "other_ops": other,
+        "state_types": proto.state_types,
+    }
+
+
+class _Monitor(threading.Thread):
+    """Streams the probe buffer: an event whenever the beacons or the stuck count change (a
+    per-warp picture at most every ``picture_s``, and at once when a stuck record appears)."""
+
+    def __init__(self, state: _State, interval_s: float = 0.05, picture_s: float = 0.25):
+        super().__init__(daemon=True, name="cutedebug-probe-monitor")
+        self.state, self.interval_s, self.picture_s = state, interval_s, picture_s
+        self.stop = threading.Event()
+
+    def snapshot(self):
+        from cutedebug.instrument import probes
+
+        return probes.decode(self.state.probe_buf.numpy().tobytes(), self.state.probe_cfg)
+
+    def run(self) -> None:
+        from cutedebug.instrument import probes
+
+        last_sig, last_stuck, last_picture_t = None, 0, 0.0
+        while not self.stop.wait(self.interval_s):
+            try:
+                snap = self.snapshot()
+            except ValueError as e:
+                self.state.events.emit("instrument_error", type="ValueError", message=str(e))
+                return
+            sig = probes.progress_signature(snap)
+            stuck = snap.n_stuck_reported
+            if sig == last_sig and stuck == last_stuck:
+                continue
+            now = time.monotonic()
+            fields: dict[str, Any] = {"counter": snap.progress_counter_total, "stuck": stuck}
+            if stuck != last_stuck or now - last_picture_t >= self.picture_s:
+                fields["picture"] = probes.snapshot_to_json(snap, self.state.sites)
+                last_picture_t = now
+            last_sig, last_stuck = sig, stuck
+            self.state.events.emit("progress", **fields)
+
+
+def _at_exit() -> None:
+    state = _STATE
+    if state is None:
+        return
+    if state.monitor is not None:
+        state.monitor.stop.set()
+        state.monitor.join(timeout=1.0)
+        with contextlib.suppress(Exception):
+            from cutedebug.instrument import probes
+
+            snap = state.monitor.snapshot()
+            if snap.stuck or snap.beacons:
+                state.events.emit("probe_report", **probes.snapshot_to_json(snap, state.sites))
+    fields: dict[str, Any] = {"traces": len(state.kernels)}
+    if state.applied is not None:
+        fields["fault_count"] = state.applied.count
+    state.events.emit("exit", **fields)

@@ -1,0 +1,145 @@
+"""`cutedebug exec` end to end on CPU-only commands and compile-only kernels.
+
+Each test runs the real command line (`python -m cutedebug exec ...`) on a target script in
+tests/exec_targets/ and checks the verdict, the exit status, the report and the process table
+against what the script is known to do: hang in Python, exit non-zero, print a CUDA error, die
+of a signal, leave a child and a grandchild behind, or compile kernels/tma_stream.py for
+sm_90a and print facts read from its PTX (the fault's effect, independently measured).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGETS = ROOT / "tests" / "exec_targets"
+
+
+def cutedebug(*args: str, runs: Path, timeout: float = 300) -> tuple[int, str, dict]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.run(
+        [sys.executable, "-m", "cutedebug", "exec", "--runs-dir", str(runs), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=str(ROOT),
+    )
+    text = out.stdout + out.stderr
+    m = re.search(r"report: (\S+)", out.stdout)
+    report = json.loads((Path(m.group(1)).parent / "report.json").read_text()) if m else {}
+    return out.returncode, text, report
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def target(name: str) -> list[str]:
+    return ["--", sys.executable, str(TARGETS / name)]
+
+
+def test_python_hang_is_killed_at_the_deadline_with_its_stack(tmp_path):
+    rc, text, rep = cutedebug("--deadline", "3", *target("hang_python.py"), runs=tmp_path)
+    assert rc == 1, text
+    assert rep["verdict"] == "HANG" and rep["killed_by_watchdog"] == "deadline:3s"
+    # faulthandler's dump, taken just before the kill, names the line the loop waits on
+    assert "hang_python.py:8 in wait_forever" in rep["reason"]
+    assert 3.0 <= rep["elapsed_s"] < 8.0
+    pids = [p["pid"] for p in rep["processes"]]
+    assert pids and not any(alive(p) for p in pids)
+    # no CuTe DSL kernel was traced: nothing to rerun with probes
+    assert rep["first_run"] is None and rep["kernels_traced"] == 0
+
+
+def test_nonzero_exit_is_fail_with_the_last_lines(tmp_path):
+    rc, text, rep = cutedebug(*target("exits_nonzero.py"), runs=tmp_path)
+    assert rc == 1 and rep["verdict"] == "FAIL" and rep["returncode"] == 3
+    assert "check failed: max abs error 0.25 > 1e-3" in rep["reason"]
+    assert "computing" in rep["evidence"]["last_lines"]
+    assert "check failed: max abs error 0.25" in text  # printed on the terminal too
+    rc, _, rep = cutedebug("--expect", "FAIL", *target("exits_nonzero.py"), runs=tmp_path)
+    assert rc == 0 and rep["as_expected"]
+
+
+def test_cuda_error_in_the_output_is_a_crash_named_like_run(tmp_path):
+    rc, text, rep = cutedebug(*target("cuda_error.py"), runs=tmp_path)
+    assert rc == 1 and rep["verdict"] == "CRASH", text
+    assert rep["evidence"]["cuda_error"]["name"] == "cudaErrorIllegalAddress"
+    assert "illegal memory access" in rep["reason"]
+
+
+def test_death_by_signal_is_a_crash(tmp_path):
+    rc, text, rep = cutedebug(
+        "--",
+        sys.executable,
+        "-c",
+        "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)",
+        runs=tmp_path,
+    )
+    assert rc == 1 and rep["verdict"] == "CRASH" and "SIGSEGV" in rep["reason"], text
+
+
+def test_children_and_grandchildren_are_instrumented_and_swept(tmp_path):
+    rc, text, rep = cutedebug(*target("forks.py"), runs=tmp_path)
+    assert rc == 0 and rep["verdict"] == "PASS", text
+    m = re.search(r"child (\d+) grandchild (\d+)", rep["log_tail"])
+    child, grandchild = int(m.group(1)), int(m.group(2))
+    # the grandchild left the command's process group (its own session): found by the tag
+    assert {child, grandchild} <= set(rep["swept_pids"])
+    assert not alive(child) and not alive(grandchild)
+    # every Python interpreter of the tree ran the instrumentation's sitecustomize
+    assert {child, grandchild} <= {p["pid"] for p in rep["processes"]}
+
+
+def test_usage_errors_exit_2(tmp_path):
+    rc, text, _ = cutedebug(runs=tmp_path)
+    assert rc == 2 and "no command given" in text
+    rc, text, _ = cutedebug(
+        "--fault", "wrong_expect_tx:bytes=3", *target("forks.py"), runs=tmp_path
+    )
+    assert rc == 2 and "fault.args.bytes" in text and "delta_bytes" in text
+    rc, text, _ = cutedebug("--fault", "spin_hang", *target("forks.py"), runs=tmp_path)
+    assert rc == 2 and "kernel-level switch" in text
+    rc, text, _ = cutedebug("--", "/nonexistent/program", runs=tmp_path)
+    assert rc == 2 and "cannot start" in text
+
+
+def test_compiled_kernel_gets_the_fault_and_the_probes(tmp_path):
+    """The script compiles tma_stream for sm_90a and prints facts from its PTX; the clean
+    kernel's expect_tx is 33024 B per stage (x 32768 + scale 128 + bias 128)."""
+    rc, text, clean = cutedebug(*target("compile_ptx_check.py"), runs=tmp_path)
+    assert rc == 0 and clean["verdict"] == "PASS", text
+    assert "expect_tx [33024]" in clean["log_tail"]
+    assert "globaltimer reads 0" in clean["log_tail"]  # no probes: no bounded waits
+    rc, text, rep = cutedebug(
+        "--fault",
+        "wrong_expect_tx:delta_bytes=16",
+        "--probes",
+        *target("compile_ptx_check.py"),
+        runs=tmp_path,
+    )
+    assert rc == 1 and rep["verdict"] == "FAIL", text
+    assert "expect_tx [33040]" in rep["log_tail"]  # +16 bytes, seen by the script itself
+    assert int(re.search(r"globaltimer reads (\d+)", rep["log_tail"]).group(1)) > 0
+    assert rep["fault_count"] == 1
+    proc = next(p for p in rep["processes"] if p["probe_sites"])
+    fault_site = proc["fault_sites"][0]
+    assert fault_site["kernel"] == "TmaStream.kernel" and fault_site["line"] == 238
+    assert "33024 -> 33040" in fault_site["detail"]
+    waits = {(s["op"], s["barrier"], s["kernel"]) for s in proc["probe_sites"]}
+    assert waits == {
+        ("producer_acquire", "empty", "TmaStream.kernel"),
+        ("producer_tail", "empty", "TmaStream.kernel"),
+        ("consumer_wait", "full", "TmaStream.kernel"),
+    }
