@@ -54,7 +54,7 @@ DEFAULT = [
     "scenarios/minimal/spin_hang.toml",
 ]
 SKIP_FLAGS = "skip_global_memory,skip_shared_memory,skip_local_memory"
-GDB_TIMEOUT_S = 120.0
+GDB_TIMEOUT_S = 60.0
 
 
 def find_tool(name: str) -> str | None:
@@ -390,6 +390,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget-s", type=float, default=200.0)
     ap.add_argument("--settle-s", type=float, default=1.5)
+    ap.add_argument(
+        "--analysis-s",
+        type=float,
+        default=45.0,
+        help="how long past the budget to wait for cuda-gdb",
+    )
     ap.add_argument("specs", nargs="*")
     args = ap.parse_args(argv)
     no_core_limit()  # inherited by every worker
@@ -404,25 +410,27 @@ def main(argv: list[str] | None = None) -> int:
             versions[n] = (p, (v.stdout or v.stderr).strip().splitlines()[-1:])
     print("tools:", json.dumps(versions), flush=True)
     records, futures = [], []
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        for spec in args.specs or DEFAULT:
-            if time.monotonic() - t_begin > args.budget_s:
-                records.append({"spec": spec, "skipped": "budget"})
-                continue
-            rec = run_worker(spec, out, args.settle_s)
-            records.append(rec)
-            futures.append((rec, pool.submit(analyse, rec, out, tools)))
-            dump = rec.get("dump", {})
-            print(
-                f"{rec['scenario']} {rec.get('mode')} core={dump.get('core_bytes')} "
-                f"dump={dump} total={rec['total_s']}s",
-                flush=True,
-            )
-        for rec, fut in futures:
-            try:
-                rec["analysis"] = fut.result(timeout=600)
-            except Exception as e:  # one bad capture must not lose the others
-                rec["analysis"] = {"error": f"{type(e).__name__}: {e}"}
+    pool = ThreadPoolExecutor(max_workers=4)
+    for spec in args.specs or DEFAULT:
+        if time.monotonic() - t_begin > args.budget_s:
+            records.append({"spec": spec, "skipped": "budget"})
+            continue
+        rec = run_worker(spec, out, args.settle_s)
+        records.append(rec)
+        futures.append((rec, pool.submit(analyse, rec, out, tools)))
+        dump = rec.get("dump", {})
+        print(
+            f"{rec['scenario']} {rec.get('mode')} core={dump.get('core_bytes')} "
+            f"dump={dump} total={rec['total_s']}s",
+            flush=True,
+        )
+    hard_deadline = t_begin + args.budget_s + args.analysis_s
+    for rec, fut in futures:
+        try:
+            rec["analysis"] = fut.result(timeout=max(0.1, hard_deadline - time.monotonic()))
+        except Exception as e:  # one bad or slow capture must not lose the others
+            rec["analysis"] = {"error": f"{type(e).__name__}: {e}"}
+    pool.shutdown(wait=False, cancel_futures=True)
     health = runner.health_check()
     kept: dict[str, str] = {}
     for rec in records:
