@@ -34,6 +34,13 @@ def test_compile_only_minimal_for_sm90(tmp_path):
     ptx = (Path(rep["run_dir"]) / "kernel.ptx").read_text()
     assert ".target sm_90a" in ptx
     assert "mbarrier.try_wait" in ptx and "mbarrier.arrive" in ptx
+    # where the seconds went: the phases of a fresh worker cover its whole wall time
+    t = rep["timings"]
+    phases = [t[k] for k in ("spawn_s", "imports_s", "inputs_s", "compile_s", "exit_s")]
+    assert min(phases) >= 0 and t["verdict_s"] >= 0
+    assert t["imports_s"] > 0.3                  # torch and cutlass, in a fresh interpreter
+    assert 0.9 * t["total_s"] <= sum(phases) <= t["total_s"] + 0.05
+    assert t["wall_s"] >= t["total_s"]
 
 
 def test_switch_fault_changes_the_ptx(tmp_path):

@@ -419,11 +419,54 @@ def _timings(o: V.Outcome, facts: dict[str, Any]) -> dict[str, float]:
             t["check_s"] = round(max(0.0, ck["t"] - s["t"]), 3)  # the reference + comparison
     if "stall_detected_after_s" in facts:
         t["stall_to_verdict_s"] = facts["stall_detected_after_s"]
+    for key, secs in breakdown(o, facts).items():
+        t.setdefault(key, secs)     # compile_s and check_s as the worker measured them
     if (launched := o.event("launched")) is not None and "kill_t" in facts:
         # kill_t counts from spawn, event times from the worker's start: close enough to
         # report how long the kernel ran before the watchdog ended it.
         t["launch_to_kill_s"] = round(facts["kill_t"] - launched["t"], 3)
     return t
+
+
+# Where one attempt's wall time went, in order (seconds; report.json "timings"):
+BREAKDOWN = (
+    ("spawn_s", "the runner's spawn (fork or fresh interpreter) until the worker started"),
+    ("imports_s", "torch import and CUDA init, cutlass import, the kernel file and its class"),
+    ("inputs_s", "make_inputs (or fake args) and the probe buffer"),
+    ("compile_s", "cute.compile with the instrumentation (trace, MLIR, PTX, cubin)"),
+    ("launch_s", "launch until the kernel ended: synchronized, faulted or killed"),
+    ("check_s", "the reference and the comparison"),
+    ("exit_s", "the worker's exit (CUDA context teardown) and the sweep for leftovers"),
+)
+
+
+def breakdown(o: V.Outcome, facts: dict[str, Any]) -> dict[str, float]:
+    """The BREAKDOWN fields of one attempt that its events let us place on the runner's clock
+    (the worker's "started" event carries its own t = 0 as mono0); {} for older workers."""
+    st = o.event("started")
+    if not st or "mono0" not in st or "t_call" not in facts:
+        return {}
+    mono0 = float(st["mono0"])
+
+    def at(name: str) -> float | None:
+        e = o.event(name)
+        return None if e is None or "t" not in e else mono0 + float(e["t"])
+
+    out: dict[str, float] = {"spawn_s": at("started") - facts["t_call"]}
+    pairs = (("imports_s", "started", "imported"), ("inputs_s", "imported", "compiling"))
+    for key, a, b in pairs:
+        if at(a) is not None and at(b) is not None:
+            out[key] = at(b) - at(a)
+    kill = facts["t_call"] + facts["kill_t"] if "kill_t" in facts else None
+    if (launched := at("launched")) is not None:
+        end = at("synced") or at("cuda_error") or kill
+        if end is not None:
+            out["launch_s"] = end - launched
+    last = kill if kill is not None else max((mono0 + float(e["t"]) for e in o.events
+                                              if "t" in e), default=None)
+    if last is not None and "t_return" in facts:
+        out["exit_s"] = facts["t_return"] - last
+    return {k: round(max(0.0, v), 3) for k, v in out.items()}
 
 
 def work_s(t: dict[str, float]) -> float:
@@ -476,12 +519,15 @@ def run_once(scenario: Scenario, run_dir: Path, *, mode: str = "run",
     # something else must wrap (compute-sanitizer), get a fresh process.
     use_fork = forkserver is not None and wrap is None and not extra_env and not lineinfo \
         and forkserver.alive
+    t_call = time.monotonic()
     outcome, facts = watch(argv, events_path, log_path, limits, env=env, stall_s=stall,
                            forkserver=forkserver if use_fork else None)
+    facts["t_call"], facts["t_return"] = t_call, time.monotonic()
     if (ke := outcome.event("kernel_error")) is not None:
         raise ScenarioError(ke.get("message", "kernel could not be loaded") +
                             f"\n(worker log: {log_path})")
     classified = V.classify(outcome)
+    facts["classify_s"] = time.monotonic() - facts["t_return"]
     return classified, outcome, facts
 
 
@@ -490,6 +536,7 @@ def run_scenario(scenario: Scenario, *, runs_root: Path | str = "runs",
                  wait_budget_ms: int | None = None, repeat: int = 1,
                  command: str = "", forkserver=None) -> RunResult:
     """Run a scenario (``repeat`` times) and return its classified result."""
+    t_start = time.monotonic()
     run_dir = Path(run_dir) if run_dir else new_run_dir(scenario, runs_root)
     use_probes = scenario.probes if probes is None else probes
     probe_cfg = None
@@ -512,7 +559,9 @@ def run_scenario(scenario: Scenario, *, runs_root: Path | str = "runs",
             facts["rerun_with_probes"] = {"first_verdict": first[0].verdict.value,
                                           "first_reason": first[0].reason,
                                           "first_work_s": round(work_s(_timings(
-                                              first[1], first[2])), 3)}
+                                              first[1], first[2])), 3),
+                                          "first_wall_s": round(first[2]["t_return"]
+                                                                - first[2]["t_call"], 3)}
         health = None
         if outcome.killed_by_watchdog and outcome.phase in ("launched", "synced") and \
                 (outcome.event("device") or {}).get("present"):
@@ -531,6 +580,7 @@ def run_scenario(scenario: Scenario, *, runs_root: Path | str = "runs",
             verdict = V.Verdict.NONDETERMINISTIC
             reason = (f"{len(attempts)} runs disagree: verdicts {dict(verdicts)}, "
                       f"{len(digests)} distinct outputs")
+    t_verdict = time.monotonic()
     evidence = _evidence(outcome, facts)
     evidence["rule"] = classified.evidence.get("rule")
     if "rerun_with_probes" in facts:
@@ -547,6 +597,15 @@ def run_scenario(scenario: Scenario, *, runs_root: Path | str = "runs",
     # probes, and the GPU health check after a kill.
     timings["work_s"] = round(work_s(timings) + facts.get("rerun_with_probes", {}).get(
         "first_work_s", 0.0) + (attempts[0][3] or {}).get("secs", 0.0), 3)
+    # The rest of the breakdown (runner.BREAKDOWN has the first attempt's own phases):
+    # classification, evidence and stuck map; a blind hang's first run; the health check.
+    timings["verdict_s"] = round(facts.get("classify_s", 0.0) + time.monotonic() - t_verdict,
+                                 3)
+    if "rerun_with_probes" in facts:
+        timings["rerun_s"] = facts["rerun_with_probes"]["first_wall_s"]
+    if attempts[0][3] is not None:
+        timings["health_s"] = attempts[0][3].get("secs", 0.0)
+    timings["wall_s"] = round(time.monotonic() - t_start, 3)
     return RunResult(scenario=scenario, verdict=verdict, reason=reason, run_dir=run_dir,
                      outcome=outcome, evidence=evidence, timings=timings,
                      health=health, repeats=repeats, mode=mode, command=command)

@@ -160,7 +160,10 @@ class ProbeMonitor:
 def run(request: dict[str, Any], events: Events) -> None:
     sc = request["scenario"]
     mode = request.get("mode", "run")
-    events.emit("started", pid=os.getpid(), python=sys.version.split()[0])
+    # mono0: this process's t = 0 on the system-wide monotonic clock, so the runner can place
+    # the worker's event times on its own clock (the time breakdown in report.json)
+    events.emit("started", pid=os.getpid(), python=sys.version.split()[0],
+                mono0=round(events.t0, 6))
 
     device = detect_device()
     events.emit("device", **device)

@@ -40,6 +40,17 @@ def where(result: RunResult) -> str:
     return ""
 
 
+def time_breakdown(t: dict[str, Any]) -> str:
+    """The run's seconds by phase, in the order they happen ("spawn 0.05 s · imports 3.1 s
+    · ..."); empty when the worker did not report them."""
+    from cutedebug.engine.runner import BREAKDOWN
+
+    keys = [k for k, _ in BREAKDOWN] + ["verdict_s", "rerun_s", "health_s"]
+    parts = [f"{k.removesuffix('_s')} {t[k]:.2f} s" for k in keys
+             if isinstance(t.get(k), (int, float))]
+    return " · ".join(parts) if "spawn_s" in t else ""
+
+
 def tldr(result: RunResult) -> str:
     exp = result.scenario.expect
     mark = "as expected" if result.expected else f"EXPECTED {exp.verdict_text()}"
@@ -116,6 +127,9 @@ def _md_evidence(result: RunResult) -> list[str]:
         out.append(f"- swept leftover processes: {ev['swept_pids']}")
     t = result.timings
     out.append("- timings: " + ", ".join(f"{k} {v}" for k, v in t.items()))
+    line = time_breakdown(t)
+    if line:
+        out.append(f"- where the {t.get('wall_s', t.get('total_s'))} s went: {line}")
     return out
 
 
