@@ -72,3 +72,21 @@ def test_named_barriers_recorded_with_id_and_threads(tmp_path, monkeypatch):
         assert Path(s.file).resolve() == FLAG_SPIN
     # bar.sync 1, 128 in the PTX once per recorded named barrier
     assert len(re.findall(r"\bbar\.sync\s+1, 128;", ptx)) == len(named)
+
+
+def test_recorded_inside_the_faults_sees_what_is_emitted(tmp_path, monkeypatch):
+    """The worker enters the recorder inside the fault patches: a faulted thread count is the
+    one recorded, as in the SASS (bar.sync 1, 160)."""
+    pytest.importorskip("cutlass")
+    from cutlass import cute
+
+    from cutedebug import kernel_api
+    from cutedebug.instrument import faults, waitsites
+
+    monkeypatch.chdir(tmp_path)
+    obj = kernel_api.load_entry(FLAG_SPIN, "FlagSpin")()
+    with waitsites.record() as sites, faults.inject("wrong_barrier_threads", {"delta": 32}):
+        ptx = cute.compile[cute.GPUArch("sm_90a"), cute.KeepPTX()](obj, *obj.fake_args()).__ptx__
+    named = [s for s in sites if s.kind == "named_barrier_sync"]
+    assert {(s.barrier_id, s.threads) for s in named} == {(1, 160)}
+    assert len(re.findall(r"\bbar\.sync\s+1, 160;", ptx)) == len(named) == 2

@@ -233,18 +233,19 @@ def run(request: dict[str, Any], events: Events) -> None:
         from cutedebug.analyses import lint  # outermost: faults and probes wrap the recorder's patches
 
         protocol = stack.enter_context(lint.record())
+        wait_sites = None
+        if request.get("wait_sites") and probe_cfg is None:
+            # Observe-only, inside the faults (it records what is emitted): the table a
+            # coredump's PCs are mapped with (analyses/coredump.py).
+            from cutedebug.instrument import waitsites
+
+            wait_sites = stack.enter_context(waitsites.record())
         applied = stack.enter_context(faults.inject(patch_fault, fault_args)
                                       if patch_fault else nullcontext())
         if probe_cfg is not None:
             from cutedebug.instrument import probes
 
             site_table = stack.enter_context(probes.instrument(probe_cfg, addr))
-        wait_sites = None
-        if request.get("wait_sites") and probe_cfg is None:
-            # Observe-only: the table a coredump's PCs are mapped with (analyses/coredump.py).
-            from cutedebug.instrument import waitsites
-
-            wait_sites = stack.enter_context(waitsites.record())
         if request.get("bisect") is not None:  # printf-bisection: one checkpoint (bisect.py)
             from cutedebug.instrument import checkpoint
 
