@@ -14,31 +14,40 @@ def outcome(*events):
 def test_phases_of_a_run_that_synchronized():
     # the runner called watch at 100.0 s and got control back at 108.0 s; the worker's t = 0
     # was 100.4 s on the same clock
-    o = outcome({"event": "started", "t": 0.0, "mono0": 100.4},
-                {"event": "device", "t": 2.0, "present": True},
-                {"event": "imported", "t": 3.0},
-                {"event": "compiling", "t": 3.5},
-                {"event": "compiled", "t": 5.5, "secs": 1.9},
-                {"event": "launched", "t": 5.6},
-                {"event": "synced", "t": 6.1, "kernel_s": 0.5},
-                {"event": "checked", "t": 6.3, "ok": True},
-                {"event": "done", "t": 6.4})
+    o = outcome(
+        {"event": "started", "t": 0.0, "mono0": 100.4},
+        {"event": "device", "t": 2.0, "present": True},
+        {"event": "imported", "t": 3.0},
+        {"event": "compiling", "t": 3.5},
+        {"event": "compiled", "t": 5.5, "secs": 1.9},
+        {"event": "launched", "t": 5.6},
+        {"event": "synced", "t": 6.1, "kernel_s": 0.5},
+        {"event": "checked", "t": 6.3, "ok": True},
+        {"event": "done", "t": 6.4},
+    )
     b = runner.breakdown(o, {"t_call": 100.0, "t_return": 108.0})
-    assert b == {"spawn_s": 0.4, "imports_s": 3.0, "inputs_s": 0.5, "launch_s": 0.5,
-                 "exit_s": 1.2}     # 108.0 - (100.4 + 6.4): teardown of the worker
+    assert b == {
+        "spawn_s": 0.4,
+        "imports_s": 3.0,
+        "inputs_s": 0.5,
+        "launch_s": 0.5,
+        "exit_s": 1.2,
+    }  # 108.0 - (100.4 + 6.4): teardown of the worker
 
 
 def test_a_killed_hang_ends_its_launch_at_the_kill():
-    o = outcome({"event": "started", "t": 0.0, "mono0": 50.1},
-                {"event": "imported", "t": 1.0},
-                {"event": "compiling", "t": 1.1},
-                {"event": "compiled", "t": 2.1, "secs": 1.0},
-                {"event": "launched", "t": 2.2},
-                {"event": "progress", "t": 3.0, "counter": 1})
+    o = outcome(
+        {"event": "started", "t": 0.0, "mono0": 50.1},
+        {"event": "imported", "t": 1.0},
+        {"event": "compiling", "t": 1.1},
+        {"event": "compiled", "t": 2.1, "secs": 1.0},
+        {"event": "launched", "t": 2.2},
+        {"event": "progress", "t": 3.0, "counter": 1},
+    )
     # killed 7.3 s after the call, i.e. at 57.3 on the runner's clock
     b = runner.breakdown(o, {"t_call": 50.0, "t_return": 57.5, "kill_t": 7.3})
-    assert b["launch_s"] == 5.0          # 57.3 - (50.1 + 2.2)
-    assert b["exit_s"] == 0.2            # the kill and the sweep, not the worker's last event
+    assert b["launch_s"] == 5.0  # 57.3 - (50.1 + 2.2)
+    assert b["exit_s"] == 0.2  # the kill and the sweep, not the worker's last event
 
 
 def test_workers_without_mono0_give_no_breakdown():
