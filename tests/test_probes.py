@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 import struct
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -419,29 +418,3 @@ def test_snapshot_json_roundtrip_and_diagnose_from_json_sites():
     assert first["stuck"]["where"] == "tma_stream.py:258"
     producer = next(w for w in d["warps"] if w["warp"] == PRODUCER)
     assert producer["role"] == "producer" and producer["last"]["seq"] == 4
-
-
-def test_stuck_map_text():
-    text = probes.render_stuck_map_text(expect_tx_too_large().snap(), SITES)
-    rows = {line.split("|")[0].strip(): [c.strip() for c in line.split("|")[1:]]
-            for line in text.splitlines() if "|" in line}
-    assert rows["CTA"] == ["w0", "w1", "w2", "w3", "w4"]
-    assert rows["0"] == ["X wait f[0]p0"] * 4 + ["X acq e[0]p0"]
-    assert rows["1"] == rows["0"]
-    assert "block (0, 0, 0) warp 4: producer_acquire empty[0] phase 0 (tma_stream.py:227)" in text
-    assert probes.render_stuck_map_text(ProbeSnapshot(), SITES) == "(no probe events)\n"
-
-
-def test_stuck_map_svg():
-    buf = expect_tx_too_large(ctas=(0,))
-    buf.beacon(2, 2, 0, 1, 0, 2)  # CTA 2 warp 0 progressed, others idle
-    svg = probes.render_stuck_map_svg(buf.snap(), SITES)
-    root = ET.fromstring(svg)
-    ns = {"s": "http://www.w3.org/2000/svg"}
-    cells = {g.find("s:title", ns).text: g.get("class") for g in root.findall("s:g", ns)}
-    assert len(cells) == 2 * 5  # CTAs 0 and 2 × warps 0..4
-    by = {(t.split(":")[0]): c for t, c in cells.items()}
-    assert [by[f"CTA 0 warp {w}"] for w in range(5)] == ["stuck_full"] * 4 + ["stuck_empty"]
-    assert by["CTA 2 warp 0"] == "progressed" and by["CTA 2 warp 1"] == "idle"
-    fills = [r.get("fill") for g in root.findall("s:g", ns) for r in g.findall("s:rect", ns)]
-    assert fills.count(probes._COLORS["stuck_full"]) == 4

@@ -7,9 +7,9 @@ data without a GPU.
 
 from pathlib import Path
 
-from cutedebug.reporting import report
 from cutedebug.engine import runner
 from cutedebug.engine.verdict import Verdict
+from cutedebug.reporting import report
 
 DATA = Path(__file__).parent / "data" / "runs"
 
@@ -30,7 +30,7 @@ def test_expect_tx_hang_is_localized_to_the_full_barrier():
                for d in r.evidence["diagnosis"])
     md = report.to_markdown(r)
     assert "**TL;DR** HANG (as expected)" in md
-    assert "| 0-15 | 0-3 | consumer | consumer_wait | full[0] | 0 |" in md
+    assert "| 0-15 | 0-3 | consumer | consumer_wait | full\\[0\\] | 0 |" in md
     assert "comparison skipped: bounded waits timed out" in md
 
 
@@ -45,7 +45,14 @@ def test_fault_after_timeouts_without_records_stays_a_crash_with_last_events():
     assert len(warps) == 80
     assert {w["role"] for w in warps} == {"consumer", "producer"}
     assert all("last" in w for w in warps)
-    assert "acq e[3]p1" in r.evidence["stuck_map_text"]
+    m, text = report.stuck_map(r)
+    # CTAs whose five warps last completed the same waits share a row: 16 CTAs in 5 rows.
+    assert sorted(c for row in m.rows for c in row.ctas) == list(range(16))
+    assert [(row.ctas, [c.label for c in row.cells]) for row in m.rows][:2] == [
+        ([0, 1, 2, 6, 8, 11], ["wait full[3] p0"] * 4 + ["acq empty[3] p1"]),
+        ([3, 5, 10, 12], ["wait full[0] p0"] * 4 + ["acq empty[1] p1"])]
+    assert {c.state for row in m.rows for c in row.cells} == {"progressed"}
+    assert "acq empty[3] p1" in text
 
 
 def test_stuck_records_decide_over_a_later_fault(tmp_path):

@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 
 from cutedebug.commands import cli
+from cutedebug.commands import triage as T
 from cutedebug.engine import runner
 from cutedebug.engine import scenario as S
-from cutedebug.commands import triage as T
 from cutedebug.engine import verdict as V
+from cutedebug.reporting import matrix as M
 
 H200 = {"present": True, "reason": None, "name": "NVIDIA H200", "cc": "9.0",
         "driver": "580.65.06", "arch": "sm_90a"}
@@ -101,21 +102,21 @@ def test_finalize_grades_verdict_localization_statics_and_frequencies():
     assert g["verdict"] == "COMPILE_ERROR" and g["caught_statically"] is False
     assert i["frequencies"] == {"HANG": 2, "PASS": 1} and i["timing_dependent"]
     assert i["overhead_s"] == round(3.0 / 3 - 1.0 - 0.5, 3)
-    assert [T.state(r) for r in RECORDS] == ["ok", "miss", "miss", "ok", "miss", "notrun",
+    assert [M.state(r) for r in RECORDS] == ["ok", "miss", "miss", "ok", "miss", "notrun",
                                             "ok", "harness", "timing", "invalid"]
 
 
 def test_declared_timing_dependent_scenarios_accept_their_alternatives():
     alt = record("k/t", "f8", "MISMATCH", also=["PASS"], run_call=call("run", "PASS"))
-    assert alt["verdict_ok"] and alt["timing_dependent"] and T.state(alt) == "timing"
-    assert T.expected_text(alt) == "MISMATCH or PASS"
+    assert alt["verdict_ok"] and alt["timing_dependent"] and M.state(alt) == "timing"
+    assert M.expected_text(alt) == "MISMATCH or PASS"
     other = record("k/u", "f8", "MISMATCH", also=["PASS"], run_call=call("run", "HANG"))
-    assert not other["verdict_ok"] and T.state(other) == "timing"
+    assert not other["verdict_ok"] and M.state(other) == "timing"
     # repeats that disagree pass only when every verdict seen is accepted
     mixed = record("k/v", "f8", "MISMATCH", also=["PASS"], run_call=call(
         "run", "NONDETERMINISTIC", verdicts=["MISMATCH", "PASS", "MISMATCH"]))
     assert mixed["verdict_ok"] and mixed["frequencies"] == {"MISMATCH": 2, "PASS": 1}
-    md = T.render_markdown(T.build_matrix([alt, other], dir_="s", command="c",
+    md = M.render_markdown(T.build_matrix([alt, other], dir_="s", command="c",
                                           env=T.environment(NO_GPU), facts={}))
     bad = md.split("## Not as expected")[1]
     assert "k/u" in bad and "k/t" not in bad
@@ -130,7 +131,7 @@ def matrix():
 
 
 def test_markdown_matrix_says_not_run_and_rates():
-    md = T.render_markdown(matrix())
+    md = M.render_markdown(matrix())
     assert "| detection | 67% (4/6) |" in md
     assert "| false alarms | 50% (1/2) |" in md
     assert "1 × not run: no GPU — nvidia-smi not found" in md
@@ -148,7 +149,7 @@ def test_markdown_matrix_says_not_run_and_rates():
 
 
 def test_html_matrix_is_one_self_contained_colored_page():
-    page = T.render_html(matrix())
+    page = M.render_html(matrix())
     assert page.startswith("<!doctype html>") and page.rstrip().endswith("</html>")
     assert "<script" not in page and "http" not in page and "<link" not in page
     for cls in ("ok", "miss", "notrun", "harness", "timing", "invalid"):

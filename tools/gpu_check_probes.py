@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from cutedebug import kernel_api
 from cutedebug.instrument import probes
+from cutedebug.reporting import stuck_map
 
 FAILURES: list[str] = []
 
@@ -112,9 +113,9 @@ def hang_check(budget_ns: int) -> None:
     print("diagnosis:")
     for line in probes.diagnose(snap, table):
         print("  ", line)
-    print(probes.render_stuck_map_text(snap, table)[:3000])
+    print(stuck_map.stuck_map_text(snap, table)[:3000])
     Path(os.environ.get("OUT", "/tmp")).joinpath("probes_stuck_map.svg").write_text(
-        probes.render_stuck_map_svg(snap, table))
+        stuck_map.stuck_map_svg(snap, table))
 
 
 def clean_check(budget_ns: int) -> None:

@@ -34,14 +34,12 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import html
 import json
 import os
 import platform
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 import uuid
@@ -54,6 +52,15 @@ from typing import Any
 
 from cutedebug.engine import scenario as S
 from cutedebug.engine import verdict as V
+from cutedebug.reporting.files import atomic_write
+from cutedebug.reporting.matrix import (
+    expect_of,
+    facts_lines,
+    not_as_expected,
+    progress_line,
+    rate_text,
+    write_matrix,
+)
 
 RECORD_SCHEMA = "cutedebug.triage.record/1"
 MATRIX_SCHEMA = "cutedebug.triage.matrix/1"
@@ -120,25 +127,6 @@ def environment(gpu: dict[str, Any]) -> dict[str, Any]:
 
 
 # ---- files ---------------------------------------------------------------------------------
-def atomic_write(path: Path, text: str) -> None:
-    """Write to a unique temporary file beside ``path``, fsync, then rename over it: a reader
-    (or a triage killed mid-write) sees the old file or the new one, never half of one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 def record_name(sid: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "__" for c in sid) + ".json"
 
@@ -239,7 +227,7 @@ def finalize(rec: dict[str, Any], final: dict[str, Any] | None, not_run: str | N
     loc_ok = final["localization"].get("ok") \
         if exp["localization"] and final["mode"] == "run" else None
     freq = dict(Counter(final.get("verdicts") or [verdict]))
-    expect = _expect(rec)
+    expect = expect_of(rec)
     # a verdict the scenario lists under expect.also counts as expected, and marks the
     # scenario timing-dependent (as disagreeing repeats do)
     ok = all(expect.accepts(v) for v in freq)
@@ -289,245 +277,11 @@ def rates(records: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-# ---- rendering -----------------------------------------------------------------------------
-def actual_text(r: dict[str, Any]) -> str:
-    if r.get("invalid"):
-        return "invalid scenario"
-    if r.get("status") != "done":
-        return "pending"
-    if r.get("verdict") is None:
-        return (r.get("not_run") or "not run").split(" — ")[0]
-    freq = r.get("frequencies") or {}
-    if len(freq) > 1 or sum(freq.values()) > 1:
-        n = sum(freq.values())
-        parts = ", ".join(f"{v} {c}/{n}" for v, c in sorted(freq.items(), key=lambda x: -x[1]))
-        return f"{r['verdict']} ({parts})"
-    return r["verdict"]
-
-
-def state(r: dict[str, Any]) -> str:
-    """ok / miss / notrun / harness / timing / invalid / pending: one color per state."""
-    if r.get("invalid"):
-        return "invalid"
-    if r.get("status") != "done":
-        return "pending"
-    if r.get("verdict") is None:
-        return "notrun"
-    if r.get("harness_errors") or r["verdict"] == "HARNESS_ERROR":
-        return "harness"
-    if r.get("timing_dependent"):
-        return "timing"
-    return "ok" if r["verdict_ok"] and r["localization_ok"] is not False else "miss"
-
-
-NOT_RUN_NOTE = ("Scenarios marked \"not run\" could only be compiled here; they are left "
-                "out of every rate, not counted as misses.")
-LEGEND = ("✓ as expected · ✗ not as expected · ~ timing-dependent · ! harness error · "
-          "– not run")
-MARK = {"ok": "✓", "miss": "✗", "notrun": "–", "harness": "!", "timing": "~",
-        "invalid": "✗", "pending": "…"}
-
-
-def _loc_text(r: dict[str, Any]) -> str:
-    ok = r.get("localization_ok")
-    text = "n.a." if ok is None else ("right" if ok else "wrong")
-    return text + (" (bisect)" if r.get("bisect") else "")
-
-
-def _static_text(r: dict[str, Any]) -> str:
-    c = r.get("caught_statically")
-    return "n.a." if c is None else ("yes" if c else "no")
-
-
-def _fault_text(r: dict[str, Any]) -> str:
-    if not r.get("fault"):
-        return "none"
-    args = ",".join(f"{k}={v}" for k, v in (r.get("fault_args") or {}).items())
-    return r["fault"] + (f"({args})" if args else "")
-
-
-def _secs(x: float | None) -> str:
-    return "" if x is None else f"{x:.1f}"
-
-
-def _expect(r: dict[str, Any]) -> S.Expect:
-    """A record's expected verdicts as the scenario's Expect (records are plain JSON)."""
-    return S.Expect(verdict=r["expected"]["verdict"],
-                    also=tuple(r["expected"].get("also") or ()))
-
-
-def expected_text(r: dict[str, Any]) -> str:
-    """The expected verdict, with the ones a timing-dependent scenario also accepts."""
-    return " or ".join(_expect(r).verdicts)
-
-
-def _short(sid: str) -> str:
-    return sid.rsplit("/", 1)[-1]
-
-
-def detail_rows(records: list[dict[str, Any]]) -> list[list[str]]:
-    rows = []
-    for r in sorted(records, key=lambda r: (r.get("kernel", ""), r.get("fault") or "", r["id"])):
-        rows.append([r.get("kernel", "?"), _fault_text(r), r["id"],
-                     expected_text(r), actual_text(r), MARK[state(r)], _loc_text(r),
-                     _static_text(r), _secs(r.get("time_to_verdict_s")),
-                     _secs(r.get("overhead_s"))])
-    return rows
-
-
-DETAIL_HEAD = ["kernel", "fault", "scenario", "expected", "actual", "", "localization",
-               "caught statically", "time to verdict (s)", "overhead (s)"]
-
-
-def pivot(records: list[dict[str, Any]]) -> tuple[list[str], list[str], dict]:
-    """kernel × fault: rows are faults (clean first), columns kernels, cells the records.
-    Invalid scenarios have no kernel or fault: they are listed, not placed."""
-    records = [r for r in records if not r.get("invalid")]
-    kernels = sorted({r.get("kernel", "?") for r in records})
-    faults = sorted({r.get("fault") or "" for r in records}, key=lambda f: (f != "", f))
-    cells: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for r in sorted(records, key=lambda r: r["id"]):
-        cells.setdefault((r.get("fault") or "", r.get("kernel", "?")), []).append(r)
-    return kernels, faults, cells
-
-
-def _rate_text(x: dict[str, Any]) -> str:
-    return "n.a." if x["rate"] is None else f"{100 * x['rate']:.0f}% ({x['hits']}/{x['of']})"
-
-
-def render_markdown(m: dict[str, Any]) -> str:
-    env, rt, recs = m["environment"], m["rates"], m["scenarios"]
-    c = rt["counts"]
-    lines = [f"# cutedebug triage: {m['dir']}", "",
-             f"{env['date']} · GPU {env.get('gpu') or 'none'}"
-             + (f" ({env['arch']}, driver {env['driver']})" if env.get("gpu") else
-                f" ({env.get('gpu_reason')})")
-             + f" · cutlass-dsl {env.get('cutlass')} · torch {env.get('torch')}"
-             + f" · python {env.get('python')}", "",
-             f"Command: `{m['command']}`", "",
-             "## Rates", "", "| rate | value | over |", "|---|---|---|"]
-    for key in ("detection", "classification", "localization", "false_alarms"):
-        lines.append(f"| {key.replace('_', ' ')} | {_rate_text(rt[key])} | {rt[key]['what']} |")
-    summary = (f"{c['scenarios']} scenarios: {c['with_verdict']} with a verdict, "
-               f"{c['not_run']} not run, {c['invalid']} invalid, {c['pending']} pending; "
-               f"{c['harness_errors']} HARNESS_ERROR; {c['timing_dependent']} "
-               "timing-dependent.")
-    lines += ["", summary, ""]
-    if c["not_run"]:
-        lines += [NOT_RUN_NOTE, ""] + [f"- {n} × {why}" for why, n in
-                                        c["not_run_reasons"].items()] + [""]
-    kernels, faults, cells = pivot(recs)
-    lines += ["## Matrix (kernel × fault)", "",
-              LEGEND, "",
-              "| fault | " + " | ".join(kernels) + " |", "|---" * (len(kernels) + 1) + "|"]
-    for f in faults:
-        row = [f or "none (clean)"]
-        for k in kernels:
-            row.append("<br>".join(f"{MARK[state(r)]} {_short(r['id'])}: {actual_text(r)}"
-                                   for r in cells.get((f, k), [])))
-        lines.append("| " + " | ".join(x.replace("|", "\\|") for x in row) + " |")
-    lines += ["", "## Scenarios", "", "| " + " | ".join(DETAIL_HEAD) + " |",
-              "|---" * len(DETAIL_HEAD) + "|"]
-    for row in detail_rows(recs):
-        lines.append("| " + " | ".join(x.replace("|", "\\|") for x in row) + " |")
-    bad = [r for r in recs if state(r) in ("miss", "harness", "invalid")
-           or (state(r) == "timing" and not r["verdict_ok"])]
-    if bad:
-        lines += ["", "## Not as expected", ""]
-        for r in bad:
-            final = r.get("run") or r.get("compile") or {}
-            why = r.get("invalid") or final.get("reason", "")
-            lines.append(f"- `{r['id']}`: expected {r['expected']['verdict']}, got "
-                         f"{actual_text(r)}, localization {_loc_text(r)} — {why[:300]}"
-                         + (f" ([report]({final['report']}))" if final.get("report") else ""))
-    if m.get("facts"):
-        lines += ["", "## Run facts", ""] + [f"- {ln}" for ln in facts_lines(m["facts"])]
-    return "\n".join(lines) + "\n"
-
-
-CSS = """
-body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
-table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #bbb;padding:3px 7px;
-vertical-align:top;text-align:left}th{background:#eee}
-.ok{background:#c8f0c8}.miss{background:#f6b8b8}.notrun{background:#e4e4e4;color:#555}
-.harness{background:#f9d29b}.timing{background:#fbf1a0}.invalid{background:#e0b8f0}
-.pending{background:#fff}code{background:#f4f4f4;padding:0 3px}small{color:#555}
-"""
-
-
-def render_html(m: dict[str, Any]) -> str:
-    e = html.escape
-    env, rt, recs = m["environment"], m["rates"], m["scenarios"]
-    out = ["<!doctype html><html><head><meta charset='utf-8'>",
-           f"<title>cutedebug triage: {e(m['dir'])}</title><style>{CSS}</style></head><body>",
-           f"<h1>cutedebug triage: {e(m['dir'])}</h1>",
-           f"<p>{e(env['date'])} · GPU {e(str(env.get('gpu') or 'none'))} "
-           f"({e(str(env.get('arch') or env.get('gpu_reason')))}"
-           + (f", driver {e(str(env['driver']))}" if env.get("driver") else "") + ") · "
-           f"cutlass-dsl {e(str(env.get('cutlass')))} · torch {e(str(env.get('torch')))}</p>",
-           f"<p>Command: <code>{e(m['command'])}</code></p>", "<h2>Rates</h2><table>",
-           "<tr><th>rate</th><th>value</th><th>over</th></tr>"]
-    for key in ("detection", "classification", "localization", "false_alarms"):
-        out.append(f"<tr><td>{key.replace('_', ' ')}</td><td>{e(_rate_text(rt[key]))}</td>"
-                   f"<td>{e(rt[key]['what'])}</td></tr>")
-    c = rt["counts"]
-    out.append(f"</table><p>{c['scenarios']} scenarios: {c['with_verdict']} with a verdict, "
-               f"{c['not_run']} not run (left out of the rates), {c['invalid']} invalid; "
-               f"{c['harness_errors']} HARNESS_ERROR; {c['timing_dependent']} "
-               "timing-dependent.</p>")
-    if c["not_run"]:
-        out.append(f"<p class='notrun'>{e(NOT_RUN_NOTE)}<br>" + "<br>".join(
-            f"{n} × {e(why)}" for why, n in c["not_run_reasons"].items()) + "</p>")
-    legend = " ".join(f"<span class='{s}'>&nbsp;{MARK[s]} {s}&nbsp;</span>"
-                      for s in ("ok", "miss", "timing", "harness", "notrun", "invalid"))
-    kernels, faults, cells = pivot(recs)
-    out += ["<h2>Matrix (kernel × fault)</h2>", f"<p>{legend}</p><table><tr><th>fault</th>"
-            + "".join(f"<th>{e(k)}</th>" for k in kernels) + "</tr>"]
-    for f in faults:
-        out.append(f"<tr><th>{e(f or 'none (clean)')}</th>")
-        for k in kernels:
-            rs = cells.get((f, k), [])
-            cls = ""
-            if rs:
-                order = ("invalid", "harness", "miss", "timing", "ok", "notrun", "pending")
-                cls = min((state(r) for r in rs), key=order.index)
-            inner = "<br>".join(
-                f"{MARK[state(r)]} {e(_short(r['id']))}: <b>{e(actual_text(r))}</b> "
-                f"<small>exp {e(r['expected']['verdict'])}</small>" for r in rs)
-            out.append(f"<td class='{cls}'>{inner}</td>")
-        out.append("</tr>")
-    out += ["</table><h2>Scenarios</h2><table><tr>"
-            + "".join(f"<th>{e(h)}</th>" for h in DETAIL_HEAD) + "</tr>"]
-    by_id = {r["id"]: r for r in recs}
-    for row in detail_rows(recs):
-        r = by_id[row[2]]
-        final = r.get("run") or r.get("compile") or {}
-        cells_html = [e(x) for x in row]
-        if final.get("report"):
-            cells_html[2] = f"<a href='{e(final['report'])}'>{e(row[2])}</a>"
-        why = r.get("invalid") or final.get("reason") or ""
-        cells_html[4] = f"<span title='{e(why[:500])}'>{cells_html[4]}</span>"
-        out.append(f"<tr class='{state(r)}'>" + "".join(f"<td>{x}</td>" for x in cells_html)
-                   + "</tr>")
-    out.append("</table>")
-    if m.get("facts"):
-        out += ["<h2>Run facts</h2><ul>"] + [f"<li>{e(x)}</li>" for x in facts_lines(m["facts"])]
-        out.append("</ul>")
-    out.append("</body></html>\n")
-    return "\n".join(out)
-
-
 def build_matrix(records: list[dict[str, Any]], *, dir_: str, command: str,
                  env: dict[str, Any], facts: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"schema": MATRIX_SCHEMA, "dir": dir_, "command": command, "environment": env,
             "rates": rates(records), "facts": facts,
             "scenarios": sorted(records, key=lambda r: r["id"])}
-
-
-def write_matrix(out: Path, m: dict[str, Any]) -> None:
-    atomic_write(out / "matrix.json", json.dumps(m, indent=1, default=str))
-    atomic_write(out / "matrix.md", render_markdown(m))
-    atomic_write(out / "matrix.html", render_html(m))
 
 
 def overhead_list(recs: list[dict[str, Any]]) -> list[tuple[float, str]]:
@@ -540,22 +294,6 @@ def overhead_list(recs: list[dict[str, Any]]) -> list[tuple[float, str]]:
         if call.get("overhead_s") is not None and call.get("wall_s"):
             out.append((call["overhead_s"], r["id"]))
     return out
-
-
-def facts_lines(f: dict[str, Any]) -> list[str]:
-    ov = f.get("overhead_s") or {}
-    health = f.get("gpu_health")
-    return [
-        f"HARNESS_ERROR: {f['harness_errors']}",
-        f"processes of ours left: {len(f['processes_left'])}"
-        + (f" (pids {f['processes_left']}, killed)" if f["processes_left"] else ""),
-        "GPU health: " + ("n.a. (no GPU)" if health is None else
-                          ("healthy" if health.get("healthy") else f"UNHEALTHY {health}")),
-        "overhead beyond compile + run + check per scenario: "
-        + (f"mean {ov['mean']:.2f} s, max {ov['max']:.2f} s ({ov['max_id']}) over {ov['n']}"
-           if ov.get("n") else "n.a."),
-        f"total time: {f['total_s']:.1f} s" + (" (interrupted)" if f.get("interrupted") else ""),
-    ]
 
 
 # ---- the triage run ----------------------------------------------------------------------------
@@ -732,14 +470,9 @@ def triage(opts: Options, *, out=print) -> int:
     def progress(rec: dict[str, Any]) -> None:
         nonlocal finished
         finished += 1
-        exp = expected_text(rec)
-        loc = f" loc {_loc_text(rec)}" if rec["expected"]["localization"] and \
-            rec.get("verdict") else ""
-        t = rec.get("time_to_verdict_s")
         comp = rec.get("compile") or {}
         pre = f"compiled {comp['wall_s']:.1f}s; " if rec.get("not_run") and comp else ""
-        out(f"[{finished:>3}/{total}] {MARK[state(rec)]} {rec['id']:<44} {pre}"
-            f"{actual_text(rec)} (expected {exp}){loc}" + (f" {t:.1f}s" if t else ""))
+        out(progress_line(rec, finished, total, pre, rec.get("time_to_verdict_s")))
 
     for rec in kept:
         if rec.get("invalid"):
@@ -857,7 +590,7 @@ def triage(opts: Options, *, out=print) -> int:
     rt = m["rates"]
     out("")
     for key in ("detection", "classification", "localization", "false_alarms"):
-        out(f"{key.replace('_', ' '):>15}: {_rate_text(rt[key])}")
+        out(f"{key.replace('_', ' '):>15}: {rate_text(rt[key])}")
     for why, n in rt["counts"]["not_run_reasons"].items():
         out(f"{'not run':>15}: {n} (left out of the rates): {why}")
     for line in facts_lines(facts):
@@ -866,8 +599,7 @@ def triage(opts: Options, *, out=print) -> int:
         f"{opts.out / 'matrix.json'}")
     if interrupted:
         return 130
-    bad = [r for r in recs if state(r) in ("miss", "harness", "invalid")
-           or (state(r) == "timing" and not r["verdict_ok"])]
+    bad = not_as_expected(recs)
     return 1 if bad or left or (health is not None and not health.get("healthy")) else 0
 
 

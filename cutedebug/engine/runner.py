@@ -366,13 +366,13 @@ def _evidence(o: V.Outcome, facts: dict[str, Any]) -> dict[str, Any]:
 
 
 def probe_evidence(o: V.Outcome) -> dict[str, Any] | None:
-    """Stuck sites, per-warp picture, diagnosis and stuck map from the probes, if any ran.
+    """Stuck sites, per-warp picture and diagnosis from the probes, if any ran (the stuck
+    map is drawn from the same picture by ``cutedebug.reporting.stuck_map``).
 
     Uses the final probe report when the kernel ended (bounded waits fired) and otherwise the
     last live picture the worker streamed before the watchdog killed it.
     """
-    final = o.event("probe_report")
-    picture = final or _last_probe_picture(o)
+    picture, final = probe_picture(o)
     if not picture:
         return None
     from cutedebug.instrument import probes
@@ -397,16 +397,19 @@ def probe_evidence(o: V.Outcome) -> dict[str, Any] | None:
     return {"probe_source": source,
             "stuck_sites": stuck_sites, "diagnosis": diagnosis,
             "warps": picture.get("warps", [])[:256],
-            "n_stuck_reported": picture.get("n_stuck_reported"),
-            "stuck_map_text": probes.render_stuck_map_text(snap, sites),
-            "stuck_map_svg": probes.render_stuck_map_svg(snap, sites)}
+            "n_stuck_reported": picture.get("n_stuck_reported")}
 
 
-def _last_probe_picture(o: V.Outcome) -> dict[str, Any] | None:
+def probe_picture(o: V.Outcome) -> tuple[dict[str, Any] | None, bool]:
+    """The probe picture a run's evidence is drawn from, and whether it is the final report
+    (else the last live picture the worker streamed before a kill or a fault)."""
+    final = o.event("probe_report")
+    if final:
+        return final, True
     for e in reversed(o.events):
         if e.get("event") == "progress" and e.get("picture"):
-            return e["picture"]
-    return None
+            return e["picture"], False
+    return None, False
 
 
 def _timings(o: V.Outcome, facts: dict[str, Any]) -> dict[str, float]:
@@ -588,10 +591,6 @@ def run_scenario(scenario: Scenario, *, runs_root: Path | str = "runs",
     evidence["rule"] = classified.evidence.get("rule")
     if "rerun_with_probes" in facts:
         evidence["rerun_with_probes"] = facts["rerun_with_probes"]
-    svg = evidence.pop("stuck_map_svg", None)
-    if svg:
-        (run_dir / "stuck_map.svg").write_text(svg)
-        evidence["stuck_map_svg"] = "stuck_map.svg"
     for a in attempts:
         if a[3] is not None:
             health = a[3]
@@ -632,7 +631,6 @@ def replay(run_dir: Path | str) -> RunResult:
     classified = V.classify(outcome)
     evidence = _evidence(outcome, {})
     evidence["rule"] = classified.evidence.get("rule")
-    evidence.pop("stuck_map_svg", None)
     return RunResult(scenario=scenario, verdict=classified.verdict, reason=classified.reason,
                      run_dir=run_dir, outcome=outcome, evidence=evidence,
                      timings=_timings(outcome, {}), mode=request.get("mode", "run"))

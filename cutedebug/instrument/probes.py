@@ -34,7 +34,8 @@ pinned, and passes ``data_ptr()``: under UVA a pinned host pointer is a valid de
 
 Host side (this module imports no cutlass/torch at module level; the runner imports it to
 decode): ``decode`` → ``ProbeSnapshot``; ``StallDetector`` (no beacon moved for ``stall_s``);
-``diagnose`` (one line per recognized pattern); stuck map as SVG and as a text table.
+``diagnose`` (one line per recognized pattern). The stuck map is drawn from the same snapshot
+by ``cutedebug.reporting.stuck_map``.
 
 Limits: waits the probes cannot bound (named barriers, flag spins, TMEM allocation) only show
 as a stall of the beacons; a wait executed by lanes that exclude lane 0 leaves no beacon.
@@ -44,7 +45,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import html
 import json
 import linecache
 import os
@@ -876,115 +876,6 @@ def _last_events_summary(views: dict[tuple[int, int], WarpView], by_id: dict[int
             desc = site.describe(v.last.stage, v.last.phase) if site else f"site {v.last.site_id}"
             seen[f"{v.role(by_id)} warp {v.warp}: {desc}"] += 1
     return "; ".join(f"{k} ×{n}" for k, n in sorted(seen.items())[:6])
-
-
-# ---------------------------------------------------------------------------------------------
-# Host side: stuck map
-# ---------------------------------------------------------------------------------------------
-
-_COLORS = {"stuck_full": "#d62728", "stuck_empty": "#ff7f0e", "stuck_raw": "#9467bd",
-           "progressed": "#2ca02c", "idle": "#dddddd"}
-_LEGEND = (("stuck_full", "stuck on a full barrier"), ("stuck_empty", "stuck on an empty barrier"),
-           ("stuck_raw", "stuck on a raw mbarrier wait"), ("progressed", "last wait completed"),
-           ("idle", "no wait completed"))
-MAP_MAX_CTAS = 64
-
-
-def _cell(v: WarpView | None, by_id: dict[int, Site]) -> tuple[str, str, str]:
-    """(color class, short label, tooltip)."""
-    if v is None:
-        return "idle", "-", "no event"
-    if v.stuck:
-        r = v.stuck
-        site = by_id.get(r.site_id)
-        bar = site.barrier if site else ""
-        cls = "stuck_full" if bar == "full" else "stuck_empty" if bar == "empty" else "stuck_raw"
-        op = _short_op(site.op if site else "?")
-        idx = f"[{r.stage}]" if r.stage >= 0 else ""
-        label = f"X {op} {bar[:1] or 'm'}{idx}p{r.phase}"
-        tip = (f"STUCK {site.describe(r.stage, r.phase) if site else f'site {r.site_id}'} "
-               f"waited {r.waited_ns / 1e6:.1f} ms, seq {r.seq}, sm {r.smid}")
-        return cls, label, tip
-    b = v.last
-    site = by_id.get(b.site_id)
-    bar = site.barrier if site else ""
-    idx = f"[{b.stage}]" if b.stage >= 0 else ""
-    label = f"{_short_op(site.op if site else '?')} {bar[:1] or 'm'}{idx}p{b.phase}"
-    tip = (f"last completed {site.describe(b.stage, b.phase) if site else f'site {b.site_id}'}"
-           f", seq {b.seq}")
-    return "progressed", label, tip
-
-
-def _short_op(op: str) -> str:
-    return {"producer_acquire": "acq", "consumer_wait": "wait", "producer_tail": "tail",
-            "raw_wait": "raw"}.get(op, op[:6])
-
-
-def _map_rows(snapshot: ProbeSnapshot) -> tuple[list[int], list[int], dict, int]:
-    views = warp_views(snapshot)
-    ctas = sorted({c for c, _ in views}, key=lambda c: (not any(
-        v.stuck for (cc, _), v in views.items() if cc == c), c))
-    shown = ctas[:MAP_MAX_CTAS]
-    warps = list(range(max((w for _, w in views), default=-1) + 1))
-    return sorted(shown), warps, views, len(ctas) - len(shown)
-
-
-def render_stuck_map_text(snapshot: ProbeSnapshot, sites: Any = None) -> str:
-    by_id = _as_sites(sites)
-    ctas, warps, views, hidden = _map_rows(snapshot)
-    if not ctas:
-        return "(no probe events)\n"
-    cells = {(c, w): _cell(views.get((c, w)), by_id)[1] for c in ctas for w in warps}
-    width = max([len(s) for s in cells.values()] + [6])
-    head = "CTA    | " + " | ".join(f"w{w}".ljust(width) for w in warps)
-    lines = [head, "-" * len(head)]
-    for c in ctas:
-        lines.append(f"{c:<6} | " + " | ".join(cells[(c, w)].ljust(width) for w in warps))
-    if hidden:
-        lines.append(f"... {hidden} more CTAs not shown")
-    lines.append("X = stuck (bounded wait timed out); acq/wait/tail/raw = op; "
-                 "f/e/m = full/empty/mbarrier; [stage] p<phase>; - = no event")
-    for r in sorted(snapshot.stuck, key=lambda r: (r.block_linear, r.warp))[:32]:
-        site = by_id.get(r.site_id)
-        desc = site.describe(r.stage, r.phase) if site else f"site {r.site_id}"
-        lines.append(f"  block {r.block} warp {r.warp}: {desc}, waited "
-                     f"{r.waited_ns / 1e6:.1f} ms, seq {r.seq}, sm {r.smid}")
-    return "\n".join(lines) + "\n"
-
-
-def render_stuck_map_svg(snapshot: ProbeSnapshot, sites: Any = None) -> str:
-    by_id = _as_sites(sites)
-    ctas, warps, views, hidden = _map_rows(snapshot)
-    cw, ch, left, top = 74, 22, 70, 40
-    width = left + max(1, len(warps)) * cw + 10
-    legend_y = top + max(1, len(ctas)) * ch + 20
-    height = legend_y + 20 * len(_LEGEND) + (20 if hidden else 0) + 10
-    esc = html.escape
-    out = [(f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-            f'font-family="monospace" font-size="11">'),
-           (f'<text x="4" y="16" font-size="13">cutedebug stuck map: {len(snapshot.stuck)} '
-            f'stuck reports, {len(snapshot.beacons)} beacons</text>')]
-    for i, w in enumerate(warps):
-        out.append(f'<text x="{left + i * cw + 4}" y="{top - 6}">warp {w}</text>')
-    for j, c in enumerate(ctas):
-        y = top + j * ch
-        out.append(f'<text x="4" y="{y + 15}">CTA {c}</text>')
-        for i, w in enumerate(warps):
-            cls, label, tip = _cell(views.get((c, w)), by_id)
-            x = left + i * cw
-            out.append(f'<g class="{cls}"><title>{esc(f"CTA {c} warp {w}: {tip}")}</title>'
-                       f'<rect x="{x}" y="{y}" width="{cw - 2}" height="{ch - 2}" '
-                       f'fill="{_COLORS[cls]}"/><text x="{x + 3}" y="{y + 14}">{esc(label)}'
-                       f'</text></g>')
-    for k, (cls, text) in enumerate(_LEGEND):
-        y = legend_y + 20 * k
-        out.append(f'<rect x="4" y="{y}" width="14" height="14" fill="{_COLORS[cls]}"/>'
-                   f'<text x="24" y="{y + 11}">{esc(text)}</text>')
-    if hidden:
-        out.append(f'<text x="4" y="{legend_y + 20 * len(_LEGEND) + 11}">… {hidden} more CTAs '
-                   f'not shown</text>')
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
 
 
 def site_table_text(sites: Any) -> str:

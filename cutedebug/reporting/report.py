@@ -1,7 +1,9 @@
-"""Reports: report.json (machine, schema-versioned) and report.md (human) for one run.
+"""The report of one run: report.json (machine, schema-versioned), report.md (human) and,
+when probes ran, stuck_map.svg, all in the run directory.
 
 Markdown follows the order a stranger needs: TL;DR (verdict, expected, where, why), evidence,
-what was ruled out, then the exact command that reproduces it.
+what was ruled out, then the exact command that reproduces it. Every piece of user or tool text
+in it (ids, descriptions, errors, logs) is escaped (``cutedebug.reporting.escape``).
 """
 
 from __future__ import annotations
@@ -13,15 +15,29 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cutedebug.engine.runner import RunResult
+from cutedebug.engine.runner import RunResult, probe_picture
+from cutedebug.instrument.probes import snapshot_from_json
+from cutedebug.reporting import stuck_map as SM
+from cutedebug.reporting.escape import md_block, md_code, md_link, md_text
+from cutedebug.reporting.files import atomic_write
 
 SCHEMA_VERSION = 1
+STUCK_MAP_SVG = "stuck_map.svg"
+
+__all__ = ["SCHEMA_VERSION", "atomic_write", "command_line", "group_sites", "reproduce_command",
+           "stuck_map", "tldr", "to_json", "to_markdown", "where", "write"]
 
 
-def atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+def stuck_map(result: RunResult) -> tuple[SM.StuckMap, str] | None:
+    """The run's stuck map (from the probe picture its evidence came from) and its text form;
+    None when no probes ran."""
+    picture, _ = probe_picture(result.outcome)
+    if not picture:
+        return None
+    snap = snapshot_from_json(picture)
+    sites = (result.outcome.event("compiled") or {}).get("probe_sites") or []
+    m = SM.build(snap, sites)
+    return m, SM.render_text(m, records=SM.record_lines(snap, sites))
 
 
 def where(result: RunResult) -> str:
@@ -80,7 +96,19 @@ def to_json(result: RunResult) -> dict[str, Any]:
         "run_dir": str(result.run_dir),
         "command": result.command,
         "log_tail": result.outcome.log_tail[-2000:],
+        "stuck_map": _stuck_map_json(result),
     }
+
+
+def _stuck_map_json(result: RunResult) -> dict[str, Any] | None:
+    sm = stuck_map(result)
+    if sm is None:
+        return None
+    m = sm[0]
+    return {"svg": STUCK_MAP_SVG, "warps": m.warps, "dropped_records": m.dropped_records,
+            "n_stuck_reported": m.n_stuck_reported, "hidden_rows": len(m.hidden_rows),
+            "rows": [{"ctas": SM.cta_ranges(r.ctas, limit=10**6), "n_ctas": len(r.ctas),
+                      "cells": [c.label for c in r.cells]} for r in m.rows]}
 
 
 def _md_evidence(result: RunResult) -> list[str]:
@@ -88,28 +116,32 @@ def _md_evidence(result: RunResult) -> list[str]:
     out = []
     dev = ev.get("device") or {}
     if dev:
-        out.append(f"- device: {dev.get('name', '')} {dev.get('arch', '')}"
-                   if dev.get("present") else f"- device: none ({dev.get('reason')})")
-    if (c := ev.get("compiled")) is not None:
-        out.append(f"- compiled for {c.get('arch')} in {c.get('secs')} s, "
-                   f"PTX {c.get('ptx_bytes')} bytes; fault applied at "
-                   f"{c.get('fault_count') if c.get('fault_count') is not None else 'n/a'} site(s)")
-    static = (c or {}).get("static_findings") if (c := ev.get("compiled")) else None
+        out.append(f"- device: {md_text(dev.get('name', ''))} {md_text(dev.get('arch', ''))}"
+                   if dev.get("present") else f"- device: none ({md_text(dev.get('reason'))})")
+    c = ev.get("compiled")
+    if c is not None:
+        count = c.get("fault_count") if c.get("fault_count") is not None else "n/a"
+        out.append(f"- compiled for {md_text(c.get('arch'))} in {c.get('secs')} s, PTX "
+                   f"{c.get('ptx_bytes')} bytes; fault applied at {count} site(s)")
+    static = (c or {}).get("static_findings")
     if static is not None:
         serious = [f for f in static if f.get("severity") in ("error", "warning")]
         out.append(f"- static protocol checks: {len(serious)} finding(s)"
                    + ("" if serious else " (clean)"))
         for f in serious[:8]:
-            where = f"{os.path.basename(f['file'])}:{f['line']}" if f.get("file") else ""
-            out.append(f"  - {f['severity']} {f.get('check')}: {f.get('message')}"
-                       + (f" — {f['arithmetic']}" if f.get("arithmetic") else "")
-                       + (f" ({where})" if where else ""))
+            at = f"{os.path.basename(f['file'])}:{f['line']}" if f.get("file") else ""
+            out.append(f"  - {md_text(f['severity'])} {md_text(f.get('check'))}: "
+                       f"{md_text(f.get('message'))}"
+                       + (f" — {md_text(f['arithmetic'])}" if f.get("arithmetic") else "")
+                       + (f" ({md_text(at)})" if at else ""))
     if (ce := ev.get("compile_error")) is not None:
-        out.append(f"- compile error ({ce.get('type')}):\n\n```\n{ce.get('message', '')[:3000]}\n```")
+        out += [f"- compile error ({md_text(ce.get('type'))}):", ""]
+        out += md_block(str(ce.get("message", ""))[:3000]) + [""]
     if (cu := ev.get("cuda_error")) is not None:
-        out.append(f"- CUDA error {cu.get('name')}: `{cu.get('message', '')[:300]}`")
+        out.append(f"- CUDA error {md_text(cu.get('name'))}: "
+                   f"{md_code(str(cu.get('message', ''))[:300])}")
     if (ck := ev.get("checked")) is not None and ck.get("skipped"):
-        out.append(f"- comparison skipped: {ck['skipped']} (the output is garbage by "
+        out.append(f"- comparison skipped: {md_text(ck['skipped'])} (the output is garbage by "
                    "construction)")
     elif ck is not None:
         out.append(f"- comparison: {ck.get('n_bad')} / {ck.get('numel')} bad "
@@ -117,38 +149,45 @@ def _md_evidence(result: RunResult) -> list[str]:
                    f"{ck.get('max_abs_err')}, max rel err {ck.get('max_rel_err')}, first bad "
                    f"index {ck.get('first_bad_index')}, NaNs {ck.get('n_nan')}")
     if ev.get("killed_by_watchdog"):
-        out.append(f"- watchdog: killed the child ({ev['killed_by_watchdog']}) in phase "
-                   f"{ev.get('phase')}")
+        out.append(f"- watchdog: killed the child ({md_text(ev['killed_by_watchdog'])}) in "
+                   f"phase {md_text(ev.get('phase'))}")
     if result.health is not None:
-        out.append(f"- GPU health check afterwards: {result.health}")
+        out.append(f"- GPU health check afterwards: {md_text(result.health)}")
     for d in ev.get("diagnosis", []) or []:
-        out.append(f"- diagnosis: {d}")
+        out.append(f"- diagnosis: {md_text(d)}")
     if ev.get("swept_pids"):
         out.append(f"- swept leftover processes: {ev['swept_pids']}")
     t = result.timings
-    out.append("- timings: " + ", ".join(f"{k} {v}" for k, v in t.items()))
+    out.append("- timings: " + ", ".join(f"{md_text(k)} {v}" for k, v in t.items()))
     line = time_breakdown(t)
     if line:
-        out.append(f"- where the {t.get('wall_s', t.get('total_s'))} s went: {line}")
+        out.append(f"- where the {t.get('wall_s', t.get('total_s'))} s went: {md_text(line)}")
     return out
 
 
-def to_markdown(result: RunResult, extra_sections: list[str] | None = None) -> str:
+def to_markdown(result: RunResult, extra_sections: list[str] | None = None,
+                *, stuck_map_svg: str | None = STUCK_MAP_SVG) -> str:
+    """report.md. ``extra_sections`` are Markdown the caller built (and escaped);
+    ``stuck_map_svg``: the picture's file name beside the report (None: no link)."""
     sc = result.scenario
-    lines = [f"# {sc.id}: {result.verdict.value}", "", f"**TL;DR** {tldr(result)}", ""]
+    lines = [f"# {md_text(sc.id)}: {result.verdict.value}", "",
+             f"**TL;DR** {md_text(tldr(result))}", ""]
     if sc.description:
-        lines += [f"_{sc.description}_", ""]
+        lines += [f"_{md_text(sc.description)}_", ""]
+    expect = sc.expect
     lines += ["## Scenario", "",
-              f"- kernel: `{sc.kernel_file}:{sc.kernel_entry}`",
-              f"- params: `{json.dumps(sc.params)}`",
-              f"- fault: `{sc.fault or 'none'}` {json.dumps(sc.fault_args) if sc.fault else ''}",
-              f"- expected: {sc.expect.verdict_text()}"
-              + (f" at {sc.expect.localization()}" if sc.expect.localization() else "")
-              + (f" — {sc.expect.note}" if sc.expect.note else ""), ""]
+              f"- kernel: {md_code(f'{sc.kernel_file}:{sc.kernel_entry}')}",
+              f"- params: {md_code(json.dumps(sc.params))}",
+              f"- fault: {md_code(sc.fault or 'none')}"
+              + (f" {md_code(json.dumps(sc.fault_args))}" if sc.fault else ""),
+              f"- expected: {md_text(expect.verdict_text())}"
+              + (f" at {md_text(expect.localization())}" if expect.localization() else "")
+              + (f" — {md_text(expect.note)}" if expect.note else ""), ""]
     loc = result.localization
     if loc["ok"] is not None:
         lines += [f"- localization: {'right' if loc['ok'] else 'WRONG'} "
-                  f"(expected {loc['expected']}, matched {loc.get('matched')})", ""]
+                  f"(expected {md_text(loc['expected'])}, matched {md_text(loc.get('matched'))})",
+                  ""]
     lines += ["## Evidence", ""] + _md_evidence(result) + [""]
     sites = result.evidence.get("stuck_sites") or []
     if sites:
@@ -157,28 +196,33 @@ def to_markdown(result: RunResult, extra_sections: list[str] | None = None) -> s
                   "|---|---|---|---|---|---|---|---|"]
         for g in group_sites(sites):
             bar = f"{g['barrier']}[{g['stage']}]" if g["barrier"] else f"stage {g['stage']}"
-            lines.append(f"| {g['ctas']} | {g['warps']} | {g['role']} | {g['op']} | {bar} | "
-                         f"{g['phase']} | {g['waited_ms']} | {g['location']} |")
+            cells = [g["ctas"], g["warps"], g["role"], g["op"], bar, g["phase"], g["waited_ms"],
+                     g["location"]]
+            lines.append("| " + " | ".join(md_text(x) for x in cells) + " |")
         lines.append("")
-    if result.evidence.get("stuck_map_text"):
-        lines += ["## Stuck map", "",
-                  f"Source: {result.evidence.get('probe_source')}.", ""]
-        if result.evidence.get("stuck_map_svg"):
-            lines += [f"![stuck map]({result.evidence['stuck_map_svg']})", ""]
-        lines += ["```", result.evidence["stuck_map_text"], "```", ""]
+    sm = stuck_map(result)
+    if sm is not None:
+        lines += ["## Stuck map", "", f"Source: {md_text(result.evidence.get('probe_source'))}.",
+                  ""]
+        if stuck_map_svg:
+            lines += [f"Picture: {md_link(stuck_map_svg, stuck_map_svg)} (hover a cell for "
+                      "its details).", ""]
+        lines += md_block(sm[1]) + [""]
     if result.evidence.get("rerun_with_probes"):
         r = result.evidence["rerun_with_probes"]
-        lines += [f"_First run without probes: {r['first_verdict']} ({r['first_reason']}); "
-                  "rerun with probes on to localize it._", ""]
+        lines += [f"_First run without probes: {md_text(r['first_verdict'])} "
+                  f"({md_text(r['first_reason'])}); rerun with probes on to localize it._", ""]
     if result.repeats:
-        lines += ["## Repeats", ""] + [f"- run {i}: {r['verdict']} (output {r['digest']})"
+        lines += ["## Repeats", ""] + [f"- run {i}: {md_text(r['verdict'])} "
+                                       f"(output {md_text(r['digest'])})"
                                        for i, r in enumerate(result.repeats)] + [""]
     for sec in extra_sections or []:
         lines += [sec, ""]
     if result.outcome.log_tail.strip():
-        lines += ["## Worker log (tail)", "", "```", result.outcome.log_tail[-1500:], "```", ""]
-    lines += ["## Reproduce", "", "```", result.command or reproduce_command(result), "```", "",
-              f"Run directory: `{result.run_dir}` (events.jsonl, worker.log, kernel.ptx)", ""]
+        lines += ["## Worker log (tail)", ""] + md_block(result.outcome.log_tail[-1500:]) + [""]
+    lines += ["## Reproduce", ""] + md_block(result.command or reproduce_command(result))
+    lines += ["", f"Run directory: {md_code(result.run_dir)} (events.jsonl, worker.log, "
+              "kernel.ptx)", ""]
     return "\n".join(lines)
 
 
@@ -229,11 +273,17 @@ def reproduce_command(result: RunResult) -> str:
 
 
 def write(result: RunResult, extra_sections: list[str] | None = None) -> tuple[Path, Path]:
+    """report.json, report.md (and stuck_map.svg when probes ran) in the run directory."""
     if not result.command:
         result.command = reproduce_command(result)
     jpath, mpath = result.run_dir / "report.json", result.run_dir / "report.md"
+    sm = stuck_map(result)
+    if sm is not None:
+        atomic_write(result.run_dir / STUCK_MAP_SVG,
+                     SM.render_svg(sm[0], title=f"cutedebug stuck map: {result.scenario.id}"))
     atomic_write(jpath, json.dumps(to_json(result), indent=1, default=str))
-    atomic_write(mpath, to_markdown(result, extra_sections))
+    atomic_write(mpath, to_markdown(result, extra_sections,
+                                    stuck_map_svg=STUCK_MAP_SVG if sm is not None else None))
     return jpath, mpath
 
 
