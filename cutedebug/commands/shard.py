@@ -1,0 +1,255 @@
+"""Shards across machines: which scenarios a shard runs, and one matrix from many shards.
+
+    cutedebug triage scenarios --out out/shard1 --shard 1/4 [--durations old/matrix.json]
+    pytest scenarios --cutedebug-shard 1/4 [--cutedebug-durations old/matrix.json]
+    cutedebug merge out/all out/shard1 out/shard2 out/shard3 out/shard4
+
+Assignment (``--shard i/n``, i from 1 to n):
+
+- by scenario id alone (default): shard = sha1(id) mod n. A scenario stays on its shard on
+  every machine, in every run, whatever else is added or removed; shard sizes vary like a
+  fair coin's counts.
+- by recorded durations (``--durations`` an earlier matrix.json or a triage output folder):
+  the scenarios, longest first (ties by id), each go to the shard with the least total so
+  far (ties: the lowest shard). Scenarios the file does not know get the median of those it
+  knows. Same file and same scenarios: same assignment everywhere.
+
+``merge`` reads each shard's output folder (its results/*.json records, the source of truth),
+refuses a scenario that two shards both ran (the message names both), and writes one
+matrix.json|md|html plus results/ into OUT, with each report linked relative to OUT and the
+shards' run facts combined (harness errors summed, leftover processes and GPU health per
+shard, the wall time of the slowest shard).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+
+class ShardError(ValueError):
+    """Bad --shard / --durations / merge input; the message names the file or value."""
+
+
+# ---- assignment ------------------------------------------------------------------------------
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"2/4"`` -> (2, 4); i counts from 1."""
+    try:
+        i_text, n_text = text.split("/")
+        i, n = int(i_text), int(n_text)
+    except ValueError:
+        raise ShardError(f"--shard {text!r}: expected I/N with 1 <= I <= N, e.g. 1/4") from None
+    if n < 1 or not 1 <= i <= n:
+        raise ShardError(f"--shard {text!r}: expected I/N with 1 <= I <= N, e.g. 1/4")
+    return i, n
+
+
+def stable_shard(key: str, n: int) -> int:
+    """The shard (1..n) of ``key`` by its id alone."""
+    return int(hashlib.sha1(key.encode("utf-8")).hexdigest()[:12], 16) % n + 1
+
+
+def assign(keys: list[str], n: int, durations: dict[str, float] | None = None) -> dict[str, int]:
+    """Shard (1..n) of every key: by id alone, or balanced by ``durations`` (see module doc)."""
+    if not durations:
+        return {k: stable_shard(k, n) for k in keys}
+    known = [durations[k] for k in keys if k in durations]
+    default = statistics.median(known) if known else 1.0
+    load = [0.0] * n
+    out: dict[str, int] = {}
+    for k in sorted(set(keys), key=lambda k: (-durations.get(k, default), k)):
+        s = min(range(n), key=lambda j: (load[j], j))
+        load[s] += durations.get(k, default)
+        out[k] = s + 1
+    return out
+
+
+def select(
+    keys: list[str], shard: tuple[int, int], durations: dict[str, float] | None = None
+) -> set[str]:
+    """The keys shard ``(i, n)`` runs."""
+    i, n = shard
+    table = assign(keys, n, durations)
+    return {k for k in keys if table[k] == i}
+
+
+def record_seconds(rec: dict[str, Any]) -> float | None:
+    """Wall seconds a triage record took: its compile, its run and its bisection."""
+    parts = [(rec.get(k) or {}).get("wall_s") for k in ("compile", "run", "bisect")]
+    secs = [float(p) for p in parts if isinstance(p, (int, float))]
+    return sum(secs) if secs else None
+
+
+def durations_from(path: Path | str) -> dict[str, float]:
+    """Seconds per scenario id from an earlier matrix.json, or a triage output folder (its
+    matrix.json). Raises ShardError naming the file when it cannot be read."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "matrix.json"
+    try:
+        m = json.loads(p.read_text(encoding="utf-8"))
+        recs = m["scenarios"]
+        if not isinstance(recs, list):
+            raise TypeError("scenarios is not a list")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ShardError(
+            f"--durations {path}: {p} is not a readable cutedebug matrix.json "
+            f"({type(e).__name__}: {e})"
+        ) from None
+    out = {}
+    for r in recs:
+        if isinstance(r, dict) and isinstance(r.get("id"), str):
+            secs = record_seconds(r)
+            if secs is not None:
+                out[r["id"]] = secs
+    return out
+
+
+# ---- merge -----------------------------------------------------------------------------------
+def _shard_records(d: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    from cutedebug.commands import triage
+
+    mpath = d / "matrix.json"
+    try:
+        m = json.loads(mpath.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ShardError(f"merge: {mpath}: not a readable triage matrix ({e})") from None
+    if m.get("schema") != triage.MATRIX_SCHEMA:
+        raise ShardError(
+            f"merge: {mpath}: schema {m.get('schema')!r}, expected {triage.MATRIX_SCHEMA!r}"
+        )
+    recs = list(triage.load_records(d / "results").values()) if (d / "results").is_dir() else []
+    if not recs:
+        recs = [r for r in m.get("scenarios", []) if isinstance(r, dict)]
+    return m, recs
+
+
+def _rebase_report(rec: dict[str, Any], src: Path, out: Path) -> dict[str, Any]:
+    rec = json.loads(json.dumps(rec))
+    for key in ("compile", "run", "bisect"):
+        call = rec.get(key)
+        if isinstance(call, dict) and call.get("report") and not os.path.isabs(call["report"]):
+            call["report"] = os.path.relpath((src / call["report"]).resolve(), out.resolve())
+    return rec
+
+
+def merge(inputs: list[Path], out: Path, *, command: str = "") -> dict[str, Any]:
+    """One matrix from the shards' output folders (written into ``out``); returns it."""
+    from cutedebug.commands import triage
+
+    if not inputs:
+        raise ShardError("merge: no shard folder given")
+    owner: dict[str, Path] = {}
+    records: list[dict[str, Any]] = []
+    shards, envs = [], []
+    for d in inputs:
+        m, recs = _shard_records(Path(d))
+        envs.append(m.get("environment") or {})
+        for r in recs:
+            sid = r["id"]
+            if sid in owner:
+                raise ShardError(
+                    f"merge: scenario {sid} is in {owner[sid]} and in {d}: the "
+                    "shards overlap (same --shard twice, or different scenario "
+                    "sets?)"
+                )
+            owner[sid] = Path(d)
+            records.append(_rebase_report(r, Path(d), out))
+        facts = m.get("facts") or {}
+        env = m.get("environment") or {}
+        shards.append(
+            {
+                "dir": str(d),
+                "scenarios": len(recs),
+                "host": env.get("host"),
+                "gpu": env.get("gpu"),
+                "command": m.get("command"),
+                "total_s": facts.get("total_s"),
+                "harness_errors": facts.get("harness_errors", 0),
+                "processes_left": facts.get("processes_left", []),
+                "gpu_health": facts.get("gpu_health"),
+                "interrupted": facts.get("interrupted", False),
+                "dir_": m.get("dir"),
+            }
+        )
+    env = dict(envs[0])
+    overheads = triage.overhead_list(records)
+    healths = [s["gpu_health"] for s in shards if s["gpu_health"] is not None]
+    facts = {
+        "harness_errors": sum(r.get("harness_errors", 0) for r in records),
+        "processes_left": [p for s in shards for p in s["processes_left"]],
+        "gpu_health": None
+        if not healths
+        else {
+            "healthy": all(h.get("healthy") for h in healths),
+            "per_shard": {s["dir"]: s["gpu_health"] for s in shards},
+        },
+        "overhead_s": {
+            "n": len(overheads),
+            "mean": sum(o for o, _ in overheads) / len(overheads),
+            "max": max(overheads)[0],
+            "max_id": max(overheads)[1],
+        }
+        if overheads
+        else {"n": 0},
+        "total_s": max((s["total_s"] or 0.0) for s in shards),
+        "interrupted": any(s["interrupted"] for s in shards),
+        "shards": [{k: v for k, v in s.items() if k != "dir_"} for s in shards],
+    }
+    results = out / "results"
+    results.mkdir(parents=True, exist_ok=True)
+    for old in results.glob("*.json"):
+        old.unlink()
+    for r in records:
+        triage.atomic_write(
+            results / triage.record_name(r["id"]), json.dumps(r, indent=1, default=str)
+        )
+    dirs = sorted({str(s["dir_"]) for s in shards if s["dir_"]})
+    m = triage.build_matrix(records, dir_=", ".join(dirs), command=command, env=env, facts=facts)
+    triage.write_matrix(out, m)
+    return m
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("merge", help="merge shard outputs (triage --shard) into one matrix")
+    p.add_argument("out", help="output folder of the merged matrix")
+    p.add_argument("shards", nargs="+", help="the shards' triage output folders")
+    p.set_defaults(func=cmd_merge)
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    from cutedebug.commands import triage
+    from cutedebug.reporting.report import command_line
+
+    try:
+        m = merge([Path(s) for s in args.shards], Path(args.out), command=command_line())
+    except ShardError as e:
+        print(f"cutedebug: error: {e}", file=sys.stderr)
+        return 2
+    recs = m["scenarios"]
+    rt = m["rates"]
+    print(f"merged {len(m['facts']['shards'])} shard(s), {len(recs)} scenario(s)")
+    for key in ("detection", "classification", "localization", "false_alarms"):
+        print(f"{key.replace('_', ' '):>15}: {triage._rate_text(rt[key])}")
+    for line in triage.facts_lines(m["facts"]):
+        print(line)
+    out = Path(args.out)
+    print(f"matrix: {out / 'matrix.md'} | {out / 'matrix.html'} | {out / 'matrix.json'}")
+    bad = [
+        r
+        for r in recs
+        if triage.state(r) in ("miss", "harness", "invalid")
+        or (triage.state(r) == "timing" and not r["verdict_ok"])
+    ]
+    health = m["facts"]["gpu_health"]
+    return (
+        1
+        if bad or m["facts"]["processes_left"] or (health is not None and not health.get("healthy"))
+        else 0
+    )

@@ -1,0 +1,100 @@
+"""Which GPUs a session may use, and which one each parallel worker gets.
+
+Stdlib only (nvidia-smi, never torch). A GPU is named as CUDA names it in
+``CUDA_VISIBLE_DEVICES``: an nvidia-smi index ("3") or a UUID ("GPU-8c2f..."). Binding a
+process to a GPU is setting ``CUDA_VISIBLE_DEVICES`` to that one name before anything in it
+creates a CUDA context; every worker it forks or spawns inherits it, and sees it as device 0.
+
+- :func:`visible_gpus`: the GPUs this process may use: the entries of its own
+  ``CUDA_VISIBLE_DEVICES`` when it is set (their order kept), else every GPU nvidia-smi lists.
+- :func:`parse_gpus`: ``all`` or a comma list (``0,1,3``), checked against those.
+- :func:`worker_index` and :func:`gpu_for_worker`: pytest-xdist worker ``gwN`` gets the N-th
+  GPU of the list (round robin when there are more workers than GPUs).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+VISIBLE_VAR = "CUDA_VISIBLE_DEVICES"
+
+
+class GpuSpecError(ValueError):
+    """A --gpus value that names no usable GPU (the message says which are allowed)."""
+
+
+def smi_gpus(timeout_s: float = 20.0) -> list[str]:
+    """Indices of the GPUs nvidia-smi lists ("0", "1", ...); [] without nvidia-smi or GPUs."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return []
+    try:
+        out = subprocess.run(
+            [smi, "--query-gpu=index", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    if out.returncode != 0:
+        return []
+    return [ln.strip() for ln in out.stdout.splitlines() if ln.strip().isdigit()]
+
+
+def visible_gpus(env: dict[str, str] | None = None) -> list[str]:
+    """The GPUs this process may use, as ``CUDA_VISIBLE_DEVICES`` entries."""
+    env = os.environ if env is None else env
+    visible = env.get(VISIBLE_VAR)
+    if visible is not None:
+        entries = [e.strip() for e in visible.split(",")]
+        # CUDA stops at the first invalid entry ("-1", "" hide every GPU)
+        out = []
+        for e in entries:
+            if not e or e.startswith("-"):
+                break
+            out.append(e)
+        return out
+    return smi_gpus()
+
+
+def parse_gpus(spec: str, visible: list[str]) -> list[str]:
+    """``all`` -> every visible GPU; ``0,2`` -> those, in that order, each one visible.
+    Raises GpuSpecError naming the allowed values."""
+    text = spec.strip()
+    allowed = (
+        f"'all' or a comma list of {', '.join(visible)}"
+        if visible
+        else "'all' (no GPU is visible here)"
+    )
+    if text == "all":
+        return list(visible)
+    names = [p.strip() for p in text.split(",")]
+    if not text or any(not n for n in names):
+        raise GpuSpecError(f"--gpus {spec!r}: empty GPU name; allowed: {allowed}")
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise GpuSpecError(f"--gpus {spec!r}: {', '.join(dup)} named twice; allowed: {allowed}")
+    unknown = [n for n in names if n not in visible]
+    if unknown:
+        raise GpuSpecError(
+            f"--gpus {spec!r}: {', '.join(unknown)} not visible here; allowed: {allowed}"
+        )
+    return names
+
+
+def worker_index(worker_id: str | None) -> int | None:
+    """pytest-xdist's worker id ``gw3`` -> 3; None for the controller or without xdist."""
+    if not worker_id or not worker_id.startswith("gw") or not worker_id[2:].isdigit():
+        return None
+    return int(worker_id[2:])
+
+
+def gpu_for_worker(index: int, gpus: list[str]) -> str:
+    """The GPU worker ``index`` runs on: the index-th of ``gpus``, round robin."""
+    if not gpus:
+        raise GpuSpecError("no GPU to bind the worker to")
+    return gpus[index % len(gpus)]
