@@ -5,6 +5,7 @@
     cutedebug faults                                      the fault registry
     cutedebug triage DIR --out OUT [--resume] [--repeat N] [--bisect]  every scenario, one matrix
     cutedebug exec [--fault F] [--probes] -- CMD ARGS...  any program, watched and instrumented
+    cutedebug mutate --out OUT [--resume] -- CMD ARGS...  how many injected faults CMD catches
 
 Exit codes: 0 every verdict matched its expectation, 1 some did not, 2 usage or input error.
 """
@@ -193,6 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
     bisect.add_parser(sub)
     from cutedebug.commands import exec as exec_cmd  # `cutedebug exec`
     exec_cmd.add_parser(sub)
+    from cutedebug.commands import mutate  # `cutedebug mutate`
+    mutate.add_parser(sub)
     return p
 
 

@@ -6,13 +6,13 @@ process tree (``python repro.py``, ``python -m pytest``, pytest-xdist workers, a
 subprocesses) then imports that folder's ``sitecustomize``, which calls ``activate()``:
 
 - an import hook waits for ``import cutlass`` (nothing is imported before the program does), then
-  enters, for the rest of the process and in this order, the protocol recorder (mutate's clean
-  run), the fault (``faults.inject``) and the probes (``probes.instrument``, with a pinned,
+  enters, for the rest of the process and in this order, the recorder of pipelines and ops
+  (mutate's clean run), the fault (``faults.inject``) and the probes (``probes.instrument``, with a pinned,
   host-mapped buffer). Every kernel traced after that point, by ``cute.compile`` or a direct
   ``@cute.jit`` call, in the program or in an installed library, is traced with them;
 - after each trace (the DSL's trace-finalize hook) one ``compiled`` event: the kernels of the
   module, the probe sites (each with the Python kernel it belongs to), the fault's sites, and
-  with the recorder on the pipelines and ops traced so far;
+  with the recorder on, the pipelines and ops traced so far;
 - a monitor thread streams the probe buffer (stuck records, beacons) as ``progress`` events
   while the program runs, and a final ``probe_report`` at exit;
 - SIGUSR1 dumps every thread's Python stack (faulthandler) to ``stacks/PID.txt``: the parent
@@ -177,11 +177,7 @@ def _on_cutlass() -> None:
     cfg = state.cfg
     try:
         if cfg.get("record"):
-            from cutedebug.analyses import (
-                lint,
-            )  # the protocol recorder (outermost, as in the worker)
-
-            state.protocol = state.stack.enter_context(lint.record())
+            state.protocol = _enter_recorder(state)
         if cfg.get("fault"):
             from cutedebug.instrument import faults
 
@@ -346,38 +342,99 @@ def _emit_compiled(state: _State, function_name: str, kernels: list[str]) -> Non
         fields["fault_count"] = state.applied.count
         fields["fault_sites"] = state.applied.sites[:200]
     if state.protocol is not None:
-        fields["protocol"] = protocol_summary(state.protocol)
+        fields["protocol"] = state.protocol
     state.events.emit("compiled", **fields)
 
 
-def protocol_summary(proto: Any) -> dict[str, Any]:
-    """Pipelines in creation order (the order faults number them) and the ops each one has."""
-    pipes = sorted(proto.pipelines.values(), key=lambda p: p.init_seq)
-    ops: dict[str, dict[str, int]] = {}
-    for ev in proto.events:
-        if ev.pipeline is not None:
-            per = ops.setdefault(ev.pipeline, {})
-            per[ev.kind] = per.get(ev.kind, 0) + 1
-    other: dict[str, int] = {}
-    for ev in proto.events:
-        if ev.pipeline is None:
-            other[ev.kind] = other.get(ev.kind, 0) + 1
-    return {
-        "pipelines": [
-            {
-                "key": p.key,
-                "class": p.cls,
-                "file": p.file,
-                "line": p.line,
-                "stages": p.stages,
-                "initialized": p.full_init is not None or p.empty_init is not None,
-                "ops": ops.get(p.key, {}),
-            }
-            for p in pipes
-        ],
-        "other_ops": other,
-        "state_types": proto.state_types,
-    }
+PIPELINE_OPS = (
+    "producer_acquire",
+    "producer_commit",
+    "consumer_wait",
+    "consumer_release",
+    "producer_tail",
+)
+ARCH_OPS = (
+    "sync_threads",
+    "sync_warp",
+    "barrier",
+    "barrier_arrive",
+    "cluster_arrive",
+    "cluster_arrive_relaxed",
+    "fence_acq_rel_cluster",
+    "mbarrier_init_fence",
+)
+_PIPELINE_INDEX = "_cutedebug_recorded_index"
+
+
+def _enter_recorder(state: _State) -> dict[str, Any]:
+    """Observe what the traced kernels have: pipelines numbered in create() order exactly as the
+    faults' ``pipeline`` argument numbers them (outermost create() of a cutlass.pipeline class
+    with mbarriers, PipelineTmaStore left out), the ops traced on each, and the kernel-wide
+    synchronization calls (outside pipeline init) the other faults act on."""
+    from cutedebug.instrument import faults, frames
+
+    recorded: dict[str, Any] = {"pipelines": [], "arch_ops": {}, "untagged_ops": {}}
+    patcher = faults._Patcher(faults.Applied(None, {}))
+    state.stack.callback(patcher.restore)
+    depth = faults._Depth()
+    for cls in faults._pipeline_classes("create", exclude=("PipelineTmaStore",)):
+
+        def create(*a, _orig=cls.create, _cls=cls, **kw):
+            with depth.enter() as outermost:
+                if not outermost:
+                    return _orig(*a, **kw)
+                file, line, _ = frames.kernel_frame()
+                rec = {
+                    "index": len(recorded["pipelines"]),
+                    "class": _cls.__name__,
+                    "file": file,
+                    "line": line,
+                    "kernel": current_kernel().get("kernel"),
+                    "stages": kw.get("num_stages")
+                    if isinstance(kw.get("num_stages"), int)
+                    else None,
+                    "ops": {},
+                }
+                recorded["pipelines"].append(rec)
+                pipe = _orig(*a, **kw)
+                with contextlib.suppress(AttributeError, TypeError):
+                    object.__setattr__(pipe, _PIPELINE_INDEX, rec["index"])
+                return pipe
+
+        patcher.set_attr(cls, "create", staticmethod(create))
+    for op in PIPELINE_OPS:
+        op_depth = faults._Depth()
+        for cls in faults._pipeline_classes(op):
+
+            def wrapper(self, *a, _orig=vars(cls)[op], _op=op, _d=op_depth, **kw):
+                with _d.enter() as outermost:
+                    if outermost:
+                        idx = getattr(self, _PIPELINE_INDEX, None)
+                        ops = (
+                            recorded["pipelines"][idx]["ops"]
+                            if idx is not None
+                            else recorded["untagged_ops"].setdefault(type(self).__name__, {})
+                        )
+                        ops[_op] = ops.get(_op, 0) + 1
+                    return _orig(self, *a, **kw)
+
+            wrapper.__name__ = op
+            patcher.set_attr(cls, op, faults._user_op(wrapper))
+    import cutlass.cute as cute
+
+    for name in ARCH_OPS:
+        original = getattr(cute.arch, name, None)
+        if original is None:
+            continue
+
+        def arch_wrapper(*a, _orig=original, _name=name, **kw):
+            if _name == "mbarrier_init_fence" or not faults._called_from(faults._INIT_FUNCTIONS):
+                ops = recorded["arch_ops"]
+                ops[_name] = ops.get(_name, 0) + 1
+            return _orig(*a, **kw)
+
+        patcher.replace_everywhere(original, faults._user_op(arch_wrapper))
+    return recorded
 
 
 class _Monitor(threading.Thread):

@@ -1,0 +1,185 @@
+"""`cutedebug mutate` on CPU: which mutants apply, and a real run over a compile-only target.
+
+tests/exec_targets/compile_ptx_check.py compiles kernels/tma_stream.py for sm_90a and fails when
+the PTX's expect_tx bytes or mbarrier.init counts differ from the clean kernel's; it checks
+nothing else. So, independently of cutedebug: wrong_expect_tx and wrong_arrive_count (which
+change exactly those numbers, see test_faults.py) must be caught as FAIL, and
+skip_producer_tail (which removes the tail's try_wait loops only) must survive.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from cutedebug.commands import exec as X
+from cutedebug.commands import mutate as M
+from cutedebug.engine import verdict as V
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGET = ROOT / "tests" / "exec_targets" / "compile_ptx_check.py"
+
+# The recorder's output for kernels/tma_stream.py (captured from a clean run of TARGET).
+TMA_STREAM_RECORD = {
+    "pipelines": [
+        {
+            "index": 0,
+            "class": "PipelineTmaAsync",
+            "file": "kernels/tma_stream.py",
+            "line": 200,
+            "kernel": "TmaStream.kernel",
+            "stages": 4,
+            "ops": {
+                "producer_acquire": 1,
+                "producer_commit": 1,
+                "producer_tail": 1,
+                "consumer_wait": 1,
+                "consumer_release": 1,
+            },
+        }
+    ],
+    "arch_ops": {"mbarrier_init_fence": 1, "sync_warp": 1},
+    "untagged_ops": {},
+}
+
+
+def mutate(*args: str, out: Path, timeout: float = 900) -> tuple[int, str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run(
+        [sys.executable, "-m", "cutedebug", "mutate", "--out", str(out), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=str(ROOT),
+    )
+    return r.returncode, r.stdout + r.stderr
+
+
+def test_plan_follows_the_recorded_ops():
+    ids = [m.id for m in M.plan(TMA_STREAM_RECORD, None, None)]
+    assert ids == [
+        "p0.wrong_expect_tx+16",
+        "p0.missing_phase_flip.consumer",
+        "p0.missing_phase_flip.producer",
+        "p0.skip_producer_tail",
+        "p0.skip_consumer_release",
+        "p0.extra_consumer_release",
+        "p0.wrong_arrive_count.empty+1",
+        "p0.wrong_arrive_count.full+1",
+        "p0.early_exit.consumer",
+        "p0.early_exit.producer",
+        "kernel-wide.missing_init_fence",
+        "kernel-wide.drop_sync.warp",
+    ]
+    for m in M.plan(TMA_STREAM_RECORD, None, None):
+        from cutedebug.instrument import faults
+
+        assert faults.validate(m.fault, m.args) is not None  # every spec is a valid fault
+        assert m.target != "p0" or m.args.get("pipeline") == 0
+    # a consumer-only pipeline without a tail, a named barrier, a cluster arrive
+    rec = {
+        "pipelines": [
+            {"index": 0, "class": "PipelineAsync", "ops": {"consumer_wait": 2}},
+            {"index": 1, "class": "PipelineTmaUmma", "ops": {"producer_acquire": 1}},
+        ],
+        "arch_ops": {"barrier": 2, "cluster_arrive": 1},
+    }
+    ids = [m.id for m in M.plan(rec, None, [1])]
+    assert ids == [
+        "p1.wrong_expect_tx+16",
+        "p1.missing_phase_flip.producer",
+        "p1.wrong_arrive_count.empty+1",
+        "p1.wrong_arrive_count.full+1",
+        "p1.expect_tx_no_2cta_doubling",
+        "kernel-wide.missing_init_fence",
+        "kernel-wide.drop_sync.cta",
+        "kernel-wide.wrong_barrier_threads+32",
+        "kernel-wide.cta_scope_sync",
+    ]
+    assert [m.id for m in M.plan(rec, ["missing_phase_flip"], None)] == [
+        "p0.missing_phase_flip.consumer",
+        "p1.missing_phase_flip.producer",
+    ]
+
+
+def _result(verdict: V.Verdict, fault_count: int) -> X.ExecResult:
+    res = X.ExecResult(
+        settings=X.Settings(argv=["x"], fault="skip_producer_tail"),
+        verdict=verdict,
+        reason="",
+        run_dir=Path("."),
+        returncode=0,
+        killed_by=None,
+        elapsed_s=0.0,
+    )
+    res.processes = {1: {"pid": 1, "fault_count": fault_count}}
+    return res
+
+
+def test_status_of_a_mutant():
+    assert M.status_of(_result(V.Verdict.HANG, 2)) == M.CAUGHT
+    assert M.status_of(_result(V.Verdict.FAIL, 1)) == M.CAUGHT
+    assert M.status_of(_result(V.Verdict.PASS, 1)) == M.SURVIVED
+    # the fault changed nothing: neither caught nor survived, whatever the command did
+    assert M.status_of(_result(V.Verdict.PASS, 0)) == M.NOT_APPLIED
+    assert M.status_of(_result(V.Verdict.FAIL, 0)) == M.NOT_APPLIED
+    assert M.status_of(_result(V.Verdict.HARNESS_ERROR, 3)) == M.HARNESS
+
+
+def test_mutate_over_a_compile_only_target_then_resume(tmp_path):
+    out = tmp_path / "m"
+    rc, text = mutate(
+        "--jobs",
+        "2",
+        "--faults",
+        "wrong_expect_tx,wrong_arrive_count,skip_producer_tail",
+        "--",
+        sys.executable,
+        str(TARGET),
+        out=out,
+    )
+    assert rc == 0, text
+    m = json.loads((out / "matrix.json").read_text())
+    status = {r["id"]: (r["status"], r["verdict"]) for r in m["mutants"]}
+    assert status == {
+        "p0.wrong_expect_tx+16": ("CAUGHT", "FAIL"),
+        "p0.wrong_arrive_count.empty+1": ("CAUGHT", "FAIL"),
+        "p0.wrong_arrive_count.full+1": ("CAUGHT", "FAIL"),
+        "p0.skip_producer_tail": ("SURVIVED", "PASS"),
+    }
+    assert m["score"]["score"] == 0.75 and m["score"]["counts"]["SURVIVED"] == 1
+    surv = next(r for r in m["mutants"] if r["status"] == "SURVIVED")
+    assert [(os.path.basename(s["file"]), s["line"]) for s in surv["sites"]] == [
+        ("tma_stream.py", 246)
+    ]  # producer_tail's call in the kernel
+    assert "p0.skip_producer_tail" in (out / "matrix.md").read_text().split("## Survivors")[1]
+    page = (out / "matrix.html").read_text()
+    assert page.count("<td class='ok'") == 3 and page.count("<td class='miss'") == 1
+    assert "[  4/4]" in text and "mutation score 75%" in text
+    assert len((out / "results.jsonl").read_text().splitlines()) == 4
+    # --resume: the clean run and the four mutants are kept, nothing runs again
+    rc, text = mutate(
+        "--resume",
+        "--faults",
+        "wrong_expect_tx,wrong_arrive_count,skip_producer_tail",
+        "--",
+        sys.executable,
+        str(TARGET),
+        out=out,
+    )
+    assert rc == 0 and "4 mutant(s), 4 already done" in text, text
+    assert "clean run: /" not in text  # not rerun
+    assert json.loads((out / "matrix.json").read_text())["score"] == m["score"]
+
+
+def test_a_command_that_fails_clean_is_not_scored(tmp_path):
+    rc, text = mutate(
+        "--", sys.executable, str(ROOT / "tests/exec_targets/exits_nonzero.py"), out=tmp_path / "m"
+    )
+    assert rc == 1 and "does not pass without faults" in text
+    m = json.loads((tmp_path / "m" / "matrix.json").read_text())
+    assert m["clean"]["verdict"] == "FAIL" and m["mutants"] == [] and m["score"]["score"] is None
