@@ -143,3 +143,40 @@ def test_compiled_kernel_gets_the_fault_and_the_probes(tmp_path):
         ("producer_tail", "empty", "TmaStream.kernel"),
         ("consumer_wait", "full", "TmaStream.kernel"),
     }
+
+
+def test_stuck_records_of_a_recorded_h200_hang_make_a_localized_hang(tmp_path):
+    """The events of tma_stream/wrong_expect_tx_plus recorded on the H200 (the worker's compiled
+    event with the probe sites, its live pictures and final probe report), read as the events of
+    one process of an exec'd command."""
+    from cutedebug.commands import exec as X
+    from cutedebug.engine import verdict as V
+
+    tree = X._Tree()
+    lines = (ROOT / "tests/data/runs/wrong_expect_tx_plus/events.jsonl").read_text()
+    for line in lines.splitlines():
+        tree.add({**json.loads(line), "pid": 4242})
+    res = X.ExecResult(
+        settings=X.Settings(argv=["python", "repro.py"]),
+        verdict=V.Verdict.PASS,
+        reason="",
+        run_dir=tmp_path,
+        returncode=-9,
+        killed_by="stuck records",
+        elapsed_s=1.0,
+        processes=tree.procs,
+    )
+    X.classify(res)
+    assert res.verdict is V.Verdict.HANG and "80 stuck record(s)" in res.reason
+    assert res.evidence["pid"] == 4242
+    consumers = {
+        (s["op"], s["barrier"], s["stage"], s["location"])
+        for s in res.evidence["stuck_sites"]
+        if s["role"] == "consumer"
+    }
+    assert consumers == {("consumer_wait", "full", 0, "tma_stream.py:269")}
+    assert any("expect_tx larger than the bytes delivered" in d for d in res.evidence["diagnosis"])
+    md = X.write_report(res).read_text()
+    assert "| 0-15 | 0-3 | consumer | consumer_wait | full[0] | 0 |" in md
+    assert (tmp_path / "stuck_map.svg").read_text().startswith("<svg")
+    assert "## Stuck map" in md

@@ -355,6 +355,15 @@ def hang_evidence(proc: dict[str, Any], stalled: bool) -> dict[str, Any]:
     if stalled:
         o.killed_by_watchdog = "stall"
     ev = runner.probe_evidence(o) or {}
+    picture, _ = runner.probe_picture(o)
+    if picture:
+        from cutedebug.instrument.probes import snapshot_from_json
+        from cutedebug.reporting import stuck_map as SM
+
+        snap = snapshot_from_json(picture)
+        table = (proc.get("compiled") or {}).get("probe_sites") or []
+        ev["stuck_map_text"] = SM.stuck_map_text(snap, table)
+        ev["stuck_map_svg"] = SM.stuck_map_svg(snap, table)
     sites = {s["id"]: s for s in (proc.get("compiled") or {}).get("probe_sites") or []}
     kernels = []
     for st in ev.get("stuck_sites", []):
@@ -601,7 +610,7 @@ def to_markdown(res: ExecResult, expect: str = "PASS", command: str = "") -> str
 
 
 def write_report(res: ExecResult, expect: str = "PASS", command: str = "") -> Path:
-    from cutedebug.reporting.report import atomic_write
+    from cutedebug.reporting.files import atomic_write
 
     svg = res.evidence.pop("stuck_map_svg", None)
     if svg:

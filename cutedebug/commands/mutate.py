@@ -405,7 +405,7 @@ def render_markdown(m: dict[str, Any]) -> str:
 
 
 def render_html(m: dict[str, Any]) -> str:
-    from cutedebug.commands.triage import CSS
+    from cutedebug.reporting.matrix import CSS
 
     e = html.escape
     targets, variants, cells = _pivot(m)
@@ -444,7 +444,7 @@ def render_html(m: dict[str, Any]) -> str:
 
 
 def write_matrix(out: Path, m: dict[str, Any]) -> None:
-    from cutedebug.reporting.report import atomic_write
+    from cutedebug.reporting.files import atomic_write
 
     atomic_write(out / "matrix.json", json.dumps(m, indent=1, default=str))
     atomic_write(out / "matrix.md", render_markdown(m))
