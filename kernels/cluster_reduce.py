@@ -75,6 +75,14 @@ Kernel-level switches (SWITCHES):
   L = 2C, CTAs of rank >= C get no partials -> HANG in the partials wait (ranks < C get 2C
   partials, their phases complete early -> wrong sums; rank >= C CTAs read past their row).
   The kernel's PTX is unchanged: only the launch differs.
+- ``unassumed_align`` (a wrong-value-table switch; off = the PTX above, byte for byte): the
+  slice loads go through an explicit 128-bit copy atom on a view of x whose row pitch is a
+  run-time value with no ``cute.assume(pitch, divby=V)``: the DSL's verifier cannot prove
+  16-byte alignment and rejects the copy (COMPILE_ERROR). Needs 128-bit loads (V > 1).
+
+Tiling (``tiling()``, for cutedebug's mismatch map): rmsnorm output [M, N] in tiles of one row
+x one CTA slice (V * S columns); the tile's CTA is (row's cluster, slice rank); sum output [M]
+as M x 1 tiles of one row.
 """
 
 from __future__ import annotations
@@ -126,6 +134,7 @@ class ClusterReduce:
         "skip_init_cluster_sync": "no cluster barrier after mbarrier init (CTA bar.sync only)",
         "skip_cluster_tail": "no trailing cluster barrier before exit",
         "cluster_mismatch": "launch cluster dims differ from the cluster the kernel reduces over",
+        "unassumed_align": "128-bit load atom on a view of x with an unassumed run-time row pitch",
     }
     TOLERANCE = (1e-5, 1e-5)
 
@@ -133,7 +142,7 @@ class ClusterReduce:
                  cluster=PARAMS["cluster"], clusters=PARAMS["clusters"],
                  threads=PARAMS["threads"], unroll=PARAMS["unroll"], eps=PARAMS["eps"],
                  seed=PARAMS["seed"], skip_init_cluster_sync=False, skip_cluster_tail=False,
-                 cluster_mismatch=False):
+                 cluster_mismatch=False, unassumed_align=False):
         if dtype not in DTYPES:
             raise ValueError(f"dtype {dtype!r}: allowed {list(DTYPES)}")
         if op not in ("sum", "rmsnorm"):
@@ -154,10 +163,14 @@ class ClusterReduce:
         self.skip_init_cluster_sync = skip_init_cluster_sync
         self.skip_cluster_tail = skip_cluster_tail
         self.cluster_mismatch = cluster_mismatch
+        self.unassumed_align = unassumed_align
         self.launch_cluster = launch_cluster(cluster, cluster_mismatch)
         elem = ELEM_BYTES[dtype]
         self.vec = VECTOR_BYTES // elem if n % (VECTOR_BYTES // elem) == 0 else 1
         self.nv = n // self.vec
+        if unassumed_align and self.vec == 1:
+            raise ValueError(f"unassumed_align needs 128-bit loads: n={n} must be a multiple "
+                             f"of {VECTOR_BYTES // elem}")
         self.slice = -(-self.nv // cluster)
         self.chunk = threads * unroll
         self.iters = -(-self.slice // self.chunk)
@@ -209,6 +222,13 @@ class ClusterReduce:
             cute.arch.cluster_arrive_relaxed()
             cute.arch.cluster_wait()
 
+        if cutlass.const_expr(self.unassumed_align):
+            # fault: the row pitch is a run-time value nobody promised divisible by V
+            # (no cute.assume): the 128-bit load atom needs an alignment x cannot prove
+            pitch = cutlass.Int32(self.n)
+            x = cute.make_tensor(x.iterator, cute.make_layout((self.m, self.n),
+                                                              stride=(pitch, 1)))
+
         # vector slice [start, end) of this CTA, thread tid's first vector in it
         start = rank * self.slice
         end = cutlass.min(start + self.slice, self.nv)
@@ -254,7 +274,13 @@ class ClusterReduce:
         for it in cutlass.range(self.full_iters, unroll=1):
             base = start + it * self.chunk + tid
             for u in cutlass.range_constexpr(U):
-                cute.autovec_copy(cute.local_tile(xrow, (vec,), (base + u * T,)), rx[(None, u)])
+                src = cute.local_tile(xrow, (vec,), (base + u * T,))
+                if cutlass.const_expr(self.unassumed_align):
+                    load = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype,
+                                               num_bits_per_copy=128)
+                    cute.copy(load, src, rx[(None, u)])
+                else:
+                    cute.autovec_copy(src, rx[(None, u)])
             self.accumulate(rx, acc)
         if cutlass.const_expr(self.full_iters < self.iters):
             for it in cutlass.range(self.full_iters, self.iters, unroll=1):
@@ -325,6 +351,23 @@ class ClusterReduce:
                 cute.autovec_copy(ry, cute.local_tile(orow, (vec,), (v,)))
 
     # ---- interface ------------------------------------------------------------------------
+    def tiling(self):
+        """rmsnorm: tiles of one row x one CTA slice; sum: one element per row. A tile's CTA:
+        (the row's cluster, the slice's rank; for sum the rank that writes the row); its
+        position: the row's index among its cluster's rows (slot = position % 2)."""
+        width = self.vec * self.slice
+        ranks = 1 if self.op == "sum" else -(-self.n // width)
+        cta, seq = [], []
+        for row in range(self.m):
+            group, position = row % self.groups, row // self.groups
+            owners = [row % self.cluster] if self.op == "sum" else range(ranks)
+            cta.append([group * self.cluster + r for r in owners])
+            seq.append([position] * len(owners))
+        shape = [self.m, 1] if self.op == "sum" else [self.m, self.n]
+        tile = [1, 1] if self.op == "sum" else [1, width]
+        return {"shape": shape, "tile": tile, "stages": SLOTS, "k_tiles": 1,
+                "tile_cta": cta, "tile_seq": seq}
+
     def _out_shape(self):
         return (self.m,) if self.op == "sum" else (self.m, self.n)
 

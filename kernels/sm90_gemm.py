@@ -83,6 +83,17 @@ Kernel-level switches (cluster_m=2 only):
   PASS, since init takes far less than the first TMA round trip.
 - ``cluster_mismatch``: launched with 1-CTA clusters: the multicast mask and the remote release
   name a CTA rank that does not exist -> CRASH (or HANG: 16 arrivals expected, 8 come).
+Wrong-value switches (rows of the failure table; off = the PTX above, byte for byte):
+- ``edge_pred_whole_tiles``: the TMA store's view of C is cut to whole tiles (M and N rounded
+  down to 128 / tile_n): the TMA bounds are the store predicate, so the partial tiles at the
+  M / N edges are never stored (they keep the output's NaN): MISMATCH in the edge tiles only.
+- ``stale_smem_store``: sub-tiles e >= 4 of the epilogue skip their ``stmatrix`` (their values
+  stay in registers), so the TMA store copies the smem slot as sub-tile e - 4 left it: columns
+  128 .. 255 of every tile repeat columns 0 .. 127 (tile_n 256 only), the same every run.
+
+Tiling (``tiling()``, for cutedebug's mismatch map): output tiles 128 x tile_n; each tile's CTA
+and its sequence number on that CTA from the grouped raster above; a tile's k-tiles go through
+ring slots (seq * k_tiles + kt) % stages.
 """
 
 from __future__ import annotations
@@ -143,13 +154,17 @@ class Sm90Gemm:
         "skip_init_cluster_sync": "cluster_m=2: after mbarrier init each CTA syncs only itself, "
                                   "not the cluster",
         "cluster_mismatch": "cluster_m=2 protocol launched without clusters (1-CTA clusters)",
+        "edge_pred_whole_tiles": "TMA store view of C cut to whole tiles: edge tiles unstored",
+        "stale_smem_store": "epilogue sub-tiles 4..7 skip stmatrix: the TMA store copies stale "
+                            "smem (tile_n 256)",
     }
     TOLERANCE = (1e-2, 1e-2)
 
     def __init__(self, m=PARAMS["m"], n=PARAMS["n"], k=PARAMS["k"], dtype=PARAMS["dtype"],
                  tile_n=PARAMS["tile_n"], stages=PARAMS["stages"],
                  cluster_m=PARAMS["cluster_m"], group_m=PARAMS["group_m"], ctas=PARAMS["ctas"],
-                 seed=PARAMS["seed"], skip_init_cluster_sync=False, cluster_mismatch=False):
+                 seed=PARAMS["seed"], skip_init_cluster_sync=False, cluster_mismatch=False,
+                 edge_pred_whole_tiles=False, stale_smem_store=False):
         if dtype not in DTYPES:
             raise ValueError(f"dtype {dtype!r}: allowed {list(DTYPES)}")
         if min(m, n, k) < 1 or stages < 2 or ctas < cluster_m:
@@ -169,6 +184,9 @@ class Sm90Gemm:
         self.dtype = DTYPES[dtype]
         self.tile_n, self.stages, self.cluster_m, self.ctas = tile_n, stages, cluster_m, ctas
         self.skip_init_cluster_sync, self.cluster_mismatch = skip_init_cluster_sync, cluster_mismatch
+        self.edge_pred_whole_tiles, self.stale_smem_store = edge_pred_whole_tiles, stale_smem_store
+        if edge_pred_whole_tiles and (m < TILE_M or n < tile_n):
+            raise ValueError("edge_pred_whole_tiles needs m >= 128 and n >= tile_n")
         self.tiles_m, self.tiles_n = -(-m // TILE_M), -(-n // tile_n)
         self.k_tiles = -(-k // TILE_K)
         self.cluster_rows = -(-self.tiles_m // cluster_m)
@@ -196,6 +214,11 @@ class Sm90Gemm:
         a = cute.make_tensor(a.iterator, cute.make_layout((m, self.k), stride=(self.k, 1)))
         b = cute.make_tensor(b.iterator, cute.make_layout((n, self.k), stride=(self.k, 1)))
         c = cute.make_tensor(c.iterator, cute.make_layout((m, self.n), stride=(self.n, 1)))
+        if cutlass.const_expr(self.edge_pred_whole_tiles):
+            # fault: C's bounds (the TMA store's predicate) rounded down to whole tiles
+            whole_m = cutlass.Int32(self.m // TILE_M * TILE_M)
+            c = cute.make_tensor(c.iterator, cute.make_layout(
+                (whole_m, self.n // self.tile_n * self.tile_n), stride=(self.n, 1)))
         tiler = (TILE_M, self.tile_n, TILE_K)
         tiled_mma = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.K, cutlass.Float32,
@@ -388,7 +411,9 @@ class Sm90Gemm:
                 for v in cutlass.range_constexpr(sub_size):
                     sub_f32[v] = trs_acc[e * sub_size + v]
                 sub_out.store(sub_f32.load().to(self.dtype))
-                cute.copy(r2s, sub_out, trs_sc[(None, None, None, buf)])
+                if cutlass.const_expr(not (self.stale_smem_store and e >= EPI_STAGES)):
+                    # (fault stale_smem_store: sub-tiles e >= 4 stay in registers only)
+                    cute.copy(r2s, sub_out, trs_sc[(None, None, None, buf)])
                 # stmatrix writes are generic-proxy; the TMA store reads through the async proxy
                 cute.arch.fence_view_async_shared()
                 epilogue_sync.arrive_and_wait()
@@ -402,6 +427,24 @@ class Sm90Gemm:
             store_ring.producer_tail()
 
     # ---- interface ------------------------------------------------------------------------
+    def tiling(self):
+        """Output tiles 128 x tile_n, each tile's CTA and its position in that CTA's work order
+        (host-side mirror of the grouped persistent schedule; -1: a tile nobody computes)."""
+        cta = [[-1] * self.tiles_n for _ in range(self.tiles_m)]
+        seq = [[-1] * self.tiles_n for _ in range(self.tiles_m)]
+        for unit in range(self.units):
+            cluster, position = unit % self.clusters, unit // self.clusters
+            cluster_row, tn = grouped_tile(unit, self.cluster_rows, self.tiles_n,
+                                           self.group_rows)
+            for rank in range(self.cluster_m):
+                tm = cluster_row * self.cluster_m + rank
+                if tm < self.tiles_m:
+                    cta[tm][tn] = cluster * self.cluster_m + rank
+                    seq[tm][tn] = position
+        return {"shape": [self.m, self.n], "tile": [TILE_M, self.tile_n],
+                "stages": self.stages, "k_tiles": self.k_tiles, "tile_cta": cta,
+                "tile_seq": seq}
+
     def fake_args(self):
         a = make_fake_tensor(self.dtype, (self.m, self.k), stride=(self.k, 1), assumed_align=16)
         b = make_fake_tensor(self.dtype, (self.n, self.k), stride=(self.k, 1), assumed_align=16)

@@ -58,6 +58,20 @@ Kernel-level switch:
 - ``oob_store``: the output view starts ``tile_m`` rows late, so the last tile row writes
   ``tile_m * N`` elements past the end of the output (memcheck: invalid global write; a plain
   run: MISMATCH, every tile lands one tile row low).
+Wrong-value switches (rows of the failure table; off = the PTX above, byte for byte):
+- ``edge_pred_whole_tiles``: the store predicate asks "is the whole tile inside (M, N)?"
+  instead of testing each vector's (row, col): the partial tiles at the M / N edges are never
+  stored (they keep the output's NaN): MISMATCH in the edge tiles only.
+- ``stale_smem_store``: y is computed in registers, but the store copies the stage's x from
+  smem (the copy that was never updated; the release moves after the stores): every element
+  wrong, the same way every run.
+- ``unassumed_align``: the stores go through an explicit 128-bit copy atom into an output view
+  whose row pitch is a run-time value with no ``cute.assume(pitch, divby=4)``: the DSL's
+  verifier cannot prove 16-byte alignment and rejects the copy (COMPILE_ERROR).
+
+Tiling (``tiling()``, for cutedebug's mismatch map): output tiles tile_m x tile_n in row-major
+tile order, CTA b takes tiles b, b + grid, ...; a tile's sequence number on its CTA picks its
+ring slot (seq % stages).
 """
 
 from __future__ import annotations
@@ -101,13 +115,18 @@ class TmaStream:
     ARCHS = ("sm_90a",)
     SWITCHES: ClassVar[dict[str, str]] = {
         "oob_store": "output view shifted tile_m rows: the last tile row writes past the allocation",
+        "edge_pred_whole_tiles": "store predicate admits whole tiles only: edge tiles unstored",
+        "stale_smem_store": "stores copy the stage's x from smem instead of y from registers",
+        "unassumed_align": "128-bit store atom on an output view with an unassumed run-time "
+                           "row pitch",
     }
     TOLERANCE = (1e-5, 1e-5)
 
     def __init__(self, m=PARAMS["m"], n=PARAMS["n"], dtype=PARAMS["dtype"],
                  tile_m=PARAMS["tile_m"], tile_n=PARAMS["tile_n"], stages=PARAMS["stages"],
                  consumer_warps=PARAMS["consumer_warps"], ctas=PARAMS["ctas"],
-                 seed=PARAMS["seed"], oob_store=False):
+                 seed=PARAMS["seed"], oob_store=False, edge_pred_whole_tiles=False,
+                 stale_smem_store=False, unassumed_align=False):
         if dtype not in DTYPES:
             raise ValueError(f"dtype {dtype!r}: allowed {list(DTYPES)}")
         elem = ELEM_BYTES[dtype]
@@ -127,6 +146,9 @@ class TmaStream:
         self.tile_m, self.tile_n, self.stages = tile_m, tile_n, stages
         self.consumer_warps = consumer_warps
         self.oob_store = oob_store
+        self.edge_pred_whole_tiles = edge_pred_whole_tiles
+        self.stale_smem_store = stale_smem_store
+        self.unassumed_align = unassumed_align
         self.vec = VECTOR_BYTES // elem
         self.threads_per_row = tile_n // self.vec
         self.consumer_threads = 32 * consumer_warps
@@ -254,6 +276,15 @@ class TmaStream:
         if cutlass.const_expr(self.oob_store):
             # fault: the view starts tile_m rows late; the predicates still trust (m, n)
             out = cute.make_tensor(out.iterator + self.tile_m * self.n, out.layout)
+        store_atom = None
+        if cutlass.const_expr(self.unassumed_align):
+            # fault: the row pitch is a run-time value nobody promised divisible by 4
+            # (no cute.assume): the 128-bit atom needs an alignment the view cannot prove
+            pitch = cutlass.Int32(self.n)
+            out = cute.make_tensor(out.iterator,
+                                   cute.make_layout((self.m, self.n), stride=(pitch, 1)))
+            store_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype,
+                                             num_bits_per_copy=128)
         # thread t covers row (t // threads_per_row) + rows_per_pass * p and vec columns
         # starting at (t % threads_per_row) * vec, for passes p = 0 .. passes-1
         row0 = tid // self.threads_per_row
@@ -274,23 +305,50 @@ class TmaStream:
                                   rx[(None, p)])
                 rscale[p] = ss[(r, state.index)]
                 rbias[p] = sb[(r, state.index)]
-            # lane 0 releases for the whole warp: every lane's smem reads must be done first
-            cute.arch.sync_warp()
-            ring.consumer_release(state)
-            state.advance()
+            if cutlass.const_expr(not self.stale_smem_store):
+                # lane 0 releases for the whole warp: every lane's smem reads must be done first
+                cute.arch.sync_warp()
+                ring.consumer_release(state)
+                state.advance()
 
             m0, n0 = tile_origin(tile, self.tiles_n, self.tile_m, self.tile_n)
             col = n0 + col0
             for p in cutlass.range_constexpr(self.passes):
                 row = m0 + row0 + p * self.rows_per_pass
-                if row < self.m and col < self.n:
+                pr, pc = row, col  # the coordinates the store predicate tests
+                if cutlass.const_expr(self.edge_pred_whole_tiles):
+                    # fault: the tile's last row / column is tested, not this vector's own
+                    pr, pc = m0 + (self.tile_m - 1), n0 + (self.tile_n - 1)
+                if pr < self.m and pc < self.n:
                     for v in cutlass.range_constexpr(vec):
                         y = rx[(v, p)].to(cutlass.Float32) * rscale[p] + rbias[p]
                         ry[v] = y.to(self.dtype)
                     dst = cute.local_tile(out[(row, None)], (vec,), (col // vec,))
-                    cute.autovec_copy(ry, dst)
+                    if cutlass.const_expr(self.stale_smem_store):
+                        # fault: y lives in registers only; the store re-reads the stage
+                        r = row0 + p * self.rows_per_pass
+                        cute.autovec_copy(
+                            cute.local_tile(stage_x[(r, None)], (vec,), (col0 // vec,)), dst)
+                    elif cutlass.const_expr(self.unassumed_align):
+                        cute.copy(store_atom, ry, dst)
+                    else:
+                        cute.autovec_copy(ry, dst)
+            if cutlass.const_expr(self.stale_smem_store):
+                cute.arch.sync_warp()
+                ring.consumer_release(state)
+                state.advance()
 
     # ---- interface ------------------------------------------------------------------------
+    def tiling(self):
+        """Output tiles, their CTA and their position in its work order (host-side mirror of
+        the persistent schedule: CTA b takes tiles b, b + grid, ...; one ring slot per tile)."""
+        tiles = [[tm * self.tiles_n + tn for tn in range(self.tiles_n)]
+                 for tm in range(self.tiles_m)]
+        return {"shape": [self.m, self.n], "tile": [self.tile_m, self.tile_n],
+                "stages": self.stages, "k_tiles": 1,
+                "tile_cta": [[t % self.grid for t in row] for row in tiles],
+                "tile_seq": [[t // self.grid for t in row] for row in tiles]}
+
     def fake_args(self):
         x = make_fake_tensor(self.dtype, (self.m, self.n), stride=(self.n, 1), assumed_align=16)
         out = make_fake_tensor(self.dtype, (self.m, self.n), stride=(self.n, 1),

@@ -98,7 +98,10 @@ def _run_one(args, sc, mode, fs, single: bool):
     res = runner.run_scenario(sc, runs_root=args.runs_dir, mode=mode, probes=args.probes,
                               wait_budget_ms=args.wait_budget_ms, repeat=args.repeat,
                               command=report.command_line() if single else "", forkserver=fs)
-    _, md = report.write(res)
+    from cutedebug.analyses import mismatch
+
+    mismatch.attach(res)  # failure-table diagnosis of wrong values (no-op for other verdicts)
+    _, md = report.write(res, mismatch.report_sections(res))
     print(report.tldr(res))
     comp = res.evidence.get("compiled")
     static = [f for f in (comp or {}).get("static_findings") or []

@@ -185,6 +185,9 @@ def call_record(res, wall_s: float, out_dir: Path) -> dict[str, Any]:
         "overhead_s": round(wall_s / attempts - work, 3),
         "device": res.evidence.get("device"),
         "report": _relative(Path(res.run_dir) / "report.md", out_dir),
+        "value_diagnosis": {k: (res.evidence.get("value_diagnosis") or {}).get(k)
+                            for k in ("row", "pattern", "summary", "lines")}
+        if res.evidence.get("value_diagnosis") else None,
     }
 
 
@@ -350,7 +353,10 @@ def _call(sc: S.Scenario, mode: str, opts: Options, runs_dir: Path, forkserver=N
                               repeat=1 if mode == "compile" else opts.repeat,
                               forkserver=forkserver)
     wall = time.monotonic() - t0
-    report.write(res)
+    from cutedebug.analyses import mismatch
+
+    mismatch.attach(res)  # failure-table diagnosis of wrong values (no-op for other verdicts)
+    report.write(res, mismatch.report_sections(res))
     return res, wall
 
 
@@ -473,6 +479,10 @@ def triage(opts: Options, *, out=print) -> int:
         comp = rec.get("compile") or {}
         pre = f"compiled {comp['wall_s']:.1f}s; " if rec.get("not_run") and comp else ""
         out(progress_line(rec, finished, total, pre, rec.get("time_to_verdict_s")))
+        vd = (rec.get("run") or {}).get("value_diagnosis") or \
+            (rec.get("compile") or {}).get("value_diagnosis")
+        if vd:
+            out(f"      diagnosis: row {vd.get('row')} ({vd.get('pattern')}): {vd.get('summary')}")
 
     for rec in kept:
         if rec.get("invalid"):

@@ -230,7 +230,9 @@ def run(request: dict[str, Any], events: Events) -> None:
     events.emit("compiling", arch=target, fault=fault, fault_args=fault_args)
     t0 = time.monotonic()
     with ExitStack() as stack:
-        from cutedebug.analyses import lint  # outermost: faults and probes wrap the recorder's patches
+        from cutedebug.analyses import (
+            lint,  # outermost: faults and probes wrap the recorder's patches
+        )
 
         protocol = stack.enter_context(lint.record())
         wait_sites = None
@@ -257,8 +259,9 @@ def run(request: dict[str, Any], events: Events) -> None:
                 options.append(cute.KeepCUBIN())
             compiled = cute.compile[tuple(options)](kernel, *args)
         except Exception as e:
-            events.emit("compile_error", type=type(e).__name__, message=str(e),
-                        traceback=traceback.format_exc()[-4000:])
+            tb = traceback.format_exc()[-4000:]
+            events.emit("compile_error", type=type(e).__name__, message=str(e), traceback=tb,
+                        **alignment_copy_sites(e, cute, target, kernel, args))
             return
     compile_s = time.monotonic() - t0
     ptx = getattr(compiled, "__ptx__", None) or ""
@@ -335,7 +338,50 @@ def run(request: dict[str, Any], events: Events) -> None:
     out, ref = kernel.output(tensors), kernel.reference(tensors)
     stats = compare(out, ref, atol, rtol)
     stats["digest"] = digest(out)
+    if stats["ok"] is False and "shape_mismatch" not in stats:
+        stats.update(mismatch_map(kernel, out, ref, atol, rtol, request.get("dump_dir")))
     events.emit("checked", **stats)
+
+
+def mismatch_map(kernel, out, ref, atol: float, rtol: float, dump_dir: str | None
+                 ) -> dict[str, Any]:
+    """Where the wrong values are, over the kernel's tiling (cutedebug.engine.valuemap), and
+    the mask itself as mismatch_mask.gz in the run directory. Never fails the run."""
+    try:
+        import torch
+
+        from cutedebug.engine import valuemap
+
+        o, r = out.detach().float().cpu(), ref.detach().float().cpu()
+        good = torch.isclose(o, r, atol=atol, rtol=rtol)
+        tiling = kernel.tiling() if callable(getattr(kernel, "tiling", None)) else None
+        fields: dict[str, Any] = {"mismatch_map": valuemap.collect(o, r, good, tiling)}
+        if dump_dir:
+            path = Path(dump_dir) / "mismatch_mask.gz"
+            valuemap.save_mask(path, good, tiling, {"digest": digest(out)})
+            fields["mismatch_mask"] = path.name
+        return fields
+    except Exception as e:  # the map is extra evidence: its failure is reported, not fatal
+        return {"mismatch_map_error": f"{type(e).__name__}: {e}"[:500]}
+
+
+def alignment_copy_sites(error: Exception, cute, target: str, kernel, args) -> dict[str, Any]:
+    """For a copy-alignment verifier error (it carries no source line): trace again with a
+    recorder of cute.copy calls, so the diagnosis can point at the copy. {} otherwise."""
+    text = " ".join(str(error).split())  # the DSL wraps its message over lines
+    if "alignment" not in text or "does not meet requirement" not in text:
+        return {}
+    from cutedebug.instrument import value_faults
+
+    try:
+        with value_faults.record_copy_sites() as sites:
+            try:
+                cute.compile[cute.GPUArch(target)](kernel, *args)
+            except Exception:
+                pass  # the same verifier error, expected
+        return {"copy_sites": sites[:64]}
+    except Exception as e:
+        return {"copy_sites_error": f"{type(e).__name__}: {e}"[:500]}
 
 
 def main(argv: list[str] | None = None) -> int:

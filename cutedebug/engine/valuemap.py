@@ -1,0 +1,150 @@
+"""Where the wrong values are: a small map of a mismatching output, laid over the kernel's tiling.
+
+Runs in the worker (torch is there; the parent never imports this module's torch code):
+``collect(out, ref, good, tiling)`` turns the comparison's mask into a JSON-able map that the
+``checked`` event carries; ``save_mask`` / ``load_mask`` keep the mask itself as a small
+compressed file (the recorded fixture the classifier's tests replay). The classifier that names
+the failure-table row is ``cutedebug.analyses.mismatch``; it reads only this map.
+
+The tiling comes from the kernel's optional ``tiling()`` (see ``cutedebug/kernel_api.py``):
+
+    {"shape": [R, C],          the output viewed as an R x C matrix (row-major reshape)
+     "tile": [tm, tn],         the output tile one CTA computes per work unit
+     "stages": S,              ring depth of the main pipeline (optional)
+     "k_tiles": K,             ring slots one tile consumes (1 for a streaming kernel)
+     "tile_cta": [[...]],      CTA of each tile, tiles_r x tiles_c (optional, -1: none)
+     "tile_seq": [[...]]}      the tile's 0-based position in its CTA's work order (optional)
+
+Without a tiling (or when it does not fit the output) the output is one row of tiles of one
+element each: the map then only says how much is wrong, not where in the tiling.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+MAX_TILES = 65536  # larger tile grids keep counts per tile row/column only
+MAP_VERSION = 1
+
+
+def check_tiling(tiling: Any, numel: int) -> tuple[dict[str, Any] | None, str | None]:
+    """(normalized tiling, None) or (None, why it cannot be used for this output)."""
+    if tiling is None:
+        return None, "the kernel has no tiling()"
+    if not isinstance(tiling, dict):
+        return None, f"tiling() returned {type(tiling).__name__}, not a dict"
+    try:
+        rows, cols = (int(x) for x in tiling["shape"])
+        tm, tn = (int(x) for x in tiling["tile"])
+    except (KeyError, TypeError, ValueError) as e:
+        return None, f"tiling() needs shape [R, C] and tile [tm, tn] ({type(e).__name__}: {e})"
+    if rows * cols != numel or min(rows, cols, tm, tn) < 1:
+        return None, (
+            f"tiling() shape {rows}x{cols} / tile {tm}x{tn} does not fit an output "
+            f"of {numel} elements"
+        )
+    out: dict[str, Any] = {
+        "shape": [rows, cols],
+        "tile": [tm, tn],
+        "stages": int(tiling.get("stages") or 0) or None,
+        "k_tiles": int(tiling.get("k_tiles") or 1),
+    }
+    tr, tc = -(-rows // tm), -(-cols // tn)
+    for key in ("tile_cta", "tile_seq"):
+        grid = tiling.get(key)
+        if grid is None:
+            continue
+        if len(grid) != tr or any(len(r) != tc for r in grid):
+            return None, f"tiling() {key} must be {tr} x {tc} (one entry per tile)"
+        out[key] = [[int(v) for v in r] for r in grid]
+    return out, None
+
+
+def collect(out, ref, good, tiling: Any) -> dict[str, Any]:
+    """The map of ``~good`` (a bool tensor shaped like the output) over the tiling."""
+    import torch
+
+    bad = (~good).reshape(-1)
+    numel = bad.numel()
+    t, why = check_tiling(tiling, numel)
+    if t is None:
+        t = {"shape": [1, numel], "tile": [1, 1], "stages": None, "k_tiles": 1}
+    rows, cols = t["shape"]
+    tm, tn = t["tile"]
+    tr, tc = -(-rows // tm), -(-cols // tn)
+    grid = torch.zeros(tr * tm, tc * tn, dtype=torch.int32)
+    grid[:rows, :cols] = bad.reshape(rows, cols).to(torch.int32)
+    blocks = grid.view(tr, tm, tc, tn)
+    m: dict[str, Any] = {
+        "version": MAP_VERSION,
+        "tiling": t,
+        "tiling_problem": why,
+        "tiles": [tr, tc],
+        "n_bad": int(bad.sum()),
+        "numel": numel,
+        "partial_rows": rows % tm,
+        "partial_cols": cols % tn,
+        "in_tile_row_bad": blocks.sum(dim=(0, 2, 3)).tolist(),
+        "in_tile_col_bad": blocks.sum(dim=(0, 1, 2)).tolist(),
+        "tile_row_bad": blocks.sum(dim=(1, 2, 3)).tolist(),
+        "tile_col_bad": blocks.sum(dim=(0, 1, 3)).tolist(),
+    }
+    if tr * tc <= MAX_TILES:
+        m["tile_bad"] = blocks.sum(dim=(1, 3)).tolist()
+    # the same counts restricted to the tiles that lie wholly inside the output
+    full = blocks[: rows // tm, :, : cols // tn, :]
+    m["full_tile_in_row_bad"] = full.sum(dim=(0, 2, 3)).tolist() if full.numel() else []
+    m["full_tile_in_col_bad"] = full.sum(dim=(0, 1, 2)).tolist() if full.numel() else []
+    if out is not None and ref is not None and int(bad.sum()):
+        o = out.detach().float().reshape(-1)[bad]
+        r = ref.detach().float().reshape(-1)[bad]
+        m["bad_values"] = {
+            "nan": int(torch.isnan(o).sum()),
+            "zero": int((o == 0).sum()),
+            "inf": int(torch.isinf(o).sum()),
+            "mean_abs_err": _finite(float((o - r).abs().nanmean())),
+        }
+    return m
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def save_mask(path: Path | str, good, tiling: Any, extra: dict[str, Any] | None = None) -> None:
+    """The mismatch mask as a gzip file: one JSON header line, then the mask bit-packed (MSB
+    first, row-major). Small for structured masks (a few KB for a 2000 x 2052 output)."""
+    import torch
+
+    bad = (~good).reshape(-1).to(torch.uint8)
+    pad = (-bad.numel()) % 8
+    if pad:
+        bad = torch.cat([bad, torch.zeros(pad, dtype=torch.uint8)])
+    weights = torch.tensor([128, 64, 32, 16, 8, 4, 2, 1], dtype=torch.uint8)
+    packed = (bad.view(-1, 8) * weights).sum(dim=1).to(torch.uint8)
+    header = {
+        "version": MAP_VERSION,
+        "numel": int(good.numel()),
+        "shape": list(good.shape),
+        "tiling": tiling,
+        **(extra or {}),
+    }
+    with gzip.open(path, "wb", compresslevel=9) as f:
+        f.write(json.dumps(header).encode() + b"\n")
+        f.write(packed.numpy().tobytes())
+
+
+def load_mask(path: Path | str):
+    """(header, bool tensor of the bad elements, flat) from a ``save_mask`` file."""
+    import torch
+
+    with gzip.open(path, "rb") as f:
+        header = json.loads(f.readline())
+        data = f.read()
+    packed = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    bits = ((packed[:, None] >> torch.arange(7, -1, -1, dtype=torch.uint8)) & 1).reshape(-1)
+    return header, bits[: header["numel"]].bool()

@@ -1,0 +1,310 @@
+"""Faults for the correctness rows of the kernel-engineering failure table (wrong values).
+
+| row            | symptom                              | faults here                               |
+|----------------|--------------------------------------|-------------------------------------------|
+| alignment      | copy-alignment verifier error        | switch ``unassumed_align``                |
+| tile_edges     | wrong values at tile edges           | patch ``drop_copy_pred``, switch          |
+|                |                                      | ``edge_pred_whole_tiles``                 |
+| stale_smem     | stale shared-memory reads            | patches ``skip_consumer_wait``,           |
+|                |                                      | ``release_before_read``                   |
+| register_smem  | wrong stores after a register update | switch ``stale_smem_store``               |
+
+They join ``faults.FAULTS`` through ``register()``, called once from the package's
+``__init__`` (the one hook); this module imports ``faults``, never the other way round.
+Patch faults act at trace time like every other registry fault; a switch is a bool param the
+kernel declares in ``SWITCHES`` (default off, PTX unchanged when off).
+
+Also here: ``record_copy_sites()``, a trace-time recorder of ``cute.copy`` calls with an explicit
+copy atom (file:line, atom, the source and destination alignment the DSL can prove), used to
+point a copy-alignment verifier error (which carries no source line) at the copy it came from.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from cutedebug.instrument import faults as F
+from cutedebug.instrument import frames
+
+ROWS = ("alignment", "tile_edges", "stale_smem", "register_smem")
+
+
+# ---- patch faults ----------------------------------------------------------------------------
+
+
+def _apply_skip_consumer_wait(p: F._Patcher, args: dict[str, Any], applied: F.Applied) -> None:
+    """consumer_wait is not performed when the state's count == at_iteration (-1: never)."""
+    from cutlass.cutlass_dsl import if_generate
+
+    k = args["at_iteration"]
+    select = F._PipelineSelector(p, args.get("pipeline", -1))
+    depth = F._Depth()
+    for cls in F._pipeline_classes("consumer_wait", exclude=("PipelineTmaStore",)):
+
+        def consumer_wait(
+            self, state, *rest, _orig=vars(cls)["consumer_wait"], loc=None, ip=None, **kw
+        ):
+            with depth.enter() as outermost:
+                if not outermost or not select.selects(self):
+                    return _orig(self, state, *rest, loc=loc, ip=ip, **kw)
+                pname = type(self).__name__
+                count = getattr(state, "count", None)
+                static = F._static_value(count)
+                if k == -1 or count is None or static is not None:
+                    if k == -1 or count is None or static == k:
+                        applied.add_site(
+                            "consumer_wait",
+                            "consumer_wait skipped"
+                            + (
+                                " at every iteration"
+                                if k == -1
+                                else f" (the state has {'no' if count is None else 'a static'}"
+                                " count)"
+                            ),
+                            pipeline=pname,
+                            at_iteration=k,
+                            **select.extra(),
+                        )
+                        return None
+                    return _orig(self, state, *rest, loc=loc, ip=ip, **kw)
+                if_generate(
+                    count != k,
+                    lambda: _orig(self, state, *rest, loc=loc, ip=None, **kw),
+                    loc=loc,
+                    ip=ip,
+                )
+                applied.add_site(
+                    "consumer_wait",
+                    f"consumer_wait skipped when state.count == {k}"
+                    " (run-time test): the stage is read before its data landed",
+                    pipeline=pname,
+                    at_iteration=k,
+                    **select.extra(),
+                )
+                return None
+
+        p.set_attr(cls, "consumer_wait", F._user_op(consumer_wait))
+
+
+def _apply_release_before_read(p: F._Patcher, args: dict[str, Any], applied: F.Applied) -> None:
+    """Each consumer_release happens right after the consumer_wait of the same stage (before
+    the consumers read it); the kernel's own release call sites do nothing. The arrive count
+    per stage is unchanged, only its position moves."""
+    select = F._PipelineSelector(p, args.get("pipeline", -1))
+    wait_depth, release_depth = F._Depth(), F._Depth()
+    originals = {}
+    for cls in F._pipeline_classes("consumer_release", exclude=("PipelineTmaStore",)):
+        originals[cls] = vars(cls)["consumer_release"]
+
+    def original_release(pipe: Any):
+        for klass in type(pipe).__mro__:
+            if klass in originals:
+                return originals[klass]
+        return None
+
+    for cls in F._pipeline_classes("consumer_wait", exclude=("PipelineTmaStore",)):
+
+        def consumer_wait(
+            self, state, *rest, _orig=vars(cls)["consumer_wait"], loc=None, ip=None, **kw
+        ):
+            with wait_depth.enter() as outermost:
+                out = _orig(self, state, *rest, loc=loc, ip=ip, **kw)
+                release = original_release(self)
+                if outermost and select.selects(self) and release is not None:
+                    release(self, state, loc=loc, ip=ip)
+                    applied.add_site(
+                        "consumer_wait",
+                        "consumer_release moved to right after "
+                        "this wait: the producer may refill the stage while it "
+                        "is read",
+                        pipeline=type(self).__name__,
+                        **select.extra(),
+                    )
+                return out
+
+        p.set_attr(cls, "consumer_wait", F._user_op(consumer_wait))
+    for cls, original in originals.items():
+
+        def consumer_release(self, state, *rest, _orig=original, loc=None, ip=None, **kw):
+            with release_depth.enter() as outermost:
+                if outermost and select.selects(self):
+                    applied.add_site(
+                        "consumer_release",
+                        "release removed here (done after the wait instead)",
+                        pipeline=type(self).__name__,
+                        **select.extra(),
+                    )
+                    return None
+                return _orig(self, state, *rest, loc=loc, ip=ip, **kw)
+
+        p.set_attr(cls, "consumer_release", F._user_op(consumer_release))
+
+
+def _apply_drop_copy_pred(p: F._Patcher, args: dict[str, Any], applied: F.Applied) -> None:
+    """``cute.copy(atom, src, dst, pred=...)``: the predicate is dropped (every element is
+    copied, in bounds or not) at the ``which``-th predicated call site (-1: all)."""
+    from cutlass import cute
+
+    which = args["which"]
+    traced = [0]
+    original = cute.copy
+
+    def copy(atom, src, dst, *rest, pred=None, loc=None, ip=None, **kw):
+        if pred is not None:
+            index, traced[0] = traced[0], traced[0] + 1
+            if which in (-1, index):
+                applied.add_site(
+                    "copy",
+                    f"pred= dropped at predicated copy {index}: "
+                    "out-of-bounds elements of edge tiles are copied",
+                    copy_index=index,
+                )
+                pred = None
+        return original(atom, src, dst, *rest, pred=pred, loc=loc, ip=ip, **kw)
+
+    p.replace_everywhere(original, copy)
+
+
+# ---- the registry entries --------------------------------------------------------------------
+
+
+def entries() -> list[F.Fault]:
+    at_iteration = F.Param(
+        int,
+        0,
+        "consumer state count at which the wait is skipped (run-time test); -1 = every iteration",
+        minimum=-1,
+    )
+    pipeline = F._PIPELINE
+    return [
+        F.Fault(
+            "skip_consumer_wait",
+            "one consumer_wait is not performed (run-time test on the "
+            "state's count): the consumers read the stage without waiting for its data",
+            {"at_iteration": at_iteration, "pipeline": pipeline},
+            "MISMATCH",
+            expected_note="row stale_smem: the stage is read before its TMA "
+            "landed (at iteration 0: uninitialised smem; later: the previous occupant's data); "
+            "the tiles at that position of every CTA are wrong",
+            patches=("PipelineAsync.consumer_wait and overrides",),
+            apply=_apply_skip_consumer_wait,
+        ),
+        F.Fault(
+            "release_before_read",
+            "consumer_release moved to right after consumer_wait (before "
+            "the stage's smem reads); the kernel's release sites do nothing",
+            {"pipeline": pipeline},
+            "MISMATCH",
+            expected_note="row stale_smem: the producer may refill a stage while it "
+            "is still read (timing-dependent; PASS when the reads win the race)",
+            patches=("PipelineAsync.consumer_wait / consumer_release and overrides",),
+            apply=_apply_release_before_read,
+        ),
+        F.Fault(
+            "drop_copy_pred",
+            "the pred= of tiled copies (cute.copy(..., pred=...)) is dropped",
+            {
+                "which": F.Param(
+                    int,
+                    -1,
+                    "which predicated cute.copy call site in trace order (0 = first); -1 = all",
+                    minimum=-1,
+                )
+            },
+            F.DEPENDS,
+            expected_note="row tile_edges: out-of-bounds elements of edge tiles are "
+            "loaded (garbage in edge rows/columns: MISMATCH) or stored (MEMORY_ERROR under "
+            "memcheck; neighbouring rows overwritten: MISMATCH). Only kernels that predicate "
+            "with pred= (not the `if` predicates of kernels/*.py)",
+            patches=("cute.copy (pred=)",),
+            apply=_apply_drop_copy_pred,
+        ),
+        F.Fault(
+            "edge_pred_whole_tiles",
+            "kernel switch: the tile-edge predicate (or the TMA "
+            "store's bounds) admits whole tiles only: the partial tiles at the M / N edges are "
+            "not stored",
+            {},
+            "MISMATCH",
+            kind="switch",
+            expected_note="row tile_edges: wrong values (the output's "
+            "initial NaN) in the edge tiles only; needs a shape that is not a multiple of the "
+            "tile",
+        ),
+        F.Fault(
+            "stale_smem_store",
+            "kernel switch: the store reads a shared-memory copy that was "
+            "not updated, while the up-to-date value was computed in registers only",
+            {},
+            "MISMATCH",
+            kind="switch",
+            expected_note="row register_smem: the same wrong values "
+            "in every tile (deterministic), at the positions the stale copy covers",
+        ),
+        F.Fault(
+            "unassumed_align",
+            "kernel switch: a 128-bit copy atom on a view whose offset is "
+            "only known at run time and is not promised divisible (no cute.assume)",
+            {},
+            "COMPILE_ERROR",
+            kind="switch",
+            expected_note="row alignment: the DSL's verifier "
+            "rejects the copy ('ptr alignment (32 bits) does not meet requirement (128 bits)')",
+        ),
+    ]
+
+
+def register(table: dict[str, F.Fault]) -> None:
+    """Add this module's faults to the registry (names must not collide)."""
+    for fault in entries():
+        if fault.name in table and table[fault.name] is not fault:
+            raise RuntimeError(f"fault {fault.name!r} is registered twice")
+        table[fault.name] = fault
+
+
+# ---- copy-site recorder (for alignment verifier errors) -------------------------------------
+
+
+def _alignment_bits(tensor: Any) -> int | None:
+    """The pointer alignment in bits that the DSL can prove for a tensor view, if it has one."""
+    it = getattr(tensor, "iterator", None)
+    align = getattr(it, "max_alignment", None)
+    if align is None:
+        align = getattr(it, "alignment", None)
+    return int(align) * 8 if isinstance(align, int) else None
+
+
+@contextlib.contextmanager
+def record_copy_sites() -> Iterator[list[dict[str, Any]]]:
+    """While active, every ``cute.copy`` call appends {file, line, function, atom, src_align_bits,
+    dst_align_bits, src_space, dst_space} (alignment: what the DSL can prove about the view)."""
+    from cutlass import cute
+
+    sites: list[dict[str, Any]] = []
+    original = cute.copy
+
+    def copy(atom, src, dst, *rest, **kw):
+        where = frames.kernel_frame()
+        with contextlib.suppress(Exception):  # recording never changes what is traced
+            sites.append(
+                {
+                    "file": where[0],
+                    "line": where[1],
+                    "function": where[2],
+                    "atom": str(getattr(atom, "type", atom))[:200],
+                    "src_align_bits": _alignment_bits(src),
+                    "dst_align_bits": _alignment_bits(dst),
+                    "src_space": str(getattr(getattr(src, "iterator", None), "memspace", ""))[:40],
+                    "dst_space": str(getattr(getattr(dst, "iterator", None), "memspace", ""))[:40],
+                }
+            )
+        return original(atom, src, dst, *rest, **kw)
+
+    patcher = F._Patcher(F.Applied(None, {}))
+    try:
+        patcher.replace_everywhere(original, copy)
+        yield sites
+    finally:
+        patcher.restore()
