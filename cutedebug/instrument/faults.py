@@ -43,7 +43,8 @@ from typing import Any
 
 from cutedebug.instrument import frames
 
-VERDICTS = ("PASS", "MISMATCH", "HANG", "CRASH", "RACE", "MEMORY_ERROR", "SYNC_ERROR", "UNINIT")
+VERDICTS = ("PASS", "MISMATCH", "HANG", "CRASH", "RACE", "MEMORY_ERROR", "SYNC_ERROR", "UNINIT",
+            "COMPILE_ERROR")
 DEPENDS = "depends"
 
 
