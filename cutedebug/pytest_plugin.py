@@ -76,9 +76,9 @@ import pytest
 
 from cutedebug.engine import scenario as S
 from cutedebug.engine.verdict import ALL as VERDICTS
-from cutedebug.engine.verdict import Verdict
+from cutedebug.engine.verdict import Verdict, values
 
-COMPILE_VERDICTS = ("COMPILE_ERROR", "COMPILER_CRASH")
+COMPILE_VERDICTS = values(lambda v: v.is_compile_stage)
 HEALTH_CHECK_S = 60.0     # runner.health_check's own timeout, run after a kill
 VERDICT_PROP = "cutedebug_verdict"
 

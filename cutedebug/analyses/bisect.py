@@ -65,7 +65,7 @@ from cutedebug.engine import scenario as S
 from cutedebug.engine import verdict as V
 
 DEFAULT_WINDOW_S = 0.5
-FINISHED = ("PASS", "MISMATCH")  # the kernel ran to completion: the hang vanished
+FINISHED = V.values(lambda v: v.ran_to_completion)  # the hang vanished
 
 
 # ---------------------------------------------------------------------------------------------

@@ -83,6 +83,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from cutedebug.engine.verdict import SanitizerClass
+
 TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 
 # Distinct from the worker's own exit codes so the runner can tell "sanitizer found errors".
@@ -106,8 +108,8 @@ UNKNOWN = "UNKNOWN"  # a record we could read but not name: kept, never dropped
 HAZARD_KINDS = frozenset({RAW_HAZARD, WAR_HAZARD, WAW_HAZARD, RACE})
 
 # ---- run classes (closed set) ------------------------------------------------------------
-CLEAN = "CLEAN"
-CLASSES = ("RACE", "MEMORY_ERROR", "SYNC_ERROR", "UNINIT", "API_ERROR", "UNREADABLE", CLEAN)
+CLEAN = SanitizerClass.CLEAN.value
+CLASSES = tuple(c.value for c in SanitizerClass)  # the closed set is engine.verdict's
 TOOL_CLASS = {"memcheck": "MEMORY_ERROR", "racecheck": "RACE", "synccheck": "SYNC_ERROR",
               "initcheck": "UNINIT"}
 

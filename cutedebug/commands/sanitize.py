@@ -41,8 +41,9 @@ from cutedebug.analyses.sanitizer import (
     shrink,
     source_line,
 )
+from cutedebug.engine.verdict import values
 
-FINDING_VERDICTS = ("RACE", "MEMORY_ERROR", "SYNC_ERROR", "UNINIT")
+FINDING_VERDICTS = values(lambda v: v.is_sanitizer_finding)
 # Sanitized kernels run 10-100x slower; every phase deadline of the scenario is scaled by
 # this, so a sanitized hang still ends (as HANG) instead of hanging the caller.
 DEFAULT_DEADLINE_SCALE = 10.0

@@ -65,7 +65,7 @@ from cutedebug.reporting.matrix import (
 RECORD_SCHEMA = "cutedebug.triage.record/1"
 MATRIX_SCHEMA = "cutedebug.triage.matrix/1"
 TRIAGE_TAG_VAR = "CUTEDEBUG_TRIAGE_TAG"   # inherited by every child of one triage
-COMPILE_FINAL = ("COMPILE_ERROR", "COMPILER_CRASH", "HARNESS_ERROR")
+COMPILE_FINAL = V.values(lambda v: v.ends_at_compile)
 
 
 # ---- machine facts (never imports torch or cutlass) -----------------------------------------

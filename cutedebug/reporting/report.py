@@ -82,7 +82,7 @@ def to_json(result: RunResult) -> dict[str, Any]:
         "schema_version": SCHEMA_VERSION,
         "scenario": result.scenario.to_json(),
         "mode": result.mode,
-        "verdict": result.verdict.value,
+        "verdict": result.verdict.to_json(),
         "expected_verdict": result.scenario.expect.verdict,
         "verdict_ok": result.verdict_ok,
         "localization": result.localization,
