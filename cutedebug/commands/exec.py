@@ -140,8 +140,22 @@ class _Tree:
         elif name == "instrument_error":
             p.setdefault("errors", []).append(ev)
         elif name == "compiled":
-            p["traces"].append({"function": ev.get("function"), "kernels": ev.get("kernels")})
-            p["compiled"] = ev
+            p["traces"].append(
+                {
+                    k: ev.get(k)
+                    for k in (
+                        "index",
+                        "function",
+                        "occurrence",
+                        "kernels",
+                        "error",
+                        "fault_applied",
+                        "protocol",
+                    )
+                }
+            )
+            p["compiled"] = ev  # the probe sites so far
+            p["fault_sites"] = p.get("fault_sites", []) + (ev.get("fault_sites") or [])
             p["fault_count"] = ev.get("fault_count") or p["fault_count"]
         elif name in ("progress", "probe_report"):
             stuck = ev.get("stuck") if name == "progress" else ev.get("n_stuck_reported")
@@ -465,11 +479,7 @@ def to_json(res: ExecResult, expect: str = "PASS", command: str = "") -> dict[st
     s = res.settings
     procs = [
         {k: v for k, v in p.items() if k not in ("events", "compiled")}
-        | {
-            "probe_sites": (p.get("compiled") or {}).get("probe_sites"),
-            "fault_sites": (p.get("compiled") or {}).get("fault_sites"),
-            "protocol": (p.get("compiled") or {}).get("protocol"),
-        }
+        | {"probe_sites": (p.get("compiled") or {}).get("probe_sites")}
         for p in res.processes.values()
     ]
     ev = {k: v for k, v in res.evidence.items() if k != "stuck_map_svg"}
@@ -545,7 +555,7 @@ def to_markdown(res: ExecResult, expect: str = "PASS", command: str = "") -> str
             )
         )
         for p in res.processes.values():
-            for fs in ((p.get("compiled") or {}).get("fault_sites") or [])[:10]:
+            for fs in (p.get("fault_sites") or [])[:10]:
                 lines.append(
                     f"  - {fs.get('kernel') or '?'} {os.path.basename(fs.get('file') or '?')}:"
                     f"{fs.get('line')} {fs.get('op')}: {fs.get('detail')}"

@@ -50,7 +50,8 @@ class Mutant:
     id: str
     fault: str
     args: dict[str, Any]
-    target: str  # "p0" ... or KERNEL_WIDE
+    trace: dict[str, Any]  # {"function", "occurrence"}: the one trace the fault applies in
+    target: str  # "t0.p1" (trace 0, pipeline 1) or "t0.kernel-wide"
     variant: str  # the column: fault kind, role / barrier, delta (also a folder name)
     why: str  # what made it applicable
 
@@ -165,46 +166,79 @@ def _kernel_wide_mutants(
     return out
 
 
-def recorded(clean: dict[str, Any]) -> dict[str, Any]:
-    """The clean run's record, merged over its processes: the process that created the most
-    pipelines gives the numbering (every process numbers its own, from 0)."""
-    best: dict[str, Any] = {"pipelines": [], "arch_ops": {}, "untagged_ops": {}, "pid": None}
-    arch: dict[str, int] = {}
+def recorded(clean: dict[str, Any]) -> list[dict[str, Any]]:
+    """The traces of the clean run, each with what the recorder saw: its pipelines (numbered
+    from 0 in the trace, as a fault's ``pipeline`` argument counts them), their ops and the
+    kernel-wide syncs. A trace is its function name and occurrence (the n-th trace of that
+    function in its process); the same trace in several processes (pytest-xdist) counts once."""
+    out: list[dict[str, Any]] = []
+    seen = set()
     for p in clean.get("processes", []):
-        proto = p.get("protocol") or {}
-        for k, v in (proto.get("arch_ops") or {}).items():
-            arch[k] = max(arch.get(k, 0), v)
-        if len(proto.get("pipelines") or []) > len(best["pipelines"]):
-            best = {**proto, "pid": p["pid"]}
-    best["arch_ops"] = arch
-    return best
+        for tr in p.get("traces") or []:
+            key = (tr.get("function"), tr.get("occurrence", 0))
+            if key in seen or not tr.get("protocol") or tr.get("error"):
+                continue
+            seen.add(key)
+            proto = tr["protocol"]
+            out.append(
+                {
+                    "t": len(out),
+                    "function": key[0],
+                    "occurrence": key[1],
+                    "kernels": tr.get("kernels") or [],
+                    "kernel": ", ".join(proto.get("kernel_names") or []) or None,
+                    "pipelines": proto.get("pipelines") or [],
+                    "arch_ops": proto.get("arch_ops") or {},
+                    "pid": p.get("pid"),
+                }
+            )
+    return out
 
 
 def plan(
-    rec: dict[str, Any], faults_wanted: list[str] | None, pipelines_wanted: list[int] | None
+    traces: list[dict[str, Any]],
+    faults_wanted: list[str] | None,
+    pipelines_wanted: list[int] | None,
 ) -> list[Mutant]:
     out: list[Mutant] = []
-    for p in rec["pipelines"]:
-        if pipelines_wanted is not None and p["index"] not in pipelines_wanted:
-            continue
-        for fault, args, variant, why in _pipeline_mutants(p):
-            out.append(
-                Mutant(f"p{p['index']}.{variant}", fault, args, f"p{p['index']}", variant, why)
-            )
-    for fault, args, variant, why in _kernel_wide_mutants(rec["arch_ops"], bool(rec["pipelines"])):
-        out.append(Mutant(f"{KERNEL_WIDE}.{variant}", fault, args, KERNEL_WIDE, variant, why))
+    for tr in traces:
+        trace = {"function": tr["function"], "occurrence": tr["occurrence"]}
+        t = f"t{tr['t']}"
+        for p in tr["pipelines"]:
+            if pipelines_wanted is not None and p["index"] not in pipelines_wanted:
+                continue
+            target = f"{t}.p{p['index']}"
+            for fault, args, variant, why in _pipeline_mutants(p):
+                out.append(Mutant(f"{target}.{variant}", fault, args, trace, target, variant, why))
+        target = f"{t}.{KERNEL_WIDE}"
+        for fault, args, variant, why in _kernel_wide_mutants(
+            tr["arch_ops"], bool(tr["pipelines"])
+        ):
+            out.append(Mutant(f"{target}.{variant}", fault, args, trace, target, variant, why))
     if faults_wanted is not None:
         out = [m for m in out if m.fault in faults_wanted]
     return out
 
 
-def target_label(rec: dict[str, Any], target: str) -> str:
-    if target == KERNEL_WIDE:
-        return "kernel-wide (every kernel)"
-    p = rec["pipelines"][int(target[1:])]
-    return f"{target}: {p['class']} @{os.path.basename(p.get('file') or '?')}:{p.get('line')}" + (
-        f" in {p['kernel']}" if p.get("kernel") else ""
-    )
+def _kernel_of(tr: dict[str, Any]) -> str:
+    if tr.get("kernel"):
+        return tr["kernel"]
+    k = (tr.get("kernels") or ["?"])[0]
+    return k if len(k) <= 60 else k[:57] + "..."
+
+
+def targets(traces: list[dict[str, Any]]) -> dict[str, str]:
+    """Target id -> label: each pipeline of each trace, then the trace's kernel-wide row."""
+    out = {}
+    for tr in traces:
+        t = f"t{tr['t']}"
+        for p in tr["pipelines"]:
+            out[f"{t}.p{p['index']}"] = (
+                f"{t}.p{p['index']}: {p['class']} @{os.path.basename(p.get('file') or '?')}:"
+                f"{p.get('line')} in {p.get('kernel') or _kernel_of(tr)}"
+            )
+        out[f"{t}.{KERNEL_WIDE}"] = f"{t}: kernel-wide in {_kernel_of(tr)}"
+    return out
 
 
 # ---- running -----------------------------------------------------------------------------------
@@ -225,7 +259,7 @@ def mutant_record(m: Mutant, res: X.ExecResult, out: Path) -> dict[str, Any]:
 
     sites = []
     for p in res.processes.values():
-        for s in (p.get("compiled") or {}).get("fault_sites") or []:
+        for s in p.get("fault_sites") or []:
             sites.append(
                 {k: s.get(k) for k in ("kernel", "file", "line", "function", "op", "detail")}
                 | {"pid": p["pid"]}
@@ -294,7 +328,7 @@ def score(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 def build_matrix(
     clean: dict[str, Any],
-    rec: dict[str, Any],
+    traces: list[dict[str, Any]],
     results: list[dict[str, Any]],
     planned: list[Mutant],
     command: str,
@@ -309,11 +343,8 @@ def build_matrix(
         "clean": {
             k: clean.get(k) for k in ("verdict", "reason", "elapsed_s", "run_dir", "kernels_traced")
         },
-        "targets": {
-            t: target_label(rec, t)
-            for t in [f"p{p['index']}" for p in rec["pipelines"]] + [KERNEL_WIDE]
-        },
-        "recorded": rec,
+        "targets": targets(traces),
+        "traces": traces,
         "score": score(results),
         "planned": len(planned),
         "mutants": results,
@@ -542,8 +573,8 @@ def cmd_mutate(args: argparse.Namespace) -> int:
         f"clean run: {clean['verdict']} in {clean['elapsed_s']} s — {clean['reason'][:200]}",
         flush=True,
     )
-    rec = recorded(clean)
-    planned = plan(rec, wanted, pipes) if clean["verdict"] == "PASS" else []
+    traces = recorded(clean)
+    planned = plan(traces, wanted, pipes) if clean["verdict"] == "PASS" else []
     results_path = out / "results.jsonl"
     done = load_results(results_path) if args.resume else {}
     if clean["verdict"] != "PASS":
@@ -551,19 +582,22 @@ def cmd_mutate(args: argparse.Namespace) -> int:
             "the command does not pass without faults: nothing to score "
             f"(report: {clean['run_dir']}/report.md)"
         )
-        write_matrix(out, build_matrix(clean, rec, [], [], command))
+        write_matrix(out, build_matrix(clean, traces, [], [], command))
         return X.EXIT_MISMATCH
-    if pipes is not None and (bad := [i for i in pipes if i >= len(rec["pipelines"])]):
+    n_pipes = max((len(tr["pipelines"]) for tr in traces), default=0)
+    if pipes is not None and (bad := [i for i in pipes if i >= n_pipes]):
         print(
-            f"cutedebug: error: --pipelines {bad}: the clean run created "
-            f"{len(rec['pipelines'])} pipeline(s)",
+            f"cutedebug: error: --pipelines {bad}: no trace of the clean run created that "
+            f"many pipelines (at most {n_pipes})",
             file=sys.stderr,
         )
         return X.EXIT_USAGE
-    for p in rec["pipelines"]:
-        print(
-            f"  pipeline p{p['index']}: {target_label(rec, 'p' + str(p['index']))} ops {p['ops']}"
-        )
+    labels = targets(traces)
+    for tr in traces:
+        print(f"  trace t{tr['t']}: {_kernel_of(tr)}, {len(tr['pipelines'])} pipeline(s)")
+        for p in tr["pipelines"]:
+            label = labels[f"t{tr['t']}.p{p['index']}"]
+            print(f"    {label} ops {p['ops']}")
     deadline = args.deadline or max(30.0, 2 * clean["elapsed_s"] + 10.0)
     todo = [m for m in planned if m.id not in done]
     jobs = 1 if clean.get("used_gpu") else args.jobs
@@ -579,7 +613,7 @@ def cmd_mutate(args: argparse.Namespace) -> int:
         results.append(r)
         with open(results_path, "a") as f:
             f.write(json.dumps(r, default=str) + "\n")
-        write_matrix(out, build_matrix(clean, rec, results, planned, command))
+        write_matrix(out, build_matrix(clean, traces, results, planned, command))
         print(
             f"[{len(results):>3}/{len(planned)}] {r['id']}: {r['status']}"
             + (f" ({r['verdict']})" if r["status"] == CAUGHT else "")
@@ -596,7 +630,7 @@ def cmd_mutate(args: argparse.Namespace) -> int:
             futures = [pool.submit(run_mutant, m, clean_run, deadline, out) for m in todo]
             for fut in as_completed(futures):
                 finished(fut.result())
-    m = build_matrix(clean, rec, results, planned, command)
+    m = build_matrix(clean, traces, results, planned, command)
     write_matrix(out, m)
     print(_score_text(m["score"]) + f" ({time.monotonic() - t0:.1f} s)")
     for s in survivors(m):

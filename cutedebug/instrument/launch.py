@@ -6,13 +6,17 @@ process tree (``python repro.py``, ``python -m pytest``, pytest-xdist workers, a
 subprocesses) then imports that folder's ``sitecustomize``, which calls ``activate()``:
 
 - an import hook waits for ``import cutlass`` (nothing is imported before the program does), then
-  enters, for the rest of the process and in this order, the recorder of pipelines and ops
-  (mutate's clean run), the fault (``faults.inject``) and the probes (``probes.instrument``, with a pinned,
-  host-mapped buffer). Every kernel traced after that point, by ``cute.compile`` or a direct
-  ``@cute.jit`` call, in the program or in an installed library, is traced with them;
-- after each trace (the DSL's trace-finalize hook) one ``compiled`` event: the kernels of the
-  module, the probe sites (each with the Python kernel it belongs to), the fault's sites, and
-  with the recorder on, the pipelines and ops traced so far;
+  enters the probes for the rest of the process (``probes.instrument``, with a pinned,
+  host-mapped buffer) and wraps the DSL's top-level trace (``BaseDSL.generate_mlir``: every
+  ``cute.compile`` and the first call of a ``@cute.jit`` function, in the program or in an
+  installed library);
+- around each trace, the recorder of pipelines and ops (mutate's clean run) and the fault
+  (``faults.inject``; every trace, or only the one named by ``fault_trace``: its function name
+  and occurrence) are entered and left again, so pipeline subclasses a library defines after
+  cutlass was imported are patched too, and a fault's ``pipeline`` counts in that trace;
+- after each trace one ``compiled`` event: its index, function name and occurrence, the kernels
+  of the module, the probe sites so far (each with the Python kernel it belongs to), the
+  fault's sites in this trace, and with the recorder on, its pipelines and ops;
 - a monitor thread streams the probe buffer (stuck records, beacons) as ``progress`` events
   while the program runs, and a final ``probe_report`` at exit;
 - SIGUSR1 dumps every thread's Python stack (faulthandler) to ``stacks/PID.txt``: the parent
@@ -94,13 +98,14 @@ class _State:
         self.cfg = cfg
         self.events = _Emitter(cfg["events"])
         self.stack = contextlib.ExitStack()
-        self.protocol = None
-        self.applied = None
         self.sites = None  # probes.SiteTable
         self.probe_cfg = None
         self.probe_buf = None
         self.kernel_of: dict[int, dict[str, Any]] = {}  # probe site id -> its kernel
-        self.kernels: list[dict[str, Any]] = []  # one per traced module
+        self.traces = 0  # top-level traces (cute.compile / first call of a @cute.jit)
+        self.seen: dict[str, int] = {}  # traced function name -> times traced
+        self.current: dict[str, Any] | None = None  # the trace under way
+        self.fault_count = 0  # sites the fault changed, over every trace
         self.monitor: _Monitor | None = None
         self.active = False
 
@@ -176,18 +181,9 @@ def _on_cutlass() -> None:
     state.active = True
     cfg = state.cfg
     try:
-        if cfg.get("record"):
-            state.protocol = _enter_recorder(state)
-        if cfg.get("fault"):
-            from cutedebug.instrument import faults
-
-            state.applied = state.stack.enter_context(
-                faults.inject(cfg["fault"], cfg.get("fault_args") or {})
-            )
-            _attribute_fault_sites(state)
         if cfg.get("probes"):
             _enter_probes(state)
-        _register_trace_hook(state)
+        _wrap_traces(state)
     except Exception as e:
         state.events.emit(
             "instrument_error",
@@ -202,6 +198,7 @@ def _on_cutlass() -> None:
         fault_args=cfg.get("fault_args"),
         probes=cfg.get("probes"),
         record=bool(cfg.get("record")),
+        fault_trace=cfg.get("fault_trace"),
         cutlass=getattr(sys.modules.get("cutlass"), "__version__", None),
     )
 
@@ -244,8 +241,7 @@ def _enter_probes(state: _State) -> None:
         state.monitor.start()
 
 
-def _attribute_fault_sites(state: _State) -> None:
-    applied = state.applied
+def _attribute_fault_sites(applied: Any) -> None:
     add_site = applied.add_site
 
     def add_site_with_kernel(op, detail, **extra):
@@ -296,7 +292,12 @@ def _module_kernels(module: Any) -> list[str]:
     return names
 
 
-def _register_trace_hook(state: _State) -> None:
+def _wrap_traces(state: _State) -> None:
+    """Around every top-level trace (``BaseDSL.generate_mlir``: cute.compile, or the first
+    call of a @cute.jit function), enter the recorder and the fault for that trace only, so
+    that pipeline classes a library defines after cutlass was imported are patched too, and
+    report the trace when it ends. Nested @cute.jit calls are inlined into the trace."""
+    from cutlass.base_dsl.dsl import BaseDSL
     from cutlass.cutlass_dsl import CuTeDSL
 
     dsl = CuTeDSL._get_dsl()
@@ -306,27 +307,78 @@ def _register_trace_hook(state: _State) -> None:
             "report what was traced (nvidia-cutlass-dsl 4.8.1 has it)"
         )
 
-    def on_trace(owner, module, function_name):
+    def on_finalize(owner, module, function_name):
+        if state.current is not None:
+            state.current["kernels"] += _module_kernels(module)
+
+    dsl.register_trace_finalize_hook(on_finalize)
+    original = BaseDSL.generate_mlir
+
+    def generate_mlir(self, funcBody, function_name, *a, **kw):
+        if state.current is not None:
+            return original(self, funcBody, function_name, *a, **kw)
+        occurrence = state.seen.get(function_name, 0)
+        state.seen[function_name] = occurrence + 1
+        cur = state.current = {
+            "index": state.traces,
+            "function": function_name,
+            "occurrence": occurrence,
+            "kernels": [],
+        }
+        state.traces += 1
+        error = None
         try:
-            _emit_compiled(state, function_name, _module_kernels(module))
-        except Exception as e:  # never break the user's compile; the parent sees the error
-            state.events.emit(
-                "instrument_error",
-                type=type(e).__name__,
-                message=str(e),
-                traceback=traceback.format_exc()[-3000:],
+            with _trace_scope(state, cur):
+                return original(self, funcBody, function_name, *a, **kw)
+        except BaseException as e:
+            error = f"{type(e).__name__}: {str(e)[:500]}"
+            raise
+        finally:
+            state.current = None
+            try:
+                _emit_compiled(state, cur, error)
+            except Exception as e:  # never break the user's compile; the parent sees it
+                state.events.emit(
+                    "instrument_error",
+                    type=type(e).__name__,
+                    message=str(e),
+                    traceback=traceback.format_exc()[-3000:],
+                )
+
+    generate_mlir.__wrapped__ = original
+    BaseDSL.generate_mlir = generate_mlir
+
+
+@contextlib.contextmanager
+def _trace_scope(state: _State, cur: dict[str, Any]):
+    cfg = state.cfg
+    with contextlib.ExitStack() as stack:
+        if cfg.get("record"):
+            cur["protocol"] = _enter_recorder(stack)
+        target = cfg.get("fault_trace")
+        if cfg.get("fault") and (
+            target is None
+            or (
+                target.get("function") == cur["function"]
+                and target.get("occurrence", 0) == cur["occurrence"]
             )
+        ):
+            from cutedebug.instrument import faults
 
-    dsl.register_trace_finalize_hook(on_trace)
+            applied = stack.enter_context(faults.inject(cfg["fault"], cfg.get("fault_args") or {}))
+            _attribute_fault_sites(applied)
+            cur["applied"] = applied
+        yield
 
 
-def _emit_compiled(state: _State, function_name: str, kernels: list[str]) -> None:
+def _emit_compiled(state: _State, cur: dict[str, Any], error: str | None) -> None:
     fields: dict[str, Any] = {
-        "function": function_name[:200],
-        "kernels": kernels,
-        "n_traces": len(state.kernels) + 1,
+        "index": cur["index"],
+        "function": cur["function"][:300],
+        "occurrence": cur["occurrence"],
+        "kernels": cur["kernels"],
+        "error": error,
     }
-    state.kernels.append({"function": function_name[:200], "kernels": kernels})
     if state.sites is not None:
         sites = state.sites.to_json()
         for s in sites:
@@ -338,11 +390,15 @@ def _emit_compiled(state: _State, function_name: str, kernels: list[str]) -> Non
                 }
             )
         fields["probe_sites"] = sites
-    if state.applied is not None:
-        fields["fault_count"] = state.applied.count
-        fields["fault_sites"] = state.applied.sites[:200]
-    if state.protocol is not None:
-        fields["protocol"] = state.protocol
+    applied = cur.get("applied")
+    if applied is not None:
+        state.fault_count += applied.count
+        fields["fault_applied"] = applied.count
+        fields["fault_sites"] = applied.sites[:200]
+    if state.cfg.get("fault"):
+        fields["fault_count"] = state.fault_count
+    if "protocol" in cur:
+        fields["protocol"] = cur["protocol"]
     state.events.emit("compiled", **fields)
 
 
@@ -366,16 +422,28 @@ ARCH_OPS = (
 _PIPELINE_INDEX = "_cutedebug_recorded_index"
 
 
-def _enter_recorder(state: _State) -> dict[str, Any]:
+def _enter_recorder(stack: contextlib.ExitStack) -> dict[str, Any]:
     """Observe what the traced kernels have: pipelines numbered in create() order exactly as the
     faults' ``pipeline`` argument numbers them (outermost create() of a cutlass.pipeline class
     with mbarriers, PipelineTmaStore left out), the ops traced on each, and the kernel-wide
     synchronization calls (outside pipeline init) the other faults act on."""
     from cutedebug.instrument import faults, frames
 
-    recorded: dict[str, Any] = {"pipelines": [], "arch_ops": {}, "untagged_ops": {}}
+    recorded: dict[str, Any] = {
+        "pipelines": [],
+        "arch_ops": {},
+        "untagged_ops": {},
+        "kernel_names": [],
+    }
+
+    def note_kernel() -> str | None:
+        name = current_kernel().get("kernel")
+        if name and name not in recorded["kernel_names"]:
+            recorded["kernel_names"].append(name)
+        return name
+
     patcher = faults._Patcher(faults.Applied(None, {}))
-    state.stack.callback(patcher.restore)
+    stack.callback(patcher.restore)
     depth = faults._Depth()
     for cls in faults._pipeline_classes("create", exclude=("PipelineTmaStore",)):
 
@@ -389,7 +457,7 @@ def _enter_recorder(state: _State) -> dict[str, Any]:
                     "class": _cls.__name__,
                     "file": file,
                     "line": line,
-                    "kernel": current_kernel().get("kernel"),
+                    "kernel": note_kernel(),
                     "stages": kw.get("num_stages")
                     if isinstance(kw.get("num_stages"), int)
                     else None,
@@ -429,6 +497,7 @@ def _enter_recorder(state: _State) -> dict[str, Any]:
 
         def arch_wrapper(*a, _orig=original, _name=name, **kw):
             if _name == "mbarrier_init_fence" or not faults._called_from(faults._INIT_FUNCTIONS):
+                note_kernel()
                 ops = recorded["arch_ops"]
                 ops[_name] = ops.get(_name, 0) + 1
             return _orig(*a, **kw)
@@ -487,7 +556,7 @@ def _at_exit() -> None:
             snap = state.monitor.snapshot()
             if snap.stuck or snap.beacons:
                 state.events.emit("probe_report", **probes.snapshot_to_json(snap, state.sites))
-    fields: dict[str, Any] = {"traces": len(state.kernels)}
-    if state.applied is not None:
-        fields["fault_count"] = state.applied.count
+    fields: dict[str, Any] = {"traces": state.traces}
+    if state.cfg.get("fault"):
+        fields["fault_count"] = state.fault_count
     state.events.emit("exit", **fields)
