@@ -23,6 +23,16 @@ The entry is a class; cutedebug never edits the file. The class provides:
 Optional:
     launch(self, compiled, args)       default: ``compiled(*args)``
     TOLERANCE: tuple[float, float]     (atol, rtol) for the comparison; default (1e-5, 1e-5)
+    tiling(self) -> dict               how the output is tiled, so a MISMATCH can be laid over
+                                       the tiles (edge tiles, in-tile rows/columns, work order):
+        {"shape": [R, C],              output() viewed as an R x C matrix (row-major reshape)
+         "tile": [tm, tn],             the output tile one CTA computes per work unit
+         "stages": S,                  ring depth of the main pipeline (optional)
+         "k_tiles": K,                 ring slots one tile consumes (optional, default 1)
+         "tile_cta": [[int]],          per tile (ceil(R/tm) x ceil(C/tn)): its CTA, -1 if none
+         "tile_seq": [[int]]}          per tile: its 0-based position in its CTA's work order
+                                       (both optional; without them no per-CTA / per-stage
+                                       pattern). Plain Python, no CUDA; see kernels/*.py.
 
 The interface is duck-typed: a user's kernel does not import cutedebug.
 """

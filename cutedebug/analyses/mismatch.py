@@ -579,26 +579,29 @@ def picture(m: dict[str, Any] | None, max_cols: int = 64, max_rows: int = 40) ->
 
 def report_sections(result) -> list[str]:
     """report.md sections for a run that has a value diagnosis (attach() first)."""
+    from cutedebug.reporting.escape import md_block, md_text
+
     d = result.evidence.get("value_diagnosis")
     if not d:
         return []
     lines = ["## Wrong values: failure-table diagnosis", ""]
     if d.get("row"):
         lines += [
-            f"- row: **{d['row_title']}** (`{d['row']}`), pattern `{d['pattern']}`",
-            f"- {d['summary']}",
-            f"- what to check: {d['check']}",
+            f"- row: **{md_text(d['row_title'])}** ({md_text(d['row'])}), pattern "
+            f"{md_text(d['pattern'])}",
+            f"- {md_text(d['summary'])}",
+            f"- what to check: {md_text(d['check'])}",
         ]
     else:
-        lines += [f"- no row: {d['summary']}"]
-    lines += [f"- evidence: {e}" for e in d.get("evidence", [])]
+        lines += [f"- no row: {md_text(d['summary'])}"]
+    lines += [f"- evidence: {md_text(e)}" for e in d.get("evidence", [])]
     if d.get("lines"):
-        lines.append("- kernel line(s): " + "; ".join(d["lines"][:6]))
+        lines.append("- kernel line(s): " + md_text("; ".join(d["lines"][:6])))
     if d.get("injected_fault_lines"):
         lines.append(
             "- injected fault's site(s) (this scenario's fault, not part of the "
-            "diagnosis): " + "; ".join(d["injected_fault_lines"][:4])
+            "diagnosis): " + md_text("; ".join(d["injected_fault_lines"][:4]))
         )
     if d.get("picture"):
-        lines += ["", "```", d["picture"], "```"]
+        lines += ["", *md_block(d["picture"])]
     return ["\n".join(lines)]
