@@ -356,6 +356,12 @@ class ScenarioItem(_Item):
     def settings(self) -> Settings:
         return resolve(self.config, self)
 
+    def skip_if_modules_missing(self) -> None:
+        """An optional extra not installed: skipped, the reason says which (no worker runs)."""
+        if missing := self.scenario.missing_modules():
+            pytest.skip(f"needs the Python module(s) {', '.join(missing)} (scenario "
+                        "requires.modules); not installed here")
+
     def timeout_s(self) -> float:
         s = self.settings()
         repeat = 1 if self.mode == "compile" else s.repeat
@@ -364,8 +370,8 @@ class ScenarioItem(_Item):
 
     def call_engine(self, s: Settings, forkserver=None):
         """run_scenario + report (thread-safe: touches no pytest state)."""
-        from cutedebug.reporting import report
         from cutedebug.engine import runner
+        from cutedebug.reporting import report
 
         sc = s.apply(self.scenario)
         try:
@@ -408,7 +414,8 @@ def _prefetch(item: CompileItem) -> Future | None:
         config.stash[_PREFETCH_KEY] = pool
         config.stash[_FUTURES_KEY] = {
             it.nodeid: pool.submit(it.call_engine, it.settings(), session_forkserver(config))
-            for it in item.session.items if isinstance(it, CompileItem)}
+            for it in item.session.items
+            if isinstance(it, CompileItem) and not it.scenario.missing_modules()}
     return config.stash[_FUTURES_KEY].pop(item.nodeid, None)
 
 
@@ -459,6 +466,7 @@ class CompileItem(ScenarioItem):
     def runtest(self) -> None:
         from cutedebug.reporting import report
 
+        self.skip_if_modules_missing()
         future = _prefetch(self)
         if future is None:
             res, md = self._run(self.settings())
@@ -466,6 +474,8 @@ class CompileItem(ScenarioItem):
             res, md = future.result()
             self.user_properties.append((VERDICT_PROP, res.verdict.value))
             self.user_properties.append(("cutedebug_report", str(md)))
+        if res.verdict is Verdict.UNSUPPORTED and res.outcome.event("compiled") is None:
+            pytest.skip(f"not compiled: {res.reason}")
         ok, why = compile_outcome(res)
         findings = serious_findings(res)
         if findings:
@@ -482,6 +492,7 @@ class RunItem(ScenarioItem):
         from cutedebug.reporting import report
 
         s = self.settings()
+        self.skip_if_modules_missing()
         reason = gpu_skip_reason(self.config, self.scenario.archs)
         if reason:
             pytest.skip(reason)
@@ -564,8 +575,8 @@ def assert_verdict(result, verdict: str, **localization: Any) -> None:
     """Fail unless ``result`` has this verdict (and, given role/op/barrier/stage, a stuck site
     that agrees with them). The message says what came back, where, why, and the report."""
     __tracebackhide__ = True
-    from cutedebug.reporting import report
     from cutedebug.engine import runner
+    from cutedebug.reporting import report
 
     if verdict not in VERDICTS:
         raise ValueError(f"unknown verdict {verdict!r}; one of {list(VERDICTS)}")
@@ -590,8 +601,8 @@ def cutedebug_run(request: pytest.FixtureRequest):
     """Run a kernel in the watchdog: ``cutedebug_run(kernel="file.py:Entry", params={...},
     fault=None, fault_args={}, expect=None, deadline=None, probes=None, repeat=None,
     archs=("sm_90a",), mode="run") -> RunResult``. See the module docstring."""
-    from cutedebug.reporting import report
     from cutedebug.engine import runner
+    from cutedebug.reporting import report
 
     def run(kernel: str, params: dict[str, Any] | None = None, fault: str | None = None,
             fault_args: dict[str, Any] | None = None, expect: str | None = None, *,

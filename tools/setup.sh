@@ -2,7 +2,8 @@
 # Set up a development environment in .venv (idempotent; fast when already done).
 #   bash tools/setup.sh
 # Installs cutedebug (editable) with nvidia-cutlass-dsl 4.8.1, psutil, pytest, pytest-timeout,
-# hypothesis, ruff, and torch when it is not importable (the CPU build where one is on disk).
+# hypothesis, ruff, and torch when it is not importable (the CPU build where one is on disk);
+# then, if it installs, the 'field' extra (quack-kernels, flash-attn-4, triton, ...).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -17,6 +18,11 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     # their own CUDA build of torch.
     .venv/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0" \
       || .venv/bin/python -m pip install -q --disable-pip-version-check torch
+  fi
+  # The field extra (public libraries for scenarios/field): wanted, not required. Without it
+  # the field scenarios are skipped with the reason; a failed download must not fail set-up.
+  if ! .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[field]"; then
+    echo "cutedebug: the 'field' extra did not install; scenarios/field will be skipped"
   fi
   touch "$stamp"
 fi

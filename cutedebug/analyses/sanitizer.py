@@ -699,6 +699,55 @@ def _touches_bulk_copy(f: Finding, read: Callable[[str | None, int | None], str 
     return False
 
 
+# ---- attribution: which kernel of the process a finding belongs to -------------------------
+# compute-sanitizer checks every kernel the process launches: the torch reference's too
+# (racecheck reported 1000 hazards inside PyTorch's attention kernel under a clean FA-4
+# forward). The worker names the kernels it launched (the compiled module's PTX entries, the
+# symbols the sanitizer reports in <func>); findings of any other kernel are counted apart.
+
+def is_launched_kernel(name: str | None, kernel_names: Sequence[str]) -> bool:
+    """``name`` (a finding's kernel) is one the worker launched: equal, or one a prefix of
+    the other (a tool that shortens long symbols)."""
+    if not name:
+        return False
+    return any(name == k or (min(len(name), len(k)) >= 16 and
+                             (name.startswith(k) or k.startswith(name))) for k in kernel_names)
+
+
+def attribute(findings: Iterable[Finding], kernel_names: Sequence[str]
+              ) -> tuple[list[Finding], list[Finding]]:
+    """(the kernel under test's findings, other kernels' findings).
+
+    A finding belongs to another kernel only when it names a kernel and that kernel is not one
+    the worker launched. Findings that name no kernel (API errors, parse failures, the
+    summary cross-check) stay with the run, and so does everything when the launched kernels
+    are unknown (no names: nothing is set aside, never a finding hidden).
+    """
+    own: list[Finding] = []
+    others: list[Finding] = []
+    for f in findings:
+        if kernel_names and f.kernel and not is_launched_kernel(f.kernel, kernel_names):
+            others.append(f)
+        else:
+            own.append(f)
+    return own, others
+
+
+def other_kernels(others: Iterable[Finding], tool: str,
+                  read: Callable[[str | None, int | None], str | None] | None = None,
+                  max_groups: int = 4) -> list[dict[str, Any]]:
+    """Per other kernel: its name, records, count, class and first groups (most first)."""
+    by_kernel: dict[str, list[Finding]] = {}
+    for f in others:
+        by_kernel.setdefault(f.kernel or "?", []).append(f)
+    out = [{"kernel": name, "records": len(fs), "count": sum(f.count for f in fs),
+            "class": classify(fs, tool),
+            "groups": [g.to_dict(read) for g in group(fs)[:max_groups]]}
+           for name, fs in by_kernel.items()]
+    out.sort(key=lambda k: -k["count"])
+    return out
+
+
 # ---- grouping and classification ---------------------------------------------------------
 @dataclass
 class Group:
@@ -810,10 +859,15 @@ def make_result(tool: str, command: Sequence[str], findings: Sequence[Finding], 
                 sanitizer_seconds: float | None = None, plain_seconds: float | None = None,
                 xml_path: str | None = None, shrink_result: ShrinkResult | None = None,
                 read_source: Callable[[str | None, int | None], str | None] | None = None,
-                tma_filter: bool = True) -> dict[str, Any]:
-    """The JSON-able triage record of one tool's run (``render_markdown`` reads it)."""
+                tma_filter: bool = True, kernel_names: Sequence[str] = ()) -> dict[str, Any]:
+    """The JSON-able triage record of one tool's run (``render_markdown`` reads it).
+
+    ``kernel_names``: the kernels the worker launched; findings of other kernels are listed
+    under ``other_kernels`` and never decide the verdict (see ``attribute``).
+    """
     read = read_source or source_line
     kept, filtered = filter_noise(findings, tma=tma_filter, read_source=read)
+    kept, others = attribute(kept, kernel_names)
     reasons: dict[str, int] = {}
     for f in filtered:
         reasons[f.noise_reason or ""] = reasons.get(f.noise_reason or "", 0) + 1  # records
@@ -836,6 +890,8 @@ def make_result(tool: str, command: Sequence[str], findings: Sequence[Finding], 
         "slowdown": slowdown,
         "shrink": shrink_result.to_dict() if shrink_result else None,
         "tma_filter": tma_filter,
+        "kernel_names": list(kernel_names),
+        "other_kernels": other_kernels(others, tool, read),
     }
     return json.loads(json.dumps(result))  # plain lists/dicts: equal to its stored JSON
 
@@ -877,6 +933,10 @@ def render_markdown(result: Mapping[str, Any]) -> str:
     else:
         why = result.get("reason") or "no findings after noise filtering"
         out.append(f"**TL;DR** {tool} → **{verdict}**: {why}.")
+    if result.get("other_kernels"):
+        n = sum(k["count"] for k in result["other_kernels"])
+        out.append(f"Other kernels of the process: {n} finding(s) in "
+                   f"{len(result['other_kernels'])} kernel(s), counted apart below.")
     if result.get("kernel_verdict"):
         out.append("")
         out.append(f"The worker under the sanitizer said: {result['kernel_verdict']} "
@@ -907,6 +967,16 @@ def render_markdown(result: Mapping[str, Any]) -> str:
             first_line = (g.get("text") or "").splitlines()[:1]
             if first_line:
                 out.append(f"   - message: {first_line[0]}")
+        out.append("")
+    if result.get("other_kernels"):
+        out += ["## Other kernels of the process (not the kernel under test; not the verdict)",
+                ""]
+        for k in result["other_kernels"]:
+            name = k["kernel"] if len(k["kernel"]) <= 100 else k["kernel"][:97] + "..."
+            top = k["groups"][0] if k.get("groups") else None
+            where = f": {top['kind']} at {_where(top['lines'])}" if top else ""
+            out.append(f"- `{name}`: {k['class']}, {k['count']} ({k['records']} record(s))"
+                       f"{where}")
         out.append("")
     out += ["## Noise filtered", ""]
     if result.get("filtered"):

@@ -31,6 +31,7 @@ from cutedebug.analyses.sanitizer import (
     _secs,
     _where,
     analyze,
+    attribute,
     build_command,
     child_env,
     filter_noise,
@@ -95,12 +96,13 @@ def shrinkable_params(kernel_file: str | os.PathLike, entry: str) -> tuple[str, 
 
 def tool_verdict(sanitizer_class: str, kernel_verdict: str, kernel_reason: str, *,
                  launched: bool, synced: bool, killed: str | None, exit_code: int | None,
-                 records: int) -> tuple[str, str]:
+                 records: int, other_records: int = 0) -> tuple[str, str]:
     """(verdict, reason) of one sanitized run, from what the sanitizer and the worker said.
 
     CLEAN needs positive evidence: the kernel was launched, finished, and the sanitizer's
     output was read. A run whose kernel never ran says what the worker said (UNSUPPORTED,
-    COMPILE_ERROR, ...), never CLEAN.
+    COMPILE_ERROR, ...), never CLEAN. ``records``: the kernel under test's; ``other_records``:
+    other kernels' of the process (they explain the tool's error exit code, never the verdict).
     """
     if killed:
         return kernel_verdict, (f"the sanitized run was killed by the watchdog ({killed}): "
@@ -115,7 +117,7 @@ def tool_verdict(sanitizer_class: str, kernel_verdict: str, kernel_reason: str, 
         return sanitizer_class, "findings below"
     if sanitizer_class == "UNREADABLE":
         return "UNREADABLE", "the sanitizer's output could not be read (see PARSE_FAILURE)"
-    if exit_code == ERROR_EXITCODE and not records:
+    if exit_code == ERROR_EXITCODE and not records and not other_records:
         return "UNREADABLE", (f"the sanitizer exited with its error code {ERROR_EXITCODE} "
                               "but no record was read")
     if not synced:
@@ -131,8 +133,14 @@ def tool_verdict(sanitizer_class: str, kernel_verdict: str, kernel_reason: str, 
 class ToolRun:
     tool: str
     result: dict[str, Any]
-    findings: list[Finding]
+    findings: list[Finding]  # the kernel under test's (other kernels' are in the result only)
     seconds: float
+
+
+def launched_kernels(outcome: Any) -> list[str]:
+    """The kernel symbols the worker compiled and launched (its "compiled" event)."""
+    compiled = outcome.event("compiled") or {}
+    return [k for k in compiled.get("kernel_names") or [] if isinstance(k, str)]
 
 
 def _kernel_seconds(outcome: Any) -> float | None:
@@ -172,17 +180,19 @@ def run_tool(scenario: Any, tool: str, run_dir: Path, *, sanitizer: str,
         return source_line(file, line, roots=roots)
 
     plain = plain or {}
+    names = launched_kernels(outcome)
     result = make_result(tool, command["argv"], findings, env=env,
                          exit_code=outcome.returncode, sanitizer_seconds=outcome.elapsed_s,
                          plain_seconds=plain.get("seconds"), xml_path=str(command["xml"]),
-                         read_source=read, tma_filter=tma_filter)
+                         read_source=read, tma_filter=tma_filter, kernel_names=names)
     _, filtered = filter_noise(findings, tma=tma_filter, read_source=read)
+    findings, others = attribute(findings, names)
     records = len([f for f in findings if f.kind != PARSE_FAILURE])
     verdict, reason = tool_verdict(
         result["verdict"], classified.verdict.value, classified.reason,
         launched=outcome.event("launched") is not None,
         synced=outcome.event("synced") is not None, killed=outcome.killed_by_watchdog,
-        exit_code=outcome.returncode, records=records)
+        exit_code=outcome.returncode, records=records, other_records=len(others))
     k_san, k_plain = _kernel_seconds(outcome), plain.get("kernel_seconds")
     result.update({
         "sanitizer_class": result["verdict"], "verdict": verdict, "reason": reason,
@@ -191,6 +201,7 @@ def run_tool(scenario: Any, tool: str, run_dir: Path, *, sanitizer: str,
         "deadline_scale": deadline_scale, "run_dir": str(run_dir),
         "worker_log": str(run_dir / "worker.log"),
         "records": records, "filtered_count": len(filtered),
+        "other_kernel_records": len(others),
         "kernel_seconds": {"sanitized": k_san, "plain": k_plain,
                            "slowdown": k_san / k_plain if k_san and k_plain else None},
     })
@@ -329,6 +340,16 @@ def noise_cell(result: Mapping[str, Any]) -> str:
     return "; ".join(cells) or "0"
 
 
+def others_cell(result: Mapping[str, Any]) -> str:
+    """Other kernels' findings, short (a table cell): ``RACE ×1000 in 1 kernel(s)``."""
+    kernels = result.get("other_kernels") or []
+    if not kernels:
+        return "0"
+    classes = sorted({k["class"] for k in kernels})
+    return (f"{'/'.join(classes)} ×{sum(k['count'] for k in kernels)} in {len(kernels)} "
+            "kernel(s)")
+
+
 def findings_cell(result: Mapping[str, Any]) -> str:
     """``KIND@file:line ×N`` per kept group (a table cell)."""
     cells = [f"{g['kind']}@{_where(g['lines'])} ×{g['count']}"
@@ -349,12 +370,13 @@ def render_summary_markdown(summary: Mapping[str, Any]) -> str:
     if plain:
         out.append(f"Plain run (no sanitizer): {plain['verdict']} in "
                    f"{_secs(plain.get('seconds'))} ({plain.get('reason')}).")
-    out += ["", "| tool | verdict | findings | noise filtered | sanitized | plain | slowdown "
-            "(process) | slowdown (kernel) |", "|---|---|---|---|---|---|---|---|"]
+    out += ["", "| tool | verdict | findings | other kernels (not the verdict) | noise filtered "
+            "| sanitized | plain | slowdown (process) | slowdown (kernel) |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for tool, r in tools.items():
         slow = f"{r['slowdown']:.1f}×" if r.get("slowdown") else "-"
         k = (r.get("kernel_seconds") or {}).get("slowdown")
-        out.append(f"| {tool} | {r['verdict']} | {findings_cell(r)} | "
+        out.append(f"| {tool} | {r['verdict']} | {findings_cell(r)} | {others_cell(r)} | "
                    f"{noise_cell(r)} | {_secs(r.get('sanitizer_seconds'))} | "
                    f"{_secs(r.get('plain_seconds'))} | {slow} | "
                    f"{f'{k:.1f}×' if k else '-'} |")

@@ -33,6 +33,8 @@ A scenario is a TOML file::
 
     [requires]
     arch = ["sm_90a"]                     # runs only on these; compiles for the first
+    modules = ["quack"]                   # Python modules the kernel file needs (optional
+                                          # extras): without them the scenario is UNSUPPORTED
 
     [probes]
     enabled = false                       # bounded waits + beacons (off: zero overhead)
@@ -122,6 +124,12 @@ class Scenario:
     archs: tuple[str, ...] = ("sm_90a",)
     probes: bool = False
     source: str | None = None          # the TOML file, None for ad-hoc runs
+    modules: tuple[str, ...] = ()      # Python modules the kernel file needs (requires.modules)
+
+    def missing_modules(self) -> list[str]:
+        """The required modules that this interpreter cannot find (found is not importable:
+        the worker imports them and says why one fails)."""
+        return [m for m in self.modules if not module_findable(m)]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -129,7 +137,7 @@ class Scenario:
             "kernel": {"file": self.kernel_file, "entry": self.kernel_entry},
             "params": self.params, "fault": self.fault, "fault_args": self.fault_args,
             "expect": vars(self.expect), "limits": vars(self.limits),
-            "archs": list(self.archs), "probes": self.probes,
+            "archs": list(self.archs), "probes": self.probes, "modules": list(self.modules),
         }
 
     @classmethod
@@ -140,7 +148,7 @@ class Scenario:
                    params=d.get("params", {}), fault=d.get("fault"),
                    fault_args=d.get("fault_args") or {}, expect=_expect_from_json(d.get("expect", {})),
                    limits=Limits(**d.get("limits", {})), archs=tuple(d.get("archs", ["sm_90a"])),
-                   probes=d.get("probes", False))
+                   probes=d.get("probes", False), modules=tuple(d.get("modules", ())))
 
     def with_overrides(self, **kw: Any) -> Scenario:
         return replace(self, **kw)
@@ -161,9 +169,20 @@ _LIMITS = {"compile_s": float, "deadline_s": float, "stall_s": float, "wait_budg
            "import_s": float, "check_s": float}
 _LIMIT_RANGES = {"compile_s": (1, 3600), "deadline_s": (0.1, 3600), "stall_s": (0.05, 600),
                  "wait_budget_ms": (1, 600_000), "import_s": (1, 3600), "check_s": (1, 3600)}
-_REQUIRES = {"arch": list}
+_REQUIRES = {"arch": list, "modules": list}
 _PROBES = {"enabled": bool}
 _REQUIRED_TOP = ("id", "kernel", "expect")
+
+
+def module_findable(name: str) -> bool:
+    """Whether ``import name`` can find the module, without running it (its parent packages
+    are imported: a namespace package such as ``flash_attn`` runs no code)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _type_ok(value: Any, want: type) -> bool:
@@ -365,6 +384,11 @@ def build(data: dict[str, Any], where: str, base_dir: Path, source: str | None) 
         raise ScenarioError(f"{where}: field requires.arch is empty; allowed values {ARCHS}")
     for a in archs:
         _choice(where, "requires.arch", a, ARCHS)
+    modules = tuple(requires.get("modules", []))
+    for m in modules:
+        if not isinstance(m, str) or not all(part.isidentifier() for part in m.split(".")):
+            raise ScenarioError(f"{where}: field requires.modules: {m!r} is not a Python module "
+                                "name (e.g. \"quack\" or \"flash_attn.cute\")")
 
     probes_t = data.get("probes", {})
     _check_table(where, probes_t, _PROBES, "probes.")
@@ -372,7 +396,7 @@ def build(data: dict[str, Any], where: str, base_dir: Path, source: str | None) 
     return Scenario(id=sid, description=data.get("description", ""), kernel_file=str(kfile),
                     kernel_entry=kernel["entry"], params=dict(params), fault=fault,
                     fault_args=fault_args, expect=expect, limits=limits, archs=archs,
-                    probes=probes_t.get("enabled", False), source=source)
+                    probes=probes_t.get("enabled", False), source=source, modules=modules)
 
 
 def load(path: str | Path) -> Scenario:

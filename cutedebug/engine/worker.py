@@ -157,6 +157,27 @@ class ProbeMonitor:
         self._thread.join(timeout=1.0)
 
 
+def ptx_entries(ptx: str) -> list[str]:
+    """The kernel symbols of a PTX module (``.entry NAME(``): the names compute-sanitizer
+    reports for this kernel's findings (other kernels of the process are told apart by them)."""
+    import re
+
+    return list(dict.fromkeys(re.findall(r"\.entry\s+([A-Za-z_$][\w$]*)", ptx)))
+
+
+def required_modules_missing(modules: list[str]) -> str | None:
+    """Why the scenario's requires.modules cannot be imported here, or None when they can."""
+    import importlib
+
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as e:  # a missing optional dependency is a fact about this machine
+            return (f"needs the Python module {name!r} (scenario requires.modules), not "
+                    f"importable here: {type(e).__name__}: {e}")
+    return None
+
+
 def run(request: dict[str, Any], events: Events) -> None:
     sc = request["scenario"]
     mode = request.get("mode", "run")
@@ -179,6 +200,10 @@ def run(request: dict[str, Any], events: Events) -> None:
     from cutedebug import kernel_api
 
     where = f"{sc['kernel']['file']}:{sc['kernel']['entry']}"
+    missing = required_modules_missing(sc.get("modules") or [])
+    if missing:
+        events.emit("unsupported", reason=missing)
+        return
     try:
         cls = kernel_api.load_entry(sc["kernel"]["file"], sc["kernel"]["entry"])
     except kernel_api.KernelLoadError:
@@ -273,6 +298,7 @@ def run(request: dict[str, Any], events: Events) -> None:
         Path(request["cubin_path"]).write_bytes(cubin if isinstance(cubin, bytes)
                                                 else cubin.encode("latin-1"))
     events.emit("compiled", secs=round(compile_s, 3), arch=target, ptx_bytes=len(ptx),
+                kernel_names=ptx_entries(ptx),
                 compile_key=json.dumps([fault, fault_args, target, params], sort_keys=True),
                 fault_sites=getattr(applied, "sites", None) if patch_fault else None,
                 fault_count=getattr(applied, "count", None) if patch_fault else None,

@@ -21,6 +21,9 @@ The target (the worker command) is handled per $FAKE_SANITIZER_MODE:
   failure, as a kernel that memcheck stops does).
 - ``hang``: write the events up to "launched", then sleep (a sanitized kernel that never ends).
 
+FAKE_SANITIZER_KERNELS="NAME,..." puts those kernel names in the simulated "compiled" event
+(the kernels the worker launched; the capture's findings of other kernels are counted apart).
+
 FAKE_SANITIZER_BELOW="PARAM=V:OTHER_CASE" replays OTHER_CASE instead when the request's
 scenario has PARAM < V (a finding that disappears below a problem size, for --shrink).
 """
@@ -94,8 +97,10 @@ def main() -> int:
     if os.environ.get("FAKE_SANITIZER_TEXT", "1") == "0":
         lines = lines[:1]
     print(lines[0], flush=True)  # the banner comes before the target's own output
-    extra = {"device": DEVICE, "compiled": {"secs": 0.1, "arch": "sm_90a"},
-             "synced": {"kernel_s": 0.002}}
+    compiled = {"secs": 0.1, "arch": "sm_90a"}
+    if kernels := os.environ.get("FAKE_SANITIZER_KERNELS"):
+        compiled["kernel_names"] = kernels.split(",")  # what the worker says it launched
+    extra = {"device": DEVICE, "compiled": compiled, "synced": {"kernel_s": 0.002}}
     rc = 0
     if mode == "exec":
         rc = subprocess.run(target, check=False).returncode

@@ -1,0 +1,201 @@
+"""The field kernels (scenarios/field): public CuTe DSL libraries, unmodified, behind adapters.
+
+Without the libraries (`pip install 'cutedebug[field]'` not done) every field scenario still
+loads and is skipped with the reason, never run and never failed; the worker says
+UNSUPPORTED (never a kernel verdict) when a required module cannot be imported. With them,
+each adapter compiles for sm_90a on CPU and the patch faults reach the library's own lines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_pytest_plugin import calls, clean_env, no_gpu, project, scenario_toml  # noqa: F401
+
+from cutedebug.engine import scenario as S
+
+pytest_plugins = ["pytester"]
+
+REPO = Path(__file__).resolve().parents[1]
+FIELD = REPO / "scenarios" / "field"
+ADAPTERS = {
+    "quack_gemm_sm90": ("quack_gemm_sm90.py", "QuackGemmSm90", "gemm_sm90.py"),
+    "quack_rmsnorm_fwd": ("quack_rmsnorm.py", "QuackRMSNormFwd", "rmsnorm.py"),
+    "quack_rmsnorm_bwd": ("quack_rmsnorm.py", "QuackRMSNormBwd", "rmsnorm.py"),
+    "fa4_fwd_sm90": ("fa4_fwd_sm90.py", "FA4FwdSm90", "flash_fwd_sm90.py"),
+}
+MODULES = {
+    "quack_gemm_sm90": ["quack"],
+    "quack_rmsnorm_fwd": ["quack"],
+    "quack_rmsnorm_bwd": ["quack"],
+    "fa4_fwd_sm90": ["flash_attn.cute"],
+}
+
+
+def field_scenarios() -> list[Path]:
+    return sorted(FIELD.rglob("*.toml"))
+
+
+def test_every_field_scenario_loads_and_names_its_library():
+    files = field_scenarios()
+    assert {p.parent.name for p in files} == set(ADAPTERS)
+    for path in files:
+        sc = S.load(path)
+        family = path.parent.name
+        file, entry, _ = ADAPTERS[family]
+        assert sc.id == f"field/{family}/{path.stem}"
+        assert (Path(sc.kernel_file).name, sc.kernel_entry) == (file, entry)
+        assert list(sc.modules) == MODULES[family], path
+        assert sc.archs == ("sm_90a",)
+    clean = [p for p in files if p.stem == "clean"]
+    assert len(clean) == len(ADAPTERS)
+
+
+def test_requires_modules_is_validated(tmp_path):
+    bad = scenario_toml(
+        "fam/x",
+        "PASS",
+        extra='[requires]\nmodules = ["quack-kernels"]\n',
+        kernel=str(REPO / "kernels" / "minimal.py"),
+    ).replace('"K"', '"Minimal"')
+    path = tmp_path / "x.toml"
+    path.write_text(bad)
+    with pytest.raises(
+        S.ScenarioError,
+        match=r"requires\.modules: 'quack-kernels' is not a "
+        r"Python module name",
+    ):
+        S.load(path)
+    path.write_text(bad.replace("quack-kernels", "quack"))
+    assert S.load(path).modules == ("quack",)
+
+
+def test_missing_modules_found_without_importing():
+    sc = S.Scenario(
+        id="x",
+        kernel_file="",
+        kernel_entry="",
+        modules=("json", "no_such_module_cutedebug", "os.path", "json.nope"),
+    )
+    assert sc.missing_modules() == ["no_such_module_cutedebug", "json.nope"]
+    assert S.Scenario.from_json(sc.to_json()).modules == sc.modules
+
+
+def test_worker_says_unsupported_when_a_required_module_is_missing(tmp_path):
+    from cutedebug.engine import runner
+
+    sc = S.adhoc(f"{REPO / 'kernels' / 'minimal.py'}:Minimal", {"n": 256}, None, {}, "PASS")
+    sc = sc.with_overrides(modules=("no_such_module_cutedebug",))
+    res = runner.run_scenario(sc, runs_root=tmp_path, mode="compile")
+    assert res.verdict.value == "UNSUPPORTED"
+    assert res.reason.startswith(
+        "needs the Python module 'no_such_module_cutedebug' "
+        "(scenario requires.modules), not importable here: "
+        "ModuleNotFoundError"
+    )
+    assert res.outcome.event("compiled") is None  # nothing was compiled, nothing was run
+
+
+def test_plugin_skips_scenarios_whose_modules_are_missing(pytester, no_gpu):  # noqa: F811
+    needs = '[requires]\nmodules = ["no_such_module_cutedebug"]\n'
+    project(
+        pytester,
+        {
+            "lib": scenario_toml("fam/lib", "PASS", extra=needs),
+            "plain": scenario_toml("fam/plain", "PASS"),
+        },
+        {},
+    )
+    res = pytester.runpytest("-rs", "--cutedebug-compile-jobs=2")
+    res.assert_outcomes(passed=1, skipped=3)
+    skipped = [ln for ln in res.outlines if ln.startswith("SKIPPED [2]")]
+    assert len(skipped) == 1 and skipped[0].endswith(
+        "needs the Python module(s) no_such_module_cutedebug (scenario requires.modules); "
+        "not installed here"
+    )
+    # the engine never ran for the skipped scenario, compile prefetch included
+    assert [c["id"] for c in calls(pytester)] == ["fam/plain"]
+
+
+# ---- with the libraries installed --------------------------------------------------------
+def _libraries_missing() -> str | None:
+    sc = S.Scenario(
+        id="x", kernel_file="", kernel_entry="", modules=("quack", "flash_attn.cute", "triton")
+    )
+    missing = sc.missing_modules()
+    return f"field libraries not installed: {missing}" if missing else None
+
+
+needs_libs = pytest.mark.skipif(_libraries_missing() is not None, reason=_libraries_missing() or "")
+
+
+@needs_libs
+def test_fault_sites_land_on_the_library_lines(tmp_path):
+    """tools/field_fault_sites.py compiles each adapter once per fault (sm_90a, no GPU)."""
+    targets = [f"{FIELD / f}:{e}" for f, e, _ in ADAPTERS.values()]
+    out = tmp_path / "sites.json"
+    env = dict(
+        os.environ,
+        CUTE_DSL_ARCH="sm_90a",
+        PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    )
+    only = ("wrong_expect_tx", "skip_consumer_release", "skip_producer_tail")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "tools" / "field_fault_sites.py"),
+            "--json",
+            str(out),
+            *(f"--only={f}" for f in only),
+            *targets,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env=env,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    survey = {
+        Path(r["target"].split(":")[0]).name + ":" + r["target"].split(":")[1]: r
+        for r in json.loads(out.read_text())
+    }
+
+    def sites(family, fault, **args):
+        file, entry, _ = ADAPTERS[family]
+        rec = next(
+            f
+            for f in survey[f"{file}:{entry}"]["faults"]
+            if f["fault"] == fault and all(f["args"].get(k) == v for k, v in args.items())
+        )
+        return rec["sites"]
+
+    # every site is a line of the library's own files, none of the adapter's
+    for rec in survey.values():
+        for f in rec["faults"]:
+            for where in f.get("sites", {}):
+                assert not where.split()[1].startswith(("quack_", "fa4_")), (rec["target"], f)
+    assert sites("quack_gemm_sm90", "wrong_expect_tx", delta_bytes=16) == {
+        "mbarrier_arrive_and_expect_tx gemm_base.py:1026": 1
+    }
+    assert set(sites("quack_gemm_sm90", "skip_consumer_release")) >= {
+        "consumer_release gemm_sm90.py:1659",
+        "consumer_release gemm_sm90.py:1672",
+    }
+    assert sites("quack_rmsnorm_fwd", "wrong_expect_tx", delta_bytes=16) == {
+        "mbarrier_arrive_and_expect_tx reduce.py:142": 1
+    }
+    assert sites("quack_rmsnorm_bwd", "skip_consumer_release") == {
+        "consumer_release rmsnorm.py:1111": 1
+    }
+    assert sites("fa4_fwd_sm90", "skip_producer_tail") == {"producer_tail flash_fwd_sm90.py:919": 1}
+    # the clean traces compile with no static error on the quack kernels
+    for family in ("quack_gemm_sm90", "quack_rmsnorm_fwd"):
+        file, entry, _ = ADAPTERS[family]
+        findings = survey[f"{file}:{entry}"]["clean"]["static_findings"]
+        assert [f for f in findings if f["severity"] == "error"] == [], family

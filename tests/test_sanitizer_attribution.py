@@ -1,0 +1,159 @@
+"""Sanitizer findings attributed per kernel: compute-sanitizer checks every kernel of the
+process (the torch reference's too); only the kernel under test's findings make the verdict,
+the others are counted apart and shown.
+
+Real captures (tests/data/sanitizer/h200/, see its README) carry the CuTe kernel's symbol in
+<func>; tests/data/sanitizer/synthetic_mixed_kernels.xml (hand-written, NOT tool output) mixes
+one real race_smem hazard record with three hazards of a PyTorch flash-attention kernel
+(no line info, as torch's own kernels have none).
+"""
+
+from __future__ import annotations
+
+import re
+
+from test_sanitizer import (
+    DATA,
+    H200,
+    MINIMAL_KERNEL,
+    RACE_KERNEL,
+    SCEN,
+    fake_sanitizer,  # noqa: F401  (fixture)
+    read_here,
+    report,
+    sanitize,
+)
+
+from cutedebug.analyses import sanitizer as san
+from cutedebug.engine.worker import ptx_entries
+
+MIXED = DATA / "synthetic_mixed_kernels.xml"
+TORCH_FLASH = "void pytorch_flash::flash_fwd_kernel<"
+
+
+def test_attribute_the_real_captures_by_their_kernel_name():
+    oob = san.parse_xml(H200 / "memcheck_oob.xml", "memcheck")
+    own, others = san.attribute(oob, [MINIMAL_KERNEL])
+    assert (len(own), len(others)) == (64, 0)
+    # the same records while another kernel was the one under test: all set apart
+    own, others = san.attribute(oob, [RACE_KERNEL])
+    assert (len(own), len(others)) == (0, 64)
+    assert {f.kernel for f in others} == {MINIMAL_KERNEL}
+
+
+def test_unknown_launched_kernels_set_nothing_apart():
+    race = san.parse_xml(H200 / "racecheck_raw.xml", "racecheck")
+    own, others = san.attribute(race, [])
+    assert (len(own), others) == (513, [])
+
+
+def test_findings_without_a_kernel_name_stay_with_the_run():
+    noise = san.parse_xml(DATA / "synthetic_api_noise.xml", "memcheck")
+    broken = san.parse_xml("<ComputeSanitizerOutput><record>", "racecheck")
+    own, others = san.attribute(noise + broken, [RACE_KERNEL])
+    assert others == [] and len(own) == len(noise) + len(broken)
+    assert any(f.kind == san.PARSE_FAILURE for f in own)
+
+
+def test_prefix_of_a_shortened_symbol_still_matches():
+    assert san.is_launched_kernel(MINIMAL_KERNEL[:60], [MINIMAL_KERNEL])
+    assert san.is_launched_kernel(MINIMAL_KERNEL, [MINIMAL_KERNEL[:60]])
+    assert not san.is_launched_kernel("kernel_cutlass", [MINIMAL_KERNEL])  # too short to tell
+    assert not san.is_launched_kernel(None, [MINIMAL_KERNEL])
+
+
+def test_mixed_capture_verdict_from_the_kernel_under_test_only():
+    findings = san.parse_xml(MIXED, "racecheck")
+    assert len(findings) == 4
+    res = san.make_result(
+        "racecheck",
+        ["compute-sanitizer"],
+        findings,
+        read_source=read_here,
+        kernel_names=[RACE_KERNEL],
+    )
+    assert res["verdict"] == "RACE"
+    (g,) = res["groups"]
+    assert (g["kind"], g["count"], g["kernel"]) == ("RAW_HAZARD", 1, RACE_KERNEL)
+    (other,) = res["other_kernels"]
+    assert other["kernel"].startswith(TORCH_FLASH)
+    assert (other["class"], other["records"], other["count"]) == ("RACE", 3, 3)
+    assert [(g["kind"], g["count"]) for g in other["groups"]] == [
+        ("WAR_HAZARD", 2),
+        ("RAW_HAZARD", 1),
+    ]
+
+
+def test_mixed_capture_clean_kernel_is_clean_with_the_others_shown():
+    findings = san.parse_xml(MIXED, "racecheck")
+    res = san.make_result(
+        "racecheck",
+        ["compute-sanitizer"],
+        findings,
+        read_source=read_here,
+        kernel_names=[MINIMAL_KERNEL],
+    )
+    assert res["verdict"] == san.CLEAN and res["groups"] == []
+    counts = {k["kernel"][:24]: k["count"] for k in res["other_kernels"]}
+    assert counts == {RACE_KERNEL[:24]: 1, TORCH_FLASH[:24]: 3}
+    md = san.render_markdown(res)
+    assert "**TL;DR** racecheck → **CLEAN**" in md
+    assert "Other kernels of the process: 4 finding(s) in 2 kernel(s)" in md
+    assert "## Other kernels of the process (not the kernel under test; not the verdict)" in md
+    assert re.search(r"- `void pytorch_flash::flash_fwd_kernel<.*\.\.\.`: RACE, 3 \(3 record", md)
+
+
+def test_ptx_entries_are_the_symbols_the_sanitizer_reports():
+    ptx = (
+        ".version 8.5\n.target sm_90a\n.visible .entry " + MINIMAL_KERNEL + "(\n"
+        ".param .u64 p0\n)\n{\nret;\n}\n.visible .entry kernel_cutlass_second_0()\n{ret;}\n"
+    )
+    assert ptx_entries(ptx) == [MINIMAL_KERNEL, "kernel_cutlass_second_0"]
+    assert ptx_entries("") == []
+
+
+def test_sanitize_end_to_end_other_kernels_race_is_not_the_verdict(fake_sanitizer, tmp_path):  # noqa: F811
+    # the captured race, replayed while the worker says it launched the minimal kernel only
+    r = sanitize(
+        fake_sanitizer,
+        "racecheck_raw",
+        "simulate",
+        str(SCEN / "clean.toml"),
+        "--tool",
+        "racecheck",
+        "--expect",
+        "PASS",
+        "--no-plain",
+        "--runs-dir",
+        str(tmp_path / "runs"),
+        env={"FAKE_SANITIZER_KERNELS": MINIMAL_KERNEL},
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    summary, md = report(r)
+    res = summary["tools"]["racecheck"]
+    assert (res["verdict"], res["records"], res["other_kernel_records"]) == ("CLEAN", 0, 513)
+    assert res["kernel_names"] == [MINIMAL_KERNEL]
+    (other,) = res["other_kernels"]
+    assert (other["kernel"], other["class"], other["count"]) == (RACE_KERNEL, "RACE", 512)
+    assert "| racecheck | CLEAN | - | RACE ×512 in 1 kernel(s) |" in md
+
+
+def test_sanitize_end_to_end_own_kernel_race_is_the_verdict(fake_sanitizer, tmp_path):  # noqa: F811
+    r = sanitize(
+        fake_sanitizer,
+        "racecheck_raw",
+        "simulate",
+        str(SCEN / "clean.toml"),
+        "--tool",
+        "racecheck",
+        "--expect",
+        "RACE",
+        "--no-plain",
+        "--runs-dir",
+        str(tmp_path / "runs"),
+        env={"FAKE_SANITIZER_KERNELS": f"{MINIMAL_KERNEL},{RACE_KERNEL}"},
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    summary, _ = report(r)
+    res = summary["tools"]["racecheck"]
+    assert (res["verdict"], res["records"], res["other_kernels"]) == ("RACE", 513, [])
