@@ -1025,7 +1025,7 @@ def test_sanitize_racecheck_finds_the_captured_race(fake_sanitizer, tmp_path):
     assert res["reproduce_cutedebug"] == (
         f"cutedebug sanitize {SCEN / 'clean.toml'} --tool racecheck --expect RACE")
     assert "**TL;DR** racecheck → **RACE**: RAW_HAZARD at race_smem.py:28" in md
-    assert ("| racecheck | RACE | RAW_HAZARD@race_smem.py:28 / race_smem.py:31 ×512 | "
+    assert ("| racecheck | RACE | RAW_HAZARD@race_smem.py:28 / race_smem.py:31 ×512 | 0 | "
             "1 analysis-dup |") in md
     assert "Expected RACE: as expected." in md
     assert summary["as_expected"] is True
