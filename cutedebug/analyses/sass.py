@@ -108,24 +108,30 @@ class Sass:
         ]
 
     def _retry_of(self) -> dict[int, int]:
-        """offset of a retry-loop TRYWAIT -> offset of the fast-path TRYWAIT that enters it."""
+        """offset of a retry-loop TRYWAIT -> offset of the fast-path TRYWAIT that enters it:
+        a forward ``@!Pn BRA`` from outside the retry loop to its head, issued after a
+        TRYWAIT that set Pn (the scheduler may put other instructions between the two)."""
         if hasattr(self, "_retry_cache"):
             return self._retry_cache
         out: dict[int, int] = {}
         tries = self._trywaits()
-        for t in tries:
-            n = self._by_offset[t.offset]
-            for nxt in self.instrs[n + 1 : n + 3]:
-                if (
-                    nxt.base == "BRA"
-                    and nxt.pred
-                    and nxt.target is not None
-                    and nxt.target > nxt.offset
-                ):
-                    inner = [u for u in tries if nxt.target <= u.offset <= nxt.target + 0x40]
-                    if inner:
-                        out[inner[0].offset] = t.offset
-                    break
+        loops = self.loops()
+        for u in tries:
+            own = next(((h, b) for h, b in loops if h <= u.offset <= b), None)
+            if own is None:
+                continue
+            head, branch = own
+            for n, i in enumerate(self.instrs):
+                if not (i.base == "BRA" and i.pred.startswith("@!") and i.target is not None
+                        and head - 0x40 <= i.target <= u.offset
+                        and not head - 0x40 <= i.offset <= branch):
+                    continue
+                pred = i.pred[2:]
+                fast = [t for t in tries if t.offset < i.offset
+                        and t.operands.split(",")[0].strip() == pred]
+                if fast and fast[-1].offset != u.offset:
+                    out[u.offset] = fast[-1].offset
+                break
         self._retry_cache = out
         return out
 
@@ -398,12 +404,19 @@ def map_sites(code: Sass, sites: list[Any]) -> SiteMap:
     if len(traced) == len(waits):
         m.waits = dict(enumerate(traced))
         m.waits_exact = True
+    elif len(waits) < len(traced) and all(s.line for s in traced):
+        # Waits the compiler removed (dead code after an early exit): align in order, by the
+        # nearest line of the wait's fast path or retry loop.
+        lines = [[i.line for h, b in ranges for i in code.span(h, b) if i.line] or [0]
+                 for ranges in code.wait_loops()]
+        m.waits = _align(lines, traced)
+        m.notes.append(f"{len(waits)} mbarrier wait loops in the SASS, {len(traced)} waits "
+                       "traced (the compiler removed some): each mapped in order to the traced "
+                       "wait of the nearest line, not exact")
     else:
-        m.notes.append(
-            f"{len(waits)} mbarrier wait loops in the SASS, {len(traced)} waits "
-            "traced: the wait sites are not mapped (the barrier register and the "
-            "line table still are)"
-        )
+        m.notes.append(f"{len(waits)} mbarrier wait loops in the SASS, {len(traced)} waits "
+                       "traced: the wait sites are not mapped (the barrier register and the "
+                       "line table still are)")
     traced_bars = [s for s in sites if s.kind in BAR_KINDS]
     bars = [_bar_construct(b, k) for k, b in enumerate(code.bar_syncs)]
     if len(traced_bars) == len(bars) and all(_bar_agrees(b, s) for b, s in zip(bars, traced_bars)):
@@ -430,3 +443,28 @@ def _bar_agrees(b: Construct, s: Any) -> bool:
     if s.kind == "sync_threads" or s.threads is None:
         return b.threads is None
     return b.threads == s.threads
+
+
+def _align(sass_lines: list[list[int]], traced: list[Any]) -> dict[int, Any]:
+    """Monotone assignment of each SASS wait to a distinct traced wait (some traced waits are
+    skipped), minimizing the summed line distance."""
+    n, t = len(sass_lines), len(traced)
+    inf = float("inf")
+
+    def cost(i: int, j: int) -> float:
+        return min(abs(x - traced[j].line) for x in sass_lines[i])
+
+    best = [[inf] * (t + 1) for _ in range(n + 1)]
+    best[0] = [0.0] * (t + 1)
+    for i in range(1, n + 1):
+        for j in range(i, t + 1):
+            best[i][j] = min(best[i][j - 1], best[i - 1][j - 1] + cost(i - 1, j - 1))
+    out: dict[int, Any] = {}
+    i, j = n, t
+    while i > 0:
+        if j > i and best[i][j] == best[i][j - 1]:
+            j -= 1
+        else:
+            out[i - 1] = traced[j - 1]
+            i, j = i - 1, j - 1
+    return out

@@ -266,7 +266,8 @@ def run(request: dict[str, Any], events: Events) -> None:
             # coredump's PCs are mapped with (analyses/coredump.py).
             from cutedebug.instrument import waitsites
 
-            wait_sites = stack.enter_context(waitsites.record())
+            wait_sites = stack.enter_context(
+                waitsites.record(markers=bool(request.get("wait_site_markers"))))
         applied = stack.enter_context(faults.inject(patch_fault, fault_args)
                                       if patch_fault else nullcontext())
         if probe_cfg is not None:

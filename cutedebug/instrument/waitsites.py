@@ -63,9 +63,16 @@ class WaitSite:
 _STATIC = probes._static_int
 
 
+MARKER_BASE = 0x5A000  # markers=True: "nanosleep.u32 MARKER_BASE + seq" before each wait
+
+
 @contextlib.contextmanager
-def record() -> Iterator[list[WaitSite]]:
-    """Record the waits of every kernel traced inside; yields the list it fills."""
+def record(markers: bool = False) -> Iterator[list[WaitSite]]:
+    """Record the waits of every kernel traced inside; yields the list it fills.
+
+    ``markers=True`` (validation only, it changes the code): a ``nanosleep.u32`` whose
+    immediate is MARKER_BASE + seq is emitted before each recorded wait, so the SASS shows
+    which traced wait each wait loop came from (tools/waitsite_markers.py)."""
     import cutlass.cute as cute
     from cutlass._mlir_helpers import op as op_mod
     from cutlass.pipeline import helpers
@@ -78,14 +85,18 @@ def record() -> Iterator[list[WaitSite]]:
 
     inside: list[str] = []  # a recorded call in progress: what it calls is the same wait
 
-    def add(kind: str, **fields: Any) -> None:
+    def add(kind: str, loc: Any = None, ip: Any = None, **fields: Any) -> None:
         fields.pop("state", None)
         if not inside:
+            if markers:
+                cute.arch.inline_ptx(f"nanosleep.u32 {MARKER_BASE + len(sites)};", loc=loc,
+                                     ip=ip)
             sites.append(WaitSite(seq=len(sites), kind=kind, **fields))
 
     @contextlib.contextmanager
-    def recorded(kind: str, fields: dict[str, Any]) -> Iterator[None]:
-        add(kind, **fields)
+    def recorded(kind: str, fields: dict[str, Any], loc: Any = None,
+                 ip: Any = None) -> Iterator[None]:
+        add(kind, loc, ip, **fields)
         inside.append(kind)
         try:
             yield
@@ -95,12 +106,12 @@ def record() -> Iterator[list[WaitSite]]:
     orig_array_wait = vars(helpers.MbarrierArray)["wait"]
 
     def array_wait(self, index, phase, *, loc=None, ip=None):
-        with recorded("mbarrier_wait", probes.pipeline_wait_fields(self)):
+        with recorded("mbarrier_wait", probes.pipeline_wait_fields(self), loc, ip):
             return orig_array_wait(self, index, phase, loc=loc, ip=ip)
 
     def raw(kind: str, orig: Any) -> Any:
         def wrapper(*a, loc=None, ip=None, **kw):
-            with recorded(kind, probes.raw_wait_fields()):
+            with recorded(kind, probes.raw_wait_fields(), loc, ip):
                 return orig(*a, loc=loc, ip=ip, **kw)
 
         wrapper.__name__ = orig.__name__
@@ -120,7 +131,7 @@ def record() -> Iterator[list[WaitSite]]:
                 ),
                 threads=_STATIC(nthreads),
             )
-            with recorded(kind, fields):
+            with recorded(kind, fields, loc, ip):
                 return orig(*a, loc=loc, ip=ip, **kw)
 
         wrapper.__name__ = orig.__name__
