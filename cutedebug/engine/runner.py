@@ -499,13 +499,16 @@ def write_request(sub: Path, scenario: Scenario, *, mode: str = "run",
 def run_once(scenario: Scenario, run_dir: Path, *, mode: str = "run",
              probes: dict[str, Any] | None = None, lineinfo: bool = False,
              index: int = 0, wrap=None, extra_env: dict[str, str] | None = None,
-             deadline_scale: float = 1.0,
-             forkserver=None) -> tuple[V.Classified, V.Outcome, dict[str, Any]]:
+             deadline_scale: float = 1.0, forkserver=None,
+             request_extra: dict[str, Any] | None = None,
+             ) -> tuple[V.Classified, V.Outcome, dict[str, Any]]:
+    """``request_extra``: further request fields (e.g. the coredump run's ``env``,
+    ``cubin_path``, ``wait_sites``; see the worker)."""
     # Absolute: the worker runs in the repository root, not in the caller's directory.
     run_dir = Path(run_dir).resolve()
     sub = run_dir if index == 0 else run_dir / f"repeat{index}"
     req_path, events_path, log_path = write_request(sub, scenario, mode=mode, probes=probes,
-                                                    lineinfo=lineinfo)
+                                                    lineinfo=lineinfo, **(request_extra or {}))
     argv = worker_argv(req_path)
     if wrap is not None:
         argv = wrap(argv, sub)

@@ -181,6 +181,8 @@ def required_modules_missing(modules: list[str]) -> str | None:
 def run(request: dict[str, Any], events: Events) -> None:
     sc = request["scenario"]
     mode = request.get("mode", "run")
+    # Before anything initializes CUDA: settings the driver reads once (e.g. coredumps).
+    os.environ.update({str(k): str(v) for k, v in (request.get("env") or {}).items()})
     # mono0: this process's t = 0 on the system-wide monotonic clock, so the runner can place
     # the worker's event times on its own clock (the time breakdown in report.json)
     events.emit("started", pid=os.getpid(), python=sys.version.split()[0],
@@ -283,6 +285,12 @@ def run(request: dict[str, Any], events: Events) -> None:
                        DumpDir(request.get("dump_dir") or tempfile.gettempdir())]
             if request.get("cubin_path"):
                 options.append(cute.KeepCUBIN())
+            if request.get("line_table"):
+                # the kernel's file:line in the cubin, as CUTE_DSL_LINEINFO=1 does, without
+                # the environment (so a fork-server worker can do it)
+                from cutlass.base_dsl.compiler import GenerateLineInfo
+
+                options.append(GenerateLineInfo(True))
             compiled = cute.compile[tuple(options)](kernel, *args)
         except Exception as e:
             tb = traceback.format_exc()[-4000:]
