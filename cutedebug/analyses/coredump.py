@@ -21,23 +21,40 @@ H200 (tests/data/coredump/).
 
 from __future__ import annotations
 
-import glob
 import os
-import re
-import shutil
 import subprocess
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cutedebug.analyses import sass as S
+from cutedebug.analyses.coredump_evidence import (
+    _next_site,
+    crash_evidence,
+    diagnosis,
+    grade,
+    picture,
+    role_answers,
+    stuck_sites,
+)
+from cutedebug.analyses.cudagdb import (
+    GDB_LIMIT_S,
+    CoreReport,
+    WarpRecord,
+    find_nvdisasm,
+    parse_exception,
+    parse_frames,
+    parse_kernels,
+    parse_values,
+    parse_warps,
+    run_gdb,
+    sections,
+)
 
 SKIP_MEMORY = "skip_global_memory,skip_shared_memory,skip_local_memory"
 PIPE_NAME = "coredump.pipe"  # the driver creates <run dir>/coredump.pipe.<pid>
 CORE_NAME = "coredump"  # the driver writes <run dir>/coredump.<pid>.nvcudmp
 DUMP_LIMIT_S = 10.0
-GDB_LIMIT_S = 30.0
 
 
 # ---- capture --------------------------------------------------------------------------------
@@ -115,250 +132,7 @@ def before_kill(ctx: dict[str, Any]) -> dict[str, Any] | None:
         except OSError:
             return False
 
-    return {"coredump": trigger(int(ctx["pid"]), run_dir, alive=alive)}
-
-
-# ---- cuda-gdb ------------------------------------------------------------------------------
-def find_cuda_gdb() -> str | None:
-    found = shutil.which("cuda-gdb")
-    if found:
-        return found
-    hits = sorted(glob.glob("/usr/local/cuda*/bin/cuda-gdb"), reverse=True)
-    return hits[0] if hits else None
-
-
-def find_nvdisasm() -> str | None:
-    found = shutil.which("nvdisasm")
-    if found:
-        return found
-    hits = sorted(glob.glob("/usr/local/cuda*/bin/nvdisasm"), reverse=True)
-    return hits[0] if hits else None
-
-
-def run_gdb(
-    core: Path | str,
-    commands: list[str],
-    timeout_s: float = GDB_LIMIT_S,
-    cuda_gdb: str | None = None,
-) -> tuple[str, float]:
-    """cuda-gdb -batch on the core; (stdout + stderr, seconds). Raises RuntimeError when it is
-    missing or does not finish in time (the caller reports that, never a localization)."""
-    exe = cuda_gdb or find_cuda_gdb()
-    if not exe:
-        raise RuntimeError("cuda-gdb not found (PATH, /usr/local/cuda*/bin)")
-    argv = [
-        exe,
-        "-nx",
-        "-q",
-        "-batch",
-        "-ex",
-        "set pagination off",
-        "-ex",
-        "set width 0",
-        "-ex",
-        "set confirm off",
-        "-ex",
-        f"target cudacore {core}",
-    ]
-    for c in commands:
-        argv += ["-ex", c]
-    t0 = time.monotonic()
-    try:
-        p = subprocess.run(
-            argv,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    except subprocess.TimeoutExpired as e:
-        raise RuntimeError(f"cuda-gdb did not finish in {timeout_s:g} s") from e
-    return p.stdout + p.stderr, round(time.monotonic() - t0, 3)
-
-
-# ---- parsing cuda-gdb's output ---------------------------------------------------------------
-KERNEL_ROW = re.compile(
-    r"^\s*\*?\s*(\d+)\s+(\S+)\s+(\d+)\s+(-?\d+)\s+([A-Za-z]+(?: \([a-z]+\))?)\s+"
-    r"(0x[0-9a-f]+)\s+\((\d+),(\d+),(\d+)\)\s+\((\d+),(\d+),(\d+)\)\s+(.*)$"
-)
-SM_HEADER = re.compile(r"^\s*Device (\d+) SM (\d+)\s*$")
-WARP_ROW = re.compile(
-    r"^\s*\*?\s*(\d+)\s+(0x[0-9a-f]{8})\s+(0x[0-9a-f]{8})\s+(0x[0-9a-f]+)\s+"
-    r"(\d+)\s+\((\d+),(\d+),(\d+)\)\s+\((\d+),(\d+),(\d+)\)"
-)
-SECTION = re.compile(r"^@@(\w+)(.*)$")
-FRAME = re.compile(r"^#(\d+)\s+(?:(0x[0-9a-f]+) in )?(.+?)\s+(?:\(.*?\)\s+)?at\s+(\S+):(\d+)\s*$")
-VALUE = re.compile(r"^\$\d+\s*=\s*(0x[0-9a-f]+|-?\d+)\s*$")
-EXCEPTION = re.compile(r"CUDA Exception:\s*(.+?)\s*$", re.M)
-TRIGGERED_AT = re.compile(r"exception was triggered at PC (0x[0-9a-f]+)(?:\s*\((.*?):(\d+)\))?")
-FOCUS = re.compile(
-    r"focus set to CUDA kernel (\d+), grid (\d+), block \((\d+),(\d+),(\d+)\), "
-    r"thread \((\d+),(\d+),(\d+)\), device (\d+), sm (\d+), warp (\d+), lane (\d+)"
-)
-
-
-@dataclass
-class Kernel:
-    id: int
-    grid: tuple[int, int, int]
-    block: tuple[int, int, int]
-    name: str
-    status: str = ""
-
-
-@dataclass
-class WarpRecord:
-    dev: int
-    sm: int
-    hw_warp: int  # warp slot on the SM
-    active: int  # active lanes mask
-    divergent: int
-    pc: int  # function-relative ("physical") PC
-    kernel: int
-    block: tuple[int, int, int]
-    thread: tuple[int, int, int]  # first active lane's threadIdx
-    cta: int = 0  # linear block index
-    warp: int = 0  # warp index in its CTA
-    construct: S.Construct | None = None
-    site: Any = None  # waitsites.WaitSite
-    site_exact: bool = False
-    role: str = "?"  # bisection's role of the site (checkpoint.assign_roles), else the op's
-    op: str = ""
-    barrier: str = ""
-    file: str = ""
-    line: int = 0
-    frames: list[dict[str, Any]] = field(default_factory=list)
-    registers: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def first_lane(self) -> int:
-        return (self.active & -self.active).bit_length() - 1 if self.active else 0
-
-    def to_json(self) -> dict[str, Any]:
-        c = self.construct
-        return {
-            "sm": self.sm,
-            "hw_warp": self.hw_warp,
-            "cta": self.cta,
-            "block": self.block,
-            "warp": self.warp,
-            "lanes": f"{self.active:#010x}",
-            "pc": f"{self.pc:#x}",
-            "kind": c.kind if c else None,
-            "instruction": c.anchor.text if c and c.anchor else None,
-            "barrier_id": c.barrier_id if c else None,
-            "role": self.role,
-            "op": self.op,
-            "barrier": self.barrier or None,
-            "site": self.site.seq if self.site is not None else None,
-            "site_exact": self.site_exact,
-            "where": f"{os.path.basename(self.file)}:{self.line}" if self.file else None,
-            "registers": {k: f"{v:#x}" for k, v in self.registers.items()},
-            "frames": self.frames,
-        }
-
-
-def parse_kernels(text: str) -> list[Kernel]:
-    out = []
-    for line in text.splitlines():
-        m = KERNEL_ROW.match(line)
-        if m:
-            g = tuple(int(m.group(i)) for i in (7, 8, 9))
-            b = tuple(int(m.group(i)) for i in (10, 11, 12))
-            out.append(Kernel(int(m.group(1)), g, b, m.group(13).split("(")[0].strip(), m.group(5)))
-    return out
-
-
-def parse_warps(text: str) -> list[WarpRecord]:
-    """Rows of ``info cuda warps`` (every SM's section) as records; duplicates (the same warp
-    listed by two filters) dropped."""
-    dev = sm = None
-    seen: dict[tuple[int, int, int], WarpRecord] = {}
-    for line in text.splitlines():
-        m = SM_HEADER.match(line)
-        if m:
-            dev, sm = int(m.group(1)), int(m.group(2))
-            continue
-        m = WARP_ROW.match(line)
-        if m and dev is not None and sm is not None:
-            key = (dev, sm, int(m.group(1)))
-            seen.setdefault(
-                key,
-                WarpRecord(
-                    dev,
-                    sm,
-                    key[2],
-                    int(m.group(2), 16),
-                    int(m.group(3), 16),
-                    int(m.group(4), 16),
-                    int(m.group(5)),
-                    tuple(int(m.group(i)) for i in (6, 7, 8)),
-                    tuple(int(m.group(i)) for i in (9, 10, 11)),
-                ),
-            )
-    return list(seen.values())
-
-
-def sections(text: str) -> dict[str, list[str]]:
-    """Output split at ``@@name args`` markers (echoed by the command lists below)."""
-    out: dict[str, list[str]] = {}
-    cur = None
-    for line in text.splitlines():
-        m = SECTION.match(line.strip())
-        if m:
-            cur = m.group(1) + m.group(2)
-            out[cur] = []
-        elif cur is not None:
-            out[cur].append(line)
-    return out
-
-
-def parse_frames(lines: list[str]) -> list[dict[str, Any]]:
-    out = []
-    for line in lines:
-        m = FRAME.match(line.strip())
-        if m:
-            fn = m.group(3).split("<<<")[0].strip()
-            out.append(
-                {
-                    "level": int(m.group(1)),
-                    "function": fn,
-                    "file": m.group(4),
-                    "line": int(m.group(5)),
-                }
-            )
-    return out
-
-
-def parse_values(lines: list[str]) -> list[int]:
-    return [int(m.group(1), 0) for m in map(VALUE.match, (x.strip() for x in lines)) if m]
-
-
-def parse_exception(text: str) -> dict[str, Any] | None:
-    """What cuda-gdb says about a core written on a GPU exception, or None."""
-    m = EXCEPTION.search(text)
-    if not m:
-        return None
-    out: dict[str, Any] = {"exception": m.group(1)}
-    t = TRIGGERED_AT.search(text)
-    if t:
-        out["pc"] = t.group(1)
-        if t.group(2):
-            out["file"], out["line"] = t.group(2), int(t.group(3))
-    f = FOCUS.search(text)
-    if f:
-        v = [int(x) for x in f.groups()]
-        out.update(
-            kernel=v[0],
-            block=tuple(v[2:5]),
-            thread=tuple(v[5:8]),
-            device=v[8],
-            sm=v[9],
-            hw_warp=v[10],
-            lane=v[11],
-        )
-    return out
+    return {"coredump": trigger(int(ctx["pid"]), run_dir, DUMP_LIMIT_S, alive=alive)}
 
 
 # ---- reading a core ------------------------------------------------------------------------
@@ -368,19 +142,6 @@ WAIT_OPS = {
     "sync_threads": "named_barrier",
     "cluster_wait": "cluster_wait",
 }
-
-
-@dataclass
-class CoreReport:
-    core: str
-    kernels: list[Kernel] = field(default_factory=list)
-    warps: list[WarpRecord] = field(default_factory=list)
-    exception: dict[str, Any] | None = None
-    site_map_notes: list[str] = field(default_factory=list)
-    gdb_s: float = 0.0
-    passes: int = 0
-    sass_source: str = ""
-    raw: dict[str, str] = field(default_factory=dict)  # each pass's output (kept in the run)
 
 
 def sass_of_cubin(cubin: Path | str, nvdisasm: str | None = None) -> str | None:
@@ -511,13 +272,6 @@ def _checkpoint_site(site: Any, cp_sites: list[dict[str, Any]]) -> dict[str, Any
     return same[0] if same else None
 
 
-def _next_site(file: str, line: int, cp_sites: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The first bisection site at or after file:line (program order): where a warp stuck in a
-    hand-written loop at that line would arrive next."""
-    after = [c for c in cp_sites if c.get("file") == file and c.get("line", 0) >= line]
-    return min(after, key=lambda c: (c["line"], c["id"])) if after else None
-
-
 def _read_registers(rep: CoreReport, t_end: float, cuda_gdb: str | None) -> None:
     """The barrier address and parity registers of each waiting warp (at most MAX_WARPS)."""
     todo = [
@@ -552,197 +306,116 @@ def _read_registers(rep: CoreReport, t_end: float, cuda_gdb: str | None) -> None
             w.registers.update(zip(parts[4:], parse_values(lines)))
 
 
-# ---- evidence -------------------------------------------------------------------------------
-def parity(w: WarpRecord) -> int | None:
-    c = w.construct
-    if c is None or c.kind != "mbarrier_wait":
-        return None
-    if c.phase_reg == "RZ":
-        return 0
-    v = w.registers.get(c.phase_reg)
-    return None if v is None else (v >> 31) & 1 if v >= 2 else v & 1
-
-
-def barrier_offset(w: WarpRecord) -> int | None:
-    """The waited barrier's shared-memory offset in its CTA's window (register + immediate)."""
-    c = w.construct
-    v = w.registers.get(c.address_reg) if c is not None else None
-    return None if v is None else ((v + c.address_imm) & 0xFFFFFF)
-
-
-def stuck_sites(
-    rep: CoreReport, cp_sites: list[dict[str, Any]] | None = None
-) -> list[dict[str, Any]]:
-    """One entry per distinct (role, op, barrier, place) over the live warps, plus what the
-    warps that are gone imply (see :func:`inferred_sites`)."""
-    groups: dict[tuple, dict[str, Any]] = {}
-    for w in rep.warps:
-        if w.construct is None or w.construct.kind in ("other", "exit"):
-            continue
-        key = (w.role, w.op, w.barrier, w.file, w.line, parity(w))
-        g = groups.setdefault(
-            key,
-            {
-                "role": w.role,
-                "op": w.op,
-                "barrier": w.barrier or None,
-                "stage": None,
-                "phase": parity(w),
-                "location": f"{os.path.basename(w.file)}:{w.line}" if w.file else None,
-                "site": w.site.seq if w.site is not None else None,
-                "site_exact": w.site_exact,
-                "kind": w.construct.kind,
-                "instruction": w.construct.anchor.text if w.construct.anchor else None,
-                "barrier_id": w.construct.barrier_id,
-                "ctas": set(),
-                "warps": set(),
-                "smem_offsets": set(),
-                "source": "coredump",
-            },
-        )
-        g["ctas"].add(w.cta)
-        g["warps"].add(w.warp)
-        if (off := barrier_offset(w)) is not None:
-            g["smem_offsets"].add(off)
-    out = []
-    for g in groups.values():
-        g["ctas"], g["warps"] = sorted(g["ctas"]), sorted(g["warps"])
-        g["smem_offsets"] = [f"{o:#x}" for o in sorted(g["smem_offsets"])]
-        g["cta"], g["warp"] = g["ctas"][0], g["warps"][0]
-        out.append(g)
-    out.sort(key=lambda g: (-len(g["ctas"]) * len(g["warps"]), g["role"]))
-    return out + inferred_sites(rep, cp_sites or [])
-
-
-def missing_warps(rep: CoreReport) -> dict[int, list[int]]:
-    """CTA -> its warps absent from the core (exited), for CTAs that still have live warps."""
-    kernels = {k.id: k for k in rep.kernels}
-    live: dict[tuple[int, int], set[int]] = {}
-    for w in rep.warps:
-        live.setdefault((w.kernel, w.cta), set()).add(w.warp)
-    out = {}
-    for (kid, cta), ws in live.items():
-        k = kernels.get(kid)
-        if k is None:
-            continue
-        n = -(-(k.block[0] * k.block[1] * k.block[2]) // 32)
-        gone = sorted(set(range(n)) - ws)
-        if gone:
-            out[cta] = gone
-    return out
-
-
-ARRIVES_ON = {"empty": ("consumer", "consumer_release"), "full": ("producer", "producer_commit")}
-
-
-def inferred_sites(rep: CoreReport, cp_sites: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Warps gone from the core while live warps of the same CTA wait on a pipeline barrier
-    that the gone role arrives on: that role exited before its arrive (consumer_release for
-    an empty barrier, producer_commit for a full one)."""
-    gone = missing_warps(rep)
-    if not gone:
-        return []
-    out: dict[tuple, dict[str, Any]] = {}
-    for w in rep.warps:
-        if w.cta not in gone or w.barrier not in ARRIVES_ON or w.site is None:
-            continue
-        role, op = ARRIVES_ON[w.barrier]
-        live_roles = {x.role for x in rep.warps if x.cta == w.cta}
-        if role in live_roles:
-            continue
-        where = next((c for c in cp_sites if c.get("op") == op), None)
-        key = (role, op, w.barrier)
-        g = out.setdefault(
-            key,
-            {
-                "role": role,
-                "op": op,
-                "barrier": w.barrier,
-                "stage": None,
-                "phase": None,
-                "location": f"{os.path.basename(where['file'])}:{where['line']}" if where else None,
-                "site": None,
-                "kind": "exited",
-                "inferred": True,
-                "source": "coredump",
-                "why": f"no {role} warp is left in these CTAs while {w.role} warps wait on "
-                f"{w.barrier} ({w.op}): the {role} warps exited before their {op}",
-                "ctas": set(),
-                "warps": set(),
-            },
-        )
-        g["ctas"].add(w.cta)
-        g["warps"].update(gone[w.cta])
-    res = []
-    for g in out.values():
-        g["ctas"], g["warps"] = sorted(g["ctas"]), sorted(g["warps"])
-        g["cta"], g["warp"] = g["ctas"][0], g["warps"][0]
-        res.append(g)
-    return res
-
-
-def role_answers(rep: CoreReport, cp_sites: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per role, the first bisection site its warps never get past (what printf-bisection
-    answers), from the core alone: the op that contains the wait the warps sit in, the named
-    barrier itself, or for a hand-written spin the next site after the spin's line."""
-    out: dict[str, dict[str, Any]] = {}
-    for s in stuck_sites(rep, cp_sites):
-        if s["role"] in out or s["role"] in ("?", None):
-            continue
-        if s.get("inferred"):
-            out[s["role"]] = {"op": s["op"], "barrier": s["barrier"], "how": s["why"]}
-            continue
-        if s["kind"] == "spin_load" and cp_sites:
-            w = next(x for x in rep.warps if x.op == s["op"] and x.role == s["role"])
-            nxt = _next_site(
-                w.file, w.line + 1, [c for c in cp_sites if c.get("role") in (s["role"], "all")]
-            )
-            if nxt is not None:
-                out[s["role"]] = {
-                    "op": nxt["op"],
-                    "barrier": nxt.get("barrier") or None,
-                    "site": nxt["id"],
-                    "how": f"spins on a global load at "
-                    f"{s['location']}: never reaches #{nxt['id']} {nxt['op']} "
-                    f"{nxt.get('name') or ''} ({os.path.basename(nxt['file'])}:"
-                    f"{nxt['line']})".replace("  ", " "),
-                }
-                continue
-        out[s["role"]] = {
-            "op": s["op"],
-            "barrier": s["barrier"],
-            "how": f"stuck in {s['kind']} at {s['location']}",
-        }
-    return out
-
-
-def grade(
-    expected: dict[str, Any], rep: CoreReport, cp_sites: list[dict[str, Any]], by: str = "probes"
-) -> dict[str, Any]:
-    """The scenario's expected localization against the core: against the stuck sites when the
-    probes grade it, against the per-role answers when only bisection could (stage is graded
-    by neither)."""
-    want = {k: v for k, v in expected.items() if k != "stage"}
-    if not want:
-        return {"ok": None, "expected": {}}
-    if by == "bisect":
-        cands = [{"role": r, **a} for r, a in role_answers(rep, cp_sites).items()]
-    else:
-        cands = stuck_sites(rep, cp_sites)
-    for c in cands:
-        if all(c.get(k) == v or (k == "role" and v == "any") for k, v in want.items()):
-            return {
-                "ok": True,
-                "expected": want,
-                "matched": {
-                    k: c.get(k)
-                    for k in ("role", "op", "barrier", "location", "how")
-                    if c.get(k) is not None
-                },
-            }
+# ---- a run with a core ----------------------------------------------------------------------
+def request_fields(run_dir: Path | str) -> dict[str, Any]:
+    """What a worker needs for a coredump run: the driver settings, the cubin kept, the
+    trace-time wait table, the line table, and the bisection sites (observe-only: no site
+    enabled, the code is unchanged) for their roles."""
+    d = Path(run_dir).resolve()
     return {
-        "ok": False,
-        "expected": want,
-        "why": "no warp of the core agrees with every expected field",
-        "got": [{k: c.get(k) for k in ("role", "op", "barrier")} for c in cands][:8],
+        "env": worker_env(d),
+        "cubin_path": str(d / "kernel.cubin"),
+        "wait_sites": True,
+        "line_table": True,
+        "bisect": {"site": None},
     }
+
+
+def register_hook() -> None:
+    """Put :func:`before_kill` in the watchdog's before-kill hooks (once)."""
+    try:
+        from cutedebug.engine import watchdog as W
+    except ImportError:  # the watchdog still lives in the runner
+        from cutedebug.engine import runner as W
+    hooks = getattr(W, "BEFORE_KILL", None)
+    if hooks is None:
+        raise RuntimeError("this engine has no before-kill hook: coredumps cannot be taken")
+    if before_kill not in hooks:
+        hooks.append(before_kill)
+
+
+def analyse(
+    run_dir: Path | str,
+    outcome: Any,
+    facts: dict[str, Any],
+    expected: dict[str, Any] | None = None,
+    localized_by: str = "probes",
+    timeout_s: float = GDB_LIMIT_S,
+) -> dict[str, Any]:
+    """Evidence from the run's core (a hang's, dumped before the kill, or a crash's), for the
+    run's report; {"coredump": {"error": ...}} when there is none or it cannot be read."""
+    d = Path(run_dir)
+    dump = next((f["coredump"] for f in facts.get("before_kill", []) if "coredump" in f), None)
+    found = cores(d)
+    info: dict[str, Any] = {"dump": dump}
+    if not found:
+        info["error"] = (dump or {}).get("error") or "no core was written"
+        return {"coredump": info}
+    comp = outcome.event("compiled") or {}
+    from cutedebug.instrument import waitsites
+
+    wait_sites = waitsites.sites_from_json(comp.get("wait_sites"))
+    cp_sites = (outcome.event("checkpoint_sites") or {}).get("sites") or []
+    t0 = time.monotonic()
+    sass_text = sass_of_cubin(d / "kernel.cubin")
+    info["nvdisasm_s"] = round(time.monotonic() - t0, 3)
+    try:
+        rep = read_core(
+            found[0],
+            sass_text=sass_text,
+            wait_sites=wait_sites,
+            checkpoint_sites=cp_sites,
+            timeout_s=timeout_s,
+        )
+    except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+        info["error"] = f"reading the core failed: {e}"
+        return {"coredump": info}
+    for name, text in rep.raw.items():
+        (d / f"coredump_gdb_{name}.txt").write_text(text)
+    info.update(
+        core=found[0].name,
+        core_bytes=found[0].stat().st_size,
+        gdb_s=rep.gdb_s,
+        gdb_passes=rep.passes,
+        sass=rep.sass_source,
+        site_map=rep.site_map_notes
+        or ["every wait loop and BAR.SYNC mapped to its traced site (counts agree)"],
+        warps=len(rep.warps),
+        analysis_s=round(time.monotonic() - t0, 3),
+    )
+    out: dict[str, Any] = {"coredump": info}
+    if rep.exception is not None:
+        out["crash"] = crash_evidence(rep)
+        return out
+    sites = stuck_sites(rep, cp_sites)
+    out.update(
+        probe_source="coredump (cuda-gdb on the GPU core taken before the kill; no probes)",
+        stuck_sites=sites,
+        diagnosis=diagnosis(rep, cp_sites),
+        role_answers=role_answers(rep, cp_sites),
+        warps=[w.to_json() for w in rep.warps][:256],
+        coredump_picture=picture(rep),
+    )
+    if expected:
+        out["coredump_grade"] = grade(expected, rep, cp_sites, by=localized_by)
+    return out
+
+
+class Localizer:
+    """What ``runner.run_scenario(core=...)`` needs to localize a hang (or a crash) from its GPU
+    core: the worker's request fields and, after the run, the evidence."""
+
+    def __init__(self, timeout_s: float = GDB_LIMIT_S):
+        self.timeout_s = timeout_s
+        register_hook()
+
+    def request_fields(self, run_dir: Path | str) -> dict[str, Any]:
+        return request_fields(run_dir)
+
+    def evidence(
+        self, run_dir: Path | str, outcome: Any, facts: dict[str, Any], scenario: Any
+    ) -> dict[str, Any]:
+        exp = scenario.expect
+        return analyse(
+            run_dir, outcome, facts, exp.localization(), exp.localized_by, self.timeout_s
+        )

@@ -121,7 +121,7 @@ class Sass:
             if own is None:
                 continue
             head, branch = own
-            for n, i in enumerate(self.instrs):
+            for i in self.instrs:
                 if not (i.base == "BRA" and i.pred.startswith("@!") and i.target is not None
                         and head - 0x40 <= i.target <= u.offset
                         and not head - 0x40 <= i.offset <= branch):
@@ -241,7 +241,7 @@ class Sass:
 
     def _entering_wait(self, head: int, branch: int) -> Instr | None:
         waits = self.waits
-        for n, i in enumerate(self.instrs):
+        for i in self.instrs:
             if (
                 i.base == "BRA"
                 and i.target is not None

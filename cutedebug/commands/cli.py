@@ -95,9 +95,16 @@ def _run_one(args, sc, mode, fs, single: bool):
     from cutedebug.reporting import report
     from cutedebug.engine import runner
 
-    res = runner.run_scenario(sc, runs_root=args.runs_dir, mode=mode, probes=args.probes,
+    core, probes = None, args.probes
+    if getattr(args, "coredump", False):
+        from cutedebug.analyses import coredump
+
+        core = coredump.Localizer()
+        probes = False if probes is None else probes  # a core localizes what probes would
+    res = runner.run_scenario(sc, runs_root=args.runs_dir, mode=mode, probes=probes,
                               wait_budget_ms=args.wait_budget_ms, repeat=args.repeat,
-                              command=report.command_line() if single else "", forkserver=fs)
+                              command=report.command_line() if single else "", forkserver=fs,
+                              core=core)
     from cutedebug.analyses import mismatch
 
     mismatch.attach(res)  # failure-table diagnosis of wrong values (no-op for other verdicts)
@@ -170,6 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--compile-only", action="store_true", help="compile and stop")
     r.add_argument("--probes", action=argparse.BooleanOptionalAction, default=None,
                    help="bounded waits + beacons (default: the scenario's setting)")
+    r.add_argument("--coredump", action="store_true",
+                   help="localize a hang (or crash) from a GPU coredump taken before the kill "
+                        "(cuda-gdb on the core; probes off unless --probes)")
     r.add_argument("--wait-budget-ms", type=int, help="bounded-wait budget with probes on")
     r.add_argument("--repeat", type=int, default=1, help="run N times; disagreeing runs are "
                    "NONDETERMINISTIC")

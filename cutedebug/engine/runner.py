@@ -27,6 +27,21 @@ from cutedebug.engine.scenario import Limits, Scenario, ScenarioError
 TAG_VAR = "CUTEDEBUG_RUN_TAG"
 POLL_S = 0.02
 MAX_EVENT_LINE = 1 << 20
+# Called with {"pid", "tag", "reason", "log_path", "events_path", "phase"} after the watchdog
+# decided to kill (deadline or stall) and before the SIGKILL (e.g. a GPU coredump,
+# cutedebug.analyses.coredump.before_kill); may return facts, kept under facts["before_kill"].
+# A hook must bound its own time; an exception in one never stops the kill.
+BEFORE_KILL: list[Any] = []
+
+
+def _before_kill(ctx: dict[str, Any], facts: dict[str, Any]) -> None:
+    for hook in list(BEFORE_KILL):
+        try:
+            got = hook(ctx)
+        except Exception as e:  # noqa: BLE001  (a hook must never stop the kill)
+            got = {"error": f"{getattr(hook, '__name__', hook)}: {type(e).__name__}: {e}"}
+        if got:
+            facts.setdefault("before_kill", []).append(got)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -228,6 +243,9 @@ def watch(argv: list[str], events_path: Path, log_path: Path, limits: Limits, *,
                                               f"{_phase_deadline(outcome.phase, limits):g}s")
             if outcome.killed_by_watchdog:
                 facts["kill_t"] = round(now - t_start, 3)
+                _before_kill({"pid": proc.pid, "tag": tag, "phase": outcome.phase,
+                              "reason": outcome.killed_by_watchdog, "log_path": log_path,
+                              "events_path": events_path}, facts)
                 facts["swept"] = kill_tree(proc, tag)     # also reaps the child
                 evs, bad = reader.poll()
                 outcome.events.extend(evs)
@@ -543,8 +561,14 @@ def run_once(scenario: Scenario, run_dir: Path, *, mode: str = "run",
 def run_scenario(scenario: Scenario, *, runs_root: Path | str = "runs",
                  run_dir: Path | None = None, mode: str = "run", probes: bool | None = None,
                  wait_budget_ms: int | None = None, repeat: int = 1,
-                 command: str = "", forkserver=None) -> RunResult:
-    """Run a scenario (``repeat`` times) and return its classified result."""
+                 command: str = "", forkserver=None, core: Any = None) -> RunResult:
+    """Run a scenario (``repeat`` times) and return its classified result.
+
+    ``core``: a hang (or crash) without probes is localized from its GPU coredump instead of a
+    rerun with probes: an object with ``request_fields(run_dir) -> dict`` (the worker's extra
+    request fields) and ``evidence(run_dir, outcome, facts, scenario) -> dict`` (merged into
+    the evidence; cutedebug.analyses.coredump.Localizer). A rerun with probes still happens
+    when the core gave no stuck site."""
     t_start = time.monotonic()
     run_dir = Path(run_dir) if run_dir else new_run_dir(scenario, runs_root)
     use_probes = scenario.probes if probes is None else probes
@@ -553,11 +577,18 @@ def run_scenario(scenario: Scenario, *, runs_root: Path | str = "runs",
         budget = wait_budget_ms or scenario.limits.wait_budget_ms
         probe_cfg = {"budget_ns": int(budget) * 1_000_000}
     attempts = []
+    core_evidence: dict[str, Any] = {}
     for i in range(max(1, repeat)):
-        classified, outcome, facts = run_once(scenario, run_dir, mode=mode, probes=probe_cfg,
-                                              index=i, forkserver=forkserver)
+        use_core = core is not None and probe_cfg is None and i == 0 and mode == "run"
+        classified, outcome, facts = run_once(
+            scenario, run_dir, mode=mode, probes=probe_cfg, index=i, forkserver=forkserver,
+            request_extra=core.request_fields(run_dir) if use_core else None)
+        if use_core and classified.verdict in (V.Verdict.HANG, V.Verdict.CRASH):
+            t_core = time.monotonic()
+            core_evidence = core.evidence(run_dir, outcome, facts, scenario)
+            facts["core_s"] = round(time.monotonic() - t_core, 3)
         if (classified.verdict is V.Verdict.HANG and probe_cfg is None and probes is None
-                and i == 0):
+                and i == 0 and not core_evidence.get("stuck_sites")):
             # A hang without probes says nothing about where: rerun once with them on.
             budget = wait_budget_ms or scenario.limits.wait_budget_ms
             probe_cfg = {"budget_ns": int(budget) * 1_000_000}
@@ -594,6 +625,8 @@ def run_scenario(scenario: Scenario, *, runs_root: Path | str = "runs",
     evidence["rule"] = classified.evidence.get("rule")
     if "rerun_with_probes" in facts:
         evidence["rerun_with_probes"] = facts["rerun_with_probes"]
+    elif core_evidence:
+        evidence.update(core_evidence)
     for a in attempts:
         if a[3] is not None:
             health = a[3]
@@ -610,6 +643,11 @@ def run_scenario(scenario: Scenario, *, runs_root: Path | str = "runs",
         timings["rerun_s"] = facts["rerun_with_probes"]["first_wall_s"]
     if attempts[0][3] is not None:
         timings["health_s"] = attempts[0][3].get("secs", 0.0)
+    if "core_s" in attempts[0][2]:  # reading the core (the dump itself is before the kill)
+        timings["core_s"] = attempts[0][2]["core_s"]
+        dump = (core_evidence.get("coredump") or {}).get("dump") or {}
+        if dump.get("dump_s") is not None:
+            timings["dump_s"] = dump["dump_s"]
     timings["wall_s"] = round(time.monotonic() - t_start, 3)
     return RunResult(scenario=scenario, verdict=verdict, reason=reason, run_dir=run_dir,
                      outcome=outcome, evidence=evidence, timings=timings,

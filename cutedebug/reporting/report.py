@@ -32,10 +32,14 @@ def stuck_map(result: RunResult) -> tuple[SM.StuckMap, str] | None:
     """The run's stuck map (from the probe picture its evidence came from) and its text form;
     None when no probes ran."""
     picture, _ = probe_picture(result.outcome)
+    sites = (result.outcome.event("compiled") or {}).get("probe_sites") or []
+    if not picture and result.evidence.get("coredump_picture"):
+        # no probes ran: the core's warps as stuck records (cutedebug.analyses.coredump)
+        picture = result.evidence["coredump_picture"]
+        sites = picture.get("sites") or []
     if not picture:
         return None
     snap = snapshot_from_json(picture)
-    sites = (result.outcome.event("compiled") or {}).get("probe_sites") or []
     m = SM.build(snap, sites)
     return m, SM.render_text(m, records=SM.record_lines(snap, sites))
 

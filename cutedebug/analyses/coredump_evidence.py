@@ -1,0 +1,303 @@
+"""The HANG (and crash) evidence a GPU core gives, in the probes' vocabulary.
+
+From the per-warp records of cutedebug.analyses.coredump: stuck sites (one per waiting warp, plus
+the warps that are gone where that says where their role stopped), per-role answers in the
+vocabulary of printf-bisection (the first site a role never gets past), a grade against the
+scenario's expected localization, a diagnosis line per role, the stuck map's picture, and a
+crash's faulting warp, PC and line.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from typing import Any
+
+from cutedebug.analyses.cudagdb import CoreReport, WarpRecord
+
+
+def parity(w: WarpRecord) -> int | None:
+    c = w.construct
+    if c is None or c.kind != "mbarrier_wait":
+        return None
+    if c.phase_reg == "RZ":
+        return 0
+    v = w.registers.get(c.phase_reg)
+    return None if v is None else (v >> 31) & 1 if v >= 2 else v & 1
+
+
+def barrier_offset(w: WarpRecord) -> int | None:
+    """The waited barrier's shared-memory offset in its CTA's window (register + immediate)."""
+    c = w.construct
+    v = w.registers.get(c.address_reg) if c is not None else None
+    return None if v is None else ((v + c.address_imm) & 0xFFFFFF)
+
+
+def stuck_sites(
+    rep: CoreReport, cp_sites: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """One entry per live warp that waits (as the probes give one per stuck warp), plus one
+    per warp that is gone where that implies where its role stopped (:func:`inferred_sites`)."""
+    out = []
+    for w in sorted(rep.warps, key=lambda w: (w.cta, w.warp)):
+        if w.construct is None or w.construct.kind in ("other", "exit"):
+            continue
+        off = barrier_offset(w)
+        out.append(
+            {
+                "cta": w.cta,
+                "block": list(w.block),
+                "warp": w.warp,
+                "role": w.role,
+                "op": w.op,
+                "barrier": w.barrier or None,
+                "stage": None,
+                "phase": parity(w),
+                "waited_ms": None,
+                "location": f"{os.path.basename(w.file)}:{w.line}" if w.file else None,
+                "site": w.site.seq if w.site is not None else None,
+                "site_exact": w.site_exact,
+                "kind": w.construct.kind,
+                "instruction": w.construct.anchor.text if w.construct.anchor else None,
+                "barrier_id": w.construct.barrier_id,
+                "pc": f"{w.pc:#x}",
+                "sm": w.sm,
+                "smem_offset": f"{off:#x}" if off is not None else None,
+                "source": "coredump",
+            }
+        )
+    return out + inferred_sites(rep, cp_sites or [])
+
+
+def missing_warps(rep: CoreReport) -> dict[int, list[int]]:
+    """CTA -> its warps absent from the core (exited), for CTAs that still have live warps."""
+    kernels = {k.id: k for k in rep.kernels}
+    live: dict[tuple[int, int], set[int]] = {}
+    for w in rep.warps:
+        live.setdefault((w.kernel, w.cta), set()).add(w.warp)
+    out = {}
+    for (kid, cta), ws in live.items():
+        k = kernels.get(kid)
+        if k is None:
+            continue
+        n = -(-(k.block[0] * k.block[1] * k.block[2]) // 32)
+        gone = sorted(set(range(n)) - ws)
+        if gone:
+            out[cta] = gone
+    return out
+
+
+ARRIVES_ON = {"empty": ("consumer", "consumer_release"), "full": ("producer", "producer_commit")}
+
+
+def inferred_sites(rep: CoreReport, cp_sites: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Warps gone from the core while live warps of the same CTA wait on a pipeline barrier
+    that no live warp's role arrives on: the arriving role (consumers on empty, the producer
+    on full) exited before its arrive (consumer_release / producer_commit). One entry per gone
+    warp of those CTAs."""
+    gone = missing_warps(rep)
+    out = []
+    for cta, warps in sorted(gone.items()):
+        live = [w for w in rep.warps if w.cta == cta]
+        roles = {w.role for w in live}
+        waits = [w for w in live if w.barrier in ARRIVES_ON and w.site is not None]
+        implied = {ARRIVES_ON[w.barrier] for w in waits} - {
+            r for r in ARRIVES_ON.values() if r[0] in roles
+        }
+        for role, op in sorted(implied):
+            w = next(x for x in waits if ARRIVES_ON[x.barrier] == (role, op))
+            site = next(
+                (c for c in cp_sites if c.get("op") == op and c.get("role") in (role, "all")), None
+            )
+            for gw in warps:
+                out.append(
+                    {
+                        "cta": cta,
+                        "block": list(w.block),
+                        "warp": gw,
+                        "role": role,
+                        "op": op,
+                        "barrier": w.barrier,
+                        "stage": None,
+                        "phase": None,
+                        "waited_ms": None,
+                        "location": f"{os.path.basename(site['file'])}:{site['line']}"
+                        if site
+                        else None,
+                        "site": None,
+                        "kind": "exited",
+                        "inferred": True,
+                        "source": "coredump",
+                        "why": f"warp {gw} is gone from the core while {w.role} warps wait "
+                        f"on {w.barrier} ({w.op}) and no live warp is a {role}: the "
+                        f"{role} warps exited before their {op}",
+                    }
+                )
+    return out
+
+
+def role_answers(rep: CoreReport, cp_sites: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per role, the first bisection site its warps never get past (what printf-bisection
+    answers), from the core alone: the op that contains the wait most of its warps sit in, the
+    named barrier itself, for a hand-written spin the next site after the spin's line, for a
+    role whose warps are gone the arrive they skipped (:func:`inferred_sites`)."""
+    by_role: dict[str, Counter] = {}
+    first: dict[tuple, dict[str, Any]] = {}
+    for s in stuck_sites(rep, cp_sites):
+        if s["role"] in ("?", None):
+            continue
+        key = (s["op"], s["barrier"], s["kind"], s["location"])
+        by_role.setdefault(s["role"], Counter())[key] += 1
+        first.setdefault((s["role"], *key), s)
+    out: dict[str, dict[str, Any]] = {}
+    for role, counts in by_role.items():
+        (op, barrier, kind, location), n = counts.most_common(1)[0]
+        s = first[(role, op, barrier, kind, location)]
+        if s.get("inferred"):
+            out[role] = {"op": op, "barrier": barrier, "warps": n, "how": s["why"]}
+            continue
+        if kind == "spin_load" and cp_sites:
+            w = next(x for x in rep.warps if x.op == op and x.role == role)
+            nxt = _next_site(
+                w.file, w.line + 1, [c for c in cp_sites if c.get("role") in (role, "all")]
+            )
+            if nxt is not None:
+                name = f" {nxt['name']!r}" if nxt.get("name") else ""
+                out[role] = {
+                    "op": nxt["op"],
+                    "barrier": nxt.get("barrier") or None,
+                    "site": nxt["id"],
+                    "warps": n,
+                    "how": f"spins on a global load at {location}: never reaches "
+                    f"#{nxt['id']} {nxt['op']}{name} "
+                    f"({os.path.basename(nxt['file'])}:{nxt['line']})",
+                }
+                continue
+        out[role] = {
+            "op": op,
+            "barrier": barrier,
+            "warps": n,
+            "how": f"{n} warp(s) in {kind} at {location}",
+        }
+    return out
+
+
+def grade(
+    expected: dict[str, Any], rep: CoreReport, cp_sites: list[dict[str, Any]], by: str = "probes"
+) -> dict[str, Any]:
+    """The scenario's expected localization against the core: against the stuck sites when the
+    probes grade it, against the per-role answers when only bisection could (stage is graded
+    by neither)."""
+    want = {k: v for k, v in expected.items() if k != "stage"}
+    if not want:
+        return {"ok": None, "expected": {}}
+    if by == "bisect":
+        cands = [{"role": r, **a} for r, a in role_answers(rep, cp_sites).items()]
+    else:
+        cands = stuck_sites(rep, cp_sites)
+    for c in cands:
+        if all(c.get(k) == v or (k == "role" and v == "any") for k, v in want.items()):
+            return {
+                "ok": True,
+                "expected": want,
+                "matched": {
+                    k: c.get(k)
+                    for k in ("role", "op", "barrier", "location", "how")
+                    if c.get(k) is not None
+                },
+            }
+    return {
+        "ok": False,
+        "expected": want,
+        "why": "no warp of the core agrees with every expected field",
+        "got": [{k: c.get(k) for k in ("role", "op", "barrier")} for c in cands][:8],
+    }
+
+
+def crash_evidence(rep: CoreReport) -> dict[str, Any]:
+    """The faulting warp, PC and line of a core written on a GPU exception."""
+    ex = dict(rep.exception or {})
+    w = next((x for x in rep.warps if (x.sm, x.hw_warp) == (ex.get("sm"), ex.get("hw_warp"))), None)
+    if w is not None:
+        ex.update(
+            cta=w.cta,
+            warp=w.warp,
+            pc_offset=f"{w.pc:#x}",
+            instruction=w.construct.anchor.text if w.construct and w.construct.anchor else None,
+            frames=w.frames,
+        )
+        if not ex.get("line") and w.file:
+            ex["file"], ex["line"] = w.file, w.line
+    if ex.get("file"):
+        ex["where"] = f"{os.path.basename(ex['file'])}:{ex['line']}"
+    return ex
+
+
+def diagnosis(rep: CoreReport, cp_sites: list[dict[str, Any]]) -> list[str]:
+    """One line per role: where its warps are (or why they are gone), over how many CTAs."""
+    lines = []
+    ctas = sorted({w.cta for w in rep.warps})
+    for role, a in role_answers(rep, cp_sites).items():
+        lines.append(
+            f"{role}: {a['how']} ({a['op']}{' ' + a['barrier'] if a['barrier'] else ''}"
+            f"; {a['warps']} warp(s) over {len(ctas)} CTA(s) in the core)"
+        )
+    return lines
+
+
+def picture(rep: CoreReport) -> dict[str, Any]:
+    """The core as a probe snapshot (stuck records, no beacons) and its site list, so the
+    report draws the same stuck map as for probes (cutedebug.reporting.stuck_map)."""
+    from dataclasses import asdict
+
+    from cutedebug.instrument import probes
+
+    table = probes.SiteTable()
+    stuck = []
+    for w in rep.warps:
+        c = w.construct
+        if c is None or c.kind in ("other", "exit"):
+            continue
+        s = w.site
+        site = table.add(
+            kind="pipeline" if s is not None and s.pipeline_class else "raw",
+            op=w.op or c.kind,
+            barrier=w.barrier or "",
+            pipeline_class=getattr(s, "pipeline_class", ""),
+            pipeline_name=getattr(s, "pipeline_name", ""),
+            file=w.file,
+            line=w.line,
+            function=getattr(s, "function", ""),
+            code=getattr(s, "code", ""),
+            stages=getattr(s, "stages", None),
+        )
+        p = parity(w)
+        stuck.append(
+            probes.StuckRecord(
+                site_id=site.id,
+                block=w.block,
+                block_linear=w.cta,
+                warp=w.warp,
+                stage=-1,
+                phase=p if p is not None else 0,
+                seq=0,
+                waited_ns=0,
+                smid=w.sm,
+                lane=w.first_lane,
+                globaltimer=0,
+            )
+        )
+    snap = probes.ProbeSnapshot(stuck=stuck, n_stuck_reported=len(stuck))
+    return {
+        "stuck": [asdict(r) for r in snap.stuck],
+        "beacons": [],
+        "n_stuck_reported": len(stuck),
+        "sites": table.to_json(),
+    }
+
+
+def _next_site(file: str, line: int, cp_sites: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The first bisection site at or after file:line (program order): where a warp stuck in a
+    hand-written loop at that line would arrive next."""
+    after = [c for c in cp_sites if c.get("file") == file and c.get("line", 0) >= line]
+    return min(after, key=lambda c: (c["line"], c["id"])) if after else None

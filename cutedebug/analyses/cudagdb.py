@@ -1,0 +1,275 @@
+"""cuda-gdb in batch mode on a GPU core, and its output parsed (cutedebug.analyses.coredump).
+
+Each regex matches the output of one ``info cuda`` / ``bt`` / ``p`` command; the samples they
+were written against are real captures from the H200 (tests/data/coredump/, cuda-gdb 13.0).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+GDB_LIMIT_S = 30.0
+
+
+# ---- cuda-gdb ------------------------------------------------------------------------------
+def find_cuda_gdb() -> str | None:
+    found = shutil.which("cuda-gdb")
+    if found:
+        return found
+    hits = sorted(glob.glob("/usr/local/cuda*/bin/cuda-gdb"), reverse=True)
+    return hits[0] if hits else None
+
+
+def find_nvdisasm() -> str | None:
+    found = shutil.which("nvdisasm")
+    if found:
+        return found
+    hits = sorted(glob.glob("/usr/local/cuda*/bin/nvdisasm"), reverse=True)
+    return hits[0] if hits else None
+
+
+def run_gdb(
+    core: Path | str,
+    commands: list[str],
+    timeout_s: float = GDB_LIMIT_S,
+    cuda_gdb: str | None = None,
+) -> tuple[str, float]:
+    """cuda-gdb -batch on the core; (stdout + stderr, seconds). Raises RuntimeError when it is
+    missing or does not finish in time (the caller reports that, never a localization)."""
+    exe = cuda_gdb or find_cuda_gdb()
+    if not exe:
+        raise RuntimeError("cuda-gdb not found (PATH, /usr/local/cuda*/bin)")
+    argv = [
+        exe,
+        "-nx",
+        "-q",
+        "-batch",
+        "-ex",
+        "set pagination off",
+        "-ex",
+        "set width 0",
+        "-ex",
+        "set confirm off",
+        "-ex",
+        f"target cudacore {core}",
+    ]
+    for c in commands:
+        argv += ["-ex", c]
+    t0 = time.monotonic()
+    try:
+        p = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    except subprocess.TimeoutExpired as e:
+        raise RuntimeError(f"cuda-gdb did not finish in {timeout_s:g} s") from e
+    return p.stdout + p.stderr, round(time.monotonic() - t0, 3)
+
+
+# ---- parsing cuda-gdb's output ---------------------------------------------------------------
+KERNEL_ROW = re.compile(
+    r"^\s*\*?\s*(\d+)\s+(\S+)\s+(\d+)\s+(-?\d+)\s+([A-Za-z]+(?: \([a-z]+\))?)\s+"
+    r"(0x[0-9a-f]+)\s+\((\d+),(\d+),(\d+)\)\s+\((\d+),(\d+),(\d+)\)\s+(.*)$"
+)
+SM_HEADER = re.compile(r"^\s*Device (\d+) SM (\d+)\s*$")
+WARP_ROW = re.compile(
+    r"^\s*\*?\s*(\d+)\s+(0x[0-9a-f]{8})\s+(0x[0-9a-f]{8})\s+(0x[0-9a-f]+)\s+"
+    r"(\d+)\s+\((\d+),(\d+),(\d+)\)\s+\((\d+),(\d+),(\d+)\)"
+)
+SECTION = re.compile(r"^@@(\w+)(.*)$")
+FRAME = re.compile(r"^#(\d+)\s+(?:(0x[0-9a-f]+) in )?(.+?)\s+(?:\(.*?\)\s+)?at\s+(\S+):(\d+)\s*$")
+VALUE = re.compile(r"^\$\d+\s*=\s*(0x[0-9a-f]+|-?\d+)\s*$")
+EXCEPTION = re.compile(r"CUDA Exception:\s*(.+?)\s*$", re.M)
+TRIGGERED_AT = re.compile(r"exception was triggered at PC (0x[0-9a-f]+)(?:\s*\((.*?):(\d+)\))?")
+FOCUS = re.compile(
+    r"focus set to CUDA kernel (\d+), grid (\d+), block \((\d+),(\d+),(\d+)\), "
+    r"thread \((\d+),(\d+),(\d+)\), device (\d+), sm (\d+), warp (\d+), lane (\d+)"
+)
+
+
+@dataclass
+class Kernel:
+    id: int
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    name: str
+    status: str = ""
+
+
+@dataclass
+class WarpRecord:
+    dev: int
+    sm: int
+    hw_warp: int  # warp slot on the SM
+    active: int  # active lanes mask
+    divergent: int
+    pc: int  # function-relative ("physical") PC
+    kernel: int
+    block: tuple[int, int, int]
+    thread: tuple[int, int, int]  # first active lane's threadIdx
+    cta: int = 0  # linear block index
+    warp: int = 0  # warp index in its CTA
+    construct: Any = None  # sass.Construct: what the SASS at the PC is
+    site: Any = None  # waitsites.WaitSite
+    site_exact: bool = False
+    role: str = "?"  # bisection's role of the site (checkpoint.assign_roles), else the op's
+    op: str = ""
+    barrier: str = ""
+    file: str = ""
+    line: int = 0
+    frames: list[dict[str, Any]] = field(default_factory=list)
+    registers: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def first_lane(self) -> int:
+        return (self.active & -self.active).bit_length() - 1 if self.active else 0
+
+    def to_json(self) -> dict[str, Any]:
+        c = self.construct
+        return {
+            "sm": self.sm,
+            "hw_warp": self.hw_warp,
+            "cta": self.cta,
+            "block": self.block,
+            "warp": self.warp,
+            "lanes": f"{self.active:#010x}",
+            "pc": f"{self.pc:#x}",
+            "kind": c.kind if c else None,
+            "instruction": c.anchor.text if c and c.anchor else None,
+            "barrier_id": c.barrier_id if c else None,
+            "role": self.role,
+            "op": self.op,
+            "barrier": self.barrier or None,
+            "site": self.site.seq if self.site is not None else None,
+            "site_exact": self.site_exact,
+            "where": f"{os.path.basename(self.file)}:{self.line}" if self.file else None,
+            "registers": {k: f"{v:#x}" for k, v in self.registers.items()},
+            "frames": self.frames,
+        }
+
+
+def parse_kernels(text: str) -> list[Kernel]:
+    out = []
+    for line in text.splitlines():
+        m = KERNEL_ROW.match(line)
+        if m:
+            g = tuple(int(m.group(i)) for i in (7, 8, 9))
+            b = tuple(int(m.group(i)) for i in (10, 11, 12))
+            out.append(Kernel(int(m.group(1)), g, b, m.group(13).split("(")[0].strip(), m.group(5)))
+    return out
+
+
+def parse_warps(text: str) -> list[WarpRecord]:
+    """Rows of ``info cuda warps`` (every SM's section) as records; duplicates (the same warp
+    listed by two filters) dropped."""
+    dev = sm = None
+    seen: dict[tuple[int, int, int], WarpRecord] = {}
+    for line in text.splitlines():
+        m = SM_HEADER.match(line)
+        if m:
+            dev, sm = int(m.group(1)), int(m.group(2))
+            continue
+        m = WARP_ROW.match(line)
+        if m and dev is not None and sm is not None:
+            key = (dev, sm, int(m.group(1)))
+            seen.setdefault(
+                key,
+                WarpRecord(
+                    dev,
+                    sm,
+                    key[2],
+                    int(m.group(2), 16),
+                    int(m.group(3), 16),
+                    int(m.group(4), 16),
+                    int(m.group(5)),
+                    tuple(int(m.group(i)) for i in (6, 7, 8)),
+                    tuple(int(m.group(i)) for i in (9, 10, 11)),
+                ),
+            )
+    return list(seen.values())
+
+
+def sections(text: str) -> dict[str, list[str]]:
+    """Output split at ``@@name args`` markers (echoed by the command lists below)."""
+    out: dict[str, list[str]] = {}
+    cur = None
+    for line in text.splitlines():
+        m = SECTION.match(line.strip())
+        if m:
+            cur = m.group(1) + m.group(2)
+            out[cur] = []
+        elif cur is not None:
+            out[cur].append(line)
+    return out
+
+
+def parse_frames(lines: list[str]) -> list[dict[str, Any]]:
+    out = []
+    for line in lines:
+        m = FRAME.match(line.strip())
+        if m:
+            fn = m.group(3).split("<<<")[0].strip()
+            out.append(
+                {
+                    "level": int(m.group(1)),
+                    "function": fn,
+                    "file": m.group(4),
+                    "line": int(m.group(5)),
+                }
+            )
+    return out
+
+
+def parse_values(lines: list[str]) -> list[int]:
+    return [int(m.group(1), 0) for m in map(VALUE.match, (x.strip() for x in lines)) if m]
+
+
+def parse_exception(text: str) -> dict[str, Any] | None:
+    """What cuda-gdb says about a core written on a GPU exception, or None."""
+    m = EXCEPTION.search(text)
+    if not m:
+        return None
+    out: dict[str, Any] = {"exception": m.group(1)}
+    t = TRIGGERED_AT.search(text)
+    if t:
+        out["pc"] = t.group(1)
+        if t.group(2):
+            out["file"], out["line"] = t.group(2), int(t.group(3))
+    f = FOCUS.search(text)
+    if f:
+        v = [int(x) for x in f.groups()]
+        out.update(
+            kernel=v[0],
+            block=tuple(v[2:5]),
+            thread=tuple(v[5:8]),
+            device=v[8],
+            sm=v[9],
+            hw_warp=v[10],
+            lane=v[11],
+        )
+    return out
+
+
+@dataclass
+class CoreReport:
+    core: str
+    kernels: list[Kernel] = field(default_factory=list)
+    warps: list[WarpRecord] = field(default_factory=list)
+    exception: dict[str, Any] | None = None
+    site_map_notes: list[str] = field(default_factory=list)
+    gdb_s: float = 0.0
+    passes: int = 0
+    sass_source: str = ""
+    raw: dict[str, str] = field(default_factory=dict)  # each pass's output (kept in the run)

@@ -1,0 +1,43 @@
+"""A hung worker that behaves like the CUDA driver with user-triggered coredumps enabled.
+
+usage: python fake_core_worker.py EVENTS_PATH BEHAVIOUR
+
+It creates <events dir>/coredump.pipe.<pid> (a FIFO, as the driver does with
+CUDA_COREDUMP_PIPE=<dir>/coredump.pipe.%p), reports phases up to "launched" and hangs. Reading
+the pipe, BEHAVIOUR "dump" writes <dir>/coredump.<pid>.nvcudmp (64 KiB in two pieces, 0.2 s
+apart, as a dump in progress grows) and keeps hanging; "no_dump" reads and writes nothing.
+"""
+
+import json
+import os
+import sys
+import threading
+import time
+
+events_path, behaviour = sys.argv[1], sys.argv[2]
+d = os.path.dirname(os.path.abspath(events_path))
+pid = os.getpid()
+pipe = os.path.join(d, f"coredump.pipe.{pid}")
+os.mkfifo(pipe)
+
+
+def emit(name, **kw):
+    with open(events_path, "a") as f:
+        f.write(json.dumps({"event": name, "t": 0.0, **kw}) + "\n")
+
+
+def listen():
+    with open(pipe, "rb") as f:
+        f.read(1)
+    if behaviour == "dump":
+        with open(os.path.join(d, f"coredump.{pid}.nvcudmp"), "wb") as core:
+            core.write(b"\x7fELF" + bytes(32 * 1024 - 4))
+            core.flush()
+            time.sleep(0.2)
+            core.write(bytes(32 * 1024))
+
+
+threading.Thread(target=listen, daemon=True).start()
+for name in ("started", "imported", "compiling", "compiled", "launched"):
+    emit(name)
+time.sleep(10_000)

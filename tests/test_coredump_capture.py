@@ -1,0 +1,85 @@
+"""The watchdog's before-kill coredump (cutedebug.analyses.coredump.before_kill) against a fake
+hung worker that answers the coredump pipe like the driver (tests/helpers/fake_core_worker.py)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cutedebug.analyses import coredump
+from cutedebug.engine import runner
+from cutedebug.engine.scenario import Limits
+
+FAKE = Path(__file__).parent / "helpers" / "fake_core_worker.py"
+LIMITS = Limits(compile_s=30.0, deadline_s=1.0, stall_s=0.3, import_s=30.0, check_s=30.0)
+
+
+@pytest.fixture
+def hooked(monkeypatch):
+    monkeypatch.setattr(runner, "BEFORE_KILL", [])
+    coredump.register_hook()
+    monkeypatch.setattr(coredump, "DUMP_LIMIT_S", 1.5)
+    return runner.BEFORE_KILL
+
+
+def run_fake(tmp_path, behaviour):
+    events, log = tmp_path / "events.jsonl", tmp_path / "worker.log"
+    events.write_text("")
+    t0 = time.monotonic()
+    outcome, facts = runner.watch(
+        [sys.executable, str(FAKE), str(events), behaviour], events, log, LIMITS
+    )
+    return outcome, facts, time.monotonic() - t0
+
+
+def test_core_dumped_before_the_kill(tmp_path, hooked):
+    assert hooked == [coredump.before_kill]
+    outcome, facts, wall = run_fake(tmp_path, "dump")
+    assert outcome.killed_by_watchdog.startswith("deadline:launched")
+    dump = facts["before_kill"][0]["coredump"]
+    core = Path(dump["core"])
+    assert core.parent == tmp_path and core.name.startswith("coredump.")
+    assert dump["core_bytes"] == 64 * 1024  # waited for the second piece
+    assert 0.2 <= dump["dump_s"] < 1.5
+    assert coredump.cores(tmp_path) == [core]
+    assert runner.tagged_processes(facts["tag"]) == []
+    assert wall < LIMITS.deadline_s + 1.5 + 3
+
+
+def test_no_core_is_bounded_and_still_killed(tmp_path, hooked):
+    outcome, facts, wall = run_fake(tmp_path, "no_dump")
+    dump = facts["before_kill"][0]["coredump"]
+    assert dump["error"] == "no core written within 1.5 s of the pipe write"
+    assert outcome.killed_by_watchdog.startswith("deadline:launched")
+    assert runner.tagged_processes(facts["tag"]) == []
+    assert wall < LIMITS.deadline_s + 1.5 + 3
+
+
+def test_runs_without_a_pipe_are_left_alone(tmp_path, hooked):
+    """A hung child that was not started for coredumps: the hook does nothing."""
+    assert (
+        coredump.before_kill(
+            {"phase": "launched", "pid": 1, "events_path": str(tmp_path / "events.jsonl")}
+        )
+        is None
+    )
+    assert (
+        coredump.before_kill(
+            {"phase": "compiling", "pid": 1, "events_path": str(tmp_path / "events.jsonl")}
+        )
+        is None
+    )
+
+
+def test_worker_env_names_the_run_folder(tmp_path):
+    env = coredump.worker_env(tmp_path)
+    assert env["CUDA_COREDUMP_PIPE"] == str(tmp_path / "coredump.pipe.%p")
+    assert env["CUDA_COREDUMP_FILE"] == str(tmp_path / "coredump.%p.nvcudmp")
+    assert env["CUDA_ENABLE_USER_TRIGGERED_COREDUMP"] == "1"
+    flags = env["CUDA_COREDUMP_GENERATION_FLAGS"].split(",")
+    assert {"skip_global_memory", "skip_shared_memory", "skip_local_memory", "skip_abort"} <= set(
+        flags
+    )
