@@ -12,7 +12,8 @@ slowdown. Runs that would not fit in ``--budget-s`` are listed as skipped, so th
 stays under 6 minutes on an H200 (a sanitized small problem takes ~7-12 s).
 
 Prints one JSON line per run as it finishes, then a Markdown table: scenario, tool, verdict,
-findings (kind@file:line xcount), noise filtered, sanitizer seconds, plain seconds, slowdown,
+findings of the kernel under test (kind@file:line xcount), findings of the process's other
+kernels (the torch reference's: counted apart, never the verdict), noise filtered, sanitizer seconds, plain seconds, slowdown,
 and what the worker said under the sanitizer. Without a GPU it prints "no GPU" and exits 0.
 """
 
@@ -27,10 +28,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from cutedebug.commands import sanitize as cmd
 from cutedebug.analyses import sanitizer as san
-from cutedebug.engine import scenario as S
+from cutedebug.commands import sanitize as cmd
 from cutedebug.commands.triage import detect_gpu
+from cutedebug.engine import scenario as S
 
 SCEN = ROOT / "scenarios"
 # scenario -> tools that can see its fault (clean cases: every tool, for false alarms)
@@ -46,8 +47,8 @@ PLAN = [
 ]
 FIRST_GUESS_S = 15.0  # per sanitized run, until one has been timed
 # slowdown: whole processes (imports included); kernel_slowdown: launch -> synchronize only.
-COLS = ["scenario", "tool", "verdict", "findings", "noise_filtered", "sanitizer_s", "plain_s",
-        "slowdown", "kernel_slowdown", "worker_said"]
+COLS = ["scenario", "tool", "verdict", "findings", "other_kernels", "noise_filtered",
+        "sanitizer_s", "plain_s", "slowdown", "kernel_slowdown", "worker_said"]
 
 
 def plan(targets: list[str], tools: str | None) -> list[tuple[Path, tuple[str, ...]]]:
@@ -64,12 +65,14 @@ def plan(targets: list[str], tools: str | None) -> list[tuple[Path, tuple[str, .
 def row(sc_id: str, tool: str, res: dict | None, plain: dict | None) -> dict:
     if res is None:
         return {"scenario": sc_id, "tool": tool, "verdict": "skipped (time budget)",
-                "findings": "-", "noise_filtered": "-", "sanitizer_s": None,
+                "findings": "-", "other_kernels": "-", "noise_filtered": "-",
+                "sanitizer_s": None,
                 "plain_s": plain and plain["seconds"], "slowdown": None,
                 "kernel_slowdown": None, "worker_said": "-"}
     kernel = (res.get("kernel_seconds") or {}).get("slowdown")
     return {"scenario": sc_id, "tool": tool, "verdict": res["verdict"],
-            "findings": cmd.findings_cell(res), "noise_filtered": cmd.noise_cell(res),
+            "findings": cmd.findings_cell(res), "other_kernels": cmd.others_cell(res),
+            "noise_filtered": cmd.noise_cell(res),
             "sanitizer_s": res["sanitizer_seconds"], "plain_s": res["plain_seconds"],
             "slowdown": round(res["slowdown"], 1) if res.get("slowdown") else None,
             "kernel_slowdown": round(kernel, 1) if kernel else None,

@@ -1,0 +1,158 @@
+"""One table of a triage over the field scenarios (the H200 evidence for scenarios/field).
+
+    python3 -m cutedebug triage scenarios/field --out /tmp/field/tri
+    python3 tools/gpu_field_table.py /tmp/field/tri [--json records.json]
+
+Per scenario: the verdict (with its frequencies when repeated), the expected verdict (and
+the timing-dependent alternatives), whether it matched, the localization (expected fields
+-> the stuck site that matched, or the first stuck sites the run reported, with file:line),
+the sites the fault applied at while tracing, the static errors of the compile, and the
+seconds to the verdict. Then the issue's targets: faults applied at 0 sites, HANGs
+localized, static errors and verdicts of the clean kernels. Reads only the triage's files
+(OUT/results/*.json and each run's report.json); imports neither torch nor cutlass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def load_records(out: Path) -> list[dict[str, Any]]:
+    recs = [json.loads(p.read_text()) for p in sorted((out / "results").glob("*.json"))]
+    return sorted(recs, key=lambda r: r["id"])
+
+
+def run_report(out: Path, rec: dict[str, Any]) -> dict[str, Any]:
+    call = rec.get("run") or rec.get("compile") or {}
+    md = call.get("report")
+    if not md:
+        return {}
+    path = (out / md).with_name("report.json")
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _site(s: dict[str, Any]) -> str:
+    loc = s.get("location") or ""
+    where = f"{loc.rsplit('/', 1)[-1]}" if loc else "?"
+    stage = f"[{s['stage']}]" if s.get("stage") is not None else ""
+    return f"{s.get('role')}/{s.get('op')}/{s.get('barrier')}{stage}@{where}"
+
+
+def localization_cell(rec: dict[str, Any], report: dict[str, Any]) -> str:
+    exp = rec["expected"]["localization"]
+    call = rec.get("run") or {}
+    loc = call.get("localization") or {}
+    if not exp:
+        return "-"
+    want = "/".join(str(exp.get(k, "*")) for k in ("role", "op", "barrier"))
+    if loc.get("ok") is True:
+        return f"{want}: OK {_site(loc.get('matched') or {})}"
+    if loc.get("ok") is None:
+        return f"{want}: not graded ({loc.get('why', 'no run')})"
+    sites = (report.get("evidence") or {}).get("stuck_sites") or []
+    seen = list(dict.fromkeys(_site(s) for s in sites))[:3]
+    return f"{want}: MISSED, got {'; '.join(seen) or 'no stuck site'}"
+
+
+def row(out: Path, rec: dict[str, Any]) -> dict[str, Any]:
+    report = run_report(out, rec)
+    exp = rec["expected"]
+    freq = rec.get("frequencies") or {}
+    verdict = rec.get("verdict") or f"not run ({rec.get('not_run') or rec.get('invalid')})"
+    if len(freq) > 1:
+        verdict += " (" + ", ".join(f"{v} {n}" for v, n in freq.items()) + ")"
+    comp = rec.get("compile") or {}
+    call = rec.get("run") or comp
+    sites = call.get("fault_count", comp.get("fault_count"))
+    errors = [f for f in (comp.get("static_findings") or []) if f.get("severity") == "error"]
+    return {
+        "scenario": rec["id"].removeprefix("field/"),
+        "verdict": verdict,
+        "expected": exp["verdict"] + ("/" + "/".join(exp["also"]) if exp.get("also") else ""),
+        "ok": {True: "yes", False: "NO", None: "-"}[rec.get("verdict_ok")],
+        "localization": localization_cell(rec, report),
+        "sites": "-" if rec.get("fault") is None else str(sites),
+        "static_errors": len(errors),
+        "seconds": rec.get("time_to_verdict_s"),
+        "reason": (rec.get("run") or comp).get("reason", "")[:300],
+        "static": [f"{f.get('check')}: {f.get('message', '')[:160]}" for f in errors],
+    }
+
+
+COLS = [
+    "scenario",
+    "verdict",
+    "expected",
+    "ok",
+    "localization",
+    "sites",
+    "static_errors",
+    "seconds",
+]
+
+
+def targets(recs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[str]:
+    faulted = [(r, w) for r, w in zip(recs, rows) if r.get("fault")]
+    zero = [w["scenario"] for r, w in faulted if w["sites"] == "0"]
+    hangs = [
+        (r, w)
+        for r, w in zip(recs, rows)
+        if r.get("verdict") == "HANG" and r["expected"]["localization"]
+    ]
+    graded = [(r, w) for r, w in hangs if r.get("localization_ok") is not None]
+    located = [w for r, w in graded if r.get("localization_ok")]
+    clean = [(r, w) for r, w in zip(recs, rows) if not r.get("fault")]
+    lines = [
+        f"- faults applied at 0 sites: {len(zero)} of {len(faulted)}"
+        + (f" ({', '.join(zero)})" if zero else ""),
+        f"- HANGs localized (role/op/barrier) by the run: {len(located)} of {len(graded)} graded"
+        f" ({len(hangs) - len(graded)} graded only by bisection)",
+        "- clean kernels: "
+        + "; ".join(
+            f"{w['scenario']} {w['verdict']}, {w['static_errors']} static error(s)"
+            for _, w in clean
+        ),
+        f"- verdicts as expected: {sum(r.get('verdict_ok') is True for r in recs)} of "
+        f"{sum(r.get('verdict_ok') is not None for r in recs)}; harness errors: "
+        f"{sum(r.get('harness_errors', 0) for r in recs)}",
+    ]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("triage_out", help="the --out folder of `cutedebug triage`")
+    ap.add_argument("--json", help="also write the rows (with reasons) here")
+    a = ap.parse_args(argv)
+    out = Path(a.triage_out)
+    recs = load_records(out)
+    if not recs:
+        print(f"{out}: no triage records", file=sys.stderr)
+        return 2
+    rows = [row(out, r) for r in recs]
+    print("| " + " | ".join(COLS) + " |")
+    print("|" + "---|" * len(COLS))
+    for w in rows:
+        print("| " + " | ".join("-" if w[c] is None else str(w[c]) for c in COLS) + " |")
+    print()
+    print("\n".join(targets(recs, rows)))
+    print()
+    for w in rows:
+        if w["ok"] == "NO" or "MISSED" in w["localization"] or w["static"]:
+            print(f"{w['scenario']}: {w['reason']}")
+            for s in w["static"]:
+                print(f"    static error {s}")
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
