@@ -172,3 +172,22 @@ def test_picture_marks_the_wrong_tiles():
     assert pic[1] == "      | "
     assert pic[TR].startswith("  ------  (below")  # the partial tile row follows
     assert len(pic) == 1 + TR + 1 + 2
+
+
+def test_a_stale_read_points_at_the_kernels_wait_and_release():
+    bad = tile_mask(lambda ti, tj, r, c, cta, seq: seq == 0)
+    ref = torch.zeros(R, C)
+    m = valuemap.collect(ref, ref, ~bad, stream_tiling())
+    protocol = [
+        {"op": "producer_acquire", "file": "k.py", "line": 5},
+        {"op": "tma_copy", "file": "k.py", "line": 7},
+        {"op": "consumer_wait", "file": "k.py", "line": 20},
+        {"op": "consumer_release", "file": "k.py", "line": 24},
+    ]
+    d = mismatch.diagnose("MISMATCH", {"checked": {"mismatch_map": m}}, protocol=protocol)
+    assert d["row"] == "stale_smem"
+    assert d["lines"] == [
+        "producer_acquire at k.py:5",
+        "consumer_wait at k.py:20",
+        "consumer_release at k.py:24",
+    ]

@@ -207,3 +207,17 @@ def test_run_names_the_alignment_row_and_the_copy(tmp_path, cute_mod):
     report = next(tmp_path.glob("*/report.md")).read_text()
     assert "## Wrong values: failure-table diagnosis" in report
     assert "destination view of a 128-bit copy proves only 32-bit alignment" in report
+
+
+def test_protocol_sites_point_at_the_kernels_wait_and_release(cute_mod, tmp_path):
+    from cutedebug import kernel_api
+    from cutedebug.analyses import lint
+    from cutedebug.engine import valuemap
+
+    obj = kernel_api.load_entry(STREAM, "TmaStream")(**STREAM_PARAMS)
+    with lint.record() as protocol:
+        compile_ptx(cute_mod, obj, *obj.fake_args(), dump=tmp_path)
+    sites = {(s["op"], s["line"]) for s in valuemap.protocol_sites(protocol)}
+    assert ("consumer_wait", line_of(STREAM, "ring.consumer_wait(state)")) in sites
+    assert ("consumer_release", line_of(STREAM, "ring.consumer_release(state)", nth=0)) in sites
+    assert ("producer_acquire", line_of(STREAM, "ring.producer_acquire(state)")) in sites

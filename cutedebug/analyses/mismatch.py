@@ -441,13 +441,16 @@ def _fault_lines(evidence: dict[str, Any]) -> list[str]:
     return sorted({f"{s['file']}:{s['line']}" for s in sites if s.get("file")})
 
 
-def _protocol_lines(evidence: dict[str, Any], ops: tuple[str, ...]) -> list[str]:
-    sites = (evidence.get("compiled") or {}).get("probe_sites") or []
-    out = set()
-    for s in sites:
-        if isinstance(s, dict) and s.get("op") in ops and s.get("file"):
-            out.add(f"{s['op']} at {s['file']}:{s.get('line')}")
-    return sorted(out)
+def _protocol_lines(sites: list[dict[str, Any]] | None, ops: tuple[str, ...]) -> list[str]:
+    """'op at file:line' of the kernel's pipeline ops (the worker's protocol_sites event)."""
+    out: list[str] = []
+    for s in sites or []:
+        if not isinstance(s, dict) or s.get("op") not in ops or not s.get("file"):
+            continue
+        text = f"{s['op']} at {s['file']}:{s.get('line')}"
+        if text not in out:
+            out.append(text)
+    return out
 
 
 def diagnose(
@@ -455,8 +458,10 @@ def diagnose(
     evidence: dict[str, Any],
     repeats: list[dict[str, Any]] | None = None,
     maps: list[dict[str, Any] | None] | None = None,
+    protocol: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any] | None:
-    """The failure-table diagnosis of one run, or None when its verdict has no row."""
+    """The failure-table diagnosis of one run, or None when its verdict has no row.
+    ``protocol``: the kernel's pipeline-op lines (the worker's ``protocol_sites`` event)."""
     d: dict[str, Any] | None = None
     if verdict == "COMPILE_ERROR" and evidence.get("compile_error"):
         d = diagnose_compile_error(evidence["compile_error"])
@@ -486,8 +491,9 @@ def diagnose(
         return None
     row = d.get("row")
     if row == "stale_smem":
+        # the stage's wait and release, the producer's acquire: where a stale read is ordered
         d["lines"] = d.get("lines") or _protocol_lines(
-            evidence, ("consumer_wait", "producer_acquire", "consumer_release")
+            protocol, ("consumer_wait", "consumer_release", "producer_acquire")
         )
     if row is not None:
         d["row_title"], d["check"] = ROWS[row]
@@ -510,7 +516,10 @@ def attach(result) -> dict[str, Any] | None:
     maps = None
     if result.repeats:
         maps = repeat_maps(result.run_dir, len(result.repeats))
-    d = diagnose(result.verdict.value, result.evidence, result.repeats, maps)
+    ps = result.outcome.event("protocol_sites") if result.outcome is not None else None
+    d = diagnose(
+        result.verdict.value, result.evidence, result.repeats, maps, (ps or {}).get("sites")
+    )
     if d is None:
         return None
     result.evidence["value_diagnosis"] = {k: v for k, v in d.items() if k not in ("map", "facts")}

@@ -148,3 +148,25 @@ def load_mask(path: Path | str):
     packed = torch.frombuffer(bytearray(data), dtype=torch.uint8)
     bits = ((packed[:, None] >> torch.arange(7, -1, -1, dtype=torch.uint8)) & 1).reshape(-1)
     return header, bits[: header["numel"]].bool()
+
+
+PROTOCOL_OPS = (
+    "consumer_wait",
+    "consumer_release",
+    "producer_acquire",
+    "producer_commit",
+    "tma_copy",
+)
+
+
+def protocol_sites(protocol: Any) -> list[dict[str, Any]]:
+    """The kernel lines of its pipeline ops, from the lint recorder's protocol (duck-typed:
+    ``.events`` with kind / pipeline / file / line), one entry per distinct line: what a
+    diagnosis can point at (the wait, the release, the copy)."""
+    seen, out = set(), []
+    for ev in getattr(protocol, "events", []) or []:
+        key = (ev.kind, ev.file, ev.line)
+        if ev.kind in PROTOCOL_OPS and ev.file and key not in seen:
+            seen.add(key)
+            out.append({"op": ev.kind, "pipeline": ev.pipeline, "file": ev.file, "line": ev.line})
+    return out[:64]

@@ -316,6 +316,9 @@ def run(request: dict[str, Any], events: Events) -> None:
                 probe_sites=site_table.to_json() if site_table is not None else None,
                 wait_sites=[w.to_json() for w in wait_sites] if wait_sites is not None else None,
                 static_findings=lint.static_findings(protocol))
+    from cutedebug.engine import valuemap  # the lines a wrong-value diagnosis can point at
+
+    events.emit("protocol_sites", sites=valuemap.protocol_sites(protocol))
 
     if not runnable:
         if mode == "compile":
