@@ -25,6 +25,7 @@ the SASS itself says (the barrier register, the named barrier's id) and says why
 
 from __future__ import annotations
 
+import bisect
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,10 +93,20 @@ class Sass:
 
     def __post_init__(self) -> None:
         self._by_offset = {i.offset: n for n, i in enumerate(self.instrs)}
+        self._offsets = [i.offset for i in self.instrs]
+        self._memo: dict[Any, Any] = {}
+
+    def _cached(self, key: Any, make: Any) -> Any:
+        if key not in self._memo:
+            self._memo[key] = make()
+        return self._memo[key]
 
     # ---- structure -------------------------------------------------------------------
     @property
     def waits(self) -> list[Instr]:
+        return self._cached("waits", self._waits)
+
+    def _waits(self) -> list[Instr]:
         """One TRYWAIT per traced wait, in address order: a fast-path TRYWAIT whose
         ``@!P BRA`` enters an out-of-line retry loop owns the TRYWAIT of that loop."""
         return [w for w in self._trywaits() if w.offset not in self._retry_of()]
@@ -111,8 +122,9 @@ class Sass:
         """offset of a retry-loop TRYWAIT -> offset of the fast-path TRYWAIT that enters it:
         a forward ``@!Pn BRA`` from outside the retry loop to its head, issued after a
         TRYWAIT that set Pn (the scheduler may put other instructions between the two)."""
-        if hasattr(self, "_retry_cache"):
-            return self._retry_cache
+        return self._cached("retry", self._retry)
+
+    def _retry(self) -> dict[int, int]:
         out: dict[int, int] = {}
         tries = self._trywaits()
         loops = self.loops()
@@ -122,24 +134,36 @@ class Sass:
                 continue
             head, branch = own
             for i in self.instrs:
-                if not (i.base == "BRA" and i.pred.startswith("@!") and i.target is not None
-                        and head - 0x40 <= i.target <= u.offset
-                        and not head - 0x40 <= i.offset <= branch):
+                if not (
+                    i.base == "BRA"
+                    and i.pred.startswith("@!")
+                    and i.target is not None
+                    and head - 0x40 <= i.target <= u.offset
+                    and not head - 0x40 <= i.offset <= branch
+                ):
                     continue
                 pred = i.pred[2:]
-                fast = [t for t in tries if t.offset < i.offset
-                        and t.operands.split(",")[0].strip() == pred]
+                fast = [
+                    t
+                    for t in tries
+                    if t.offset < i.offset and t.operands.split(",")[0].strip() == pred
+                ]
                 if fast and fast[-1].offset != u.offset:
                     out[u.offset] = fast[-1].offset
                 break
-        self._retry_cache = out
         return out
 
     @property
     def bar_syncs(self) -> list[Instr]:
+        return self._cached("bars", self._bar_syncs)
+
+    def _bar_syncs(self) -> list[Instr]:
         return [i for i in self.instrs if i.opcode.startswith("BAR.SYNC")]
 
     def loops(self) -> list[tuple[int, int]]:
+        return self._cached("loops", self._loops)
+
+    def _loops(self) -> list[tuple[int, int]]:
         """(head, branch) of every backward branch, smallest first."""
         out = [
             (i.target, i.offset)
@@ -152,14 +176,18 @@ class Sass:
         """Index of the instruction at ``offset`` (or the last one before it)."""
         if offset in self._by_offset:
             return self._by_offset[offset]
-        before = [n for n, i in enumerate(self.instrs) if i.offset <= offset]
-        return before[-1] if before else None
+        n = bisect.bisect_right(self._offsets, offset) - 1
+        return n if n >= 0 else None
 
     def span(self, start: int, end: int) -> list[Instr]:
-        return [i for i in self.instrs if start <= i.offset <= end]
+        lo = bisect.bisect_left(self._offsets, start)
+        return self.instrs[lo : bisect.bisect_right(self._offsets, end)]
 
     # ---- what a PC is doing ------------------------------------------------------------
     def wait_loops(self) -> list[list[tuple[int, int]]]:
+        return self._cached("wait_loops", self._wait_loops)
+
+    def _wait_loops(self) -> list[list[tuple[int, int]]]:
         """Per wait (address order, as ``waits``): the ranges a warp stuck in it can sit in,
         its own smallest backward-branch loop (or the TRYWAIT alone) plus the out-of-line retry
         loop it enters, if any."""
@@ -197,6 +225,9 @@ class Sass:
         return out
 
     def classify(self, pc_offset: int) -> Construct:
+        return self._cached(("classify", pc_offset), lambda: self._classify(pc_offset))
+
+    def _classify(self, pc_offset: int) -> Construct:
         n = self.index_at(pc_offset)
         if n is None:
             return Construct("other", start=pc_offset, end=pc_offset)
@@ -259,11 +290,11 @@ class Sass:
 
 
 def _mem_reg(operands: str) -> tuple[str, int]:
-    m = MEM_OPERAND.search(operands)
-    if not m:
+    found = MEM_OPERAND.findall(operands)  # desc[UR6][R4.64]: the address is the last one
+    if not found:
         return "", 0
     reg, imm = "", 0
-    for part in m.group(1).split("+"):
+    for part in found[-1].split("+"):
         part = part.strip()
         if part.startswith("0x") or part.startswith("-0x"):
             imm += int(part, 16)
@@ -407,16 +438,22 @@ def map_sites(code: Sass, sites: list[Any]) -> SiteMap:
     elif len(waits) < len(traced) and all(s.line for s in traced):
         # Waits the compiler removed (dead code after an early exit): align in order, by the
         # nearest line of the wait's fast path or retry loop.
-        lines = [[i.line for h, b in ranges for i in code.span(h, b) if i.line] or [0]
-                 for ranges in code.wait_loops()]
+        lines = [
+            [i.line for h, b in ranges for i in code.span(h, b) if i.line] or [0]
+            for ranges in code.wait_loops()
+        ]
         m.waits = _align(lines, traced)
-        m.notes.append(f"{len(waits)} mbarrier wait loops in the SASS, {len(traced)} waits "
-                       "traced (the compiler removed some): each mapped in order to the traced "
-                       "wait of the nearest line, not exact")
+        m.notes.append(
+            f"{len(waits)} mbarrier wait loops in the SASS, {len(traced)} waits "
+            "traced (the compiler removed some): each mapped in order to the traced "
+            "wait of the nearest line, not exact"
+        )
     else:
-        m.notes.append(f"{len(waits)} mbarrier wait loops in the SASS, {len(traced)} waits "
-                       "traced: the wait sites are not mapped (the barrier register and the "
-                       "line table still are)")
+        m.notes.append(
+            f"{len(waits)} mbarrier wait loops in the SASS, {len(traced)} waits "
+            "traced: the wait sites are not mapped (the barrier register and the "
+            "line table still are)"
+        )
     traced_bars = [s for s in sites if s.kind in BAR_KINDS]
     bars = [_bar_construct(b, k) for k, b in enumerate(code.bar_syncs)]
     if len(traced_bars) == len(bars) and all(_bar_agrees(b, s) for b, s in zip(bars, traced_bars)):
@@ -426,6 +463,9 @@ def map_sites(code: Sass, sites: list[Any]) -> SiteMap:
         # By (id, thread count) where exactly one traced barrier has them.
         for k, b in enumerate(bars):
             cands = [s for s in traced_bars if _bar_agrees(b, s)]
+            if len({(s.file, s.line) for s in cands}) > 1 and b.anchor is not None:
+                # a BAR.SYNC keeps its own line in the line table: the candidate on it
+                cands = [s for s in cands if s.line == b.anchor.line] or cands
             if len({(s.file, s.line) for s in cands}) == 1:
                 m.bars[k] = cands[0]
         m.notes.append(
