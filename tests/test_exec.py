@@ -38,6 +38,13 @@ def cutedebug(*args: str, runs: Path, timeout: float = 300) -> tuple[int, str, d
     return out.returncode, text, report
 
 
+def line_of(code: str, path: Path = ROOT / "kernels" / "tma_stream.py") -> int:
+    """1-based line of the one source line that contains ``code``."""
+    hits = [i for i, ln in enumerate(path.read_text().splitlines(), 1) if code in ln]
+    assert len(hits) == 1, (code, hits)
+    return hits[0]
+
+
 def alive(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -135,7 +142,9 @@ def test_compiled_kernel_gets_the_fault_and_the_probes(tmp_path):
     assert rep["fault_count"] == 1
     proc = next(p for p in rep["processes"] if p["probe_sites"])
     fault_site = proc["fault_sites"][0]
-    assert fault_site["kernel"] == "TmaStream.kernel" and fault_site["line"] == 238
+    assert fault_site["kernel"] == "TmaStream.kernel" and fault_site["line"] == line_of(
+        "ring.producer_acquire(state)"
+    )
     assert "33024 -> 33040" in fault_site["detail"]
     waits = {(s["op"], s["barrier"], s["kernel"]) for s in proc["probe_sites"]}
     assert waits == {

@@ -150,6 +150,7 @@ class _Tree:
                         "kernels",
                         "error",
                         "fault_applied",
+                        "gpu",
                         "protocol",
                     )
                 }
@@ -203,6 +204,7 @@ def watch_command(s: Settings, run_dir: Path) -> ExecResult:
     malformed: list[str] = []
     t0 = time.monotonic()
     killed_by, first_stuck_t, last_stuck_change, last_stuck = None, None, None, 0
+    kill_t = None
     swept: list[int] = []
     with open(log_path, "ab") as log:
         try:
@@ -240,6 +242,7 @@ def watch_command(s: Settings, run_dir: Path) -> ExecResult:
                 # Where every process waits, from faulthandler, then the kill.
                 _signal_tree(proc, tag, signal.SIGUSR1)
                 time.sleep(STACK_DUMP_WAIT_S)
+                kill_t = now
                 swept = runner.kill_tree(proc, tag)
                 break
             time.sleep(runner.POLL_S)
@@ -264,6 +267,16 @@ def watch_command(s: Settings, run_dir: Path) -> ExecResult:
         swept=sorted(set(swept)),
     )
     res.evidence["stacks"] = _read_stacks(stacks) if killed_by else {}
+    if first_stuck_t is not None:
+        # The waits that wrote the records had been stuck for the budget already.
+        budget_s = (s.probes or {}).get("budget_ns", 0) / 1e9
+        end = kill_t if kill_t is not None else time.monotonic()
+        res.evidence["timeline"] = {
+            "first_stuck_record_s": round(first_stuck_t - t0, 3),
+            "killed_s": round(kill_t - t0, 3) if kill_t is not None else None,
+            "wait_budget_s": budget_s,
+            "stall_to_verdict_s": round(end - first_stuck_t + budget_s, 3),
+        }
     if malformed:
         res.evidence["malformed_lines"] = malformed[:5]
     classify(res)
@@ -441,12 +454,11 @@ def run_exec(
 
 
 def _used_gpu(res: ExecResult) -> bool:
-    return any(
-        (p.get("instrumented") or {}).get("gpu")
-        or p.get("compiled")
-        and any(e["event"] == "progress" for e in p["events"])
-        for p in res.processes.values()
-    )
+    """Some process of the command had a GPU (said when it was instrumented or traced)."""
+    for p in res.processes.values():
+        if (p.get("instrumented") or {}).get("gpu") or any(t.get("gpu") for t in p["traces"]):
+            return True
+    return False
 
 
 # ---- reports -----------------------------------------------------------------------------------
@@ -564,6 +576,12 @@ def to_markdown(res: ExecResult, expect: str = "PASS", command: str = "") -> str
         lines.append(f"- CUDA error {ce['name']}: `{ce['line']}`")
     if ev.get("last_lines"):
         lines += ["- the command's last lines:", "", "```", ev["last_lines"], "```"]
+    if (tl := ev.get("timeline")) is not None:
+        lines.append(
+            f"- first stuck record seen {tl['first_stuck_record_s']} s after the start, command "
+            f"killed at {tl['killed_s']} s: {tl['stall_to_verdict_s']} s from the stall to the "
+            f"verdict (the wait budget, {tl['wait_budget_s']:g} s, included)"
+        )
     if res.health is not None:
         lines.append(f"- GPU health check afterwards: {res.health}")
     for d in ev.get("diagnosis") or []:
@@ -747,6 +765,10 @@ def cmd_exec(args: argparse.Namespace) -> int:
                 else "NOT applied (no traced kernel called what it patches)"
             )
         )
+    if (tl := res.evidence.get("timeline")) is not None:
+        print(f"  stall -> verdict {tl['stall_to_verdict_s']} s (wait budget included)")
+    if res.health is not None:
+        print(f"  GPU health check afterwards: {res.health}")
     if res.swept:
         print(f"  swept leftover processes: {res.swept}")
     print(f"  report: {md}", flush=True)

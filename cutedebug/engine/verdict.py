@@ -25,6 +25,7 @@ class Verdict(str, enum.Enum):
 
     PASS = "PASS"
     MISMATCH = "MISMATCH"
+    FAIL = "FAIL"  # `cutedebug exec`: the program's own check failed (non-zero exit)
     NONDETERMINISTIC = "NONDETERMINISTIC"
     HANG = "HANG"
     CRASH = "CRASH"

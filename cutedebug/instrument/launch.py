@@ -378,6 +378,7 @@ def _emit_compiled(state: _State, cur: dict[str, Any], error: str | None) -> Non
         "occurrence": cur["occurrence"],
         "kernels": cur["kernels"],
         "error": error,
+        "gpu": _gpu_present(),
     }
     if state.sites is not None:
         sites = state.sites.to_json()
