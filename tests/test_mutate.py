@@ -75,6 +75,8 @@ def test_plan_follows_the_recorded_ops():
         "t0.p0.skip_producer_tail",
         "t0.p0.skip_consumer_release",
         "t0.p0.extra_consumer_release",
+        "t0.p0.skip_consumer_wait",
+        "t0.p0.release_before_read",
         "t0.p0.wrong_arrive_count.empty+1",
         "t0.p0.wrong_arrive_count.full+1",
         "t0.p0.early_exit.consumer",

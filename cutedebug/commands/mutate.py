@@ -94,6 +94,17 @@ def _pipeline_mutants(p: dict[str, Any]) -> list[tuple[str, dict[str, Any], str,
         out.append(
             ("extra_consumer_release", {}, "extra_consumer_release", "consumer_release traced")
         )
+    if ops.get("consumer_wait"):
+        out.append(("skip_consumer_wait", {}, "skip_consumer_wait", "consumer_wait traced"))
+    if ops.get("consumer_release") and ops.get("consumer_wait"):
+        out.append(
+            (
+                "release_before_read",
+                {},
+                "release_before_read",
+                "consumer_wait and consumer_release traced",
+            )
+        )
     for barrier in ("empty", "full"):
         out.append(
             (
@@ -215,6 +226,9 @@ def plan(
             tr["arch_ops"], bool(tr["pipelines"])
         ):
             out.append(Mutant(f"{target}.{variant}", fault, args, trace, target, variant, why))
+    from cutedebug.instrument.faults import FAULTS
+
+    out = [m for m in out if m.fault in FAULTS]  # a registry without one of them: left out
     if faults_wanted is not None:
         out = [m for m in out if m.fault in faults_wanted]
     return out
