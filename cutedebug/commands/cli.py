@@ -104,7 +104,7 @@ def _run_one(args, sc, mode, fs, single: bool):
     res = runner.run_scenario(sc, runs_root=args.runs_dir, mode=mode, probes=probes,
                               wait_budget_ms=args.wait_budget_ms, repeat=args.repeat,
                               command=report.command_line() if single else "", forkserver=fs,
-                              core=core)
+                              **({"core": core} if core else {}))
     from cutedebug.analyses import mismatch
 
     mismatch.attach(res)  # failure-table diagnosis of wrong values (no-op for other verdicts)

@@ -311,6 +311,7 @@ class Options:
     runs_dir: Path | None = None
     command: str = ""
     bisect: bool = False
+    coredump: bool = False
 
 
 @dataclass
@@ -348,10 +349,16 @@ def _call(sc: S.Scenario, mode: str, opts: Options, runs_dir: Path, forkserver=N
     from cutedebug.reporting import report
     from cutedebug.engine import runner
 
+    core, probes = None, opts.probes
+    if opts.coredump and mode == "run":
+        from cutedebug.analyses import coredump
+
+        core = coredump.Localizer()
+        probes = False if probes is None else probes  # the core localizes every hang
     t0 = time.monotonic()
-    res = runner.run_scenario(sc, runs_root=runs_dir, mode=mode, probes=opts.probes,
+    res = runner.run_scenario(sc, runs_root=runs_dir, mode=mode, probes=probes,
                               repeat=1 if mode == "compile" else opts.repeat,
-                              forkserver=forkserver)
+                              forkserver=forkserver, **({"core": core} if core else {}))
     wall = time.monotonic() - t0
     from cutedebug.analyses import mismatch
 
@@ -371,9 +378,16 @@ def _harness_call(mode: str, exc: BaseException) -> dict[str, Any]:
 
 def needs_bisect(rec: dict[str, Any]) -> bool:
     """A HANG whose expected localization the run could not grade (ok None: only a
-    printf-bisection can, e.g. a named-barrier hang)."""
+    printf-bisection can, e.g. a named-barrier hang), or one its GPU core graded in
+    bisection's terms (then the bisection is the cross-check)."""
     return (rec.get("verdict") == "HANG" and bool(rec["expected"]["localization"])
-            and rec.get("localization_ok") is None and (rec.get("run") or {}).get("mode") == "run")
+            and (rec.get("localization_ok") is None or graded_by_core(rec))
+            and (rec.get("run") or {}).get("mode") == "run")
+
+
+def graded_by_core(rec: dict[str, Any]) -> bool:
+    """The run's localization came from its GPU core in bisection's terms."""
+    return ((rec.get("run") or {}).get("localization") or {}).get("by") == "coredump"
 
 
 def _bisect_call(sc: S.Scenario, runs_dir: Path, forkserver=None):
@@ -410,7 +424,11 @@ def apply_bisect(rec: dict[str, Any], bis: dict[str, Any]) -> None:
     """Grade the record's localization by its bisection (a failed bisection grades nothing)."""
     rec["bisect"] = bis
     rec["status"] = "done"
-    if bis["status"] == "localized":
+    if graded_by_core(rec):  # the core graded it; the bisection cross-checks
+        rec["core_vs_bisect"] = {"core": rec.get("localization_ok"), "bisect": bis.get("ok"),
+                                 "agree": bis["status"] == "localized"
+                                 and bis.get("ok") == rec.get("localization_ok")}
+    elif bis["status"] == "localized":
         rec["localization_ok"] = bis["ok"]
     rec["harness_errors"] = rec.get("harness_errors", 0) + (bis["status"] == "error")
 
@@ -632,7 +650,10 @@ def add_parser(sub) -> None:
     t.add_argument("--runs-dir", help="where run directories go (default OUT/runs)")
     t.add_argument("--bisect", action="store_true", help="printf-bisect the hangs whose "
                    "localization only bisection can grade (named barriers, flag spins, early "
-                   "exits; 10-20 s each on an H200)")
+                   "exits; 10-20 s each on an H200); with --coredump, a cross-check of the "
+                   "core's answer")
+    t.add_argument("--coredump", action="store_true", help="probes off (unless --probes): "
+                   "every hang localized from a GPU coredump taken before the kill (cuda-gdb)")
     t.set_defaults(func=cmd_triage)
 
 
@@ -645,5 +666,5 @@ def cmd_triage(args: argparse.Namespace) -> int:
     opts = Options(dir=Path(args.dir), out=Path(args.out), resume=args.resume,
                    repeat=args.repeat, jobs=args.jobs, probes=args.probes,
                    runs_dir=Path(args.runs_dir) if args.runs_dir else None,
-                   command=command_line(), bisect=args.bisect)
+                   command=command_line(), bisect=args.bisect, coredump=args.coredump)
     return triage(opts)

@@ -70,6 +70,10 @@ class RunResult:
     def localization(self) -> dict[str, Any]:
         expect = self.scenario.expect
         if expect.localized_by != "probes":
+            core = self.evidence.get("coredump_grade")
+            if core is not None and self.verdict.value not in expect.also:
+                # the core answers in bisection's terms (cutedebug.analyses.coredump)
+                return {**core, "by": "coredump"}
             return {"ok": None, "expected": expect.localization(), "matched": None,
                     "why": f"graded by `cutedebug {expect.localized_by}`, not by a run"}
         if self.verdict.value in expect.also:
