@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 
 from cutedebug.analyses import bisect as B
-from cutedebug.instrument import checkpoint as C
+from cutedebug.analyses.bisect import CheckpointRun, Oracle, run_budget, search_all, search_role
 from cutedebug.engine import scenario as S
 from cutedebug.engine import verdict as V
-from cutedebug.analyses.bisect import CheckpointRun, Oracle, run_budget, search_all, search_role
+from cutedebug.instrument import checkpoint as C
+from cutedebug.reporting import bisect as R
 
 ROOT = Path(__file__).resolve().parent.parent
 TMA = ROOT / "kernels" / "tma_stream.py"
@@ -326,7 +327,7 @@ def test_bisect_localizes_the_flag_spin_and_writes_the_report(monkeypatch, tmp_p
     assert res.searches["consumer"].first_unreached == by_name["flag observed"]
     assert calls[0][1] is None and all(c[3] == 0.4 and c[2] is None for c in calls[1:])
     assert len({c[1] for c in calls[1:]}) == len(calls) - 1 == len(res.runs)
-    jp, mp = B.write(res)
+    jp, mp = R.write(res)
     data = json.loads(jp.read_text())
     assert data["n_runs"] == len(res.runs) and data["timing_bug"] == [] and data["ok"]
     md = mp.read_text()
@@ -342,10 +343,10 @@ def test_bisect_flags_the_probe_that_makes_the_hang_vanish(monkeypatch, tmp_path
     res = B.bisect(sc, runs_root=tmp_path, probes=False, forkserver=False)
     assert [p.site for p in res.timing_bugs] == [observed]
     assert res.searches["consumer"].between == [observed]
-    _, mp = B.write(res)
+    _, mp = R.write(res)
     md = mp.read_text()
     assert f"**timing bug**: enabling #{observed} checkpoint 'flag observed'" in md
-    assert "TIMING BUG: checkpoint #3 makes the hang vanish (PASS)" in B.tldr(res)
+    assert "TIMING BUG: checkpoint #3 makes the hang vanish (PASS)" in R.tldr(res)
 
 
 def test_bisect_stops_when_the_baseline_does_not_hang(monkeypatch, tmp_path, flag_table):

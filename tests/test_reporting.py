@@ -242,7 +242,7 @@ def test_safe_links_are_encoded():
 
 def test_markdown_text_and_code():
     assert escape.md_text("consumer_wait | a*b* <b>") == "consumer_wait \\| a\\*b\\* &lt;b&gt;"
-    assert escape.md_text("# title\nnext") == "\\# title next"
+    assert escape.md_text("a\nb\r\nc") == "a b  c"
     assert escape.md_code("a`b|c") == "``a`b\\|c``"
     assert escape.md_block("x\n````\ny") == ["`````", "x\n````\ny", "`````"]
     assert escape.xml_text("a\x00b<") == "ab&lt;"

@@ -22,8 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from cutedebug.analyses import bisect as B  # noqa: E402
-from cutedebug.engine import scenario as S  # noqa: E402
 from cutedebug.commands.triage import detect_gpu  # noqa: E402
+from cutedebug.engine import scenario as S  # noqa: E402
+from cutedebug.reporting import bisect as R  # noqa: E402
 
 TARGET_S = 60.0
 DEFAULT_TARGETS = [ROOT / "scenarios" / "bisect",
@@ -33,7 +34,7 @@ DEFAULT_TARGETS = [ROOT / "scenarios" / "bisect",
 def row(res: B.BisectResult, wall: float) -> dict:
     by_id = res.by_id
     found = {role: (f"{by_id[st.first_unreached]['op']}@"
-                    f"{B._where(by_id[st.first_unreached])}"
+                    f"{B.site_where(by_id[st.first_unreached])}"
                     if st.first_unreached is not None else "end")
              for role, st in res.searches.items()}
     pa = res.probes_answer or {}
@@ -67,10 +68,10 @@ def main() -> int:
         res = B.bisect(sc, runs_root=args.out, window_s=args.window,
                        command=f"cutedebug bisect {f} --window {args.window}")
         wall = time.monotonic() - t0
-        _, md = B.write(res)
+        _, md = R.write(res)
         rows.append(row(res, wall))
         print(json.dumps(rows[-1]), flush=True)
-        print(B.tldr(res), flush=True)
+        print(R.tldr(res), flush=True)
         print(f"  report: {md}", flush=True)
     cols = ["scenario", "sites", "runs", "budget", "wall_s", "baseline_s", "found", "expected",
             "ok", "timing_bug", "probes", "under_60s"]

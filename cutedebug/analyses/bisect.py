@@ -48,8 +48,6 @@ probes' answer and whether it agrees, every run, the site table, the command to 
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import os
 import time
@@ -59,10 +57,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cutedebug.instrument import checkpoint as C
 from cutedebug.engine import runner
 from cutedebug.engine import scenario as S
 from cutedebug.engine import verdict as V
+from cutedebug.instrument import checkpoint as C
 
 DEFAULT_WINDOW_S = 0.5
 FINISHED = V.values(lambda v: v.ran_to_completion)  # the hang vanished
@@ -258,7 +256,7 @@ def compare_with_probes(searches: dict[str, RoleSearch], sites: dict[int, dict[s
         first = sites.get(st.first_unreached) if st.first_unreached is not None else None
         last = sites.get(st.last_reached) if st.last_reached is not None else None
         hit = _site_at(st, sites, loc)
-        if first is not None and _where(first) == loc:
+        if first is not None and site_where(first) == loc:
             verdict = "agree"
         elif hit is not None and st.sites.index(hit["id"]) <= st.lo and last is not None and (
                 {tuple(x) for x in hit.get("loops", [])} & {tuple(x) for x in
@@ -273,13 +271,13 @@ def compare_with_probes(searches: dict[str, RoleSearch], sites: dict[int, dict[s
             if rows else None}
 
 
-def _where(site: dict[str, Any]) -> str:
+def site_where(site: dict[str, Any]) -> str:
     return f"{os.path.basename(site.get('file', ''))}:{site.get('line')}"
 
 
 def _site_at(st: RoleSearch, sites: dict[int, dict[str, Any]], loc: str | None):
     for sid in st.sites:
-        if loc and _where(sites[sid]) == loc:
+        if loc and site_where(sites[sid]) == loc:
             return sites[sid]
     return None
 
@@ -302,7 +300,7 @@ def grade(expected: dict[str, Any], searches: dict[str, RoleSearch],
         if all(got.get(k) == v or (k == "role" and v in ("any", op_role))
                for k, v in want.items()):
             return {"ok": True, "expected": want, "matched": {**got, "site": s["id"],
-                                                              "where": _where(s)}}
+                                                              "where": site_where(s)}}
     return {"ok": False, "expected": want,
             "why": "no role's first unreached site agrees with every expected field"}
 
@@ -350,41 +348,41 @@ class BisectResult:
             "runs": [asdict(p) | {"timing_bug": p.timing_bug} for p in self.runs],
             "n_runs": len(self.runs),
             "timing_bug": [{"site": p.site, "verdict": p.verdict,
-                            "where": _where(self.by_id[p.site]) if p.site in self.by_id else None}
+                            "where": site_where(self.by_id[p.site]) if p.site in self.by_id else None}
                            for p in self.timing_bugs],
             "probes_answer": self.probes_answer, "grade": self.grade, "ok": self.ok,
             "command": self.command,
         }
 
 
-def _describe(site: dict[str, Any] | None) -> str:
+def describe_site(site: dict[str, Any] | None) -> str:
     if site is None:
         return "-"
     what = f"checkpoint {site['name']!r}" if site.get("kind") == "checkpoint" else site["op"]
     bar = f" {site['barrier']}" if site.get("kind") == "pipeline" and site.get("barrier") else ""
     if site.get("kind") == "named_barrier" and site.get("detail"):
         bar = f" [{site['detail']}]"
-    return f"#{site['id']} {what}{bar} ({_where(site)})"
+    return f"#{site['id']} {what}{bar} ({site_where(site)})"
 
 
 def role_answer(st: RoleSearch, by_id: dict[int, dict[str, Any]]) -> str:
     """One sentence: where this role is stuck."""
     last, first = by_id.get(st.last_reached), by_id.get(st.first_unreached)
     if st.finished:
-        return f"reached every site (last: {_describe(last)}): not stuck at a site of its own"
+        return f"reached every site (last: {describe_site(last)}): not stuck at a site of its own"
     if not st.exact:
-        gap = ", ".join(_describe(by_id.get(s)) + (" (inconclusive)" if s in st.inconclusive
+        gap = ", ".join(describe_site(by_id.get(s)) + (" (inconclusive)" if s in st.inconclusive
                                                    else " (not run: budget spent)")
                         for s in st.between)
-        return f"between {_describe(last)} and {_describe(first)}; unresolved: {gap}"
+        return f"between {describe_site(last)} and {describe_site(first)}; unresolved: {gap}"
     if st.lo < 0:
-        return f"never reached its first site {_describe(first)}: never started or stuck before"
+        return f"never reached its first site {describe_site(first)}: never started or stuck before"
     if all(by_id.get(s, {}).get("role") == "all" for s in st.sites[:st.hi]) and \
             (first or {}).get("role") != "all":
-        text = (f"never gets past its first own site {_describe(first)}; it passed the shared "
-                f"sites up to {_describe(last)}")
+        text = (f"never gets past its first own site {describe_site(first)}; it passed the shared "
+                f"sites up to {describe_site(last)}")
     else:
-        text = f"never gets past {_describe(first)}; last reached {_describe(last)}"
+        text = f"never gets past {describe_site(first)}; last reached {describe_site(last)}"
     loops_last = {tuple(x) for x in (last or {}).get("loops", [])}
     loops_first = {tuple(x) for x in (first or {}).get("loops", [])}
     outer = loops_last - loops_first
@@ -393,84 +391,6 @@ def role_answer(st: RoleSearch, by_id: dict[int, dict[str, Any]]) -> str:
         text += (f" (or stuck in a later iteration of the loop at "
                  f"{os.path.basename(f)}:{line})")
     return text
-
-
-def to_markdown(res: BisectResult) -> str:
-    by_id = res.by_id
-    sc = res.scenario
-    out = [f"# cutedebug bisect — {sc.id}", ""]
-    out += ["## TL;DR", ""]
-    if res.status != "localized":
-        out += [f"**{res.status}**: {res.reason}", ""]
-    else:
-        for role, st in res.searches.items():
-            out.append(f"- **{role}**: {role_answer(st, by_id)}")
-        if res.grade.get("ok") is not None:
-            m = res.grade.get("matched") or {}
-            out.append(f"- expected localization {res.grade['expected']}: "
-                       + (f"found ({m.get('role')} at #{m.get('site')} {m.get('op')}, "
-                          f"{m.get('where')})" if res.grade["ok"] else "NOT found"))
-        if res.timing_bugs:
-            out.append("- **timing bug**: enabling "
-                       + "; ".join(f"{_describe(by_id.get(p.site))} made the hang vanish "
-                                   f"({p.verdict})" for p in res.timing_bugs))
-        pa = res.probes_answer
-        if pa and pa.get("roles"):
-            out.append("- bounded-wait probes: "
-                       + "; ".join(f"{r}: {v['probe']} → {v['agreement']}"
-                                   for r, v in pa["roles"].items())
-                       + f" (overall {'agree' if pa['agree'] else 'DISAGREE'})")
-        elif res.baseline.get("probes"):
-            out.append("- bounded-wait probes: no wait timed out (the hang is outside "
-                       "mbarrier waits)")
-        out.append(f"- {len(res.runs)} checkpoint runs + baseline, "
-                   f"{res.seconds:.1f} s, window {res.window_s:g} s")
-    out += ["", "## Baseline", "",
-            f"verdict {res.baseline.get('verdict')} ({res.baseline.get('reason', '')[:200]}), "
-            f"probes {'on' if res.baseline.get('probes') else 'off'}, "
-            f"{res.baseline.get('seconds')} s", ""]
-    if res.searches:
-        out += ["## Per role", "", "| role | sites | runs (budget) | last reached | "
-                "first unreached | started |", "|---|---|---|---|---|---|"]
-        for role, st in res.searches.items():
-            out.append(f"| {role} | {len(st.sites)} | {st.runs} ({st.budget}) | "
-                       f"{_describe(by_id.get(st.last_reached))} | "
-                       f"{_describe(by_id.get(st.first_unreached))} | {st.started} |")
-            for note in st.non_monotone:
-                out.append(f"|  | note: {note} | | | | |")
-        out.append("")
-    if res.runs:
-        out += ["## Runs", "", "One checkpoint enabled per run; hits = warp arrivals at it, "
-                "warps / ctas = how many reached it.", "",
-                "| # | site | op | where | role | reached | verdict | hits | warps | ctas | s | "
-                "note |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-        for i, p in enumerate(res.runs, 1):
-            s = by_id.get(p.site, {})
-            reached = {True: "yes", False: "no", None: "?"}[p.reached]
-            out.append(f"| {i} | {p.site} | {s.get('op')} {s.get('name') or ''} | "
-                       f"{_where(s) if s else '-'} | {p.role} | {reached} | {p.verdict} | "
-                       f"{p.hits} | {p.warps} | {p.ctas} | {p.seconds:.2f} | {p.note} |")
-        out.append("")
-    if res.sites:
-        out += ["## Checkpoint sites (program order)", "", "| id | role | op | where | detail "
-                "| code |", "|---|---|---|---|---|---|"]
-        for s in res.sites:
-            what = s["op"] + (f" {s['name']!r}" if s.get("name") else "")
-            code = (s.get("code") or "").replace("|", "\\|")[:80]
-            out.append(f"| {s['id']} | {s['role']} | {what} | {_where(s)} | "
-                       f"{s.get('detail', '')} | `{code}` |")
-        out.append("")
-    out += ["## Reproduce", "", "```", res.command or f"cutedebug bisect {sc.source}", "```", ""]
-    return "\n".join(out)
-
-
-def write(res: BisectResult) -> tuple[Path, Path]:
-    from cutedebug.reporting.report import atomic_write
-
-    jp, mp = res.run_dir / "bisect.json", res.run_dir / "bisect.md"
-    atomic_write(jp, json.dumps(res.to_json(), indent=1, default=str))
-    atomic_write(mp, to_markdown(res))
-    return jp, mp
 
 
 class _Runner:
@@ -587,53 +507,3 @@ def _bisect(sc: S.Scenario, run_dir: Path, fs: Any, window_s: float, probes: boo
                                                 baseline["stuck_sites"])
     res.seconds = time.monotonic() - t0
     return res
-
-
-# ---------------------------------------------------------------------------------------------
-# Command line
-# ---------------------------------------------------------------------------------------------
-
-
-def tldr(res: BisectResult) -> str:
-    if res.status != "localized":
-        return f"{res.scenario.id}: {res.status}: {res.reason}"
-    parts = [f"{role}: {role_answer(st, res.by_id)}" for role, st in res.searches.items()]
-    flag = ""
-    if res.timing_bugs:
-        flag = " — TIMING BUG: " + ", ".join(
-            f"checkpoint #{p.site} makes the hang vanish ({p.verdict})" for p in res.timing_bugs)
-    grade_s = {True: " [as expected]", False: " [EXPECTED LOCALIZATION NOT FOUND]",
-               None: ""}[res.grade.get("ok")]
-    return (f"{res.scenario.id}: {len(res.runs)} runs, {res.seconds:.1f} s{grade_s}{flag}"
-            "\n  " + "\n  ".join(parts))
-
-
-def cmd_bisect(args: argparse.Namespace) -> int:
-    from cutedebug.reporting import report
-
-    sc = S.load(args.scenario)
-    res = bisect(sc, runs_root=args.runs_dir, window_s=args.window, probes=args.probes,
-                 forkserver=args.forkserver, command=report.command_line())
-    _, md = write(res)
-    if args.json:
-        print(json.dumps(res.to_json(), indent=1, default=str))
-    else:
-        print(tldr(res))
-        print(f"  report: {md}")
-    return 0 if res.ok else 1
-
-
-def add_parser(sub: Any) -> None:
-    b = sub.add_parser("bisect", help="printf-bisection of a hang: the last checkpoint each "
-                       "warp role reaches (one checkpoint per run)")
-    b.add_argument("scenario", help="scenario .toml whose kernel hangs")
-    b.add_argument("--window", type=float, default=DEFAULT_WINDOW_S,
-                   help="seconds from launch before a checkpoint run counts as hung "
-                   f"(default {DEFAULT_WINDOW_S})")
-    b.add_argument("--probes", action=argparse.BooleanOptionalAction, default=True,
-                   help="baseline with bounded-wait probes, whose answer is compared")
-    b.add_argument("--forkserver", action=argparse.BooleanOptionalAction, default=True,
-                   help="fork workers from one process that imported torch and cutlass")
-    b.add_argument("--runs-dir", default="runs", help="where the run directory goes")
-    b.add_argument("--json", action="store_true", help="print the JSON result")
-    b.set_defaults(func=cmd_bisect)

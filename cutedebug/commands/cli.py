@@ -203,7 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     triage.add_parser(sub)
     from cutedebug.commands import lint  # `cutedebug lint`
     lint.add_parser(sub)
-    from cutedebug.analyses import bisect  # `cutedebug bisect`
+    from cutedebug.commands import bisect  # `cutedebug bisect`
+
     bisect.add_parser(sub)
     from cutedebug.commands import exec as exec_cmd  # `cutedebug exec`
     exec_cmd.add_parser(sub)

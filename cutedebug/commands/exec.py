@@ -655,7 +655,7 @@ def write_report(res: ExecResult, expect: str = "PASS", command: str = "") -> Pa
 
 # ---- command line ----------------------------------------------------------------------------
 def settings_from_args(args: argparse.Namespace) -> Settings:
-    from cutedebug.commands.cli import parse_fault
+    from cutedebug.commands.args import parse_fault
     from cutedebug.instrument import faults
 
     argv = list(args.cmd)

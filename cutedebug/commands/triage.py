@@ -393,11 +393,12 @@ def graded_by_core(rec: dict[str, Any]) -> bool:
 def _bisect_call(sc: S.Scenario, runs_dir: Path, forkserver=None):
     """One printf-bisection in the GPU pool thread: (result, wall seconds)."""
     from cutedebug.analyses import bisect
+    from cutedebug.reporting import bisect as bisect_report
 
     t0 = time.monotonic()
     res = bisect.bisect(sc, runs_root=runs_dir, server=forkserver,
                         command=f"cutedebug bisect {sc.source}")
-    bisect.write(res)
+    bisect_report.write(res)
     return res, time.monotonic() - t0
 
 

@@ -58,11 +58,11 @@ def html_link(target: object, text: object) -> str:
 def md_text(s: object) -> str:
     """Inline Markdown text that renders as the characters given: HTML escaped (``& < >``),
     the punctuation of emphasis, code, links and tables backslash-escaped, line breaks folded
-    (safe inside a table cell), a leading ``#`` escaped."""
+    (safe inside a table cell). For use inside a line: cutedebug never starts a line with
+    user text, so ``#`` / ``>`` / list markers need no escape."""
     t = " ".join(_XML_INVALID.sub("", str(s)).replace("\r", "\n").split("\n"))
     t = _MD_SPECIAL.sub(r"\\\1", t)
-    t = html.escape(t, quote=False)
-    return "\\" + t if t.startswith("#") else t
+    return html.escape(t, quote=False)
 
 
 def md_code(s: object) -> str:
