@@ -45,6 +45,7 @@ from cutedebug.analyses.cudagdb import (
     parse_exception,
     parse_frames,
     parse_kernels,
+    parse_pc_offset,
     parse_values,
     parse_warps,
     run_gdb,
@@ -199,17 +200,25 @@ def read_core(
         rep.sass_source = "cuda-gdb disassemble"
     else:
         rep.sass_source = "nvdisasm of the worker's cubin" if sass_text else "none"
-    for w in reps:
-        cmds += [f"echo @@bt {w.dev} {w.sm} {w.hw_warp}\\n", _focus(w), "bt"]
+    for w in reps:  # the warps table has absolute PCs: x/1i gives the function offset
+        cmds += [f"echo @@pc {w.kernel} {w.pc:#x}\\n", _focus(w), "x/1i $pc", "bt"]
     if cmds:
         text2, secs2 = run_gdb(core, cmds, max(1.0, t_end - time.monotonic()), cuda_gdb)
         rep.raw["pass2"], rep.gdb_s, rep.passes = text2, rep.gdb_s + secs2, 2
         sec = sections(text2)
+        base: dict[int, int] = {}
         for w in reps:
-            frames = parse_frames(sec.get(f"bt {w.dev} {w.sm} {w.hw_warp}", []))
+            lines = sec.get(f"pc {w.kernel} {w.pc:#x}", [])
+            frames = parse_frames(lines)
+            off = parse_pc_offset(lines)
+            if off is not None:
+                base.setdefault(w.kernel, w.pc - off)
             for other in rep.warps:
                 if other.pc == w.pc and other.kernel == w.kernel:
-                    other.frames = frames
+                    other.frames, other.offset = frames, off
+        for w in rep.warps:
+            if w.offset is None and w.kernel in base:
+                w.offset = w.pc - base[w.kernel]
         if sass_text is None:
             sass_text = "\n".join(sec.get("disassemble", []))
     code = S.parse(sass_text) if sass_text else None
@@ -236,9 +245,11 @@ def _one_per_pc(warps: list[WarpRecord]) -> list[WarpRecord]:
 
 
 def _place(w: WarpRecord, code: S.Sass, smap: S.SiteMap, cp_sites: list[dict[str, Any]]) -> None:
-    c = code.classify(w.pc)
+    if w.offset is None:
+        return  # the PC could not be placed in its function
+    c = code.classify(w.offset)
     w.construct = c
-    w.file, w.line = code.line_at(w.pc)
+    w.file, w.line = code.line_at(w.offset)
     if w.frames:  # cuda-gdb's innermost frame with a line beats the SASS line table
         w.file, w.line = w.frames[0]["file"], w.frames[0]["line"]
     site, exact = smap.site_of(c)

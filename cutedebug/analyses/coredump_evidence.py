@@ -60,9 +60,14 @@ def stuck_sites(
                 "kind": w.construct.kind,
                 "instruction": w.construct.anchor.text if w.construct.anchor else None,
                 "barrier_id": w.construct.barrier_id,
-                "pc": f"{w.pc:#x}",
+                "pc": f"{w.offset:#x}" if w.offset is not None else f"{w.pc:#x}",
                 "sm": w.sm,
-                "smem_offset": f"{off:#x}" if off is not None else None,
+                "smem_offset": f"{off:#x}"
+                if off is not None and w.construct.kind == "mbarrier_wait"
+                else None,
+                "address": f"{w.registers[w.construct.address_reg]:#x}"
+                if w.construct.kind == "spin_load" and w.construct.address_reg in w.registers
+                else None,
                 "source": "coredump",
             }
         )
@@ -100,6 +105,8 @@ def inferred_sites(rep: CoreReport, cp_sites: list[dict[str, Any]]) -> list[dict
     for cta, warps in sorted(gone.items()):
         live = [w for w in rep.warps if w.cta == cta]
         roles = {w.role for w in live}
+        if roles & {"?", "any", "all"}:
+            continue  # a live warp of unknown role may be the one that arrives
         waits = [w for w in live if w.barrier in ARRIVES_ON and w.site is not None]
         implied = {ARRIVES_ON[w.barrier] for w in waits} - {
             r for r in ARRIVES_ON.values() if r[0] in roles

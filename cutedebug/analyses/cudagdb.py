@@ -115,10 +115,11 @@ class WarpRecord:
     hw_warp: int  # warp slot on the SM
     active: int  # active lanes mask
     divergent: int
-    pc: int  # function-relative ("physical") PC
+    pc: int  # the "Active PC" of `info cuda warps`: an absolute (virtual) address
     kernel: int
     block: tuple[int, int, int]
     thread: tuple[int, int, int]  # first active lane's threadIdx
+    offset: int | None = None  # the PC's offset in its function (x/1i $pc: <name+offset>)
     cta: int = 0  # linear block index
     warp: int = 0  # warp index in its CTA
     construct: Any = None  # sass.Construct: what the SASS at the PC is
@@ -146,6 +147,7 @@ class WarpRecord:
             "warp": self.warp,
             "lanes": f"{self.active:#010x}",
             "pc": f"{self.pc:#x}",
+            "offset": f"{self.offset:#x}" if self.offset is not None else None,
             "kind": c.kind if c else None,
             "instruction": c.anchor.text if c and c.anchor else None,
             "barrier_id": c.barrier_id if c else None,
@@ -230,6 +232,19 @@ def parse_frames(lines: list[str]) -> list[dict[str, Any]]:
                 }
             )
     return out
+
+
+PC_OFFSET = re.compile(r"(0x[0-9a-f]+)\s+<[^>+]*\+(\d+)>:")
+
+
+def parse_pc_offset(lines: list[str]) -> int | None:
+    """The function offset in ``x/1i $pc``'s "=> 0x7fecdb7a03b0 <kernel+944>:" line."""
+    for line in lines:
+        if line.lstrip().startswith("=>"):
+            m = PC_OFFSET.search(line)
+            if m:
+                return int(m.group(2))
+    return None
 
 
 def parse_values(lines: list[str]) -> list[int]:

@@ -31,7 +31,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 NVDISASM_LINE = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;?\s*$")
-GDB_LINE = re.compile(r"^\s*(?:=>\s*)?(0x[0-9a-f]+)\s+<\+(\d+)>:\s+(.*?)\s*;?\s*$")
+# cuda-gdb: "   0x00007fecdb7a03a0 <+928>:\tSYNCS.PHASECHK.TRANS64.TRYWAIT P0[R4+URZ+0x20],R5"
+# (disassemble) or "=> 0x7fecdb7a03b0 <kernel_name+944>:\t@!P0 NANOSLEEP.SYNCS 0x989680" (x/i)
+GDB_LINE = re.compile(r"^\s*(?:=>\s*)?(0x[0-9a-f]+)\s+<[^>+]*\+(\d+)>:\s+(.*?)\s*;?\s*$")
+DEST_PRED = re.compile(r"^\s*(U?P[0-9T])\b")
 LABEL = re.compile(r"^\s*(\.L_x_\d+|\.L_\w+):\s*$")
 LINE_MARK = re.compile(r'//## File "([^"]+)", line (\d+)(?: inlined at "([^"]+)", line (\d+))?')
 PRED = re.compile(r"^(@!?U?P[0-9T])\s+")
@@ -143,11 +146,7 @@ class Sass:
                 ):
                     continue
                 pred = i.pred[2:]
-                fast = [
-                    t
-                    for t in tries
-                    if t.offset < i.offset and t.operands.split(",")[0].strip() == pred
-                ]
+                fast = [t for t in tries if t.offset < i.offset and _dest_pred(t.operands) == pred]
                 if fast and fast[-1].offset != u.offset:
                     out[u.offset] = fast[-1].offset
                 break
@@ -241,6 +240,13 @@ class Sass:
                         i for i in self.span(head, branch) if i.opcode.startswith("SYNCS.PHASECHK")
                     ]
                     return _wait_construct(here_try[0] if here_try else waits[k], k, head, branch)
+        # A warp blocked at a barrier has issued it: cuda-gdb shows the PC after it (seen on
+        # the H200: sm90_gemm's BAR.SYNC 0x1,0x120 at +6480, its warps at +6496).
+        for cand in (here, self.instrs[n - 1] if n > 0 else None):
+            if cand is not None and cand.opcode.startswith("BAR.SYNC"):
+                return _bar_construct(cand, self.bar_syncs.index(cand))
+            if cand is not None and cand.opcode.startswith("UCGABAR_WAIT"):
+                return Construct("cluster_barrier", start=cand.offset, end=cand.offset, anchor=cand)
         for head, branch in self.loops():
             if not head <= pc_offset <= branch:
                 continue
@@ -260,10 +266,6 @@ class Sass:
             if any(i.base == "NANOSLEEP" for i in body):
                 return Construct("nanosleep", start=head, end=branch, anchor=here)
             break
-        if here.opcode.startswith("BAR.SYNC"):
-            return _bar_construct(here, self.bar_syncs.index(here))
-        if here.opcode.startswith("UCGABAR_WAIT"):
-            return Construct("cluster_barrier", start=here.offset, end=here.offset, anchor=here)
         if here.base == "EXIT":
             return Construct("exit", start=here.offset, end=here.offset, anchor=here)
         if here.base == "NANOSLEEP":
@@ -287,6 +289,13 @@ class Sass:
     def line_at(self, pc_offset: int) -> tuple[str, int]:
         n = self.index_at(pc_offset)
         return (self.instrs[n].file, self.instrs[n].line) if n is not None else ("", 0)
+
+
+def _dest_pred(operands: str) -> str:
+    """The predicate a TRYWAIT writes: "P0, [R4+URZ+0x20], R5" (nvdisasm) or
+    "P0[R4+URZ+0x20],R5" (cuda-gdb)."""
+    m = DEST_PRED.match(operands)
+    return m.group(1) if m else ""
 
 
 def _mem_reg(operands: str) -> tuple[str, int]:

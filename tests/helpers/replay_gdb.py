@@ -1,0 +1,75 @@
+"""cuda-gdb replayed from what it printed on the H200, for CPU tests of read_core.
+
+A capture (tools/capture_coredumps.py) keeps, per core, cuda-gdb's real answers: pass 1 (kernels,
+every warp), the kernel's disassembly and `info registers` of warps it focused. ``ReplayGdb``
+stands in for ``cutedebug.analyses.cudagdb.run_gdb``: a command list with "info cuda kernels"
+gets pass 1 as printed; any other list is answered command by command from the same facts
+(focus switches, ``x/1i $pc`` with the function offset, ``p/x $Rn`` from the captured
+registers; ``bt`` prints nothing, so the SASS line table gives the line).
+"""
+
+from __future__ import annotations
+
+import re
+
+from cutedebug.analyses import cudagdb
+
+FOCUS = re.compile(r"cuda device (\d+) sm (\d+) warp (\d+) lane (\d+)")
+ECHO = re.compile(r"^echo (.*)$")
+PRINT = re.compile(r"^p/x \$(U?R\d+)$")
+REG_LINE = re.compile(r"^(U?R\d+|P\d)\s+(0x[0-9a-f]+)\s")
+WARP_SECTION = re.compile(r"^=== (?:warp|rep) (\d+) (\d+) (\d+) (\d+)")
+
+
+def registers_by_warp(text: str) -> dict[tuple[int, int, int], dict[str, int]]:
+    """`info registers` blocks of a capture's pass 2/3, keyed by (dev, sm, hw warp)."""
+    out: dict[tuple[int, int, int], dict[str, int]] = {}
+    cur = None
+    for line in text.splitlines():
+        m = WARP_SECTION.match(line)
+        if m:
+            cur = out.setdefault(tuple(int(x) for x in m.groups()[:3]), {})
+            continue
+        m = REG_LINE.match(line)
+        if m and cur is not None:
+            cur.setdefault(m.group(1), int(m.group(2), 16))
+    return out
+
+
+def function_base(disassembly: str) -> int:
+    m = re.search(r"^\s*(0x[0-9a-f]+)\s+<\+0>:", disassembly, re.M)
+    assert m, "no <+0> line in the disassembly"
+    return int(m.group(1), 16)
+
+
+class ReplayGdb:
+    def __init__(
+        self, pass1: str, disassembly: str, registers: dict[tuple[int, int, int], dict[str, int]]
+    ):
+        self.pass1, self.registers = pass1, registers
+        self.base = function_base(disassembly)
+        self.pcs = {(w.dev, w.sm, w.hw_warp): w.pc for w in cudagdb.parse_warps(pass1)}
+        self.calls: list[list[str]] = []
+
+    def __call__(self, core, commands, timeout_s=None, cuda_gdb=None):
+        self.calls.append(list(commands))
+        if "info cuda kernels" in commands:
+            return self.pass1, 0.0
+        out, cur, n = [], None, 0
+        for c in commands:
+            if m := ECHO.match(c):
+                out.append(m.group(1).replace("\\n", "\n").rstrip("\n"))
+            elif m := FOCUS.match(c):
+                cur = tuple(int(x) for x in m.groups()[:3])
+                out.append(
+                    f"[Switching focus to CUDA kernel 0, device {cur[0]}, sm {cur[1]}, "
+                    f"warp {cur[2]}, lane {m.group(4)}]"
+                )
+            elif c == "x/1i $pc" and cur in self.pcs:
+                pc = self.pcs[cur]
+                out.append(f"=> {pc:#x} <kernel+{pc - self.base}>:\tINSTR")
+            elif (m := PRINT.match(c)) and cur is not None:
+                n += 1
+                v = self.registers.get(cur, {}).get(m.group(1))
+                out.append(f"${n} = {v:#x}" if v is not None else f"${n} = <unavailable>")
+        return "\n".join(out) + "\n", 0.0
