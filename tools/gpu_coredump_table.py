@@ -1,0 +1,180 @@
+"""Hangs (and crashes) localized from a GPU coredump, no probes: one row per scenario.
+
+    python tools/gpu_coredump_table.py [SCENARIO_OR_DIR ...] [--deadline S] [--out DIR]
+                                       [--json FILE] [--keep-fixtures DIR]
+
+Each scenario runs as `cutedebug run --coredump` does (probes off; the watchdog dumps the GPU
+state through the driver's pipe before the kill; cuda-gdb reads the core), all from one fork
+server. Default targets: every HANG scenario under scenarios/ that runs on this GPU. A row:
+verdict, the localization graded from the core (against the probes' expectation, or bisection's
+for the bisection-only scenarios), what the core says per role, the dump's seconds (pipe written
+-> core complete), cuda-gdb's seconds, the seconds added between the kill decision and the
+verdict (dump + reading the core + the GPU health check) against a plain kill (health check
+only), the core's size, the GPU health after it, processes left behind. ``--deadline`` shortens
+each scenario's kernel deadline (a hang is a hang after 2 s as after 10). ``--keep-fixtures``
+copies each run's cuda-gdb output, events and SASS there (small files, for CPU tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from cutedebug.analyses import coredump  # noqa: E402
+from cutedebug.commands.triage import detect_gpu  # noqa: E402
+from cutedebug.engine import runner  # noqa: E402
+from cutedebug.engine import scenario as S  # noqa: E402
+
+
+def targets(paths: list[str], arch: str) -> list[S.Scenario]:
+    out = []
+    for p in paths or [str(ROOT / "scenarios")]:
+        files = S.discover(p) if Path(p).is_dir() else [Path(p)]
+        for f in files:
+            sc = S.load(f)
+            if arch in sc.archs and (paths or "HANG" in sc.expect.verdicts):
+                out.append(sc)
+    return out
+
+
+def row(res: runner.RunResult, wall: float, leftovers: int) -> dict:
+    ev, t = res.evidence, res.timings
+    core = ev.get("coredump") or {}
+    dump = core.get("dump") or {}
+    loc = res.localization
+    answers = ev.get("role_answers") or {}
+    crash = ev.get("crash") or {}
+    added = (t.get("dump_s") or 0.0) + (t.get("core_s") or 0.0)
+    return {
+        "scenario": res.scenario.id,
+        "verdict": res.verdict.value,
+        "expected_verdict": res.scenario.expect.verdict,
+        "verdict_ok": res.verdict_ok,
+        "localized_by": res.scenario.expect.localized_by,
+        "localization_ok": loc.get("ok"),
+        "expected": loc.get("expected"),
+        "matched": loc.get("matched"),
+        "core": "; ".join(
+            f"{r}: {a['op']}{'/' + a['barrier'] if a.get('barrier') else ''}"
+            for r, a in answers.items()
+        )
+        or (
+            f"{crash.get('exception')} at {crash.get('where')}" if crash else core.get("error", "")
+        ),
+        "site_map": core.get("site_map"),
+        "warps": core.get("warps"),
+        "dump_s": dump.get("dump_s"),
+        "core_mb": round((core.get("core_bytes") or 0) / 2**20, 2),
+        "gdb_s": core.get("gdb_s"),
+        "gdb_passes": core.get("gdb_passes"),
+        "core_s": t.get("core_s"),
+        "added_s": round(added, 3),
+        "health_s": t.get("health_s"),
+        "healthy": (res.health or {}).get("healthy"),
+        "wall_s": round(wall, 2),
+        "leftovers": leftovers,
+        "rerun_with_probes": bool(ev.get("rerun_with_probes")),
+    }
+
+
+def keep(res: runner.RunResult, dest: Path) -> None:
+    d = dest / res.scenario.id.replace("/", "__")
+    d.mkdir(parents=True, exist_ok=True)
+    for f in list(res.run_dir.glob("coredump_gdb_*.txt")) + [res.run_dir / "events.jsonl"]:
+        if f.exists():
+            shutil.copy(f, d / f.name)
+    sass = coredump.sass_of_cubin(res.run_dir / "kernel.cubin")
+    if sass:
+        (d / "sass.txt").write_text(sass)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("targets", nargs="*")
+    ap.add_argument("--deadline", type=float, default=2.0)
+    ap.add_argument("--out", default="runs")
+    ap.add_argument("--json")
+    ap.add_argument("--keep-fixtures")
+    ap.add_argument("--budget-s", type=float, default=1e9, help="start no scenario after this")
+    args = ap.parse_args()
+    gpu = detect_gpu()
+    if not gpu["present"]:
+        print("no GPU")
+        return 0
+    import psutil
+
+    scs = targets(args.targets, "sm_90a")
+    print(
+        f"{len(scs)} scenario(s); coredump tools: cuda-gdb {coredump.find_cuda_gdb()}, "
+        f"nvdisasm {coredump.find_nvdisasm()}",
+        flush=True,
+    )
+    core = coredump.Localizer()
+    fs = runner.start_forkserver(args.out)
+    rows, t_begin = [], time.monotonic()
+    try:
+        for sc in scs:
+            if time.monotonic() - t_begin > args.budget_s:
+                rows.append({"scenario": sc.id, "skipped": "budget"})
+                continue
+            sc = sc.with_overrides(
+                limits=S.Limits(**{**vars(sc.limits), "deadline_s": args.deadline})
+            )
+            t0 = time.monotonic()
+            res = runner.run_scenario(
+                sc, runs_root=args.out, probes=False, forkserver=fs, core=core
+            )
+            wall = time.monotonic() - t0
+            # our descendants still alive after the run, the fork server and its own helpers
+            # excepted (a worker, cuda-gdb or a health check left behind would show here)
+            server = fs.proc.pid if fs is not None and fs.proc is not None else None
+            left = [
+                p
+                for p in psutil.Process().children(recursive=True)
+                if p.pid != server
+                and (server is None or server not in [q.pid for q in p.parents()])
+            ]
+            r = row(res, wall, len(left))
+            rows.append(r)
+            if args.keep_fixtures:
+                keep(res, Path(args.keep_fixtures))
+            print(json.dumps(r, default=str), flush=True)
+    finally:
+        if fs is not None:
+            fs.close()
+    print(
+        f"\n{'scenario':48} {'verdict':8} {'loc':5} {'dump':>5} {'gdb':>5} {'added':>6} "
+        f"{'MB':>5} {'ok?':4} core says"
+    )
+    for r in rows:
+        if "skipped" in r:
+            print(f"{r['scenario']:48} skipped ({r['skipped']})")
+            continue
+        print(
+            f"{r['scenario'][:48]:48} {r['verdict'][:8]:8} {str(r['localization_ok'])[:5]:5} "
+            f"{r['dump_s'] or 0:5.2f} {r['gdb_s'] or 0:5.2f} {r['added_s']:6.2f} "
+            f"{r['core_mb']:5.1f} {str(r['healthy'])[:4]:4} {r['core'][:90]}"
+        )
+    done = [r for r in rows if "skipped" not in r]
+    loc = [r for r in done if r["localization_ok"] is not None]
+    print(
+        f"\n{len(done)} run, verdict as expected {sum(r['verdict_ok'] for r in done)}, "
+        f"localized as expected {sum(bool(r['localization_ok']) for r in loc)}/{len(loc)}, "
+        f"healthy after every dump: {all(r['healthy'] is not False for r in done)}, "
+        f"leftovers {sum(r['leftovers'] for r in done)}, "
+        f"wall {time.monotonic() - t_begin:.1f} s"
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
