@@ -132,15 +132,10 @@ def main() -> int:
                 sc, runs_root=args.out, probes=False, forkserver=fs, core=core
             )
             wall = time.monotonic() - t0
-            # our descendants still alive after the run, the fork server and its own helpers
-            # excepted (a worker, cuda-gdb or a health check left behind would show here)
+            # our descendants still alive after the run but the fork server itself (a forked
+            # worker, cuda-gdb or a health check left behind would show here)
             server = fs.proc.pid if fs is not None and fs.proc is not None else None
-            left = [
-                p
-                for p in psutil.Process().children(recursive=True)
-                if p.pid != server
-                and (server is None or server not in [q.pid for q in p.parents()])
-            ]
+            left = [p for p in psutil.Process().children(recursive=True) if p.pid != server]
             r = row(res, wall, len(left))
             rows.append(r)
             if args.keep_fixtures:
