@@ -189,3 +189,69 @@ def test_stuck_records_of_a_recorded_h200_hang_make_a_localized_hang(tmp_path):
     assert "| 0-15 | 0-3 | consumer | consumer_wait | full[0] | 0 |" in md
     assert (tmp_path / "stuck_map.svg").read_text().startswith("<svg")
     assert "## Stuck map" in md
+
+
+class FakeEvent:
+    """A CUDA event whose completion the test decides."""
+
+    def __init__(self):
+        self.done = False
+
+    def record(self):
+        pass
+
+    def query(self):
+        return self.done
+
+
+def test_in_flight_and_stall_clock():
+    from cutedebug.instrument.launch import InFlight, stalled
+
+    made = []
+    flight = InFlight(lambda: made.append(FakeEvent()) or made[-1])
+    assert flight.running_since(10.0) is None
+    assert flight.around(lambda: "launched") == "launched"
+    before, after = made
+    # queued behind other work: not running yet, so no stall however long it waits
+    assert flight.running_since(11.0) is None
+    assert not stalled(15.0, flight.running_since(15.0), last_change=0.0, stall_s=1.0)
+    before.done = True
+    assert flight.running_since(16.0) == 16.0  # started when first seen past its first event
+    assert not stalled(16.5, 16.0, last_change=0.0, stall_s=1.0)
+    assert stalled(17.0, 16.0, last_change=0.0, stall_s=1.0)
+    assert not stalled(17.0, 16.0, last_change=16.5, stall_s=1.0)  # a beacon moved at 16.5
+    assert not stalled(17.0, 16.0, last_change=0.0, stall_s=None)  # no stall window asked
+    after.done = True
+    assert flight.running_since(18.0) is None
+
+
+def test_a_stall_event_makes_a_hang_from_the_last_picture(tmp_path):
+    """A process whose monitor saw an instrumented kernel in flight with no beacon moving: the
+    probe sites and the live picture (no stuck record) of the recorded H200 run."""
+    from cutedebug.commands import exec as X
+    from cutedebug.engine import verdict as V
+
+    tree = X._Tree()
+    for line in (
+        (ROOT / "tests/data/runs/wrong_expect_tx_plus/events.jsonl").read_text().splitlines()
+    ):
+        ev = json.loads(line)
+        if ev["event"] == "compiled":
+            tree.add({**ev, "pid": 7})
+        elif ev["event"] == "progress" and ev.get("picture"):
+            tree.add({"event": "stall", "pid": 7, "still_s": 1.02, "picture": ev["picture"]})
+    res = X.ExecResult(
+        settings=X.Settings(argv=["python", "repro.py"], probes={"budget_ns": 1}),
+        verdict=V.Verdict.PASS,
+        reason="",
+        run_dir=tmp_path,
+        returncode=-9,
+        killed_by="stall",
+        elapsed_s=3.0,
+        processes=tree.procs,
+    )
+    X.classify(res)
+    assert res.verdict is V.Verdict.HANG and "moved for 1.02 s" in res.reason
+    assert res.evidence["probe_source"] == "last live picture before the kill"
+    assert res.evidence["stuck_sites"] == [] and len(res.evidence["warps"]) == 16
+    assert "## Stuck map" in X.write_report(res).read_text()

@@ -205,3 +205,26 @@ def test_a_command_that_fails_clean_is_not_scored(tmp_path):
     assert rc == 1 and "does not pass without faults" in text
     m = json.loads((tmp_path / "m" / "matrix.json").read_text())
     assert m["clean"]["verdict"] == "FAIL" and m["mutants"] == [] and m["score"]["score"] is None
+
+
+def test_each_mutant_changes_only_its_own_trace(tmp_path):
+    """Two traces of tma_stream in one process: the mutant of trace t0 changes the first
+    kernel's expect_tx only, the mutant of t1 the second's only (the script prints both)."""
+    out = tmp_path / "m"
+    target = ROOT / "tests" / "exec_targets" / "compile_two.py"
+    rc, text = mutate(
+        "--jobs", "2", "--faults", "wrong_expect_tx", "--", sys.executable, str(target), out=out
+    )
+    assert rc == 0, text
+    m = json.loads((out / "matrix.json").read_text())
+    assert [t["occurrence"] for t in m["traces"]] == [0, 0]  # two functions, once each
+    by_id = {r["id"]: r for r in m["mutants"]}
+    assert sorted(by_id) == ["t0.p0.wrong_expect_tx+16", "t1.p0.wrong_expect_tx+16"]
+    for rid, changed, kept in (
+        ("t0.p0.wrong_expect_tx+16", "first", "second"),
+        ("t1.p0.wrong_expect_tx+16", "second", "first"),
+    ):
+        r = by_id[rid]
+        assert r["status"] == "CAUGHT" and r["fault_count"] == 1
+        log = (out / Path(r["report"]).parent / "command.log").read_text()
+        assert f"{changed} expect_tx [33040]" in log and f"{kept} expect_tx [33024]" in log

@@ -46,6 +46,7 @@ from cutedebug.instrument import launch
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
 DEFAULT_DEADLINE_S = 600.0
 DEFAULT_BUDGET_MS = 500
+DEFAULT_STALL_S = 1.0
 STUCK_SETTLE_S = 0.3  # stuck records stop arriving for this long: every warp has reported
 STUCK_MAX_WAIT_S = 1.5  # ... or this long after the first one
 STACK_DUMP_WAIT_S = 0.3
@@ -84,6 +85,8 @@ class Settings:
     fault_args: dict[str, Any] = field(default_factory=dict)
     probes: dict[str, Any] | None = None  # ProbeConfig fields; None: off
     deadline_s: float = DEFAULT_DEADLINE_S
+    fault_trace: dict[str, Any] | None = None  # only this trace gets the fault (mutate)
+    stall_s: float | None = None  # with probes: HANG when a kernel in flight stops moving
     record: bool = False  # the protocol recorder (mutate's clean run)
     cwd: str | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
@@ -163,6 +166,8 @@ class _Tree:
             if isinstance(stuck, list):
                 stuck = len(stuck)
             p["stuck"] = max(p["stuck"], stuck or 0)
+        elif name == "stall":
+            p["stall"] = ev
         elif name == "exit":
             p["exited"] = True
             if ev.get("fault_count") is not None:
@@ -193,8 +198,10 @@ def watch_command(s: Settings, run_dir: Path) -> ExecResult:
         "stacks_dir": str(stacks),
         "fault": s.fault,
         "fault_args": s.fault_args,
+        "fault_trace": s.fault_trace,
         "probes": s.probes,
         "record": s.record,
+        "stall_s": s.stall_s if s.probes else None,
     }
     tag = uuid.uuid4().hex
     env = launch.child_env(config, dict(os.environ))
@@ -236,6 +243,8 @@ def watch_command(s: Settings, run_dir: Path) -> ExecResult:
                 now - last_stuck_change >= STUCK_SETTLE_S or now - first_stuck_t >= STUCK_MAX_WAIT_S
             ):
                 killed_by = "stuck records"
+            elif any(p.get("stall") for p in tree.procs.values()):
+                killed_by = "stall"
             elif now - t0 > s.deadline_s:
                 killed_by = f"deadline:{s.deadline_s:g}s"
             if killed_by:
@@ -340,6 +349,18 @@ def classify(res: ExecResult) -> None:
             f"(pid {stuck_pid}): {ev.get('n_stuck_reported')} stuck record(s)"
         )
         return
+    stall_pid = next((pid for pid, p in res.processes.items() if p.get("stall")), None)
+    if res.killed_by == "stall" and stall_pid is not None:
+        proc = res.processes[stall_pid]
+        ev = hang_evidence(proc, stalled=True)
+        res.evidence.update(ev)
+        res.verdict = V.Verdict.HANG
+        res.reason = (
+            f"no beacon of {ev.get('kernel') or 'the instrumented kernel'} (pid {stall_pid}) "
+            f"moved for {proc['stall'].get('still_s')} s while it was in flight (a wait the "
+            "probes cannot bound: named barrier, flag spin, ...); killed"
+        )
+        return
     if res.killed_by:
         res.verdict = V.Verdict.HANG
         where = stack_summary(res.evidence.get("stacks") or {})
@@ -379,6 +400,8 @@ def hang_evidence(proc: dict[str, Any], stalled: bool) -> dict[str, Any]:
     for ev in proc["events"]:
         if ev["event"] in ("compiled", "progress", "probe_report"):
             o.add(dict(ev))
+        elif ev["event"] == "stall":  # the picture at the stall, as the last live one
+            o.add({**ev, "event": "progress"})
     if stalled:
         o.killed_by_watchdog = "stall"
     ev = runner.probe_evidence(o) or {}
@@ -502,6 +525,7 @@ def to_json(res: ExecResult, expect: str = "PASS", command: str = "") -> dict[st
         "cwd": s.cwd or os.getcwd(),
         "fault": s.fault,
         "fault_args": s.fault_args,
+        "fault_trace": s.fault_trace,
         "probes": s.probes,
         "deadline_s": s.deadline_s,
         "verdict": res.verdict.value,
@@ -675,7 +699,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
                 "kernel), not a patch: exec can only inject patch faults; allowed: "
                 f"{sorted(n for n, f in faults.FAULTS.items() if f.kind == 'patch')}"
             )
-    for name in ("deadline", "wait_budget_ms"):
+    for name in ("deadline", "wait_budget_ms", "stall"):
         v = getattr(args, name, None)
         if v is not None and v <= 0:
             raise UsageError(f"--{name.replace('_', '-')} {v}: must be > 0")
@@ -685,6 +709,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         fault_args=fault_args,
         probes=probe_config(args.wait_budget_ms) if args.probes else None,
         deadline_s=args.deadline or DEFAULT_DEADLINE_S,
+        stall_s=args.stall,
         cwd=os.getcwd(),
     )
 
@@ -708,6 +733,9 @@ def add_common(p: argparse.ArgumentParser) -> None:
         type=float,
         help=f"seconds the whole command may take (default {DEFAULT_DEADLINE_S:g})",
     )
+    p.add_argument("--stall", type=float, default=DEFAULT_STALL_S, help="with probes: HANG when "
+                   "an instrumented kernel is in flight and no beacon moves for this long "
+                   "(default %(default)s s)")
     p.add_argument("--runs-dir", default="runs", help="where run directories go")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
 

@@ -60,6 +60,7 @@ class Mutant:
             "id": self.id,
             "fault": self.fault,
             "args": self.args,
+            "trace": self.trace,
             "target": self.target,
             "variant": self.variant,
             "why": self.why,
@@ -304,9 +305,14 @@ def run_mutant(m: Mutant, clean: X.Settings, deadline_s: float, out: Path) -> di
             "fault_args": m.args,
             "record": False,
             "deadline_s": deadline_s,
+            "fault_trace": m.trace,
         }
     )
     run_dir = out / "mutants" / m.id.replace("/", "_")
+    # The DSL names its dump files (KeepPTX, ...) after the traced function: mutants that run
+    # at once must not read each other's.
+    s.extra_env = {**s.extra_env, "CUTE_DSL_DUMP_DIR": str(run_dir / "dsl_dump")}
+    (run_dir / "dsl_dump").mkdir(parents=True, exist_ok=True)
     res = X.watch_command(s, run_dir)
     X.write_report(res, "PASS")
     return mutant_record(m, res, out)
@@ -565,6 +571,7 @@ def cmd_mutate(args: argparse.Namespace) -> int:
         record=True,
         cwd=os.getcwd(),
         deadline_s=args.deadline or X.DEFAULT_DEADLINE_S,
+        stall_s=args.stall,
     )
 
     clean_path = out / "clean.json"

@@ -36,6 +36,7 @@ import time: the parent imports it for ``child_env``.
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import faulthandler
 import importlib.abc
@@ -327,9 +328,13 @@ def _wrap_traces(state: _State) -> None:
         }
         state.traces += 1
         error = None
+        sites_before = len(state.sites.sites) if state.sites is not None else 0
         try:
             with _trace_scope(state, cur):
-                return original(self, funcBody, function_name, *a, **kw)
+                result = original(self, funcBody, function_name, *a, **kw)
+            if state.sites is not None:
+                _tag_compiled(state, result, len(state.sites.sites) - sites_before)
+            return result
         except BaseException as e:
             error = f"{type(e).__name__}: {str(e)[:500]}"
             raise
@@ -507,6 +512,79 @@ def _enter_recorder(stack: contextlib.ExitStack) -> dict[str, Any]:
     return recorded
 
 
+_WAITS_ATTR = "_cutedebug_wait_sites"
+
+
+def _tag_compiled(state: _State, compiled: Any, n_sites: int) -> None:
+    """Mark a compiled function whose kernels have bounded waits, and make its launches
+    tracked (CUDA events around them), so the monitor can tell a kernel in flight."""
+    if not n_sites or state.monitor is None or state.cfg.get("stall_s") is None:
+        return
+    try:
+        setattr(compiled, _WAITS_ATTR, n_sites)
+    except (AttributeError, TypeError):
+        return  # not ours to mark: its launches are not tracked (the deadline still applies)
+    cls = type(compiled)
+    if "_cutedebug_tracked" in vars(cls):
+        return
+    for klass in cls.__mro__:
+        if "__call__" in vars(klass) and klass is not object:
+            original = vars(klass)["__call__"]
+            break
+    else:
+        return
+
+    def __call__(self, *a, _orig=original, **kw):
+        if getattr(self, _WAITS_ATTR, 0):
+            return state.monitor.launches.around(lambda: _orig(self, *a, **kw))
+        return _orig(self, *a, **kw)
+
+    cls.__call__ = __call__
+    cls._cutedebug_tracked = True
+
+
+class InFlight:
+    """Launches of instrumented kernels, each between two CUDA events on the current stream.
+    ``running_since(now)``: when the oldest unfinished launch started (its first event
+    completed: it may have waited behind other work), None when none is in flight."""
+
+    def __init__(self, new_event: Any = None, maxlen: int = 256):
+        self.new_event = new_event
+        self.queue: collections.deque = collections.deque(maxlen=maxlen)
+        self.started: float | None = None
+        self.lock = threading.Lock()
+
+    def around(self, launch: Any) -> Any:
+        before = self.new_event()
+        before.record()
+        out = launch()
+        after = self.new_event()
+        after.record()
+        with self.lock:
+            self.queue.append((before, after))
+        return out
+
+    def running_since(self, now: float) -> float | None:
+        with self.lock:
+            while self.queue and self.queue[0][1].query():
+                self.queue.popleft()
+                self.started = None
+            if not self.queue:
+                return None
+            if self.started is None and self.queue[0][0].query():
+                self.started = now
+            return self.started
+
+
+def stalled(
+    now: float, running_since: float | None, last_change: float, stall_s: float | None
+) -> bool:
+    """An instrumented kernel has been running, with no beacon moving, for stall_s."""
+    if stall_s is None or running_since is None:
+        return False
+    return now - max(running_since, last_change) >= stall_s
+
+
 class _Monitor(threading.Thread):
     """Streams the probe buffer: an event whenever the beacons or the stuck count change (a
     per-warp picture at most every ``picture_s``, and at once when a stuck record appears)."""
@@ -515,6 +593,9 @@ class _Monitor(threading.Thread):
         super().__init__(daemon=True, name="cutedebug-probe-monitor")
         self.state, self.interval_s, self.picture_s = state, interval_s, picture_s
         self.stop = threading.Event()
+        import torch
+
+        self.launches = InFlight(torch.cuda.Event)
 
     def snapshot(self):
         from cutedebug.instrument import probes
@@ -525,17 +606,28 @@ class _Monitor(threading.Thread):
         from cutedebug.instrument import probes
 
         last_sig, last_stuck, last_picture_t = None, 0, 0.0
+        last_change, stall_reported = time.monotonic(), False
+        stall_s = self.state.cfg.get("stall_s")
         while not self.stop.wait(self.interval_s):
             try:
                 snap = self.snapshot()
-            except ValueError as e:
-                self.state.events.emit("instrument_error", type="ValueError", message=str(e))
+                running = self.launches.running_since(time.monotonic())
+            except Exception as e:
+                self.state.events.emit("instrument_error", type=type(e).__name__, message=str(e))
                 return
             sig = probes.progress_signature(snap)
             stuck = snap.n_stuck_reported
-            if sig == last_sig and stuck == last_stuck:
-                continue
             now = time.monotonic()
+            if sig == last_sig and stuck == last_stuck:
+                if not stall_reported and stalled(now, running, last_change, stall_s):
+                    stall_reported = True
+                    self.state.events.emit(
+                        "stall",
+                        still_s=round(now - max(running, last_change), 3),
+                        picture=probes.snapshot_to_json(snap, self.state.sites),
+                    )
+                continue
+            last_change, stall_reported = now, False
             fields: dict[str, Any] = {"counter": snap.progress_counter_total, "stuck": stuck}
             if stuck != last_stuck or now - last_picture_t >= self.picture_s:
                 fields["picture"] = probes.snapshot_to_json(snap, self.state.sites)
