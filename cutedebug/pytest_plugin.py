@@ -3,9 +3,12 @@
 Registered through the ``pytest11`` entry point, so installing cutedebug enables it.
 
 Scenario files
-    ``pytest scenarios/`` collects every ``*.toml`` below a directory named ``scenarios``
-    (ini ``cutedebug_scenario_dirs`` changes the names; a file named on the command line is
-    always collected) as two items:
+    Scenario files are collected only where you say so, so that the plugin does nothing in a
+    project that does not use cutedebug: below the folders listed in the ini key
+    ``cutedebug_scenario_dirs`` (paths relative to the rootdir; this repository lists
+    ``scenarios``), a ``*.toml`` file named on the command line, and, below a folder named on
+    the command line, the ``*.toml`` files that are scenarios (a table with ``id``,
+    ``[kernel]`` and ``[expect]``; other TOML files there are left alone). Each is two items:
 
     - ``<file>::compile`` compiles the kernel with its fault for the scenario's first arch in a
       watched child (runs everywhere). Passes when it compiled and the fault reached the
@@ -34,6 +37,12 @@ Options (precedence: marker > command line > environment > ini)
       compile item runs before the first run item, so GPU runs never share the CPU.
     - ``forkserver`` (on/off, default on; session-wide): workers fork from one server that
       imported torch and cutlass once, instead of paying those imports per item.
+
+Signals and interrupts
+    While a cutedebug item (or a test using the fixture) runs, SIGTERM (a CI cancel,
+    ``timeout``) is turned into a KeyboardInterrupt, and any interrupt kills every watched
+    child at once (compiles running in the background included) instead of waiting for their
+    deadlines. Outside those items the session's signal handling is left as it was.
 
 Outer guard
     Each scenario item (and each test using the fixture) gets a pytest-timeout marker set
@@ -93,20 +102,22 @@ def _to_bool(text: str) -> bool:
     raise ValueError("expected on/off (true/false, 1/0)")
 
 
-def _positive(kind):
+def _limit(name: str):
+    """The one limit check (cutedebug.engine.scenario.check_limit): finite, positive,
+    bounded; NaN or inf would switch the watchdog off."""
     def conv(value: Any):
-        v = kind(value)
-        if v <= 0:
-            raise ValueError("must be > 0")
-        return v
-    conv.__name__ = kind.__name__
+        try:
+            return S.check_limit(name, value)
+        except S.ScenarioError as e:
+            raise ValueError(str(e).split(": ", 1)[-1]) from None
+    conv.__name__ = name
     return conv
 
 
 def _jobs(value: Any) -> int:
     if isinstance(value, str) and value.strip().lower() == "auto":
         return default_compile_jobs()
-    return _positive(int)(value)
+    return _limit("jobs")(value)
 
 
 def default_compile_jobs() -> int:
@@ -133,15 +144,15 @@ class Option:
 
 
 OPTIONS = (
-    Option("deadline", _positive(float), "kernel deadline in seconds (replaces the scenario's "
+    Option("deadline", _limit("deadline_s"), "kernel deadline in seconds (replaces the scenario's "
            "limits.deadline_s)"),
-    Option("compile_deadline", _positive(float), "compile deadline in seconds (replaces "
+    Option("compile_deadline", _limit("compile_s"), "compile deadline in seconds (replaces "
            "limits.compile_s)"),
     Option("probes", _to_bool, "bounded waits + beacons: on|off (default: the scenario's)"),
-    Option("repeat", _positive(int), "run each scenario N times; disagreeing runs are "
+    Option("repeat", _limit("repeat"), "run each scenario N times; disagreeing runs are "
            "NONDETERMINISTIC (default 1)"),
     Option("runs_dir", str, "where run directories and reports go (default: <rootdir>/runs)"),
-    Option("timeout_margin", _positive(float), "seconds the pytest-timeout outer guard adds "
+    Option("timeout_margin", _limit("timeout_margin"), "seconds the pytest-timeout outer guard adds "
            "to the watchdog's worst case (default 60)"),
     Option("compile_jobs", _jobs, "compile items: compile-only children at once, session-wide "
            "(default: the CPU count, at most 8; 1: each in its turn)"),
@@ -211,11 +222,11 @@ def watchdog_budget_s(sc: S.Scenario, mode: str, repeat: int) -> float:
     """The longest a run_scenario call can legitimately take: the watchdog restarts its clock
     at every phase, so the sum of the limits of each phase the child may go through; a blind
     hang is rerun once with probes; a kill is followed by a health check."""
-    from cutedebug.engine import runner
     from cutedebug.engine.verdict import PHASES
+    from cutedebug.engine.watchdog import phase_deadline
 
     phases = [p for p in PHASES if mode == "run" or p not in ("launched", "synced", "checked")]
-    once = sum(runner._phase_deadline(p, sc.limits) for p in phases)
+    once = sum(phase_deadline(p, sc.limits) for p in phases)
     if mode == "compile":
         return once
     return repeat * (2 * once + HEALTH_CHECK_S)
@@ -227,8 +238,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         group.addoption(opt.flag, dest="cutedebug_" + opt.name, default=None,
                         metavar=opt.name.upper(), help=f"{opt.help} [env {opt.env}]")
         parser.addini(opt.ini, f"cutedebug: {opt.help}", default=None)
-    parser.addini("cutedebug_scenario_dirs", "cutedebug: *.toml files below directories with "
-                  "these names are scenarios", type="linelist", default=["scenarios"])
+    parser.addini("cutedebug_scenario_dirs", "cutedebug: folders (relative to the rootdir) "
+                  "whose *.toml files are scenarios", type="linelist", default=[])
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -237,25 +248,37 @@ def pytest_configure(config: pytest.Config) -> None:
         "runs_dir=DIR, timeout_margin=S): cutedebug settings for this test (they win over "
         "the command line, the environment and the ini file)")
     resolve(config)    # a bad value on the command line, in the env or the ini: fail early
-    # SIGTERM (a CI runner's cancel, `timeout`) kills Python on the spot by default, leaving
-    # the watched children (a hung kernel) running. As a KeyboardInterrupt it unwinds through
-    # the watchdogs' cleanup and pytest's own session finish. Only when nobody else set one.
-    if threading.current_thread() is threading.main_thread() and \
-            signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        config.stash[_SIGTERM_KEY] = signal.signal(signal.SIGTERM, _sigterm)
-
-
-_SIGTERM_KEY = pytest.StashKey[Any]()
 
 
 def _sigterm(signum, _frame):
     raise KeyboardInterrupt(f"cutedebug: {signal.Signals(signum).name}")
 
 
-def pytest_unconfigure(config: pytest.Config) -> None:
-    previous = config.stash.get(_SIGTERM_KEY, None)
-    if previous is not None:
-        signal.signal(signal.SIGTERM, previous)
+def _is_ours(item: pytest.Item) -> bool:
+    return isinstance(item, _Item) or "cutedebug_run" in getattr(item, "fixturenames", ())
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem):
+    """While a cutedebug item runs: SIGTERM (a CI cancel, `timeout`) unwinds like Ctrl-C
+    through the watchdogs, which kill their children; Python's default would die on the spot
+    and leave a hung kernel running. Only when nobody else set a handler."""
+    previous = None
+    if _is_ours(item) and threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        previous = signal.signal(signal.SIGTERM, _sigterm)
+    try:
+        return (yield)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def pytest_keyboard_interrupt(excinfo) -> None:
+    """Ctrl-C / SIGTERM: kill every watched child now (compiles in the background included)."""
+    from cutedebug.engine import watchdog
+
+    watchdog.abort_all()
 
 
 # ---- GPU (never imports torch: nvidia-smi only) -------------------------------------------
@@ -264,7 +287,7 @@ _GPU_KEY = pytest.StashKey[dict]()
 
 def gpu_facts(config: pytest.Config) -> dict[str, Any]:
     if _GPU_KEY not in config.stash:
-        from cutedebug.commands.triage import detect_gpu
+        from cutedebug.engine.health import detect_gpu
 
         config.stash[_GPU_KEY] = detect_gpu()
     return config.stash[_GPU_KEY]
@@ -279,23 +302,43 @@ def gpu_skip_reason(config: pytest.Config, archs: tuple[str, ...]) -> str | None
     return None
 
 
-def pytest_report_header(config: pytest.Config) -> str:
-    s = resolve(config)
-    return f"cutedebug: runs dir {s.runs_dir}"
+def pytest_report_header(config: pytest.Config) -> str | None:
+    if not _scenario_dirs(config) and not any(
+            v != "default" for v in resolve(config).sources.values()):
+        return None         # not configured: say nothing
+    return f"cutedebug: runs dir {resolve(config).runs_dir}"
 
 
 # ---- collection ----------------------------------------------------------------------------
+def _scenario_dirs(config: pytest.Config) -> list[Path]:
+    base = config.inipath.parent if config.inipath else config.rootpath
+    return [(base / d).resolve() for d in config.getini("cutedebug_scenario_dirs")]
+
+
+def looks_like_scenario(path: Path) -> bool:
+    """A TOML table with ``id``, ``kernel`` and ``expect``: what a scenario file has."""
+    import tomllib
+
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return False
+    return isinstance(data, dict) and {"id", "kernel", "expect"} <= data.keys()
+
+
 def _is_scenario_path(path: Path, parent: pytest.Collector) -> bool:
+    """Configured folders: every *.toml (a broken one is a failing item); a file named on
+    the command line: itself; a folder named on the command line: the scenario files only."""
     if path.suffix != ".toml":
         return False
     if parent.session.isinitpath(path):
         return True
-    names = set(parent.config.getini("cutedebug_scenario_dirs"))
-    try:
-        parts = path.relative_to(parent.config.rootpath).parts[:-1]
-    except ValueError:
-        parts = path.parts[:-1]
-    return any(p in names for p in parts)
+    resolved = path.resolve()
+    if any(resolved.is_relative_to(d) for d in _scenario_dirs(parent.config)):
+        return True
+    named = [Path(a).resolve() for a in parent.config.args]
+    return any(resolved.is_relative_to(d) for d in named if d.is_dir()) and \
+        looks_like_scenario(path)
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector):
@@ -434,14 +477,23 @@ def session_forkserver(config: pytest.Config):
     return config.stash[_FORKSERVER_KEY]
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
+def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
+    interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
     pool = session.config.stash.get(_PREFETCH_KEY, None)
     if pool is not None:
+        if interrupted:
+            from cutedebug.engine import watchdog
+
+            watchdog.abort_all()        # the background compiles end now, not at their deadline
         pool.shutdown(wait=True, cancel_futures=True)
     server = session.config.stash.get(_FORKSERVER_KEY, None)
     if server is not None:
-        server.close()
+        server.close(**({"timeout": 1.0} if interrupted else {}))
         session.config.stash[_FORKSERVER_KEY] = None
+    if interrupted:
+        from cutedebug.engine import watchdog
+
+        watchdog.reset_abort()
 
 
 def compile_outcome(res) -> tuple[bool, str]:

@@ -55,7 +55,7 @@ def test_switch_fault_changes_the_ptx(tmp_path):
                     reason="behaviour without a GPU")
 def test_without_gpu_run_says_what_it_could_not_do(tmp_path):
     r = cutedebug("run", str(SCEN / "clean.toml"), "--runs-dir", str(tmp_path))
-    assert r.returncode == 1          # expected PASS, could only compile
+    assert r.returncode == 4          # could not run here (exits.EXIT_NOT_RUN): it compiled
     assert "UNSUPPORTED (EXPECTED PASS)" in r.stdout
     assert "compiled for sm_90a" in r.stdout and "not run" in r.stdout
     md = (Path(report_of(r.stdout)["run_dir"]) / "report.md").read_text()

@@ -124,9 +124,13 @@ def no_gpu(tmp_path_factory, clean_env):
     clean_env.setenv("PATH", str(tmp_path_factory.mktemp("emptybin")))
 
 
-def project(pytester, scenarios: dict[str, str], outcomes: dict, conftest_extra: str = ""):
-    """A pytester directory with the fake engine, kernels/k.py and scenarios/fam/*.toml."""
+def project(pytester, scenarios: dict[str, str], outcomes: dict, conftest_extra: str = "",
+            ini: str = ""):
+    """A pytester directory with the fake engine, kernels/k.py and scenarios/fam/*.toml,
+    configured (pytest.ini) to collect scenarios/ (plus the ``ini`` lines)."""
     pytester.makeconftest(FAKE_CONFTEST + conftest_extra)
+    (pytester.path / "pytest.ini").write_text(
+        "[pytest]\ncutedebug_scenario_dirs = scenarios\n" + ini)
     (pytester.path / "kernels").mkdir()
     (pytester.path / "kernels" / "k.py").write_text(KERNEL)
     fam = pytester.path / "scenarios" / "fam"
@@ -300,10 +304,9 @@ def test_option_precedence_marker_cli_env_ini(pytester, fake_gpu, monkeypatch, l
     project(pytester, {"marked": scenario_toml("fam/marked", "PASS"),
                        "plain": scenario_toml("fam/plain", "PASS",
                                               extra="[limits]\ndeadline_s = 9.0\n")},
-            {}, MARKER_CONFTEST)
+            {}, MARKER_CONFTEST,
+            ini="cutedebug_deadline = 2\ncutedebug_probes = on\n" if "ini" in layers else "")
     args = ["-p", "no:cacheprovider"]
-    if "ini" in layers:
-        pytester.makeini("[pytest]\ncutedebug_deadline = 2\ncutedebug_probes = on\n")
     if "env" in layers:
         monkeypatch.setenv("CUTEDEBUG_DEADLINE", "3")
         monkeypatch.setenv("CUTEDEBUG_PROBES", "off")
@@ -488,19 +491,15 @@ def test_localization_is_not_graded_on_a_timing_dependent_alternative_verdict(tm
     assert not result("HANG", []).expected
 
 
-def test_sigterm_unwinds_like_ctrl_c(pytester):
-    """Under SIGTERM (a CI cancel) the session unwinds, so the watchdogs kill their children."""
+def test_sigterm_is_left_alone_outside_cutedebug_items(pytester):
+    """A session without cutedebug items keeps Python's SIGTERM handling (the plugin turns
+    SIGTERM into a KeyboardInterrupt only while its items run: tests/test_adversarial.py)."""
     pytester.makepyfile(test_sig='''
 import signal
 
-import pytest
-
 
 def test_handler():
-    handler = signal.getsignal(signal.SIGTERM)
-    assert handler.__module__ == "cutedebug.pytest_plugin"
-    with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
-        handler(signal.SIGTERM, None)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 ''')
     res = pytester.runpytest_subprocess("test_sig.py")
     res.assert_outcomes(passed=1)

@@ -286,7 +286,7 @@ def test_without_a_gpu_runs_are_not_run_not_misses(tmp_path, engine):
     fake = engine(gpu=NO_GPU, outcomes=OUTCOMES)
     rc, lines, out = run_triage(tmp_path, jobs=2)
     assert {m for _, m in fake.calls} == {"compile"}
-    assert rc == 0
+    assert rc == 4          # could not run here (exits.EXIT_NOT_RUN), nothing else wrong
     recs = T.load_records(out / "results")
     assert recs["k/cerr"]["verdict"] == "COMPILE_ERROR" and recs["k/cerr"]["verdict_ok"]
     assert all(r["not_run"].startswith("not run: no GPU") for k, r in recs.items()
@@ -366,7 +366,7 @@ def test_harness_bugs_and_unloadable_kernels_are_recorded_not_raised(tmp_path, e
     junk = next(r for r in recs.values() if r["id"].endswith("junk.toml"))
     assert "not valid TOML" in junk["invalid"]
     assert recs["k/clean"]["verdict"] == "PASS"
-    assert "HARNESS_ERROR: 1" in lines and rc == 1
+    assert "HARNESS_ERROR: 1" in lines and rc == 3      # exits.EXIT_HARNESS
 
 
 # ---- atomic writes and the machine ---------------------------------------------------------
@@ -542,4 +542,4 @@ def test_a_failing_bisection_is_a_harness_error_not_a_localization(tmp_path, eng
     rec = T.load_records(out / "results")["k/nb"]
     assert rec["status"] == "done" and rec["localization_ok"] is None
     assert rec["bisect"]["status"] == "error" and "bisect broke" in rec["bisect"]["reason"]
-    assert rec["harness_errors"] == 1 and "HARNESS_ERROR: 1" in lines and rc == 1
+    assert rec["harness_errors"] == 1 and "HARNESS_ERROR: 1" in lines and rc == 3

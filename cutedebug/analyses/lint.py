@@ -645,13 +645,21 @@ def _f(severity: str, check: str, pipe: str | None, message: str, arithmetic: st
     return Finding(severity, check, pipe, message, arithmetic, file, line)
 
 
+HARNESS_CHECK = "harness_error"    # the finding a crashed checker leaves: never "clean"
+
+
 def static_findings(proto: Protocol) -> list[dict[str, Any]]:
-    """check() as JSON for the worker's "compiled" event; a lint bug never fails the run."""
+    """check() as JSON for the worker's "compiled" event. A checker that crashes does not fail
+    the run but leaves one visible error finding (check "harness_error"), never "clean"."""
     try:
         return [f.to_json() for f in check(proto)]
     except Exception as e:
-        return [Finding("info", "lint_error", None, f"static checks failed: "
-                        f"{type(e).__name__}: {e}").to_json()]
+        import traceback
+
+        tb = traceback.extract_tb(e.__traceback__)[-1]
+        return [Finding("error", HARNESS_CHECK, None, f"HARNESS_ERROR: the static checks "
+                        f"crashed ({type(e).__name__}: {str(e)[:300]} at "
+                        f"{Path(tb.filename).name}:{tb.lineno}); nothing was checked").to_json()]
 
 
 def _check_expect_tx(proto: Protocol) -> list[Finding]:
@@ -1012,7 +1020,7 @@ def compile_and_check(sc: dict[str, Any], dump_dir: str | None = None) -> dict[s
         cute.compile[cute.GPUArch(target), DumpDir(dump_dir or tempfile.gettempdir())](
             kernel, *kernel.fake_args())
     return {"protocol": proto.to_json(),
-            "findings": [f.to_json() for f in check(proto)], "arch": target, "params": params}
+            "findings": static_findings(proto), "arch": target, "params": params}
 
 
 def _child(argv: list[str]) -> int:

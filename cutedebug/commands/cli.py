@@ -7,7 +7,9 @@
     cutedebug exec [--fault F] [--probes] -- CMD ARGS...  any program, watched and instrumented
     cutedebug mutate --out OUT [--resume] -- CMD ARGS...  how many injected faults CMD catches
 
-Exit codes: 0 every verdict matched its expectation, 1 some did not, 2 usage or input error.
+Exit codes (cutedebug.commands.exits): 0 every verdict as expected, 1 some verdict or
+localization not as expected, 2 bad input (scenario, option, path), 3 harness error (a bug of
+ours), 4 could not run here (no GPU, another arch), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from cutedebug.commands import exits
 from cutedebug.commands.args import parse_fault, parse_kv
 from cutedebug.engine import scenario as S
 from cutedebug.engine.verdict import ALL as VERDICTS
 from cutedebug.errors import UsageError
 
-EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_MISMATCH, EXIT_USAGE = exits.EXIT_OK, exits.EXIT_UNEXPECTED, exits.EXIT_USAGE
 
 
 # Kept under their old names: other commands and tests import them from here.
@@ -61,25 +64,50 @@ def load_targets(args: argparse.Namespace) -> list[S.Scenario]:
     return out
 
 
+def writable_dir(path: str | Path, what: str) -> Path:
+    """``path`` created if needed and writable, else UsageError naming it and why (exit 2)."""
+    import tempfile
+
+    p = Path(path)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        tempfile.NamedTemporaryFile(dir=p, prefix=".write-check-").close()
+    except OSError as e:
+        raise UsageError(f"{what} {path}: cannot write there: {e.strerror or e}") from None
+    return p
+
+
+def result_status(res, mode: str) -> int:
+    """One result's exit code: 3 harness error, 4 not run here, 1 not as expected, 0 ok."""
+    v, exp = res.verdict.value, res.scenario.expect
+    if v == "HARNESS_ERROR" and not exp.accepts(v):
+        return exits.EXIT_HARNESS
+    if v == "UNSUPPORTED" and mode == "run" and not exp.accepts(v):
+        return exits.EXIT_NOT_RUN
+    return EXIT_OK if res.expected else exits.EXIT_UNEXPECTED
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from cutedebug.engine import runner
 
     scenarios = load_targets(args)
+    writable_dir(args.runs_dir, "--runs-dir")
     mode = "compile" if args.compile_only else "run"
     status = EXIT_OK
     results = []
     # Many runs in a row share a fork server that has imported torch and cutlass once.
     fs = runner.start_forkserver(args.runs_dir) if len(scenarios) > 1 or args.repeat > 1 \
         else None
+    done = False
     try:
         for sc in scenarios:
             res = _run_one(args, sc, mode, fs, single=len(scenarios) == 1)
             results.append(res)
-            if not res.expected:
-                status = EXIT_MISMATCH
+            status = exits.worst(status, result_status(res, mode))
+        done = True
     finally:
         if fs is not None:
-            fs.close()
+            fs.close(timeout=10.0 if done else 1.0)
     if len(results) > 1:
         ok = sum(r.expected for r in results)
         print(f"{ok} of {len(results)} scenarios as expected")
@@ -92,8 +120,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _run_one(args, sc, mode, fs, single: bool):
     """Run one scenario, write its report and print its lines; returns the RunResult."""
-    from cutedebug.reporting import report
     from cutedebug.engine import runner
+    from cutedebug.reporting import report
 
     core, probes = None, args.probes
     if getattr(args, "coredump", False):
@@ -109,7 +137,11 @@ def _run_one(args, sc, mode, fs, single: bool):
 
     mismatch.attach(res)  # failure-table diagnosis of wrong values (no-op for other verdicts)
     _, md = report.write(res, mismatch.report_sections(res))
-    print(report.tldr(res))
+    print(report.tldr(res)[:2000])
+    loc = res.localization
+    if loc.get("ok") is None and loc.get("expected") and str(loc.get("why", "")).startswith(
+            "not graded"):
+        print(f"  localization {loc['why']}")
     comp = res.evidence.get("compiled")
     static = [f for f in (comp or {}).get("static_findings") or []
               if f.get("severity") in ("error", "warning")]
@@ -162,10 +194,13 @@ def cmd_faults(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="cutedebug", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="cutedebug", description=__doc__.split("\n\n")[0],
+                                epilog=exits.HELP,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
 
-    r = sub.add_parser("run", help="run scenarios and give verdicts")
+    r = sub.add_parser("run", help="run scenarios and give verdicts", epilog=exits.HELP,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     r.add_argument("targets", nargs="+", help="scenario .toml, a directory of them, or "
                    "FILE.py:ENTRY for an ad-hoc run")
     r.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
@@ -180,12 +215,16 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--coredump", action="store_true",
                    help="localize a hang (or crash) from a GPU coredump taken before the kill "
                         "(cuda-gdb on the core; probes off unless --probes)")
-    r.add_argument("--wait-budget-ms", type=int, help="bounded-wait budget with probes on")
-    r.add_argument("--repeat", type=int, default=1, help="run N times; disagreeing runs are "
-                   "NONDETERMINISTIC")
-    r.add_argument("--deadline", type=float, help="kernel deadline in seconds")
-    r.add_argument("--stall", type=float, help="stall window in seconds (probes on)")
-    r.add_argument("--compile-deadline", type=float, help="compile deadline in seconds")
+    r.add_argument("--wait-budget-ms", type=S.limit_arg("wait_budget_ms"),
+                   help="bounded-wait budget with probes on")
+    r.add_argument("--repeat", type=S.limit_arg("repeat"), default=1, help="run N times; "
+                   "disagreeing runs are NONDETERMINISTIC")
+    r.add_argument("--deadline", type=S.limit_arg("deadline_s"),
+                   help="kernel deadline in seconds")
+    r.add_argument("--stall", type=S.limit_arg("stall_s"),
+                   help="stall window in seconds (probes on)")
+    r.add_argument("--compile-deadline", type=S.limit_arg("compile_s"),
+                   help="compile deadline in seconds")
     r.add_argument("--runs-dir", default="runs", help="where run directories go")
     r.set_defaults(func=cmd_run)
 
@@ -227,7 +266,10 @@ def _terminate(signum, _frame):
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:       # argparse: --help (0) or a bad option (2, message printed)
+        return e.code if isinstance(e.code, int) else EXIT_USAGE
     # `timeout`, a CI runner or a closed terminal sends SIGTERM / SIGHUP: Python's default is
     # to die on the spot, leaving the watched children (a hung kernel, a sanitizer) running.
     # As an exception it unwinds through the watchdogs' finally blocks, which kill them.
@@ -237,14 +279,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except (S.ScenarioError, UsageError) as e:
-        print(f"cutedebug: error: {e}", file=sys.stderr)
+        print(f"cutedebug: error: {str(e)[:4000]}", file=sys.stderr)
         return EXIT_USAGE
     except Terminated as e:
         print(f"cutedebug: terminated by {signal.Signals(e.signum).name}", file=sys.stderr)
         return 128 + e.signum
     except KeyboardInterrupt:
         print("cutedebug: interrupted", file=sys.stderr)
-        return 130
+        return exits.EXIT_INTERRUPTED
+    except Exception:  # noqa: BLE001  (a bug of ours: say so, never as the user's error)
+        import traceback
+
+        print("cutedebug: internal error (HARNESS_ERROR: a bug of cutedebug's, not of your "
+              "kernel or input):\n" + traceback.format_exc()[-6000:], file=sys.stderr)
+        return exits.EXIT_HARNESS
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

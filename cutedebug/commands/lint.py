@@ -9,23 +9,24 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from cutedebug.analyses.lint import Finding, render
 from cutedebug.commands.args import parse_fault, parse_kv
+from cutedebug.engine import lifeline, watchdog
 from cutedebug.engine import scenario as S
 from cutedebug.errors import UsageError
 
 
 def lint_scenario(sc: Any, timeout_s: float | None = None,
                   arch_from_kernel: bool = False) -> dict[str, Any]:
-    """Run compile_and_check in a child process (the parent never imports cutlass)."""
-    with tempfile.TemporaryDirectory(prefix="cutedebug-lint-") as tmp:
-        req, out = Path(tmp) / "request.json", Path(tmp) / "result.json"
+    """Run compile_and_check in a child watched by the watchdog (the parent never imports
+    cutlass); its temporary folder is removed even if we are killed."""
+    tmp = lifeline.make_tempdir("cutedebug-lint-")   # the keeper removes it if we are killed
+    try:
+        req, out, log = Path(tmp) / "request.json", Path(tmp) / "result.json", Path(tmp) / "log"
         data = sc.to_json()
         data["arch_from_kernel"] = arch_from_kernel
         req.write_text(json.dumps({"scenario": data, "out": str(out), "dump_dir": tmp}))
@@ -33,16 +34,17 @@ def lint_scenario(sc: Any, timeout_s: float | None = None,
         root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
         timeout = timeout_s or sc.limits.compile_s + sc.limits.import_s
-        try:
-            proc = subprocess.run([sys.executable, "-m", "cutedebug.analyses.lint", str(req)], env=env,
-                                  capture_output=True, text=True, timeout=timeout,
-                                  start_new_session=True)
-        except subprocess.TimeoutExpired:
+        outcome, _ = watchdog.watch([sys.executable, "-m", "cutedebug.analyses.lint", str(req)],
+                                    None, log, S.Limits(import_s=timeout), env=env,
+                                    total_s=timeout)
+        if outcome.killed_by_watchdog:
             return {"error": f"compile did not finish within {timeout} s"}
         if not out.exists():
-            return {"error": f"lint child exited with {proc.returncode} and no result",
-                    "stderr": proc.stderr[-4000:]}
+            return {"error": f"lint child exited with {outcome.returncode} and no result",
+                    "stderr": outcome.log_tail}
         return json.loads(out.read_text())
+    finally:
+        lifeline.remove_tempdir(tmp)
 
 
 def cmd_lint(args: argparse.Namespace) -> int:

@@ -37,12 +37,9 @@ import hashlib
 import json
 import os
 import platform
-import shutil
-import subprocess
-import sys
+import tempfile
 import time
 import traceback
-import uuid
 from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -50,8 +47,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from cutedebug.commands import exits
+from cutedebug.engine import lifeline, watchdog
 from cutedebug.engine import scenario as S
 from cutedebug.engine import verdict as V
+from cutedebug.engine.health import detect_gpu
 from cutedebug.reporting.files import atomic_write
 from cutedebug.reporting.matrix import (
     expect_of,
@@ -59,49 +59,16 @@ from cutedebug.reporting.matrix import (
     not_as_expected,
     progress_line,
     rate_text,
+    state,
     write_matrix,
 )
 
 RECORD_SCHEMA = "cutedebug.triage.record/1"
 MATRIX_SCHEMA = "cutedebug.triage.matrix/1"
-TRIAGE_TAG_VAR = "CUTEDEBUG_TRIAGE_TAG"   # inherited by every child of one triage
 COMPILE_FINAL = V.values(lambda v: v.ends_at_compile)
 
 
 # ---- machine facts (never imports torch or cutlass) -----------------------------------------
-def detect_gpu(timeout_s: float = 20.0) -> dict[str, Any]:
-    """The GPU a child would run on, from nvidia-smi; {"present": False, "reason": ...} else."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None and visible.strip() in ("", "-1"):
-        return {"present": False, "reason": f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU"}
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return {"present": False, "reason": "no NVIDIA GPU on this machine (nvidia-smi not found)"}
-    try:
-        out = subprocess.run([smi, "--query-gpu=name,compute_cap,driver_version",
-                              "--format=csv,noheader"], capture_output=True, text=True,
-                             timeout=timeout_s, check=False)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return {"present": False, "reason": f"nvidia-smi failed: {e}"}
-    rows = [ln for ln in out.stdout.splitlines() if ln.count(",") >= 2]
-    if out.returncode != 0 or not rows:
-        msg = (out.stderr or out.stdout).strip()[:300]
-        return {"present": False, "reason": f"nvidia-smi lists no usable GPU: {msg}"}
-    index = 0
-    first = (visible or "").split(",")[0].strip()
-    if first.isdigit() and int(first) < len(rows):
-        index = int(first)
-    name, cc, driver = (c.strip() for c in rows[index].split(",")[:3])
-    from cutedebug.engine.worker import ARCH_BY_CC  # stdlib-only at import time
-
-    try:
-        major, minor = (int(x) for x in cc.split("."))
-    except ValueError:
-        return {"present": False, "reason": f"nvidia-smi compute capability {cc!r} unreadable"}
-    return {"present": True, "reason": None, "name": name, "cc": cc, "driver": driver,
-            "arch": ARCH_BY_CC.get((major, minor), f"sm_{major}{minor}")}
-
-
 def not_run_reason(gpu: dict[str, Any], archs: tuple[str, ...]) -> str | None:
     """Why a scenario cannot run here, as "not run: <short> — <detail>", or None."""
     if not gpu["present"]:
@@ -128,7 +95,44 @@ def environment(gpu: dict[str, Any]) -> dict[str, Any]:
 
 # ---- files ---------------------------------------------------------------------------------
 def record_name(sid: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "__" for c in sid) + ".json"
+    """The record file of scenario ``sid``: readable, and distinct for distinct ids (``c/a``
+    and ``c__a`` differ in their hash), short enough for any file system."""
+    readable = "".join(c if c.isascii() and (c.isalnum() or c in "-_.") else "__"
+                       for c in sid.replace("/", "__"))[:100]
+    return f"{readable}.{hashlib.sha1(sid.encode('utf-8', 'surrogatepass')).hexdigest()[:10]}.json"
+
+
+class TriageInputError(S.ScenarioError):
+    """Bad input to a triage (duplicate ids, an --out in use or unwritable): exit 2."""
+
+
+LOCK_NAME = ".cutedebug-triage.lock"
+
+
+def lock_out(out: Path):
+    """Hold OUT for this triage: a second triage on the same OUT is refused (exit 2) instead
+    of deleting this one's records. Returns the open lock file (closing it releases)."""
+    import fcntl
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        f = open(out / LOCK_NAME, "a+")  # noqa: SIM115
+    except OSError as e:
+        raise TriageInputError(f"--out {out}: cannot write there: {e.strerror}") from None
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        holder = f.read().strip()[:40]
+        f.close()
+        raise TriageInputError(f"--out {out}: another triage is writing there"
+                               + (f" (pid {holder})" if holder else "")
+                               + "; use another --out or wait for it") from None
+    f.seek(0)
+    f.truncate()
+    f.write(str(os.getpid()))
+    f.flush()
+    return f
 
 
 def scenario_digest(sc: S.Scenario) -> str:
@@ -140,16 +144,50 @@ def scenario_digest(sc: S.Scenario) -> str:
     return h.hexdigest()[:16]
 
 
-def load_records(results_dir: Path) -> dict[str, dict[str, Any]]:
-    """Records by scenario id; unreadable files are ignored (they get redone)."""
+# What a record must hold to be reused by --resume (anything less is redone).
+_RECORD_KEYS = {"schema": str, "id": str, "digest": (str, type(None)), "repeat": int,
+                "status": str, "expected": dict, "compile": (dict, type(None)),
+                "run": (dict, type(None)), "not_run": (str, type(None))}
+_DONE_KEYS = {"verdict": (str, type(None)), "verdict_ok": (bool, type(None)),
+              "localization_ok": (bool, type(None)), "frequencies": dict,
+              "harness_errors": int}
+
+
+def record_problem(rec: Any) -> str | None:
+    """Why a stored record cannot be reused, or None."""
+    if not isinstance(rec, dict) or rec.get("schema") != RECORD_SCHEMA:
+        return "not a triage record"
+    for keys in (_RECORD_KEYS, _DONE_KEYS if rec.get("status") == "done" else {}):
+        for k, t in keys.items():
+            if k not in rec:
+                return f"field {k!r} missing"
+            if not isinstance(rec[k], t) or isinstance(rec[k], bool) and t is int:
+                return f"field {k!r} has the wrong type"
+    exp = rec["expected"]
+    if not isinstance(exp.get("verdict"), str) or not isinstance(exp.get("localization"), dict):
+        return "field 'expected' incomplete"
+    for call in ("compile", "run"):
+        c = rec.get(call)
+        if c is not None and not all(k in c for k in ("verdict", "compiled", "localization")):
+            return f"field {call!r} incomplete"
+    return None
+
+
+def load_records(results_dir: Path, damaged: list[str] | None = None
+                 ) -> dict[str, dict[str, Any]]:
+    """Records by scenario id; files that cannot be read or reused are skipped (they get
+    redone) and, given ``damaged``, named there with the reason."""
     out: dict[str, dict[str, Any]] = {}
     for p in sorted(results_dir.glob("*.json")):
         try:
             rec = json.loads(p.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if isinstance(rec, dict) and rec.get("schema") == RECORD_SCHEMA and "id" in rec:
+            why = record_problem(rec)
+        except (OSError, ValueError, RecursionError) as e:
+            why = f"unreadable ({type(e).__name__})"
+        if why is None:
             out[rec["id"]] = rec
+        elif damaged is not None:
+            damaged.append(f"{p.name}: {why}")
     return out
 
 
@@ -321,33 +359,10 @@ class _Plan:
     work: list[str] = field(default_factory=list)    # "compile", "run"
 
 
-def _ours(tag: str) -> list[int]:
-    import psutil
-
-    pids = []
-    for p in psutil.process_iter(["pid"]):
-        try:
-            if p.pid != os.getpid() and p.environ().get(TRIAGE_TAG_VAR) == tag:
-                pids.append(p.pid)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
-            continue
-    return pids
-
-
-def _kill_ours(tag: str) -> None:
-    import psutil
-
-    for pid in _ours(tag):
-        try:
-            psutil.Process(pid).kill()
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
-
-
 def _call(sc: S.Scenario, mode: str, opts: Options, runs_dir: Path, forkserver=None):
     """One run_scenario call in a pool thread: (result, wall seconds)."""
-    from cutedebug.reporting import report
     from cutedebug.engine import runner
+    from cutedebug.reporting import report
 
     core, probes = None, opts.probes
     if opts.coredump and mode == "run":
@@ -434,17 +449,24 @@ def apply_bisect(rec: dict[str, Any], bis: dict[str, Any]) -> None:
     rec["harness_errors"] = rec.get("harness_errors", 0) + (bis["status"] == "error")
 
 
-def plan(opts: Options, gpu: dict[str, Any]) -> tuple[list[_Plan], list[dict[str, Any]]]:
-    """What each scenario still needs; the records of those that need nothing."""
+def plan(opts: Options, gpu: dict[str, Any], damaged: list[str] | None = None
+         ) -> tuple[list[_Plan], list[dict[str, Any]]]:
+    """What each scenario still needs; the records of those that need nothing. Two files
+    with one id are bad input (TriageInputError naming both)."""
     results = opts.out / "results"
-    old = load_records(results) if opts.resume else {}
+    old = load_records(results, damaged) if opts.resume else {}
     plans, kept = [], []
+    seen: dict[str, str] = {}
     for path in S.discover(opts.dir):
         try:
             sc = S.load(path)
         except S.ScenarioError as e:
             kept.append(invalid_record(str(path), str(path), str(e)))
             continue
+        if sc.id in seen:
+            raise TriageInputError(f"scenario id {sc.id!r} is used by two files: {seen[sc.id]} "
+                                   f"and {path}; ids must be unique")
+        seen[sc.id] = str(path)
         digest = scenario_digest(sc)
         prev = old.get(sc.id)
         reuse = prev if prev and prev.get("digest") == digest and \
@@ -464,19 +486,42 @@ def plan(opts: Options, gpu: dict[str, Any]) -> tuple[list[_Plan], list[dict[str
 
 
 def triage(opts: Options, *, out=print) -> int:
-    """Run the triage; returns the exit status (0 all as expected, 1 not, 130 interrupted)."""
+    """Run the triage; returns the exit status (commands/exits.py: 0 all as expected, 1 not,
+    3 harness error, 4 could not run here, 130 interrupted). Raises TriageInputError (exit 2)
+    for duplicate ids and an --out that is in use or cannot be written."""
+    lock = lock_out(opts.out)
+    try:
+        return _triage(opts, out)
+    finally:
+        lock.close()
+
+
+def _writable(path: Path, what: str) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=path, prefix=".write-check-")  # noqa: SIM115
+        probe.close()
+    except OSError as e:
+        raise TriageInputError(f"{what} {path}: cannot write there: {e.strerror}") from None
+
+
+def _triage(opts: Options, out) -> int:
     t_start = time.monotonic()
     results = opts.out / "results"
-    results.mkdir(parents=True, exist_ok=True)
     runs_dir = opts.runs_dir or opts.out / "runs"
+    _writable(results, "--out")
+    _writable(runs_dir, "--runs-dir")
+    damaged: list[str] = []
+    gpu = detect_gpu()
+    env = environment(gpu)
+    plans, kept = plan(opts, gpu, damaged)      # before deleting anything: may refuse
     for stale in results.glob(".*.tmp"):
         stale.unlink(missing_ok=True)
     if not opts.resume:
         for old in results.glob("*.json"):
             old.unlink()
-    gpu = detect_gpu()
-    env = environment(gpu)
-    plans, kept = plan(opts, gpu)
+    for d in damaged:
+        out(f"resume: record {d}: run again")
     records: dict[str, dict[str, Any]] = {r["id"]: r for r in kept}
     for p in plans:
         records[p.sc.id] = p.rec
@@ -508,9 +553,9 @@ def triage(opts: Options, *, out=print) -> int:
             save(rec)
         progress(rec)
 
-    tag = uuid.uuid4().hex
-    saved_tag = os.environ.get(TRIAGE_TAG_VAR)
-    os.environ[TRIAGE_TAG_VAR] = tag    # children inherit it: that is how leftovers are found
+    # Every child of this triage carries the scope's tag: the final sweep finds leftovers.
+    scope = lifeline.scope()
+    tag = scope.__enter__()
     interrupted = False
     from cutedebug.engine import runner
 
@@ -581,30 +626,30 @@ def triage(opts: Options, *, out=print) -> int:
                             continue
                 save(p.rec)
                 progress(p.rec)
-    except KeyboardInterrupt:
-        interrupted = True
-        out("triage: interrupted; stopping the running children (finished results are kept; "
-            "--resume continues)")
+    except KeyboardInterrupt as e:
+        interrupted = e
+        # Kill the running children now (their watchers raise Interrupted in the pool
+        # threads): never wait for a hung kernel's own deadline.
+        watchdog.abort_all()
         for fut in pending:
             fut.cancel()
-        _kill_ours(tag)
+        out("triage: interrupted; the running children were killed (finished results are "
+            "kept; --resume continues)")
     finally:
-        compile_pool.shutdown(wait=True, cancel_futures=True)
-        gpu_pool.shutdown(wait=True, cancel_futures=True)
         health = None
-        if gpu["present"] and not interrupted:
-            # forked from the server while it still runs (a fresh interpreter: seconds more)
-            health = runner.health_check(forkserver=fs, run_dir=opts.out)
-        if fs is not None:
-            fs.close()
+        try:
+            compile_pool.shutdown(wait=True, cancel_futures=True)
+            gpu_pool.shutdown(wait=True, cancel_futures=True)
+            if gpu["present"] and not interrupted:
+                # forked from the server while it still runs (a fresh interpreter: seconds more)
+                health = runner.health_check(forkserver=fs, run_dir=opts.out)
+        finally:
+            if fs is not None:
+                fs.close(timeout=1.0 if interrupted else 10.0)
+            scope.__exit__(None, None, None)
+            watchdog.reset_abort()
 
-    left = _ours(tag)
-    if left:
-        _kill_ours(tag)
-    if saved_tag is None:
-        os.environ.pop(TRIAGE_TAG_VAR, None)
-    else:
-        os.environ[TRIAGE_TAG_VAR] = saved_tag
+    left = lifeline.sweep(tag)
     recs = list(records.values())
     overheads = overhead_list(recs)
     facts = {"harness_errors": sum(r.get("harness_errors", 0) for r in recs),
@@ -613,7 +658,7 @@ def triage(opts: Options, *, out=print) -> int:
                             "mean": sum(o for o, _ in overheads) / len(overheads),
                             "max": max(overheads)[0], "max_id": max(overheads)[1]}
              if overheads else {"n": 0},
-             "total_s": round(time.monotonic() - t_start, 3), "interrupted": interrupted}
+             "total_s": round(time.monotonic() - t_start, 3), "interrupted": bool(interrupted)}
     m = build_matrix(recs, dir_=str(opts.dir), command=opts.command, env=env, facts=facts)
     write_matrix(opts.out, m)
     rt = m["rates"]
@@ -627,9 +672,24 @@ def triage(opts: Options, *, out=print) -> int:
     out(f"matrix: {opts.out / 'matrix.md'} | {opts.out / 'matrix.html'} | "
         f"{opts.out / 'matrix.json'}")
     if interrupted:
-        return 130
-    bad = not_as_expected(recs)
-    return 1 if bad or left or (health is not None and not health.get("healthy")) else 0
+        return 128 + interrupted.signum if hasattr(interrupted, "signum") else \
+            exits.EXIT_INTERRUPTED
+    return exit_status(recs, left, health)
+
+
+def exit_status(recs: list[dict[str, Any]], left: list[int],
+                health: dict[str, Any] | None) -> int:
+    """3 a harness error (or a process left, or an unhealthy GPU), 1 a scenario not as
+    expected, 4 some could not run here, 0 all as expected."""
+    codes = [exits.EXIT_OK]
+    if left or (health is not None and health.get("healthy") is False) or \
+            any(state(r) == "harness" for r in recs):
+        codes.append(exits.EXIT_HARNESS)
+    if any(state(r) != "harness" for r in not_as_expected(recs)):
+        codes.append(exits.EXIT_UNEXPECTED)
+    if any(state(r) == "notrun" for r in recs):
+        codes.append(exits.EXIT_NOT_RUN)
+    return exits.worst(*codes)
 
 
 # ---- command line ------------------------------------------------------------------------------
@@ -642,9 +702,9 @@ def add_parser(sub) -> None:
     t.add_argument("dir", help="directory of scenario files (searched recursively)")
     t.add_argument("--out", required=True, help="output directory (results, matrix, runs)")
     t.add_argument("--resume", action="store_true", help="skip scenarios already done")
-    t.add_argument("--repeat", type=int, default=1, help="run each scenario N times and "
+    t.add_argument("--repeat", type=S.limit_arg("repeat"), default=1, help="run each scenario N times and "
                    "report verdict frequencies")
-    t.add_argument("--jobs", type=int, default=default_jobs(), help="compile-only children "
+    t.add_argument("--jobs", type=S.limit_arg("jobs"), default=default_jobs(), help="compile-only children "
                    "at a time (default %(default)s)")
     t.add_argument("--probes", action=argparse.BooleanOptionalAction, default=None,
                    help="bounded waits + beacons (default: each scenario's setting)")
@@ -659,9 +719,6 @@ def add_parser(sub) -> None:
 
 
 def cmd_triage(args: argparse.Namespace) -> int:
-    if args.repeat < 1 or args.jobs < 1:
-        print("cutedebug: error: --repeat and --jobs must be >= 1", file=sys.stderr)
-        return 2
     from cutedebug.reporting.report import command_line
 
     opts = Options(dir=Path(args.dir), out=Path(args.out), resume=args.resume,

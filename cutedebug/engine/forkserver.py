@@ -9,6 +9,13 @@ Protocol (JSON lines): the runner writes {"request", "log", "status", "env"[, "j
 server's stdin (job "health": the GPU health check of cutedebug.engine.health instead of a worker);
 the server answers {"pid": N} on stdout. End of stdin stops the server, which kills
 any worker still running. The parent-side handle is :class:`ForkServer`.
+
+Lifelines (:mod:`cutedebug.engine.lifeline`): the server starts with the harness's session
+tags and a placeholder run tag in its environment; each forked worker overwrites the
+placeholder in place with its run's tag before anything else, so the sweep sees it in
+``/proc/PID/environ``. The server dies with the harness (PDEATHSIG, end of stdin, the
+keeper), each worker with the server (PDEATHSIG). A server that died is restarted by the next
+:meth:`ForkServer.spawn`; a worker it took with it reads as ``server_died``.
 """
 
 from __future__ import annotations
@@ -26,6 +33,11 @@ from pathlib import Path
 from typing import Any
 
 READY_TIMEOUT_S = 120.0
+MAX_RESTARTS = 3
+
+
+class ForkServerError(RuntimeError):
+    """The fork server is dead and could not be restarted (callers exec a worker instead)."""
 
 
 # ---- server side (python -m cutedebug.engine.forkserver) ----------------------------------------
@@ -36,8 +48,17 @@ def _write_status(path: str, returncode: int) -> None:
     os.replace(tmp, path)
 
 
-def _child(req: dict[str, Any]) -> int:
+def _child(req: dict[str, Any], server_pid: int) -> int:
+    from cutedebug.engine import lifeline
+
+    env = dict(req.get("env", {}))
+    tag = env.pop(lifeline.RUN_TAG_VAR, None)
+    if tag:
+        lifeline.adopt_run_tag(tag)       # first: the sweep must see this worker as its run's
     os.setsid()
+    lifeline.set_pdeathsig()
+    if os.getppid() != server_pid:
+        return 137
     fd = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
@@ -47,7 +68,7 @@ def _child(req: dict[str, Any]) -> int:
     os.close(null)
     sys.stdout = os.fdopen(1, "w", buffering=1)
     sys.stderr = os.fdopen(2, "w", buffering=1)
-    os.environ.update(req.get("env", {}))
+    os.environ.update(env)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
     if req.get("job") == "health":
@@ -59,18 +80,26 @@ def _child(req: dict[str, Any]) -> int:
     return worker.main([req["request"]])
 
 
-def serve() -> int:
+def serve(parent_pid: int | None = None) -> int:
+    from cutedebug.engine import lifeline
+
+    lifeline.set_pdeathsig()              # dies with the harness thread that started it
+    if parent_pid is not None and os.getppid() != parent_pid:
+        return 1
     # Imports only: nothing here may create a CUDA context.
     import cutlass.cute  # noqa: F401
     import torch  # noqa: F401
 
     from cutedebug import kernel_api  # noqa: F401
-    from cutedebug.instrument import faults  # noqa: F401
-    from cutedebug.instrument import probes  # noqa: F401
     from cutedebug.engine import worker  # noqa: F401
+    from cutedebug.instrument import (
+        faults,  # noqa: F401
+        probes,  # noqa: F401
+    )
 
     children: dict[int, str] = {}
-    print(json.dumps({"ready": True, "pid": os.getpid()}), flush=True)
+    server = os.getpid()
+    print(json.dumps({"ready": True, "pid": server}), flush=True)
     stdin = sys.stdin.buffer
     buf = b""
     while True:
@@ -90,7 +119,7 @@ def serve() -> int:
             if pid == 0:
                 rc = 70
                 try:
-                    rc = _child(req)
+                    rc = _child(req, server)
                 except BaseException:
                     traceback.print_exc()
                 finally:
@@ -128,10 +157,15 @@ def _reap(children: dict[int, str]) -> None:
 
 # ---- parent side -----------------------------------------------------------------------
 class ForkedChild:
-    """Popen-like handle on a worker forked by the server (poll / wait / pid)."""
+    """Popen-like handle on a worker forked by the server (poll / wait / pid).
 
-    def __init__(self, pid: int, status_path: Path):
+    The server reaps the worker and writes its exit status to a file. When the server dies
+    first, the worker (PDEATHSIG) dies with it and nobody writes that file: once the pid is
+    gone, the child reads as ended with ``server_died`` set and an unknown status (-9)."""
+
+    def __init__(self, pid: int, status_path: Path, server: ForkServer | None = None):
         self.pid, self.status_path, self.returncode = pid, status_path, None
+        self.server, self.server_died = server, False
 
     def poll(self) -> int | None:
         if self.returncode is None and self.status_path.exists():
@@ -139,6 +173,11 @@ class ForkedChild:
                 self.returncode = json.loads(self.status_path.read_text())["returncode"]
             except (ValueError, KeyError, OSError):
                 return None
+        if self.returncode is None and self.server is not None and \
+                not self.server.serves(self) and not _running(self.pid):
+            if self.status_path.exists():     # written just before the server ended
+                return self.poll()
+            self.server_died, self.returncode = True, -signal.SIGKILL
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -150,6 +189,15 @@ class ForkedChild:
         return self.returncode
 
 
+def _running(pid: int) -> bool:
+    try:
+        import psutil
+
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except Exception:  # noqa: BLE001  (NoSuchProcess, AccessDenied: not ours any more)
+        return False
+
+
 class ForkServer:
     """The runner's handle on a fork server process. Use as a context manager."""
 
@@ -157,20 +205,35 @@ class ForkServer:
         self.env, self.cwd, self.log_path = env, cwd, log_path
         self.proc: subprocess.Popen | None = None
         self._lock = threading.Lock()    # one request/answer at a time (pool threads share it)
+        self.generation = 0              # +1 per (re)start: a child belongs to one server
+        self.restarts = 0
+        self.closed = False
 
     def start(self) -> ForkServer:
+        from cutedebug.engine import lifeline
+
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")  # noqa: SIM115
-        self.proc = subprocess.Popen([sys.executable, "-m", "cutedebug.engine.forkserver"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=log, env=self.env, cwd=self.cwd,
-                                     start_new_session=True)
-        log.close()
-        line = self._readline(READY_TIMEOUT_S)
-        if not line or not json.loads(line).get("ready"):
+        env = lifeline.child_env(self.env, lifeline.PLACEHOLDER_TAG)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "cutedebug.engine.forkserver", str(os.getpid())],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env,
+                cwd=self.cwd, start_new_session=True, preexec_fn=lifeline.preexec())
+        self.generation += 1
+        try:
+            line = self._readline(READY_TIMEOUT_S)
+            ok = bool(line) and json.loads(line).get("ready")
+        except ValueError:
+            ok = False
+        if not ok:
             self.close()
-            raise RuntimeError(f"fork server did not start (log: {self.log_path})")
+            raise ForkServerError(f"fork server did not start (log: {self.log_path})")
+        self.closed = False
         return self
+
+    def serves(self, child: ForkedChild) -> bool:
+        """Is the server that forked ``child`` still running?"""
+        return self.alive and getattr(child, "generation", None) == self.generation
 
     def _readline(self, timeout: float) -> bytes:
         assert self.proc is not None and self.proc.stdout is not None
@@ -185,35 +248,71 @@ class ForkServer:
               job: str = "worker") -> ForkedChild:
         """Fork a worker for request_path (job "health": the GPU health check; request_path
         then only names the folder of its exit status)."""
-        assert self.proc is not None and self.proc.stdin is not None
         status = request_path.parent / "exit_status.json"
+        status.unlink(missing_ok=True)
         msg = {"request": str(request_path), "log": str(log_path), "status": str(status),
                "env": env, "job": job}
         with self._lock:
-            self.proc.stdin.write((json.dumps(msg) + "\n").encode())
-            self.proc.stdin.flush()
-            line = self._readline(30.0)
-        if not line:
-            raise RuntimeError("fork server did not answer")
-        return ForkedChild(json.loads(line)["pid"], status)
+            if not self.alive:
+                self._restart()
+            assert self.proc is not None and self.proc.stdin is not None
+            try:
+                self.proc.stdin.write((json.dumps(msg) + "\n").encode())
+                self.proc.stdin.flush()
+                line = self._readline(30.0)
+                pid = int(json.loads(line)["pid"]) if line else None
+            except (OSError, ValueError, KeyError, TypeError):
+                pid = None
+            if pid is None:
+                self._kill()
+                raise ForkServerError(f"fork server did not answer (log: {self.log_path})")
+            child = ForkedChild(pid, status, self)
+            child.generation = self.generation
+        return child
 
-    def close(self) -> None:
+    def _restart(self) -> None:
+        """Start a new server in place of a dead one (at most MAX_RESTARTS times)."""
+        if self.closed or self.restarts >= MAX_RESTARTS:
+            raise ForkServerError("fork server is " + ("closed" if self.closed else
+                                  f"dead and was restarted {self.restarts} times already"))
+        self.restarts += 1
+        self._kill()
+        try:
+            self.start()
+        except (OSError, ForkServerError) as e:
+            raise ForkServerError(f"fork server died and could not be restarted: {e}") from e
+
+    def _kill(self) -> None:
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                if f:
+                    f.close()
+            except OSError:
+                pass
+        self.proc = None
+
+    def close(self, timeout: float = 10.0) -> None:
+        """End of stdin: the server kills its workers and exits (killed after ``timeout``)."""
+        self.closed = True
         if self.proc is None:
             return
         try:
             if self.proc.stdin:
                 self.proc.stdin.close()
-            self.proc.wait(timeout=10)
+            self.proc.wait(timeout=timeout)
         except (OSError, subprocess.TimeoutExpired):
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except OSError:
-                pass
-            self.proc.wait(timeout=10)
-        finally:
-            if self.proc.stdout:
-                self.proc.stdout.close()
-            self.proc = None
+            pass
+        self._kill()
 
     def __enter__(self) -> ForkServer:
         return self.start()
@@ -223,4 +322,4 @@ class ForkServer:
 
 
 if __name__ == "__main__":
-    sys.exit(serve())
+    sys.exit(serve(int(sys.argv[1]) if len(sys.argv) > 1 else None))

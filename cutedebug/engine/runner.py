@@ -1,16 +1,15 @@
-"""The parent side: spawn the worker, watch it, kill it when it hangs, classify what happened.
+"""The parent side of one scenario: write the worker's request, run it under the watchdog
+(:mod:`cutedebug.engine.watchdog`), classify what happened, check the GPU after a kill.
 
-Never imports torch or cutlass. Every child runs in its own session with a tag in its
-environment (CUTEDEBUG_RUN_TAG), so that anything it leaves behind, grandchildren that
-started sessions of their own included, can be found and killed afterwards.
+Never imports torch or cutlass. Launching, watching, killing and sweeping are the
+watchdog's and the lifeline's (:mod:`cutedebug.engine.lifeline`); this module only decides
+what to run and what the result means.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -19,30 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
-
+from cutedebug.engine import lifeline, watchdog
 from cutedebug.engine import verdict as V
 from cutedebug.engine.scenario import Limits, Scenario, ScenarioError
 
-TAG_VAR = "CUTEDEBUG_RUN_TAG"
-POLL_S = 0.02
-MAX_EVENT_LINE = 1 << 20
-# Called with {"pid", "tag", "reason", "log_path", "events_path", "phase"} after the watchdog
-# decided to kill (deadline or stall) and before the SIGKILL (e.g. a GPU coredump,
-# cutedebug.analyses.coredump.before_kill); may return facts, kept under facts["before_kill"].
-# A hook must bound its own time; an exception in one never stops the kill.
-BEFORE_KILL: list[Any] = []
-
-
-def _before_kill(ctx: dict[str, Any], facts: dict[str, Any]) -> None:
-    for hook in list(BEFORE_KILL):
-        try:
-            got = hook(ctx)
-        except Exception as e:  # noqa: BLE001  (a hook must never stop the kill)
-            got = {"error": f"{getattr(hook, '__name__', hook)}: {type(e).__name__}: {e}"}
-        if got:
-            facts.setdefault("before_kill", []).append(got)
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = watchdog.REPO_ROOT
 
 
 @dataclass
@@ -58,6 +38,7 @@ class RunResult:
     repeats: list[dict[str, Any]] = field(default_factory=list)
     mode: str = "run"
     command: str = ""
+    probes_used: bool | None = None     # False: probes were off, nothing could localize
 
     @property
     def verdict_ok(self) -> bool:
@@ -82,6 +63,11 @@ class RunResult:
             return {"ok": None, "expected": expect.localization(), "matched": None,
                     "why": f"{self.verdict.value} is one of expect.also; the localization "
                            f"describes a {expect.verdict}"}
+        if self.probes_used is False and expect.localization() and \
+                not self.evidence.get("stuck_sites"):
+            return {"ok": None, "expected": expect.localization(), "matched": None,
+                    "why": "not graded: probes were off (--no-probes), so no stuck site "
+                           "could be reported"}
         return grade_localization(expect.localization(), self.evidence.get("stuck_sites", []))
 
     @property
@@ -104,226 +90,61 @@ def grade_localization(expected: dict[str, Any], sites: list[dict[str, Any]]) ->
             "no stuck site agrees with every expected field"}
 
 
-# ---- process handling -----------------------------------------------------------------
-def tagged_processes(tag: str) -> list[psutil.Process]:
-    found = []
-    for p in psutil.process_iter(["pid"]):
-        try:
-            if p.pid != os.getpid() and p.environ().get(TAG_VAR) == tag:
-                found.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
-            continue
-    return found
-
-
-def kill_tree(proc, tag: str) -> list[int]:
-    """Kill the child's process group, then everything still carrying its tag. Returns the
-    pids that had to be swept beyond the group."""
-    for kill in (os.killpg, os.kill):   # os.kill too: a forked child may not lead a group yet
-        try:
-            kill(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    # Reap our own child before sweeping: psutil would reap it otherwise and Popen would then
-    # report exit status 0 for a killed process.
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        pass
-    return sweep(tag)
-
-
-def sweep(tag: str, timeout: float = 3.0) -> list[int]:
-    """Kill what carries the tag: children first, then wait, then SIGKILL what is left."""
-    swept: list[int] = []
-    for _ in range(3):
-        procs = tagged_processes(tag)
-        if not procs:
-            break
-        for p in procs:
-            try:
-                for c in p.children(recursive=True):
-                    c.kill()
-                p.kill()
-                swept.append(p.pid)
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                pass
-        psutil.wait_procs(procs, timeout=timeout)
-    return sorted(set(swept))
-
-
-def _phase_deadline(phase: str, limits: Limits) -> float:
-    if phase == "compiling":
-        return limits.compile_s
-    if phase == "launched":
-        return limits.deadline_s
-    if phase in ("synced", "checked"):
-        return limits.check_s
-    return limits.import_s
-
-
-class EventReader:
-    """Reads complete JSON lines from a file that another process appends to."""
-
-    def __init__(self, path: Path):
-        self.path, self.offset, self.partial = path, 0, b""
-
-    def poll(self) -> tuple[list[dict[str, Any]], list[str]]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                chunk = f.read()
-        except FileNotFoundError:
-            return [], []
-        self.offset += len(chunk)
-        data = self.partial + chunk
-        lines = data.split(b"\n")
-        self.partial = lines.pop()
-        bad: list[str] = []
-        if len(self.partial) > MAX_EVENT_LINE:
-            bad.append(self.partial[:200].decode("utf-8", "replace"))
-            self.partial = b""
-        events = []
-        for raw in lines:
-            if not raw.strip():
-                continue
-            try:
-                ev = json.loads(raw)
-                if not isinstance(ev, dict) or not isinstance(ev.get("event"), str):
-                    raise ValueError("not an event object")
-                events.append(ev)
-            except ValueError:
-                bad.append(raw[:200].decode("utf-8", "replace"))
-        return events, bad
-
-
-def watch(argv: list[str], events_path: Path, log_path: Path, limits: Limits, *,
-          env: dict[str, str] | None = None, stall_s: float | None = None,
-          on_event=None, forkserver=None) -> tuple[V.Outcome, dict[str, Any]]:
-    """Run argv as a watched child (or, with a fork server, fork the worker for the request
-    that argv names). Returns the outcome and process-level facts."""
-    tag = uuid.uuid4().hex
-    child_env = dict(os.environ if env is None else env)
-    child_env[TAG_VAR] = tag
-    child_env.setdefault("PYTHONUNBUFFERED", "1")
-    outcome = V.Outcome()
-    facts: dict[str, Any] = {"tag": tag, "forked": forkserver is not None}
-    reader = EventReader(events_path)
-    t_start = time.monotonic()
-    if forkserver is not None:
-        proc = forkserver.spawn(Path(argv[-1]), log_path, {TAG_VAR: tag})
-    else:
-        with open(log_path, "ab") as log:
-            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, env=child_env,
-                                    start_new_session=True, cwd=str(REPO_ROOT))
-    phase_t = t_start
-    last_counter, counter_t = None, None
-    try:
-        while True:
-            exited = proc.poll() is not None
-            evs, bad = reader.poll()
-            now = time.monotonic()
-            for ev in evs:
-                name = ev["event"]
-                if outcome.add(ev):
-                    phase_t = now
-                    if name == "launched":
-                        counter_t = now
-                if name == "progress":
-                    if ev.get("counter") != last_counter:
-                        last_counter, counter_t = ev.get("counter"), now
-                if on_event is not None:
-                    on_event(ev)
-            outcome.malformed_lines.extend(bad)
-            if exited:
-                break
-            if outcome.phase == "launched" and stall_s is not None and counter_t is not None \
-                    and last_counter is not None and now - counter_t > stall_s:
-                outcome.killed_by_watchdog = "stall"
-                facts["stall_detected_after_s"] = round(now - counter_t, 3)
-            elif now - phase_t > _phase_deadline(outcome.phase, limits):
-                outcome.killed_by_watchdog = (f"deadline:{outcome.phase}:"
-                                              f"{_phase_deadline(outcome.phase, limits):g}s")
-            if outcome.killed_by_watchdog:
-                facts["kill_t"] = round(now - t_start, 3)
-                _before_kill({"pid": proc.pid, "tag": tag, "phase": outcome.phase,
-                              "reason": outcome.killed_by_watchdog, "log_path": log_path,
-                              "events_path": events_path}, facts)
-                facts["swept"] = kill_tree(proc, tag)     # also reaps the child
-                evs, bad = reader.poll()
-                outcome.events.extend(evs)
-                outcome.malformed_lines.extend(bad)
-                break
-            time.sleep(POLL_S)
-    finally:
-        if proc.poll() is None:
-            kill_tree(proc, tag)
-            proc.wait(timeout=10)
-        # Grandchildren may outlive a child that exited on its own.
-        facts["swept_after_exit"] = sweep(tag)
-    outcome.returncode = proc.returncode
-    outcome.elapsed_s = round(time.monotonic() - t_start, 3)
-    outcome.log_tail = _tail(log_path)
-    return outcome, facts
-
-
-def _tail(path: Path, nbytes: int = 4000) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - nbytes))
-            return f.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
+# ---- process handling: the watchdog and the lifeline (kept here under their old names) ------
+TAG_VAR = lifeline.RUN_TAG_VAR
+tagged_processes = lifeline.processes
+sweep = lifeline.sweep
+kill_tree = watchdog.kill_tree
+watch = watchdog.watch
+EventReader = watchdog.EventReader
+_tail = watchdog.tail
+_phase_deadline = watchdog.phase_deadline
+MAX_EVENT_LINE = watchdog.MAX_EVENT_LINE
+# Before-kill hooks ({"pid", "tag", "reason", "log_path", "events_path", "phase"} -> facts or
+# None), e.g. a GPU coredump (cutedebug.analyses.coredump.before_kill): the watchdog's list.
+BEFORE_KILL = watchdog.BEFORE_KILL
 
 
 def health_check(timeout_s: float = 60.0, *, forkserver=None,
                  run_dir: Path | None = None) -> dict[str, Any]:
-    """A tiny GPU job in a new process: is the GPU usable after a kill?
+    """A tiny GPU job in a new process: is the GPU usable after a kill or a crash?
 
     Forked from the fork server when one is alive (torch already imported: ~1 s instead of
     ~4 s), otherwise a fresh interpreter. Either way a new process with its own CUDA context,
-    killed with its group if it does not finish in ``timeout_s``.
+    watched like any run (killed with its group and swept if it does not finish in
+    ``timeout_s``).
     """
     t0 = time.monotonic()
-    tag = uuid.uuid4().hex
-    res: dict[str, Any]
+    tmp = None
+    if run_dir is None:
+        tmp = lifeline.make_tempdir("cutedebug-health-")
+        dir_ = Path(tmp)
+    else:
+        dir_ = Path(run_dir) / "health"
     try:
-        if forkserver is not None and forkserver.alive and run_dir is not None:
-            res = _forked_health_check(forkserver, Path(run_dir) / "health", tag, timeout_s)
+        dir_.mkdir(parents=True, exist_ok=True)
+        log = dir_ / "health.log"
+        log.write_bytes(b"")
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        use_fork = forkserver is not None and run_dir is not None
+        outcome, facts = watchdog.watch(
+            [sys.executable, "-m", "cutedebug.engine.health", str(dir_ / "health.json")],
+            None, log, Limits(import_s=timeout_s), env=env, total_s=timeout_s,
+            forkserver=forkserver if use_fork else None, fork_job="health")
+        if outcome.killed_by_watchdog:
+            res = {"healthy": False, "error": f"health check did not finish in {timeout_s:g}s"}
         else:
-            res = _fresh_health_check(tag, timeout_s)
+            text = log.read_text(errors="replace")
+            res = _health_result(text, text)
+        if facts.get("forked"):
+            res["forked"] = True
     finally:
-        sweep(tag)
+        if tmp is not None:
+            lifeline.remove_tempdir(tmp)
     res["secs"] = round(time.monotonic() - t0, 3)
     return res
-
-
-def _fresh_health_check(tag: str, timeout_s: float) -> dict[str, Any]:
-    env = dict(os.environ, **{TAG_VAR: tag})
-    try:
-        out = subprocess.run([sys.executable, "-m", "cutedebug.engine.health"], capture_output=True,
-                             text=True, timeout=timeout_s, env=env, cwd=str(REPO_ROOT),
-                             start_new_session=True)
-    except subprocess.TimeoutExpired:
-        return {"healthy": False, "error": f"health check did not finish in {timeout_s:g}s"}
-    return _health_result(out.stdout, out.stderr)
-
-
-def _forked_health_check(forkserver, dir_: Path, tag: str, timeout_s: float) -> dict[str, Any]:
-    dir_.mkdir(parents=True, exist_ok=True)
-    log = dir_ / "health.log"
-    child = forkserver.spawn(dir_ / "health.json", log, {TAG_VAR: tag}, job="health")
-    try:
-        child.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        kill_tree(child, tag)
-        return {"healthy": False, "forked": True,
-                "error": f"health check did not finish in {timeout_s:g}s"}
-    text = log.read_text(errors="replace") if log.exists() else ""
-    return {**_health_result(text, text), "forked": True}
 
 
 def _health_result(stdout: str, stderr: str) -> dict[str, Any]:
@@ -549,7 +370,7 @@ def run_once(scenario: Scenario, run_dir: Path, *, mode: str = "run",
     # The fork server imported cutlass already: runs that change its environment, or that
     # something else must wrap (compute-sanitizer), get a fresh process.
     use_fork = forkserver is not None and wrap is None and not extra_env and not lineinfo \
-        and forkserver.alive
+        and not forkserver.closed
     t_call = time.monotonic()
     outcome, facts = watch(argv, events_path, log_path, limits, env=env, stall_s=stall,
                            forkserver=forkserver if use_fork else None)
@@ -560,6 +381,24 @@ def run_once(scenario: Scenario, run_dir: Path, *, mode: str = "run",
     classified = V.classify(outcome)
     facts["classify_s"] = time.monotonic() - facts["t_return"]
     return classified, outcome, facts
+
+
+def after_run_health(classified: V.Classified, outcome: V.Outcome, mode: str, forkserver,
+                     run_dir: Path) -> dict[str, Any] | None:
+    """The GPU health after a run that was killed, crashed or hung; None after any other.
+
+    Never None after a kill or a crash: where no check can run (no GPU, a compile-only run
+    that never touched it) the record says why."""
+    if not (outcome.killed_by_watchdog or classified.verdict in (V.Verdict.CRASH,
+                                                                  V.Verdict.HANG)):
+        return None
+    device = outcome.event("device") or {}
+    if mode != "run":
+        return {"healthy": None, "skipped": "compile-only run: the GPU was not used"}
+    if not device.get("present"):
+        why = device.get("reason") or "the worker did not report a device before it ended"
+        return {"healthy": None, "skipped": f"no GPU check: {why}"}
+    return health_check(forkserver=forkserver, run_dir=run_dir)
 
 
 def run_scenario(scenario: Scenario, *, runs_root: Path | str = "runs",
@@ -587,6 +426,9 @@ def run_scenario(scenario: Scenario, *, runs_root: Path | str = "runs",
         classified, outcome, facts = run_once(
             scenario, run_dir, mode=mode, probes=probe_cfg, index=i, forkserver=forkserver,
             request_extra=core.request_fields(run_dir) if use_core else None)
+        # The GPU is checked right after the run that was killed or crashed (before any
+        # rerun), so the health recorded is that run's.
+        health = after_run_health(classified, outcome, mode, forkserver, run_dir)
         if use_core and classified.verdict in (V.Verdict.HANG, V.Verdict.CRASH):
             t_core = time.monotonic()
             core_evidence = core.evidence(run_dir, outcome, facts, scenario)
@@ -606,10 +448,10 @@ def run_scenario(scenario: Scenario, *, runs_root: Path | str = "runs",
                                               first[1], first[2])), 3),
                                           "first_wall_s": round(first[2]["t_return"]
                                                                 - first[2]["t_call"], 3)}
-        health = None
-        if outcome.killed_by_watchdog and outcome.phase in ("launched", "synced") and \
-                (outcome.event("device") or {}).get("present"):
-            health = health_check(forkserver=forkserver, run_dir=run_dir)
+            rerun_health = after_run_health(classified, outcome, mode, forkserver,
+                                            run_dir / "with_probes")
+            if rerun_health is not None:
+                facts["rerun_with_probes"]["health"] = rerun_health
         attempts.append((classified, outcome, facts, health))
 
     classified, outcome, facts, health = attempts[0]
@@ -631,8 +473,8 @@ def run_scenario(scenario: Scenario, *, runs_root: Path | str = "runs",
         evidence["rerun_with_probes"] = facts["rerun_with_probes"]
     elif core_evidence:
         evidence.update(core_evidence)
-    for a in attempts:
-        if a[3] is not None:
+    for a in attempts[1:]:
+        if health is None and a[3] is not None:
             health = a[3]
     timings = _timings(outcome, facts)
     # Work of the first attempt: its own run, a blind hang's first run before the rerun with
@@ -655,7 +497,8 @@ def run_scenario(scenario: Scenario, *, runs_root: Path | str = "runs",
     timings["wall_s"] = round(time.monotonic() - t_start, 3)
     return RunResult(scenario=scenario, verdict=verdict, reason=reason, run_dir=run_dir,
                      outcome=outcome, evidence=evidence, timings=timings,
-                     health=health, repeats=repeats, mode=mode, command=command)
+                     health=health, repeats=repeats, mode=mode, command=command,
+                     probes_used=probe_cfg is not None)
 
 
 def replay(run_dir: Path | str) -> RunResult:

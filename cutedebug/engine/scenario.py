@@ -46,6 +46,10 @@ errors. This module runs in the parent: it never imports torch or cutlass.
 from __future__ import annotations
 
 import ast
+import io
+import math
+import re
+import tokenize
 import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -167,8 +171,59 @@ _EXPECT = {"verdict": str, "role": str, "op": str, "barrier": str, "stage": int,
 LOCALIZERS = ("probes", "bisect")
 _LIMITS = {"compile_s": float, "deadline_s": float, "stall_s": float, "wait_budget_ms": int,
            "import_s": float, "check_s": float}
-_LIMIT_RANGES = {"compile_s": (1, 3600), "deadline_s": (0.1, 3600), "stall_s": (0.05, 600),
-                 "wait_budget_ms": (1, 600_000), "import_s": (1, 3600), "check_s": (1, 3600)}
+# Every limit, wherever it comes from (TOML, command line, pytest option, env, ini), goes
+# through check_limit: finite, positive, within these bounds. An unbounded or NaN limit would
+# switch the watchdog off; zero would kill every run at once.
+LIMIT_RANGES: dict[str, tuple[type, float, float]] = {
+    "compile_s": (float, 1, 3600), "deadline_s": (float, 0.1, 3600),
+    "stall_s": (float, 0.05, 600), "wait_budget_ms": (int, 1, 600_000),
+    "import_s": (float, 1, 3600), "check_s": (float, 1, 3600),
+    "repeat": (int, 1, 1000), "jobs": (int, 1, 256), "timeout_margin": (float, 1, 3600),
+}
+ID_RE = re.compile(r"[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+)*")
+MAX_ID = 120
+
+
+def check_limit(name: str, value: Any, where: str = "", label: str | None = None
+                ) -> float | int:
+    """``value`` (a number or its text) as limit ``name``, or ScenarioError saying why not
+    (``where``: the file or option it came from; ``label``: the name to show, e.g. the field)."""
+    kind, lo, hi = LIMIT_RANGES[name]
+    prefix = f"{where}: " if where else ""
+    bad = f"{prefix}{label or name} = {value!r}: expected a finite {'whole ' if kind is int else ''}" \
+          f"number within [{lo:g}, {hi:g}]"
+    if isinstance(value, bool):
+        raise ScenarioError(bad)
+    try:
+        num = float(value.strip()) if isinstance(value, str) else float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ScenarioError(bad) from None
+    if not math.isfinite(num) or not lo <= num <= hi or (kind is int and num != int(num)):
+        raise ScenarioError(bad)
+    return int(num) if kind is int else num
+
+
+def limit_arg(name: str):
+    """An argparse ``type`` for limit ``name``: the same check, reported by argparse (exit 2)."""
+    import argparse
+
+    def convert(text: str) -> float | int:
+        try:
+            return check_limit(name, text)
+        except ScenarioError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    convert.__name__ = name
+    return convert
+
+
+def check_id(sid: Any, where: str) -> str:
+    """A scenario id: ASCII letters, digits, ``_ . -``, segments joined by ``/``; short."""
+    if not isinstance(sid, str) or not ID_RE.fullmatch(sid) or len(sid) > MAX_ID or \
+            any(seg in (".", "..") for seg in sid.split("/")):
+        raise ScenarioError(f"{where}: field id = {str(sid)[:80]!r}"
+                            f"{'...' if len(str(sid)) > 80 else ''}: expected at most {MAX_ID} "
+                            "characters of A-Z a-z 0-9 _ . - in segments joined by /")
+    return sid
 _REQUIRES = {"arch": list, "modules": list}
 _PROBES = {"enabled": bool}
 _REQUIRED_TOP = ("id", "kernel", "expect")
@@ -216,9 +271,13 @@ def kernel_params_from_source(path: Path, entry: str, where: str) -> dict[str, A
     at import time).
     """
     try:
-        tree = ast.parse(path.read_text(), filename=str(path))
-    except SyntaxError as e:
+        raw = path.read_bytes()
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(raw).readline)
+        tree = ast.parse(raw.decode(encoding), filename=str(path))
+    except (SyntaxError, ValueError, LookupError) as e:   # UnicodeDecodeError is a ValueError
         raise ScenarioError(f"{where}: kernel file {path} does not parse: {e}") from None
+    except OSError as e:
+        raise ScenarioError(f"{where}: kernel file {path} cannot be read: {e.strerror}") from None
     classes = [n for n in tree.body if isinstance(n, ast.ClassDef)]
     cls = next((c for c in classes if c.name == entry), None)
     if cls is None:
@@ -321,9 +380,7 @@ def build(data: dict[str, Any], where: str, base_dir: Path, source: str | None) 
     for key in _REQUIRED_TOP:
         if key not in data:
             raise ScenarioError(f"{where}: required field {key!r} is missing")
-    sid = data["id"]
-    if not sid or any(c.isspace() for c in sid):
-        raise ScenarioError(f"{where}: field id = {sid!r}: a non-empty name without spaces")
+    sid = check_id(data["id"], where)
 
     kernel = data["kernel"]
     _check_table(where, kernel, _KERNEL, "kernel.")
@@ -370,12 +427,8 @@ def build(data: dict[str, Any], where: str, base_dir: Path, source: str | None) 
 
     limits_t = data.get("limits", {})
     _check_table(where, limits_t, _LIMITS, "limits.")
-    for key, value in limits_t.items():
-        lo, hi = _LIMIT_RANGES[key]
-        if not lo <= value <= hi:
-            raise ScenarioError(f"{where}: field limits.{key} = {value!r}: must be within "
-                                f"[{lo}, {hi}]")
-    limits = Limits(**{k: _LIMITS[k](v) for k, v in limits_t.items()})
+    limits = Limits(**{k: check_limit(k, v, where, f"field limits.{k}")
+                       for k, v in limits_t.items()})
 
     requires = data.get("requires", {})
     _check_table(where, requires, _REQUIRES, "requires.")
@@ -406,6 +459,8 @@ def load(path: str | Path) -> Scenario:
         raise ScenarioError(f"{where}: scenario file not found")
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ScenarioError(f"{where}: cannot read the scenario file: {e.strerror}") from None
     except UnicodeDecodeError as e:
         raise ScenarioError(f"{where}: not UTF-8 text: {e}") from None
     except tomllib.TOMLDecodeError as e:
@@ -421,7 +476,10 @@ def discover(root: str | Path) -> list[Path]:
         return [root]
     if not root.is_dir():
         raise ScenarioError(f"{root}: no such scenario file or directory")
-    return sorted(p for p in root.rglob("*.toml") if p.is_file())
+    try:
+        return sorted(p for p in root.rglob("*.toml") if p.is_file())
+    except OSError as e:
+        raise ScenarioError(f"{root}: cannot list the scenario files: {e}") from None
 
 
 def parse_value(text: str) -> Any:

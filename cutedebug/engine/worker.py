@@ -23,6 +23,8 @@ from contextlib import ExitStack, nullcontext
 from pathlib import Path
 from typing import Any
 
+from cutedebug.engine.health import ARCH_BY_CC  # stdlib only: the arch names by capability
+
 # CUDA error names by the message the driver/runtime gives them (torch and cuda-python both
 # surface these strings).
 CUDA_ERRORS = (
@@ -40,21 +42,85 @@ CUDA_ERRORS = (
     ("trap", "cudaErrorAssert"),
 )
 
-ARCH_BY_CC = {(9, 0): "sm_90a", (10, 0): "sm_100a", (10, 3): "sm_100a"}
+MAX_FIELD_CHARS = 16_000      # one string field of an event (messages, tracebacks)
+MAX_LINE_CHARS = 900_000      # one event line (the runner reads lines up to 1 MiB)
+
+
+def cap_text(text: str, limit: int = MAX_FIELD_CHARS) -> str:
+    """``text`` cut to ``limit`` characters with a visible mark saying how much was cut."""
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f" ...[cut by cutedebug: {len(text) - limit} more characters]"
+
+
+def _capped(value: Any) -> Any:
+    if isinstance(value, str):
+        return cap_text(value)
+    if isinstance(value, dict):
+        return {k: _capped(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_capped(v) for v in value]
+    return value
 
 
 class Events:
+    """The event channel: one JSON object per line, every string field capped, every line
+    under the runner's limit (a 10 MB exception message still leaves its event)."""
+
     def __init__(self, path: str):
         self._f = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
         self._lock = threading.Lock()
         self.t0 = time.monotonic()
 
     def emit(self, event: str, **fields: Any) -> None:
-        rec = {"event": event, "t": round(time.monotonic() - self.t0, 6), **fields}
+        rec = {"event": event, "t": round(time.monotonic() - self.t0, 6), **_capped(fields)}
         line = json.dumps(rec, default=str)
+        if len(line) > MAX_LINE_CHARS:
+            keep = {k: v for k, v in rec.items() if isinstance(v, (int, float, bool))
+                    or (isinstance(v, str) and len(v) < 2000)}
+            keep["cut_by_cutedebug"] = f"event of {len(line)} characters cut to its scalars"
+            line = json.dumps(keep, default=str)
         with self._lock:
             self._f.write(line + "\n")
             self._f.flush()
+
+
+# Exceptions cutedebug raises on purpose about the user's input (a fault that cannot apply
+# to this kernel, an entry that does not load): the user's to fix, not a bug of ours.
+_USER_FACING = ("FaultApplyError", "FaultSpecError", "FaultNotTriggered", "KernelLoadError")
+
+
+def our_frame(exc: BaseException) -> str | None:
+    """``file:line in function`` when cutedebug's own code raised ``exc`` (its innermost
+    frame is in the cutedebug package and it is not one of the errors about the user's
+    input); None when the kernel, its adapter, the DSL or a library raised it."""
+    from cutedebug.instrument.frames import PACKAGE_DIR
+
+    tb = exc.__traceback__
+    if tb is None or type(exc).__name__ in _USER_FACING:
+        return None
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    code = tb.tb_frame.f_code
+    if not os.path.abspath(code.co_filename).startswith(PACKAGE_DIR):
+        return None
+    return f"{code.co_filename}:{tb.tb_lineno} in {code.co_name}"
+
+
+def user_call(where: str, what: str, fn, *args: Any) -> Any:
+    """Call the kernel adapter's ``what`` (make_inputs, fake_args, reference, ...): an
+    exception it raises is the user's (KernelLoadError naming the method, keeping the
+    user's exception class in ``user_type``), unless cutedebug's own code raised it."""
+    try:
+        return fn(*args)
+    except Exception as e:
+        if our_frame(e):
+            raise
+        from cutedebug.kernel_api import KernelLoadError
+
+        err = KernelLoadError(f"{where}: the kernel's {what}() raised {type(e).__name__}: {e}")
+        err.user_type = type(e).__name__
+        raise err from e
 
 
 def cuda_error_name(message: str) -> str | None:
@@ -236,10 +302,10 @@ def run(request: dict[str, Any], events: Events) -> None:
 
     tensors = None
     if runnable:
-        tensors = kernel.make_inputs("cuda")
-        args = kernel.cute_args(tensors)
+        tensors = user_call(where, "make_inputs", kernel.make_inputs, "cuda")
+        args = user_call(where, "cute_args", kernel.cute_args, tensors)
     else:
-        args = kernel.fake_args()
+        args = user_call(where, "fake_args", kernel.fake_args)
 
     probe_cfg = probe_buf = site_table = None
     if request.get("probes"):
@@ -293,6 +359,12 @@ def run(request: dict[str, Any], events: Events) -> None:
                 options.append(GenerateLineInfo(True))
             compiled = cute.compile[tuple(options)](kernel, *args)
         except Exception as e:
+            if (frame := our_frame(e)) is not None:    # our patch broke, not the kernel
+                events.emit("harness_error", type=type(e).__name__, frame=frame,
+                            message=f"{type(e).__name__} raised by cutedebug at {frame} "
+                                    f"while compiling: {e}",
+                            traceback=traceback.format_exc()[-4000:])
+                return
             tb = traceback.format_exc()[-4000:]
             events.emit("compile_error", type=type(e).__name__, message=str(e), traceback=tb,
                         **alignment_copy_sites(e, cute, target, kernel, args))
@@ -373,7 +445,8 @@ def run(request: dict[str, Any], events: Events) -> None:
             events.emit("checked", skipped="bounded waits timed out", ok=None)
             return
 
-    out, ref = kernel.output(tensors), kernel.reference(tensors)
+    out = user_call(where, "output", kernel.output, tensors)
+    ref = user_call(where, "reference", kernel.reference, tensors)
     stats = compare(out, ref, atol, rtol)
     stats["digest"] = digest(out)
     if stats["ok"] is False and "shape_mismatch" not in stats:
@@ -435,8 +508,10 @@ def main(argv: list[str] | None = None) -> int:
         from cutedebug.kernel_api import KernelLoadError
 
         kind = "kernel_error" if isinstance(e, KernelLoadError) else "harness_error"
-        events.emit(kind, type=type(e).__name__, message=str(e),
-                    traceback=traceback.format_exc()[-4000:])
+        frame = our_frame(e) if kind == "harness_error" else None
+        events.emit(kind, type=getattr(e, "user_type", type(e).__name__),
+                    message=str(e) + (f" (raised by cutedebug at {frame})" if frame else ""),
+                    frame=frame, traceback=traceback.format_exc()[-4000:])
         if kind == "kernel_error":
             events.emit("done")
         return 1

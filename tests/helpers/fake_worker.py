@@ -56,6 +56,31 @@ elif behaviour == "grandchildren_then_exit":
     phases("started", "imported", "compiling", "compiled", "launched", "synced")
     emit("checked", ok=True, digest="abc")
     emit("done")
+elif behaviour == "hostile_tree":
+    # The worst a kernel can leave: grandchildren that start sessions of their own and ignore
+    # SIGTERM, exec'd ones and a fork without exec (its /proc environ is the parent's block).
+    code = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "time.sleep(10000)")
+    kids = [subprocess.Popen([sys.executable, "-c", code], start_new_session=True).pid
+            for _ in range(2)]
+    pid = os.fork()
+    if pid == 0:
+        os.setsid()
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        time.sleep(10_000)
+        os._exit(0)
+    kids.append(pid)
+    with open(pidfile, "w") as f:
+        f.write(" ".join(str(k) for k in kids))
+    phases("started", "imported", "compiling", "compiled", "launched")
+    time.sleep(10_000)
+elif behaviour == "huge_event_line":
+    phases("started", "imported", "compiling", "compiled", "launched", "synced")
+    emit("noise", text="y" * (10 << 20))
+    emit("checked", ok=True, digest="abc")
+    emit("done")
+elif behaviour == "silent_forever":
+    time.sleep(10_000)
 elif behaviour == "segfault_compiling":
     phases("started", "imported", "compiling")
     os.kill(os.getpid(), signal.SIGSEGV)

@@ -1,0 +1,295 @@
+"""Lifelines: no process the harness starts may outlive it.
+
+Three ties, each covering what the others cannot:
+
+1. **Tags.** Every child's environment carries ``CUTEDEBUG_RUN_TAG`` (one 32-hex tag per
+   run) and ``CUTEDEBUG_SESSION_TAGS`` (one tag per harness process, appended when harnesses
+   nest, plus one per :func:`scope`). ``/proc/PID/environ`` shows them for the child and for
+   every descendant, grandchildren in sessions of their own and forks without exec included,
+   so :func:`sweep` finds what the process group misses. A fork-server worker is not exec'd:
+   the server starts with a placeholder run tag and each forked worker overwrites it *in
+   place* (:func:`adopt_run_tag`) before it runs anything, so ``/proc/PID/environ`` shows the
+   worker's own tag.
+2. **PR_SET_PDEATHSIG** (SIGKILL), set in each child between fork and exec
+   (:func:`preexec`), with a check that the parent did not die before it was set. It fires
+   when the *thread* that started the child ends, so it is a second tie, not the only one.
+3. **The keeper**: a tiny process (its own session, no tags) started once per harness
+   process. It holds the read end of a pipe whose write end only the harness holds. However
+   the harness ends (SIGKILL included), the pipe then reads end-of-file and the keeper
+   freezes and kills everything carrying the harness's session tag and removes the
+   temporary folders registered with it (:func:`register_tempdir`).
+
+:func:`sweep` is the one sweep of the package: the watchdog calls it after every run (by the
+run's tag), a triage after everything (by its :func:`scope` tag).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+
+import psutil
+
+RUN_TAG_VAR = "CUTEDEBUG_RUN_TAG"
+SESSION_VAR = "CUTEDEBUG_SESSION_TAGS"
+PLACEHOLDER_TAG = "0" * 32          # a fork server's own run tag, overwritten per worker
+PR_SET_PDEATHSIG = 1
+
+# The keeper runs with -I -S: stdlib only, no site, nothing of cutedebug (it must start in
+# milliseconds and work where cutedebug is not importable by a bare interpreter).
+KEEPER_SRC = r"""
+import os, shutil, signal, sys, time
+tag = sys.argv[1].encode()
+for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    signal.signal(s, signal.SIG_IGN)
+dirs, buf = set(), b""
+while True:
+    try:
+        chunk = os.read(0, 65536)
+    except InterruptedError:
+        continue
+    if not chunk:
+        break
+    buf += chunk
+    while b"\n" in buf:
+        line, buf = buf.split(b"\n", 1)
+        op, _, path = line.decode("utf-8", "surrogateescape").partition(" ")
+        if op == "rm":
+            dirs.add(path)
+        elif op == "keep":
+            dirs.discard(path)
+
+def ours():
+    me = os.getpid()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open("/proc/" + name + "/environ", "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        for item in env.split(b"\0"):
+            if item.startswith(b"CUTEDEBUG_SESSION_TAGS=") and tag in item[23:].split():
+                found.append(int(name))
+                break
+    return found
+
+for _ in range(50):
+    pids = ours()
+    if not pids:
+        break
+    for sig in (signal.SIGSTOP, signal.SIGKILL):    # frozen first: no new forks meanwhile
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+    time.sleep(0.02)
+for d in dirs:
+    shutil.rmtree(d, ignore_errors=True)
+"""
+
+
+class _Keeper:
+    """This process's keeper and session tag (started on first use; a forked copy of the
+    harness starts its own)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.pid: int | None = None
+        self.tag = ""
+        self.proc: subprocess.Popen | None = None
+
+    def ensure(self) -> str:
+        with self.lock:
+            if self.pid == os.getpid() and self.proc is not None and self.proc.poll() is None:
+                return self.tag
+            self.pid, self.tag = os.getpid(), uuid.uuid4().hex
+            env = {k: v for k, v in os.environ.items() if k not in (RUN_TAG_VAR, SESSION_VAR)}
+            self.proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", KEEPER_SRC, self.tag],
+                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                env=env, start_new_session=True, cwd="/")
+            return self.tag
+
+    def send(self, line: str) -> None:
+        self.ensure()
+        with self.lock:
+            try:
+                assert self.proc is not None and self.proc.stdin is not None
+                self.proc.stdin.write((line + "\n").encode("utf-8", "surrogateescape"))
+                self.proc.stdin.flush()
+            except (OSError, ValueError):
+                pass
+
+
+_KEEPER = _Keeper()
+
+
+def session_tag() -> str:
+    """The harness process's session tag (starts its keeper on first use)."""
+    return _KEEPER.ensure()
+
+
+def register_tempdir(path: str | os.PathLike) -> None:
+    """Have the keeper remove ``path`` if the harness dies before :func:`release_tempdir`."""
+    _KEEPER.send(f"rm {os.fspath(path)}")
+
+
+def release_tempdir(path: str | os.PathLike) -> None:
+    _KEEPER.send(f"keep {os.fspath(path)}")
+
+
+def make_tempdir(prefix: str) -> str:
+    """A new private temporary folder, registered with the keeper *before* it exists (so no
+    moment where a SIGKILL of the harness would leave it behind)."""
+    import tempfile
+
+    session_tag()
+    path = os.path.join(tempfile.gettempdir(), f"{prefix}{uuid.uuid4().hex[:12]}")
+    register_tempdir(path)
+    os.mkdir(path, 0o700)
+    return path
+
+
+def remove_tempdir(path: str | os.PathLike) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+    release_tempdir(path)
+
+
+def new_run_tag() -> str:
+    return uuid.uuid4().hex
+
+
+def child_env(env: dict[str, str] | None, run_tag: str) -> dict[str, str]:
+    """``env`` (default: ours) with the run tag and every session tag a child must carry."""
+    out = dict(os.environ if env is None else env)
+    out[RUN_TAG_VAR] = run_tag
+    tags = out.get(SESSION_VAR, "").split()
+    for t in os.environ.get(SESSION_VAR, "").split() + [session_tag()]:
+        if t not in tags:
+            tags.append(t)
+    out[SESSION_VAR] = " ".join(tags)
+    out.setdefault("PYTHONUNBUFFERED", "1")
+    return out
+
+
+@contextlib.contextmanager
+def scope() -> Iterator[str]:
+    """A tag every child started inside the block carries (through ``os.environ``), for a
+    final :func:`sweep` over all of them; a triage uses one."""
+    tag = uuid.uuid4().hex
+    saved = os.environ.get(SESSION_VAR)
+    os.environ[SESSION_VAR] = f"{saved} {tag}" if saved else tag
+    try:
+        yield tag
+    finally:
+        if saved is None:
+            os.environ.pop(SESSION_VAR, None)
+        else:
+            os.environ[SESSION_VAR] = saved
+
+
+# ---- in the child ----------------------------------------------------------------------------
+def _libc():
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def set_pdeathsig(sig: int = signal.SIGKILL) -> bool:
+    """PR_SET_PDEATHSIG: the kernel sends ``sig`` when our parent thread ends."""
+    try:
+        return _libc().prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def preexec(parent_pid: int | None = None):
+    """A ``preexec_fn`` for Popen: PDEATHSIG, and exit at once if the parent already died."""
+    parent = os.getpid() if parent_pid is None else parent_pid
+    prctl = _libc().prctl       # resolved before the fork: the child only calls it
+
+    def arm() -> None:
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(137)
+    return arm
+
+
+def adopt_run_tag(tag: str) -> bool:
+    """Overwrite this process's run tag in place, in the environment block that
+    ``/proc/self/environ`` shows (a forked worker of a server started with
+    :data:`PLACEHOLDER_TAG`; same length only), and in ``os.environ``. Returns whether
+    ``/proc/self/environ`` now shows ``tag``."""
+    raw = tag.encode()
+    if len(raw) == len(PLACEHOLDER_TAG):
+        libc = _libc()
+        libc.getenv.restype = ctypes.c_void_p
+        ptr = libc.getenv(RUN_TAG_VAR.encode())     # still the string exec put on the stack
+        if ptr and ctypes.string_at(ptr) == PLACEHOLDER_TAG.encode():
+            ctypes.memmove(ptr, raw, len(raw))
+    os.environ[RUN_TAG_VAR] = tag                   # what children exec'd from here inherit
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            return f"{RUN_TAG_VAR}={tag}".encode() in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
+# ---- the sweep -------------------------------------------------------------------------------
+def _carries(p: psutil.Process, tag: str) -> bool:
+    env = p.environ()
+    return env.get(RUN_TAG_VAR) == tag or tag in env.get(SESSION_VAR, "").split()
+
+
+def processes(tag: str) -> list[psutil.Process]:
+    """Live processes (not us, not zombies) whose environment carries ``tag`` as their run tag
+    or one of their session tags."""
+    found = []
+    me = os.getpid()
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.pid != me and p.status() != psutil.STATUS_ZOMBIE and _carries(p, tag):
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            continue
+    return found
+
+
+def sweep(tag: str, timeout: float = 3.0) -> list[int]:
+    """Kill what carries ``tag``: frozen first (no new forks meanwhile), then killed, then
+    waited for; a few rounds for what appeared meanwhile. Returns the pids killed."""
+    swept: list[int] = []
+    for _ in range(5):
+        procs = processes(tag)
+        if not procs:
+            break
+        for sig in (signal.SIGSTOP, signal.SIGKILL):
+            for p in procs:
+                try:
+                    p.send_signal(sig)
+                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    pass
+        swept += [p.pid for p in procs]
+        psutil.wait_procs(procs, timeout=timeout)
+    return sorted(set(swept))
+
+
+def kill_group(pid: int) -> None:
+    """SIGKILL the process group led by ``pid`` and ``pid`` itself (a child that has not
+    reached setsid yet is not a group leader)."""
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass

@@ -1,0 +1,287 @@
+"""The watchdog: the one way the harness launches a child and watches it.
+
+Every child goes through :func:`watch`: the worker of ``run``, ``triage``, the pytest items
+and ``bisect`` (forked from the fork server or a fresh interpreter), the worker wrapped in
+compute-sanitizer (``sanitize``), the lint child, and any command line (``cutedebug exec``).
+
+    outcome, facts = watch(argv, events_path, log_path, limits, *, env=None, cwd=None,
+                           stall_s=None, total_s=None, on_event=None, forkserver=None)
+
+- ``argv`` is any command line. The child runs in its own session (its own process group)
+  with stdin from /dev/null and stdout+stderr appended to ``log_path``; its environment is
+  ``env`` (default: ours) plus the lifeline tags (:mod:`cutedebug.engine.lifeline`), and it
+  dies with us (PR_SET_PDEATHSIG, the keeper).
+- ``events_path``: a JSON-lines file the child appends events to (the worker's protocol:
+  ``{"event": "started"|"imported"|"compiling"|"compiled"|"launched"|...}``), or None for a
+  command that writes none. Each phase has its limit from ``limits`` (a child that writes no
+  events stays in phase "spawned", whose limit is ``limits.import_s``); ``total_s`` caps the
+  whole run whatever the phase; ``stall_s`` kills a launched child whose "progress" counter
+  stops moving.
+- ``forkserver``: fork the worker for the request ``argv[-1]`` from that server instead of
+  exec'ing ``argv`` (``fork_job="health"``: the GPU health check); a dead server is
+  restarted, or the child is exec'd after all.
+- On a deadline or stall the hooks in :data:`BEFORE_KILL` run (a core dump, a last look),
+  then the child's group is killed and everything carrying its run tag is swept. After every
+  run, killed or not, the run tag is swept again (grandchildren outlive children).
+- Interrupts: a KeyboardInterrupt in the watching thread, or :func:`abort_all` from another
+  thread (a triage's main thread on Ctrl-C), kills the child at once (never waiting for its
+  deadline) and raises :class:`Interrupted`.
+
+Returns the :class:`~cutedebug.engine.verdict.Outcome` (phases, events, exit status, why it
+was killed) and process facts (``tag``, ``forked``, ``swept``, ``kill_t``, ...).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from cutedebug.engine import lifeline
+from cutedebug.engine import verdict as V
+from cutedebug.engine.scenario import Limits
+
+POLL_S = 0.02
+MAX_EVENT_LINE = 1 << 20          # longer lines are cut, reported, never silently lost
+MAX_MALFORMED = 20                # malformed lines kept per run (200 characters each)
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+# Called with {"pid", "tag", "reason", "log_path", "events_path", "phase"} after the watchdog
+# decided to kill (deadline or stall) and before the SIGKILL; may return a dict of facts
+# (kept under facts["before_kill"]). Not called on interrupts (those must end in < 2 s).
+BEFORE_KILL: list[Callable[[dict[str, Any]], dict[str, Any] | None]] = []
+
+
+class Interrupted(KeyboardInterrupt):
+    """The run was stopped by an interrupt (its child is already dead)."""
+
+
+_ABORT = threading.Event()
+_LIVE: dict[int, tuple[Any, str]] = {}        # id(handle) -> (handle, run tag)
+_LIVE_LOCK = threading.Lock()
+
+
+def abort_all() -> None:
+    """Kill every child being watched in this process now; their watchers raise Interrupted.
+    Stays in force (new runs are refused) until :func:`reset_abort`."""
+    _ABORT.set()
+    with _LIVE_LOCK:
+        live = list(_LIVE.values())
+    for proc, tag in live:
+        lifeline.kill_group(proc.pid)
+        lifeline.sweep(tag, timeout=0.5)
+
+
+def reset_abort() -> None:
+    _ABORT.clear()
+
+
+def aborted() -> bool:
+    return _ABORT.is_set()
+
+
+def phase_deadline(phase: str, limits: Limits) -> float:
+    if phase == "compiling":
+        return limits.compile_s
+    if phase == "launched":
+        return limits.deadline_s
+    if phase in ("synced", "checked"):
+        return limits.check_s
+    return limits.import_s
+
+
+class EventReader:
+    """Reads complete JSON lines from a file that another process appends to."""
+
+    def __init__(self, path: Path | None):
+        self.path, self.offset, self.partial = path, 0, b""
+        self.skipping = False         # inside a line over MAX_EVENT_LINE
+
+    def poll(self) -> tuple[list[dict[str, Any]], list[str]]:
+        if self.path is None:
+            return [], []
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read(64 << 20)
+        except (FileNotFoundError, IsADirectoryError):
+            return [], []
+        self.offset += len(chunk)
+        data = self.partial + chunk
+        lines = data.split(b"\n")
+        self.partial = lines.pop()
+        bad: list[str] = []
+        if self.skipping and lines:
+            lines.pop(0)                  # the rest of the over-long line
+            self.skipping = False
+        if len(self.partial) > MAX_EVENT_LINE:
+            bad.append(f"[event line over {MAX_EVENT_LINE} bytes cut] "
+                       + self.partial[:200].decode("utf-8", "replace"))
+            self.partial, self.skipping = b"", True
+        events = []
+        for raw in lines:
+            if not raw.strip():
+                continue
+            if len(raw) > MAX_EVENT_LINE:
+                bad.append(f"[event line of {len(raw)} bytes cut: over the {MAX_EVENT_LINE} cap] "
+                           + raw[:200].decode("utf-8", "replace"))
+                continue
+            try:
+                ev = json.loads(raw)
+                if not isinstance(ev, dict) or not isinstance(ev.get("event"), str):
+                    raise ValueError("not an event object")
+                events.append(ev)
+            except (ValueError, RecursionError):
+                bad.append(raw[:200].decode("utf-8", "replace"))
+        return events, bad
+
+
+def _spawn(argv: list[str], log_path: Path, env: dict[str, str], cwd: str | None,
+           forkserver: Any, tag: str, facts: dict[str, Any], job: str = "worker"):
+    if forkserver is not None:
+        from cutedebug.engine.forkserver import ForkServerError
+
+        try:
+            child = forkserver.spawn(Path(argv[-1]), log_path,
+                                     {lifeline.RUN_TAG_VAR: tag}, job=job)
+            facts["forked"] = True
+            return child
+        except ForkServerError as e:      # could not be restarted: a fresh interpreter then
+            facts["forkserver_error"] = str(e)[:500]
+    facts["forked"] = False
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+                                cwd=cwd or str(REPO_ROOT), preexec_fn=lifeline.preexec())
+
+
+def kill_tree(proc: Any, tag: str, reap_s: float = 2.0) -> list[int]:
+    """Kill the child's process group, then everything still carrying its tag. Returns the
+    pids that had to be swept beyond the group."""
+    lifeline.kill_group(proc.pid)
+    # Reap our own child before sweeping: psutil would reap it otherwise and Popen would then
+    # report exit status 0 for a killed process.
+    try:
+        proc.wait(timeout=reap_s)
+    except subprocess.TimeoutExpired:
+        pass
+    return lifeline.sweep(tag)
+
+
+def _before_kill(ctx: dict[str, Any], facts: dict[str, Any]) -> None:
+    for hook in list(BEFORE_KILL):
+        try:
+            got = hook(ctx)
+        except Exception as e:  # noqa: BLE001  (a hook must never stop the kill)
+            got = {"error": f"{getattr(hook, '__name__', hook)}: {type(e).__name__}: {e}"}
+        if got:
+            facts.setdefault("before_kill", []).append(got)
+
+
+def watch(argv: list[str], events_path: Path | None, log_path: Path, limits: Limits, *,
+          env: dict[str, str] | None = None, stall_s: float | None = None,
+          on_event: Callable[[dict[str, Any]], None] | None = None, forkserver: Any = None,
+          cwd: str | None = None, total_s: float | None = None,
+          fork_job: str = "worker") -> tuple[V.Outcome, dict[str, Any]]:
+    """Launch ``argv`` (or fork the worker for ``argv[-1]``) and watch it to its end; see the
+    module docstring."""
+    if _ABORT.is_set():
+        raise Interrupted("interrupted: no new runs")
+    tag = lifeline.new_run_tag()
+    child_env = lifeline.child_env(env, tag)
+    outcome = V.Outcome()
+    facts: dict[str, Any] = {"tag": tag}
+    reader = EventReader(events_path)
+    t_start = time.monotonic()
+    proc = _spawn(argv, log_path, child_env, cwd, forkserver, tag, facts, fork_job)
+    with _LIVE_LOCK:
+        _LIVE[id(proc)] = (proc, tag)
+    phase_t = t_start
+    last_counter, counter_t = None, None
+    interrupted = False
+    try:
+        while True:
+            exited = proc.poll() is not None
+            evs, bad = reader.poll()
+            now = time.monotonic()
+            for ev in evs:
+                name = ev["event"]
+                if outcome.add(ev):
+                    phase_t = now
+                    if name == "launched":
+                        counter_t = now
+                if name == "progress":
+                    if ev.get("counter") != last_counter:
+                        last_counter, counter_t = ev.get("counter"), now
+                if on_event is not None:
+                    on_event(ev)
+            _keep_malformed(outcome, bad)
+            if _ABORT.is_set():           # abort_all() may have killed it already
+                interrupted = True
+                outcome.killed_by_watchdog = "interrupted"
+                break
+            if exited:
+                break
+            limit = phase_deadline(outcome.phase, limits)
+            if outcome.phase == "launched" and stall_s is not None and counter_t is not None \
+                    and last_counter is not None and now - counter_t > stall_s:
+                outcome.killed_by_watchdog = "stall"
+                facts["stall_detected_after_s"] = round(now - counter_t, 3)
+            elif now - phase_t > limit:
+                outcome.killed_by_watchdog = f"deadline:{outcome.phase}:{limit:g}s"
+            elif total_s is not None and now - t_start > total_s:
+                outcome.killed_by_watchdog = f"deadline:total:{total_s:g}s"
+            if outcome.killed_by_watchdog:
+                facts["kill_t"] = round(now - t_start, 3)
+                _before_kill({"pid": proc.pid, "tag": tag, "phase": outcome.phase,
+                              "reason": outcome.killed_by_watchdog, "log_path": log_path,
+                              "events_path": events_path}, facts)
+                facts["swept"] = kill_tree(proc, tag)     # also reaps the child
+                evs, bad = reader.poll()
+                outcome.events.extend(evs)      # after the kill: evidence, not a phase
+                _keep_malformed(outcome, bad)
+                break
+            time.sleep(POLL_S)
+    except KeyboardInterrupt:
+        interrupted = True
+        outcome.killed_by_watchdog = "interrupted"
+        raise
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc, tag, reap_s=0.5 if interrupted else 2.0)
+        # Grandchildren may outlive a child that exited on its own.
+        facts["swept_after_exit"] = lifeline.sweep(tag, timeout=0.5 if interrupted else 3.0)
+        with _LIVE_LOCK:
+            _LIVE.pop(id(proc), None)
+    if interrupted:
+        raise Interrupted("interrupted: the child was killed")
+    outcome.returncode = proc.returncode
+    outcome.elapsed_s = round(time.monotonic() - t_start, 3)
+    outcome.log_tail = tail(log_path)
+    if getattr(proc, "server_died", False):
+        outcome.add({"event": "harness_error", "type": "ForkServerDied",
+                     "message": "the fork server died while this worker ran (its exit status "
+                                "is unknown); the server is restarted for the next run"})
+    return outcome, facts
+
+
+def _keep_malformed(outcome: V.Outcome, bad: list[str]) -> None:
+    room = MAX_MALFORMED - len(outcome.malformed_lines)
+    if bad and room > 0:
+        outcome.malformed_lines.extend(bad[:room])
+
+
+def tail(path: Path, nbytes: int = 4000) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - nbytes))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
