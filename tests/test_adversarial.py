@@ -46,8 +46,11 @@ def gone(pids, within: float = 3.0) -> bool:
     """Every pid dead (or a zombie) within ``within`` seconds."""
     end = time.monotonic() + within
     while time.monotonic() < end:
-        alive = [p for p in pids if psutil.pid_exists(p) and
-                 psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        alive = [
+            p
+            for p in pids
+            if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+        ]
         if not alive:
             return True
         time.sleep(0.05)
@@ -67,9 +70,13 @@ def start_harness(mode: str, work: Path, tag: str) -> tuple[subprocess.Popen, di
     """A harness process whose every descendant carries ``tag``; waits for its ready line."""
     env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     env[lifeline.SESSION_VAR] = tag
-    proc = subprocess.Popen([sys.executable, str(HARNESS), mode, str(work)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(HARNESS), mode, str(work)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        start_new_session=True,
+    )
     line = proc.stdout.readline()
     assert line, proc.stderr.read().decode()
     return proc, json.loads(line)
@@ -89,7 +96,7 @@ def test_sigkill_of_the_harness_leaves_nothing(tmp_path):
     the grandchildren that started sessions of their own."""
     tag = uuid.uuid4().hex
     proc, ready = start_harness("watch", tmp_path, tag)
-    assert len(ready["pids"]) == 3 and len(carrying(tag)) >= 5   # harness, child, 3 grandkids
+    assert len(ready["pids"]) == 3 and len(carrying(tag)) >= 5  # harness, child, 3 grandkids
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert gone(ready["pids"], 3.0)
@@ -110,6 +117,90 @@ def test_interrupting_the_harness_ends_everything_within_2s(tmp_path, sig):
     assert latency < 2.0, latency
     assert gone(ready["pids"], 1.0) and carrying(tag) == []
     assert b"Traceback" not in proc.stderr.read()
+
+
+def hostile_dir(tmp_path: Path, pidfile: Path) -> Path:
+    d = tmp_path / "scen"
+    d.mkdir()
+    (d / "sleepy.toml").write_text(
+        f'id = "hostile/sleepy"\n[kernel]\nfile = "{HOSTILE}"\nentry = "Hostile"\n'
+        f'[params]\nbehaviour = "sleep"\npidfile = "{pidfile}"\n[expect]\nverdict = "PASS"\n'
+    )
+    return d
+
+
+def interrupt_when_running(argv: list[str], pidfile: Path, sig: int, cwd: Path) -> tuple:
+    """Start a cutedebug front end, wait until the hostile worker sleeps, send ``sig``:
+    (seconds until every child of the front end was gone, seconds until the front end
+    exited, its output, processes left after it exited)."""
+    tag = uuid.uuid4().hex
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    env[lifeline.SESSION_VAR] = tag
+    proc = subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    end = time.monotonic() + 240
+    while not (pidfile.exists() and pidfile.read_text()) and time.monotonic() < end:
+        assert proc.poll() is None, proc.stdout.read().decode()
+        time.sleep(0.05)
+    t0 = time.monotonic()
+    os.kill(proc.pid, sig)
+    while set(carrying(tag)) - {proc.pid} and time.monotonic() - t0 < 30:
+        time.sleep(0.02)
+    children_s = time.monotonic() - t0
+    proc.wait(timeout=60)
+    return children_s, time.monotonic() - t0, proc.stdout.read().decode(), carrying(tag)
+
+
+def test_sigint_of_a_triage_ends_it_within_2s(tmp_path):
+    pidfile = tmp_path / "pid"
+    children_s, exit_s, out, left = interrupt_when_running(
+        [
+            sys.executable,
+            "-m",
+            "cutedebug",
+            "triage",
+            str(hostile_dir(tmp_path, pidfile)),
+            "--out",
+            str(tmp_path / "o"),
+            "--jobs",
+            "1",
+        ],
+        pidfile,
+        signal.SIGINT,
+        tmp_path,
+    )
+    assert children_s < 2.0 and exit_s < 2.0, (children_s, exit_s, out)
+    assert left == [] and "Traceback" not in out and "interrupted" in out
+
+
+def test_sigterm_of_pytest_on_a_hung_item_ends_it_within_2s(tmp_path):
+    pidfile = tmp_path / "pid"
+    d = hostile_dir(tmp_path, pidfile)
+    (tmp_path / "pytest.ini").write_text("[pytest]\ncutedebug_scenario_dirs = scen\n")
+    # pytest's own end (other plugins' summaries) is not ours to time: every child is.
+    children_s, exit_s, out, left = interrupt_when_running(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--cutedebug-compile-jobs=1",
+            str(d),
+        ],
+        pidfile,
+        signal.SIGTERM,
+        tmp_path,
+    )
+    assert children_s < 2.0, (children_s, out)
+    assert left == [] and "KeyboardInterrupt: cutedebug: SIGTERM" in out
 
 
 def test_abort_all_stops_a_watch_in_another_thread_at_once(tmp_path):
@@ -139,8 +230,7 @@ def test_sigkill_of_lint_removes_its_child_and_temp_dir(tmp_path):
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     end = time.monotonic() + 3.0
-    while (carrying(tag) or any(Path(t).exists() for t in ready["tmp"])) and \
-            time.monotonic() < end:
+    while (carrying(tag) or any(Path(t).exists() for t in ready["tmp"])) and time.monotonic() < end:
         time.sleep(0.05)
     assert carrying(tag) == [] and not any(Path(t).exists() for t in ready["tmp"])
 
@@ -150,8 +240,9 @@ def test_forked_workers_carry_their_run_tag_and_leave_nothing(tmp_path, forkserv
     anything runs), so fork-only grandchildren in sessions of their own are swept too."""
     pidfile = tmp_path / "pids"
     sc = hostile("tree", tmp_path, pidfile=str(pidfile), import_s=1.0)
-    cls, outcome, facts = runner.run_once(sc, tmp_path / "run", mode="compile",
-                                          forkserver=forkserver)
+    cls, outcome, facts = runner.run_once(
+        sc, tmp_path / "run", mode="compile", forkserver=forkserver
+    )
     pids = [int(p) for p in pidfile.read_text().split()]
     assert facts["forked"] and outcome.killed_by_watchdog.startswith("deadline:imported")
     assert len(pids) == 3 and set(pids) <= set(facts["swept"])
@@ -162,13 +253,13 @@ def test_a_dead_fork_server_is_a_harness_error_then_replaced(tmp_path, forkserve
     sc = hostile("sleep", tmp_path, import_s=30.0)
     killer = threading.Timer(2.0, lambda: os.killpg(forkserver.proc.pid, signal.SIGKILL))
     killer.start()
-    cls, outcome, facts = runner.run_once(sc, tmp_path / "a", mode="compile",
-                                          forkserver=forkserver)
+    cls, outcome, facts = runner.run_once(sc, tmp_path / "a", mode="compile", forkserver=forkserver)
     assert cls.verdict is V.Verdict.HARNESS_ERROR and "fork server died" in cls.reason
     assert outcome.elapsed_s < 10 and carrying(facts["tag"]) == []
     restarts = forkserver.restarts
-    cls, outcome, facts = runner.run_once(hostile("segfault", tmp_path), tmp_path / "b",
-                                          mode="compile", forkserver=forkserver)
+    cls, outcome, facts = runner.run_once(
+        hostile("segfault", tmp_path), tmp_path / "b", mode="compile", forkserver=forkserver
+    )
     assert facts["forked"] and forkserver.restarts == restarts + 1 and forkserver.alive
     assert cls.verdict is V.Verdict.HARNESS_ERROR and "SIGSEGV" in cls.reason
 
@@ -184,8 +275,9 @@ def test_a_10mb_exception_message_keeps_its_verdict(tmp_path, forkserver):
 
 def test_an_error_in_the_users_adapter_is_the_users(tmp_path, forkserver):
     with pytest.raises(S.ScenarioError, match=r"fake_args\(\) raised ZeroDivisionError"):
-        runner.run_once(hostile("user_error", tmp_path), tmp_path / "u", mode="compile",
-                        forkserver=forkserver)
+        runner.run_once(
+            hostile("user_error", tmp_path), tmp_path / "u", mode="compile", forkserver=forkserver
+        )
 
 
 def test_event_lines_over_the_cap_are_reported_not_lost(tmp_path):
@@ -197,8 +289,12 @@ def test_event_lines_over_the_cap_are_reported_not_lost(tmp_path):
 
 def test_worker_events_cap_every_field_with_a_visible_mark(tmp_path):
     ev = worker.Events(str(tmp_path / "e.jsonl"))
-    ev.emit("compile_error", type="ValueError", message="m" * (10 << 20),
-            nested={"tb": ["t" * (1 << 20)]})
+    ev.emit(
+        "compile_error",
+        type="ValueError",
+        message="m" * (10 << 20),
+        nested={"tb": ["t" * (1 << 20)]},
+    )
     ev.emit("big", rows=["r" * 1000] * 5000)
     lines = (tmp_path / "e.jsonl").read_text().splitlines()
     assert all(len(ln) < watchdog.MAX_EVENT_LINE for ln in lines)
@@ -214,7 +310,7 @@ def test_our_own_frames_are_ours_the_users_are_theirs():
         raise ValueError("user")
 
     try:
-        watchdog.phase_deadline("imported", None)       # our bug: AttributeError in our frame
+        watchdog.phase_deadline("imported", None)  # our bug: AttributeError in our frame
     except AttributeError as e:
         assert worker.our_frame(e).split(":")[0].endswith("cutedebug/engine/watchdog.py")
     try:
@@ -237,10 +333,18 @@ def test_a_crashed_lint_checker_is_a_visible_harness_error(monkeypatch):
 
 
 # ---- limits ------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("flag,value", [("--compile-deadline", "nan"), ("--deadline", "inf"),
-                                        ("--stall", "0"), ("--compile-deadline", "-1"),
-                                        ("--wait-budget-ms", "-5"), ("--repeat", "0"),
-                                        ("--deadline", "1e9")])
+@pytest.mark.parametrize(
+    "flag,value",
+    [
+        ("--compile-deadline", "nan"),
+        ("--deadline", "inf"),
+        ("--stall", "0"),
+        ("--compile-deadline", "-1"),
+        ("--wait-budget-ms", "-5"),
+        ("--repeat", "0"),
+        ("--deadline", "1e9"),
+    ],
+)
 def test_nonsense_limits_on_the_command_line_are_exit_2(capsys, flag, value):
     rc = cli.main(["run", str(ROOT / "scenarios" / "minimal" / "clean.toml"), flag, value])
     err = capsys.readouterr().err
@@ -250,8 +354,10 @@ def test_nonsense_limits_on_the_command_line_are_exit_2(capsys, flag, value):
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0", "-1", "1e999"])
 def test_nonsense_limits_in_toml_are_rejected(tmp_path, value):
     f = tmp_path / "s.toml"
-    f.write_text(f'id = "a/b"\n[kernel]\nfile = "{ROOT}/kernels/minimal.py"\nentry = "Minimal"\n'
-                 f'[expect]\nverdict = "PASS"\n[limits]\ncompile_s = {value}\n')
+    f.write_text(
+        f'id = "a/b"\n[kernel]\nfile = "{ROOT}/kernels/minimal.py"\nentry = "Minimal"\n'
+        f'[expect]\nverdict = "PASS"\n[limits]\ncompile_s = {value}\n'
+    )
     with pytest.raises(S.ScenarioError, match=r"limits.compile_s = .*expected a finite"):
         S.load(f)
 
@@ -273,15 +379,23 @@ def test_nonsense_limits_in_pytest_options_env_and_ini_are_usage_errors(pytester
 @pytest.mark.parametrize("sid", ["a" * 300, "caf\u00e9/x", "a\u0000b", "../up", "a b", "/abs"])
 def test_hostile_ids_are_rejected_by_name(tmp_path, sid):
     with pytest.raises(S.ScenarioError, match="field id"):
-        S.build({"id": sid, "kernel": {"file": str(ROOT / "kernels" / "minimal.py"),
-                                       "entry": "Minimal"}, "expect": {"verdict": "PASS"}},
-                "x.toml", tmp_path, None)
+        S.build(
+            {
+                "id": sid,
+                "kernel": {"file": str(ROOT / "kernels" / "minimal.py"), "entry": "Minimal"},
+                "expect": {"verdict": "PASS"},
+            },
+            "x.toml",
+            tmp_path,
+            None,
+        )
 
 
 def test_a_non_utf8_kernel_file_is_exit_2_for_run_and_a_row_for_list(tmp_path, capsys):
     (tmp_path / "k.py").write_bytes(b"class K:\n    PARAMS = {}\n    NAME = '\xff\xfe'\n")
-    (tmp_path / "s.toml").write_text('id = "a/b"\n[kernel]\nfile = "k.py"\nentry = "K"\n'
-                                     '[expect]\nverdict = "PASS"\n')
+    (tmp_path / "s.toml").write_text(
+        'id = "a/b"\n[kernel]\nfile = "k.py"\nentry = "K"\n[expect]\nverdict = "PASS"\n'
+    )
     assert cli.main(["run", str(tmp_path / "s.toml")]) == exits.EXIT_USAGE
     err = capsys.readouterr().err
     assert "does not parse" in err and "Traceback" not in err
@@ -294,9 +408,11 @@ def test_unwritable_output_paths_are_exit_2_with_path_and_reason(tmp_path, capsy
     blocker = tmp_path / "file"
     blocker.write_text("")
     target = str(blocker / "sub")
-    args = (["run", str(ROOT / "scenarios" / "minimal" / "clean.toml"), "--runs-dir", target]
-            if flag == "--runs-dir" else
-            ["triage", str(ROOT / "scenarios" / "minimal"), "--out", target])
+    args = (
+        ["run", str(ROOT / "scenarios" / "minimal" / "clean.toml"), "--runs-dir", target]
+        if flag == "--runs-dir"
+        else ["triage", str(ROOT / "scenarios" / "minimal"), "--out", target]
+    )
     assert cli.main(args) == exits.EXIT_USAGE
     err = capsys.readouterr().err
     assert target in err and "Not a directory" in err and "Traceback" not in err
@@ -312,8 +428,10 @@ def test_record_names_are_injective_and_short():
 def scen(dir_: Path, rel: str, sid: str) -> None:
     p = dir_ / rel
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(f'id = "{sid}"\n[kernel]\nfile = "{ROOT}/kernels/minimal.py"\n'
-                 'entry = "Minimal"\n[expect]\nverdict = "PASS"\n')
+    p.write_text(
+        f'id = "{sid}"\n[kernel]\nfile = "{ROOT}/kernels/minimal.py"\n'
+        'entry = "Minimal"\n[expect]\nverdict = "PASS"\n'
+    )
 
 
 def test_duplicate_ids_are_exit_2_naming_both_files(tmp_path, capsys):
@@ -331,7 +449,7 @@ def test_a_second_triage_on_the_same_out_is_refused(tmp_path):
             T.lock_out(tmp_path / "o")
     finally:
         held.close()
-    T.lock_out(tmp_path / "o").close()      # free again once released
+    T.lock_out(tmp_path / "o").close()  # free again once released
 
 
 def test_resume_reruns_damaged_records(tmp_path):
@@ -356,19 +474,19 @@ def test_resume_reruns_damaged_records(tmp_path):
 
 
 # ---- health, exit codes, --no-probes ---------------------------------------------------------------
-def test_health_is_checked_on_the_killed_run_not_replaced_by_the_probe_rerun(tmp_path,
-                                                                             monkeypatch):
+def test_health_is_checked_on_the_killed_run_not_replaced_by_the_probe_rerun(tmp_path, monkeypatch):
     sc = S.adhoc(f"{ROOT}/kernels/minimal.py:Minimal", {}, None, {}, "HANG")
     calls = []
 
     def fake_run_once(scenario, run_dir, *, probes=None, **kw):
         o = V.Outcome(phase="launched")
         o.events.append({"event": "device", "present": True, "name": "H200"})
+        facts = {"t_call": 0.0, "t_return": 1.0}
         if probes is None:
             o.killed_by_watchdog = "deadline:launched:1s"
-            return V.Classified(V.Verdict.HANG, "killed"), o, {}
+            return V.Classified(V.Verdict.HANG, "killed"), o, facts
         o.events.append({"event": "probe_report", "stuck": [], "warps": []})
-        return V.Classified(V.Verdict.PASS, "timing bug"), o, {}
+        return V.Classified(V.Verdict.PASS, "timing bug"), o, facts
 
     def fake_health(**kw):
         calls.append(kw["run_dir"])
@@ -387,16 +505,24 @@ def test_health_is_never_null_after_a_kill_or_a_crash_without_a_gpu(tmp_path):
         h = runner.after_run_health(V.Classified(verdict, ""), o, "run", None, tmp_path)
         assert h["healthy"] is None and "no CUDA GPU" in h["skipped"]
     ok = V.Outcome(phase="done")
-    assert runner.after_run_health(V.Classified(V.Verdict.PASS, ""), ok, "run", None,
-                                   tmp_path) is None
+    assert (
+        runner.after_run_health(V.Classified(V.Verdict.PASS, ""), ok, "run", None, tmp_path) is None
+    )
 
 
 def result(verdict: str, expect: str, probes_used=True, mode="run", sites=()):
     sc = S.adhoc(f"{ROOT}/kernels/minimal.py:Minimal", {}, None, {}, expect)
     sc = sc.with_overrides(expect=S.Expect(verdict=expect, op="raw_wait"))
-    return runner.RunResult(scenario=sc, verdict=V.Verdict(verdict), reason="r",
-                            run_dir=Path("."), outcome=V.Outcome(), mode=mode,
-                            evidence={"stuck_sites": list(sites)}, probes_used=probes_used)
+    return runner.RunResult(
+        scenario=sc,
+        verdict=V.Verdict(verdict),
+        reason="r",
+        run_dir=Path("."),
+        outcome=V.Outcome(),
+        mode=mode,
+        evidence={"stuck_sites": list(sites)},
+        probes_used=probes_used,
+    )
 
 
 def test_exit_codes_are_distinct_and_documented(capsys):
@@ -404,8 +530,13 @@ def test_exit_codes_are_distinct_and_documented(capsys):
     assert cli.result_status(result("PASS", "HANG"), "run") == exits.EXIT_UNEXPECTED
     assert cli.result_status(result("HARNESS_ERROR", "HANG"), "run") == exits.EXIT_HARNESS
     assert cli.result_status(result("UNSUPPORTED", "HANG"), "run") == exits.EXIT_NOT_RUN
-    codes = {exits.EXIT_OK, exits.EXIT_UNEXPECTED, exits.EXIT_USAGE, exits.EXIT_HARNESS,
-             exits.EXIT_NOT_RUN}
+    codes = {
+        exits.EXIT_OK,
+        exits.EXIT_UNEXPECTED,
+        exits.EXIT_USAGE,
+        exits.EXIT_HARNESS,
+        exits.EXIT_NOT_RUN,
+    }
     assert len(codes) == 5
     assert exits.worst(0, 4, 1) == 1 and exits.worst(4, 3, 1) == 3 and exits.worst(0, 4) == 4
     assert cli.main(["--help"]) == 0
@@ -427,13 +558,15 @@ def test_no_probes_says_localization_was_not_graded():
 def test_plugin_does_nothing_in_a_project_without_cutedebug(pytester):
     (pytester.path / "scenarios").mkdir()
     (pytester.path / "scenarios" / "data.toml").write_text("x = 1\n")
-    pytester.makepyfile(test_sig='''
+    pytester.makepyfile(
+        test_sig="""
 import signal
 
 
 def test_handler():
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
-''')
+"""
+    )
     res = pytester.runpytest_inprocess()
     res.assert_outcomes(passed=1)
     assert "cutedebug: runs dir" not in res.stdout.str()
@@ -442,9 +575,25 @@ def test_handler():
 def test_pytest_scenarios_works_from_a_source_checkout():
     """-p no:cutedebug hides the installed entry point: the root conftest registers it."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cutedebug", "-p",
-                        "no:cacheprovider", "--collect-only", "-q", "scenarios/minimal"],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cutedebug",
+            "-p",
+            "no:cacheprovider",
+            "--collect-only",
+            "-q",
+            "scenarios/minimal",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert "scenarios/minimal/clean.toml::compile" in r.stdout, r.stdout + r.stderr
 
 
@@ -459,6 +608,6 @@ def forkserver(tmp_path_factory):
 
 
 def hostile(behaviour: str, tmp_path: Path, pidfile: str = "", import_s: float = 30.0):
-    return S.adhoc(f"{HOSTILE}:Hostile", {"behaviour": behaviour, "pidfile": pidfile}, None,
-                   {}, "PASS").with_overrides(limits=S.Limits(import_s=import_s,
-                                                              compile_s=60.0))
+    return S.adhoc(
+        f"{HOSTILE}:Hostile", {"behaviour": behaviour, "pidfile": pidfile}, None, {}, "PASS"
+    ).with_overrides(limits=S.Limits(import_s=import_s, compile_s=60.0))

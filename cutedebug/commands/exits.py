@@ -6,11 +6,11 @@ run here > as expected.
 
 from __future__ import annotations
 
-EXIT_OK = 0            # every verdict (and localization) as expected
-EXIT_UNEXPECTED = 1    # some verdict or localization was not the expected one
-EXIT_USAGE = 2         # bad input: a scenario, an option, a path that cannot be read/written
-EXIT_HARNESS = 3       # a harness error: a bug of ours, a dead fork server, a process left
-EXIT_NOT_RUN = 4       # could not run here (no GPU, another arch); nothing else went wrong
+EXIT_OK = 0  # every verdict (and localization) as expected
+EXIT_UNEXPECTED = 1  # some verdict or localization was not the expected one
+EXIT_USAGE = 2  # bad input: a scenario, an option, a path that cannot be read/written
+EXIT_HARNESS = 3  # a harness error: a bug of ours, a dead fork server, a process left
+EXIT_NOT_RUN = 4  # could not run here (no GPU, another arch); nothing else went wrong
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + the signal number for SIGTERM / SIGHUP)
 
 HELP = """exit codes:

@@ -39,7 +39,7 @@ import psutil
 
 RUN_TAG_VAR = "CUTEDEBUG_RUN_TAG"
 SESSION_VAR = "CUTEDEBUG_SESSION_TAGS"
-PLACEHOLDER_TAG = "0" * 32          # a fork server's own run tag, overwritten per worker
+PLACEHOLDER_TAG = "0" * 32  # a fork server's own run tag, overwritten per worker
 PR_SET_PDEATHSIG = 1
 
 # The keeper runs with -I -S: stdlib only, no site, nothing of cutedebug (it must start in
@@ -117,8 +117,13 @@ class _Keeper:
             env = {k: v for k, v in os.environ.items() if k not in (RUN_TAG_VAR, SESSION_VAR)}
             self.proc = subprocess.Popen(
                 [sys.executable, "-I", "-S", "-c", KEEPER_SRC, self.tag],
-                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                env=env, start_new_session=True, cwd="/")
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+                cwd="/",
+            )
             return self.tag
 
     def send(self, line: str) -> None:
@@ -217,12 +222,13 @@ def set_pdeathsig(sig: int = signal.SIGKILL) -> bool:
 def preexec(parent_pid: int | None = None):
     """A ``preexec_fn`` for Popen: PDEATHSIG, and exit at once if the parent already died."""
     parent = os.getpid() if parent_pid is None else parent_pid
-    prctl = _libc().prctl       # resolved before the fork: the child only calls it
+    prctl = _libc().prctl  # resolved before the fork: the child only calls it
 
     def arm() -> None:
         prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
         if os.getppid() != parent:
             os._exit(137)
+
     return arm
 
 
@@ -235,10 +241,10 @@ def adopt_run_tag(tag: str) -> bool:
     if len(raw) == len(PLACEHOLDER_TAG):
         libc = _libc()
         libc.getenv.restype = ctypes.c_void_p
-        ptr = libc.getenv(RUN_TAG_VAR.encode())     # still the string exec put on the stack
+        ptr = libc.getenv(RUN_TAG_VAR.encode())  # still the string exec put on the stack
         if ptr and ctypes.string_at(ptr) == PLACEHOLDER_TAG.encode():
             ctypes.memmove(ptr, raw, len(raw))
-    os.environ[RUN_TAG_VAR] = tag                   # what children exec'd from here inherit
+    os.environ[RUN_TAG_VAR] = tag  # what children exec'd from here inherit
     try:
         with open("/proc/self/environ", "rb") as f:
             return f"{RUN_TAG_VAR}={tag}".encode() in f.read().split(b"\0")

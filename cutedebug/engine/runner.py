@@ -103,6 +103,7 @@ MAX_EVENT_LINE = watchdog.MAX_EVENT_LINE
 # Before-kill hooks ({"pid", "tag", "reason", "log_path", "events_path", "phase"} -> facts or
 # None), e.g. a GPU coredump (cutedebug.analyses.coredump.before_kill): the watchdog's list.
 BEFORE_KILL = watchdog.BEFORE_KILL
+POLL_S = watchdog.POLL_S
 
 
 def health_check(timeout_s: float = 60.0, *, forkserver=None,

@@ -20,8 +20,13 @@ compute-sanitizer (``sanitize``), the lint child, and any command line (``cutede
 - ``forkserver``: fork the worker for the request ``argv[-1]`` from that server instead of
   exec'ing ``argv`` (``fork_job="health"``: the GPU health check); a dead server is
   restarted, or the child is exec'd after all.
-- On a deadline or stall the hooks in :data:`BEFORE_KILL` run (a core dump, a last look),
-  then the child's group is killed and everything carrying its run tag is swept. After every
+- ``kill_when(elapsed_s)``: the caller's own kill rule, asked at every poll after the events
+  were read (``on_event`` sees each one first); a reason string kills the child.
+- Before any kill decided by the watchdog (deadline, stall, ``kill_when``) the hooks in
+  :data:`BEFORE_KILL` and the call's ``before_kill`` run with {"pid", "tag", "reason", ...}
+  (a core dump, a faulthandler dump through :func:`signal_tree`); then the child's group is
+  killed and everything carrying its run tag is swept.
+- A command that cannot be started raises OSError (nothing was started). After every
   run, killed or not, the run tag is swept again (grandchildren outlive children).
 - Interrupts: a KeyboardInterrupt in the watching thread, or :func:`abort_all` from another
   thread (a triage's main thread on Ctrl-C), kills the child at once (never waiting for its
@@ -47,8 +52,8 @@ from cutedebug.engine import verdict as V
 from cutedebug.engine.scenario import Limits
 
 POLL_S = 0.02
-MAX_EVENT_LINE = 1 << 20          # longer lines are cut, reported, never silently lost
-MAX_MALFORMED = 20                # malformed lines kept per run (200 characters each)
+MAX_EVENT_LINE = 1 << 20  # longer lines are cut, reported, never silently lost
+MAX_MALFORMED = 20  # malformed lines kept per run (200 characters each)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # Called with {"pid", "tag", "reason", "log_path", "events_path", "phase"} after the watchdog
@@ -62,7 +67,7 @@ class Interrupted(KeyboardInterrupt):
 
 
 _ABORT = threading.Event()
-_LIVE: dict[int, tuple[Any, str]] = {}        # id(handle) -> (handle, run tag)
+_LIVE: dict[int, tuple[Any, str]] = {}  # id(handle) -> (handle, run tag)
 _LIVE_LOCK = threading.Lock()
 
 
@@ -100,7 +105,7 @@ class EventReader:
 
     def __init__(self, path: Path | None):
         self.path, self.offset, self.partial = path, 0, b""
-        self.skipping = False         # inside a line over MAX_EVENT_LINE
+        self.skipping = False  # inside a line over MAX_EVENT_LINE
 
     def poll(self) -> tuple[list[dict[str, Any]], list[str]]:
         if self.path is None:
@@ -117,19 +122,23 @@ class EventReader:
         self.partial = lines.pop()
         bad: list[str] = []
         if self.skipping and lines:
-            lines.pop(0)                  # the rest of the over-long line
+            lines.pop(0)  # the rest of the over-long line
             self.skipping = False
         if len(self.partial) > MAX_EVENT_LINE:
-            bad.append(f"[event line over {MAX_EVENT_LINE} bytes cut] "
-                       + self.partial[:200].decode("utf-8", "replace"))
+            bad.append(
+                f"[event line over {MAX_EVENT_LINE} bytes cut] "
+                + self.partial[:200].decode("utf-8", "replace")
+            )
             self.partial, self.skipping = b"", True
         events = []
         for raw in lines:
             if not raw.strip():
                 continue
             if len(raw) > MAX_EVENT_LINE:
-                bad.append(f"[event line of {len(raw)} bytes cut: over the {MAX_EVENT_LINE} cap] "
-                           + raw[:200].decode("utf-8", "replace"))
+                bad.append(
+                    f"[event line of {len(raw)} bytes cut: over the {MAX_EVENT_LINE} cap] "
+                    + raw[:200].decode("utf-8", "replace")
+                )
                 continue
             try:
                 ev = json.loads(raw)
@@ -141,23 +150,37 @@ class EventReader:
         return events, bad
 
 
-def _spawn(argv: list[str], log_path: Path, env: dict[str, str], cwd: str | None,
-           forkserver: Any, tag: str, facts: dict[str, Any], job: str = "worker"):
+def _spawn(
+    argv: list[str],
+    log_path: Path,
+    env: dict[str, str],
+    cwd: str | None,
+    forkserver: Any,
+    tag: str,
+    facts: dict[str, Any],
+    job: str = "worker",
+):
     if forkserver is not None:
         from cutedebug.engine.forkserver import ForkServerError
 
         try:
-            child = forkserver.spawn(Path(argv[-1]), log_path,
-                                     {lifeline.RUN_TAG_VAR: tag}, job=job)
+            child = forkserver.spawn(Path(argv[-1]), log_path, {lifeline.RUN_TAG_VAR: tag}, job=job)
             facts["forked"] = True
             return child
-        except ForkServerError as e:      # could not be restarted: a fresh interpreter then
+        except ForkServerError as e:  # could not be restarted: a fresh interpreter then
             facts["forkserver_error"] = str(e)[:500]
     facts["forked"] = False
     with open(log_path, "ab") as log:
-        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env, start_new_session=True,
-                                cwd=cwd or str(REPO_ROOT), preexec_fn=lifeline.preexec())
+        return subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+            cwd=cwd or str(REPO_ROOT),
+            preexec_fn=lifeline.preexec(),
+        )
 
 
 def kill_tree(proc: Any, tag: str, reap_s: float = 2.0) -> list[int]:
@@ -173,8 +196,18 @@ def kill_tree(proc: Any, tag: str, reap_s: float = 2.0) -> list[int]:
     return lifeline.sweep(tag)
 
 
-def _before_kill(ctx: dict[str, Any], facts: dict[str, Any]) -> None:
-    for hook in list(BEFORE_KILL):
+def signal_tree(pid: int, tag: str, sig: int) -> None:
+    """Send ``sig`` to the child and to everything carrying its run tag (e.g. SIGUSR1 for a
+    faulthandler dump before the kill)."""
+    for p in {pid} | {p.pid for p in lifeline.processes(tag)}:
+        try:
+            os.kill(p, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _before_kill(ctx: dict[str, Any], facts: dict[str, Any], extra: list) -> None:
+    for hook in list(BEFORE_KILL) + extra:
         try:
             got = hook(ctx)
         except Exception as e:  # noqa: BLE001  (a hook must never stop the kill)
@@ -183,11 +216,22 @@ def _before_kill(ctx: dict[str, Any], facts: dict[str, Any]) -> None:
             facts.setdefault("before_kill", []).append(got)
 
 
-def watch(argv: list[str], events_path: Path | None, log_path: Path, limits: Limits, *,
-          env: dict[str, str] | None = None, stall_s: float | None = None,
-          on_event: Callable[[dict[str, Any]], None] | None = None, forkserver: Any = None,
-          cwd: str | None = None, total_s: float | None = None,
-          fork_job: str = "worker") -> tuple[V.Outcome, dict[str, Any]]:
+def watch(
+    argv: list[str],
+    events_path: Path | None,
+    log_path: Path,
+    limits: Limits,
+    *,
+    env: dict[str, str] | None = None,
+    stall_s: float | None = None,
+    on_event: Callable[[dict[str, Any]], None] | None = None,
+    forkserver: Any = None,
+    cwd: str | None = None,
+    total_s: float | None = None,
+    fork_job: str = "worker",
+    kill_when: Callable[[float], str | None] | None = None,
+    before_kill: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
+) -> tuple[V.Outcome, dict[str, Any]]:
     """Launch ``argv`` (or fork the worker for ``argv[-1]``) and watch it to its end; see the
     module docstring."""
     if _ABORT.is_set():
@@ -221,29 +265,45 @@ def watch(argv: list[str], events_path: Path | None, log_path: Path, limits: Lim
                 if on_event is not None:
                     on_event(ev)
             _keep_malformed(outcome, bad)
-            if _ABORT.is_set():           # abort_all() may have killed it already
+            if _ABORT.is_set():  # abort_all() may have killed it already
                 interrupted = True
                 outcome.killed_by_watchdog = "interrupted"
                 break
             if exited:
                 break
             limit = phase_deadline(outcome.phase, limits)
-            if outcome.phase == "launched" and stall_s is not None and counter_t is not None \
-                    and last_counter is not None and now - counter_t > stall_s:
+            if (
+                outcome.phase == "launched"
+                and stall_s is not None
+                and counter_t is not None
+                and last_counter is not None
+                and now - counter_t > stall_s
+            ):
                 outcome.killed_by_watchdog = "stall"
                 facts["stall_detected_after_s"] = round(now - counter_t, 3)
             elif now - phase_t > limit:
                 outcome.killed_by_watchdog = f"deadline:{outcome.phase}:{limit:g}s"
             elif total_s is not None and now - t_start > total_s:
                 outcome.killed_by_watchdog = f"deadline:total:{total_s:g}s"
+            elif kill_when is not None and (why := kill_when(now - t_start)):
+                outcome.killed_by_watchdog = why
             if outcome.killed_by_watchdog:
                 facts["kill_t"] = round(now - t_start, 3)
-                _before_kill({"pid": proc.pid, "tag": tag, "phase": outcome.phase,
-                              "reason": outcome.killed_by_watchdog, "log_path": log_path,
-                              "events_path": events_path}, facts)
-                facts["swept"] = kill_tree(proc, tag)     # also reaps the child
+                _before_kill(
+                    {
+                        "pid": proc.pid,
+                        "tag": tag,
+                        "phase": outcome.phase,
+                        "reason": outcome.killed_by_watchdog,
+                        "log_path": log_path,
+                        "events_path": events_path,
+                    },
+                    facts,
+                    [before_kill] if before_kill else [],
+                )
+                facts["swept"] = kill_tree(proc, tag)  # also reaps the child
                 evs, bad = reader.poll()
-                outcome.events.extend(evs)      # after the kill: evidence, not a phase
+                outcome.events.extend(evs)  # after the kill: evidence, not a phase
                 _keep_malformed(outcome, bad)
                 break
             time.sleep(POLL_S)
@@ -264,9 +324,14 @@ def watch(argv: list[str], events_path: Path | None, log_path: Path, limits: Lim
     outcome.elapsed_s = round(time.monotonic() - t_start, 3)
     outcome.log_tail = tail(log_path)
     if getattr(proc, "server_died", False):
-        outcome.add({"event": "harness_error", "type": "ForkServerDied",
-                     "message": "the fork server died while this worker ran (its exit status "
-                                "is unknown); the server is restarted for the next run"})
+        outcome.add(
+            {
+                "event": "harness_error",
+                "type": "ForkServerDied",
+                "message": "the fork server died while this worker ran (its exit status "
+                "is unknown); the server is restarted for the next run",
+            }
+        )
     return outcome, facts
 
 

@@ -28,8 +28,13 @@ def announce(**facts):
 if mode == "watch":
     events, pidfile = work / "events.jsonl", work / "pids"
     events.write_text("")
-    argv = [sys.executable, str(HERE.parent / "helpers" / "fake_worker.py"), str(events),
-            "hostile_tree", str(pidfile)]
+    argv = [
+        sys.executable,
+        str(HERE.parent / "helpers" / "fake_worker.py"),
+        str(events),
+        "hostile_tree",
+        str(pidfile),
+    ]
 
     def report():
         while not (pidfile.exists() and pidfile.read_text().strip()):

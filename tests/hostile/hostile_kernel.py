@@ -13,8 +13,7 @@ import time
 
 import cutlass.cute as cute
 
-GRANDCHILD = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-              "time.sleep(10000)")
+GRANDCHILD = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(10000)"
 
 
 def _trace_time_failure(behaviour: str) -> None:
@@ -33,13 +32,18 @@ class Hostile:
     def fake_args(self):
         b = self.behaviour
         if b == "sleep":
+            if self.pidfile:
+                with open(self.pidfile, "w") as f:
+                    f.write(str(os.getpid()))
             time.sleep(10_000)
         elif b == "spin":
             while True:
                 pass
-        elif b == "tree":           # setsid'd, SIGTERM-ignoring grandchildren, exec'd and not
-            kids = [subprocess.Popen([sys.executable, "-c", GRANDCHILD],
-                                     start_new_session=True).pid for _ in range(2)]
+        elif b == "tree":  # setsid'd, SIGTERM-ignoring grandchildren, exec'd and not
+            kids = [
+                subprocess.Popen([sys.executable, "-c", GRANDCHILD], start_new_session=True).pid
+                for _ in range(2)
+            ]
             pid = os.fork()
             if pid == 0:
                 os.setsid()
