@@ -315,30 +315,32 @@ def _scenario_dirs(config: pytest.Config) -> list[Path]:
     return [(base / d).resolve() for d in config.getini("cutedebug_scenario_dirs")]
 
 
-def looks_like_scenario(path: Path) -> bool:
-    """A TOML table with ``id``, ``kernel`` and ``expect``: what a scenario file has."""
+def scenario_keys(path: Path) -> set[str] | None:
+    """Which of ``id``, ``kernel``, ``expect`` the TOML file has (None: it does not parse)."""
     import tomllib
 
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
-        return False
-    return isinstance(data, dict) and {"id", "kernel", "expect"} <= data.keys()
+        return None
+    return {"id", "kernel", "expect"} & set(data) if isinstance(data, dict) else set()
 
 
 def _is_scenario_path(path: Path, parent: pytest.Collector) -> bool:
-    """Configured folders: every *.toml (a broken one is a failing item); a file named on
-    the command line: itself; a folder named on the command line: the scenario files only."""
+    """A file named on the command line: itself. Below a configured folder: a TOML file that
+    does not parse or has any of id/kernel/expect (a broken scenario is a failing item; other
+    TOML files are left alone). Below a folder named on the command line: scenarios only."""
     if path.suffix != ".toml":
         return False
     if parent.session.isinitpath(path):
         return True
     resolved = path.resolve()
     if any(resolved.is_relative_to(d) for d in _scenario_dirs(parent.config)):
-        return True
-    named = [Path(a).resolve() for a in parent.config.args]
+        keys = scenario_keys(path)
+        return keys is None or bool(keys)
+    named = [Path(a.split("::")[0]).resolve() for a in parent.config.args]
     return any(resolved.is_relative_to(d) for d in named if d.is_dir()) and \
-        looks_like_scenario(path)
+        scenario_keys(path) == {"id", "kernel", "expect"}
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector):

@@ -31,3 +31,16 @@ def pytest_collection_modifyitems(config, items):
             reason, checked = _gpu_reason(), True
         if reason:
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session")
+def shared_forkserver(tmp_path_factory):
+    """One fork server for the whole session (each start imports torch and cutlass: seconds);
+    a test that kills it gets it restarted by its next spawn."""
+    from cutedebug.engine import runner
+
+    fs = runner.start_forkserver(tmp_path_factory.mktemp("forkserver"))
+    if fs is None:
+        pytest.skip("the fork server could not start here")
+    yield fs
+    fs.close()

@@ -598,13 +598,9 @@ def test_pytest_scenarios_works_from_a_source_checkout():
 
 
 # ---- fixtures ---------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def forkserver(tmp_path_factory):
-    fs = runner.start_forkserver(tmp_path_factory.mktemp("fs"))
-    if fs is None:
-        pytest.skip("the fork server could not start here")
-    yield fs
-    fs.close()
+@pytest.fixture
+def forkserver(shared_forkserver):
+    return shared_forkserver
 
 
 def hostile(behaviour: str, tmp_path: Path, pidfile: str = "", import_s: float = 30.0):

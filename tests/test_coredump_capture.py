@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cutedebug.analyses import coredump
-from cutedebug.engine import runner
+from cutedebug.engine import runner, watchdog
 from cutedebug.engine.scenario import Limits
 
 FAKE = Path(__file__).parent / "helpers" / "fake_core_worker.py"
@@ -19,7 +19,9 @@ LIMITS = Limits(compile_s=30.0, deadline_s=1.0, stall_s=0.3, import_s=30.0, chec
 
 @pytest.fixture
 def hooked(monkeypatch):
-    monkeypatch.setattr(runner, "BEFORE_KILL", [])
+    hooks: list = []  # the watchdog's list (runner.BEFORE_KILL is the same object)
+    monkeypatch.setattr(watchdog, "BEFORE_KILL", hooks)
+    monkeypatch.setattr(runner, "BEFORE_KILL", hooks)
     coredump.register_hook()
     monkeypatch.setattr(coredump, "DUMP_LIMIT_S", 1.5)
     return runner.BEFORE_KILL

@@ -12,18 +12,13 @@ from cutedebug.engine.verdict import Verdict
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_forked_compile_matches_a_fresh_worker(tmp_path):
+def test_forked_compile_matches_a_fresh_worker(tmp_path, shared_forkserver):
     sc = S.load(ROOT / "scenarios" / "minimal" / "spin_hang.toml")
     fresh = runner.run_scenario(sc, runs_root=tmp_path / "fresh", mode="compile")
-    fs = runner.start_forkserver(tmp_path)
-    assert fs is not None
-    try:
-        t0 = time.monotonic()
-        forked = runner.run_scenario(sc, runs_root=tmp_path / "forked", mode="compile",
-                                     forkserver=fs)
-        forked_s = time.monotonic() - t0
-    finally:
-        fs.close()
+    t0 = time.monotonic()
+    forked = runner.run_scenario(sc, runs_root=tmp_path / "forked", mode="compile",
+                                 forkserver=shared_forkserver)
+    forked_s = time.monotonic() - t0
     assert forked.verdict is fresh.verdict is Verdict.UNSUPPORTED
     assert forked.expected and fresh.expected
     ptx_fresh = (fresh.run_dir / "kernel.ptx").read_text()
@@ -33,16 +28,13 @@ def test_forked_compile_matches_a_fresh_worker(tmp_path):
     assert forked_s < fresh.timings["total_s"]
 
 
-def test_forked_worker_stuck_in_import_is_killed_and_swept(tmp_path):
+def test_forked_worker_stuck_in_import_is_killed_and_swept(tmp_path, shared_forkserver):
     sc = S.adhoc(str(ROOT / "tests" / "helpers" / "sleepy_kernel.py") + ":Sleepy", {}, None,
                  {}, "PASS")
     sc = sc.with_overrides(limits=S.Limits(import_s=2.0))
-    fs = runner.start_forkserver(tmp_path)
-    try:
-        res = runner.run_scenario(sc, runs_root=tmp_path, forkserver=fs)
-        pids = [c.pid for c in psutil.Process(fs.proc.pid).children(recursive=True)]
-    finally:
-        fs.close()
+    fs = shared_forkserver
+    res = runner.run_scenario(sc, runs_root=tmp_path, forkserver=fs)
+    pids = [c.pid for c in psutil.Process(fs.proc.pid).children(recursive=True)]
     assert res.verdict is Verdict.HARNESS_ERROR
     assert "deadline" in res.reason
     assert pids == []          # the killed worker was reaped by the server
@@ -73,14 +65,11 @@ def test_closing_the_server_kills_its_workers(tmp_path):
         psutil.Process(server_pid).status() == psutil.STATUS_ZOMBIE
 
 
-def test_forked_health_check_answers_like_a_fresh_one(tmp_path):
+def test_forked_health_check_answers_like_a_fresh_one(tmp_path, shared_forkserver):
     fresh = runner.health_check()
-    fs = runner.start_forkserver(tmp_path)
-    try:
-        forked = runner.health_check(forkserver=fs, run_dir=tmp_path / "run")
-        left = [c.pid for c in psutil.Process(fs.proc.pid).children(recursive=True)]
-    finally:
-        fs.close()
+    fs = shared_forkserver
+    forked = runner.health_check(forkserver=fs, run_dir=tmp_path / "run")
+    left = [c.pid for c in psutil.Process(fs.proc.pid).children(recursive=True)]
     assert forked.pop("forked") is True and "forked" not in fresh
     fresh_s, forked_s = fresh.pop("secs"), forked.pop("secs")
     assert forked == fresh          # on a machine without a GPU: {"healthy": None, ...}

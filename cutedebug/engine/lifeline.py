@@ -253,21 +253,41 @@ def adopt_run_tag(tag: str) -> bool:
 
 
 # ---- the sweep -------------------------------------------------------------------------------
-def _carries(p: psutil.Process, tag: str) -> bool:
-    env = p.environ()
-    return env.get(RUN_TAG_VAR) == tag or tag in env.get(SESSION_VAR, "").split()
+def _pids_carrying(tag: str) -> list[int]:
+    """Pids (not ours) whose /proc environ holds ``tag`` as run tag or session tag: read
+    directly, a few hundred processes in milliseconds (psutil objects cost 10x more)."""
+    me, raw = os.getpid(), tag.encode()
+    run_item = f"{RUN_TAG_VAR}={tag}".encode()
+    session_key = f"{SESSION_VAR}=".encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        if raw not in env:
+            continue
+        for item in env.split(b"\0"):
+            if item == run_item or (item.startswith(session_key)
+                                    and raw in item[len(session_key):].split()):
+                found.append(int(name))
+                break
+    return found
 
 
 def processes(tag: str) -> list[psutil.Process]:
     """Live processes (not us, not zombies) whose environment carries ``tag`` as their run tag
     or one of their session tags."""
     found = []
-    me = os.getpid()
-    for p in psutil.process_iter(["pid"]):
+    for pid in _pids_carrying(tag):
         try:
-            if p.pid != me and p.status() != psutil.STATUS_ZOMBIE and _carries(p, tag):
+            p = psutil.Process(pid)
+            if p.status() != psutil.STATUS_ZOMBIE:
                 found.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return found
 

@@ -313,9 +313,10 @@ def watch(
         raise
     finally:
         if proc.poll() is None:
-            kill_tree(proc, tag, reap_s=0.5 if interrupted else 2.0)
-        # Grandchildren may outlive a child that exited on its own.
-        facts["swept_after_exit"] = lifeline.sweep(tag, timeout=0.5 if interrupted else 3.0)
+            facts["swept"] = kill_tree(proc, tag, reap_s=0.5 if interrupted else 2.0)
+        if "swept" not in facts:
+            # Grandchildren may outlive a child that exited on its own.
+            facts["swept_after_exit"] = lifeline.sweep(tag, timeout=0.5 if interrupted else 3.0)
         with _LIVE_LOCK:
             _LIVE.pop(id(proc), None)
     if interrupted:
