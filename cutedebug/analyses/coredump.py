@@ -252,6 +252,8 @@ def _place(w: WarpRecord, code: S.Sass, smap: S.SiteMap, cp_sites: list[dict[str
     w.file, w.line = code.line_at(w.offset)
     if w.frames:  # cuda-gdb's innermost frame with a line beats the SASS line table
         w.file, w.line = w.frames[0]["file"], w.frames[0]["line"]
+    if c.kind == "spin_load" and c.anchor is not None and c.anchor.line:
+        w.file, w.line = c.anchor.file, c.anchor.line  # the loop's load, not its branch
     site, exact = smap.site_of(c)
     w.site, w.site_exact = site, exact
     if site is not None:
@@ -296,7 +298,7 @@ def _read_registers(rep: CoreReport, t_end: float, cuda_gdb: str | None) -> None
     for w in todo:
         regs = [
             r
-            for r in (w.construct.address_reg, w.construct.phase_reg)
+            for r in (w.construct.address_reg, w.construct.address_hi, w.construct.phase_reg)
             if r and r not in ("RZ", "URZ")
         ]
         if not regs:

@@ -33,6 +33,19 @@ def barrier_offset(w: WarpRecord) -> int | None:
     return None if v is None else ((v + c.address_imm) & 0xFFFFFF)
 
 
+def global_address(w: WarpRecord) -> str | None:
+    """The address a spinning warp loads from (both halves of a 64-bit register pair)."""
+    c = w.construct
+    if c is None or c.kind != "spin_load" or c.address_reg not in w.registers:
+        return None
+    v = w.registers[c.address_reg] & 0xFFFFFFFF
+    if c.address_hi:
+        if c.address_hi not in w.registers:
+            return None
+        v |= (w.registers[c.address_hi] & 0xFFFFFFFF) << 32
+    return f"{v + c.address_imm:#x}"
+
+
 def stuck_sites(
     rep: CoreReport, cp_sites: list[dict[str, Any]] | None = None
 ) -> list[dict[str, Any]]:
@@ -65,9 +78,7 @@ def stuck_sites(
                 "smem_offset": f"{off:#x}"
                 if off is not None and w.construct.kind == "mbarrier_wait"
                 else None,
-                "address": f"{w.registers[w.construct.address_reg]:#x}"
-                if w.construct.kind == "spin_load" and w.construct.address_reg in w.registers
-                else None,
+                "address": global_address(w),
                 "source": "coredump",
             }
         )

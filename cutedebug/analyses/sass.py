@@ -80,6 +80,7 @@ class Construct:
     threads: int | None = None
     address_reg: str = ""  # register holding the barrier / flag address
     address_imm: int = 0  # immediate added to it
+    address_hi: str = ""  # a 64-bit address ([R4.64]): the register of its high half (R5)
     phase_reg: str = ""  # register holding the awaited parity (mbarrier waits)
 
     def to_json(self) -> dict[str, Any]:
@@ -262,6 +263,8 @@ class Sass:
             if loads:
                 c = Construct("spin_load", start=head, end=branch, anchor=loads[0])
                 c.address_reg, c.address_imm = _mem_reg(loads[0].operands)
+                if re.search(rf"\b{c.address_reg}\.64\b", loads[0].operands):
+                    c.address_hi = f"R{int(c.address_reg[1:]) + 1}"
                 return c
             if any(i.base == "NANOSLEEP" for i in body):
                 return Construct("nanosleep", start=head, end=branch, anchor=here)

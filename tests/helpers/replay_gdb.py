@@ -44,10 +44,10 @@ def function_base(disassembly: str) -> int:
 
 class ReplayGdb:
     def __init__(
-        self, pass1: str, disassembly: str, registers: dict[tuple[int, int, int], dict[str, int]]
+        self, pass1: str, base: int, registers: dict[tuple[int, int, int], dict[str, int]]
     ):
-        self.pass1, self.registers = pass1, registers
-        self.base = function_base(disassembly)
+        """``base``: the kernel's address (the <+0> line of cuda-gdb's disassembly)."""
+        self.pass1, self.registers, self.base = pass1, registers, base
         self.pcs = {(w.dev, w.sm, w.hw_warp): w.pc for w in cudagdb.parse_warps(pass1)}
         self.calls: list[list[str]] = []
 

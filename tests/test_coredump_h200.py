@@ -1,0 +1,161 @@
+"""read_core and the HANG evidence on real H200 cores, replayed on the CPU.
+
+tests/data/coredump/h200/<scenario>/ holds what cuda-gdb 13.0 printed for a user-triggered core
+of that scenario's hung kernel (tools/capture_coredumps.py on the H200, driver 580, probes off):
+pass1.txt.gz (`info cuda kernels`, `info cuda warps device 0`, ...), the registers it printed for
+the warps it focused, the function's address (<+0> of its `disassemble`), and sass.txt.gz (the
+H200's nvdisasm -g -c of the cubin the worker compiled); facts.json also has that compile's
+trace-time wait table and the bisection sites of the same commit compiled on the CPU (observe-
+only). tests/helpers/replay_gdb.py answers read_core's cuda-gdb calls from those facts. The
+expected localization is the scenario file's own.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from cutedebug.analyses import coredump
+from cutedebug.analyses import coredump_evidence as E
+from cutedebug.engine import scenario as S
+from cutedebug.instrument import waitsites
+from tests.helpers.replay_gdb import ReplayGdb
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = Path(__file__).parent / "data" / "coredump" / "h200"
+
+
+def replay(name: str, monkeypatch):
+    d = DATA / name
+    facts = json.loads((d / "facts.json").read_text())
+    pass1 = gzip.open(d / "pass1.txt.gz", "rt").read()
+    base = int(re.match(r"\s*(0x[0-9a-f]+)", facts["function_base_line"]).group(1), 16)
+    regs = {tuple(int(x) for x in k.split()): v for k, v in facts["registers"].items()}
+    fake = ReplayGdb(pass1, base, regs)
+    monkeypatch.setattr(coredump, "run_gdb", fake)
+    cps = facts["checkpoint_sites"]
+    rep = coredump.read_core(
+        "core",
+        sass_text=gzip.open(d / "sass.txt.gz", "rt").read(),
+        wait_sites=waitsites.sites_from_json(facts["wait_sites"]),
+        checkpoint_sites=cps,
+    )
+    sc = S.load(ROOT / "scenarios" / name.split("__")[0] / f"{name.split('__')[1]}.toml")
+    return rep, cps, sc, fake
+
+
+def summary(rep, cps) -> Counter:
+    return Counter(
+        (s["role"], s["op"], s["barrier"], s["location"], s["kind"])
+        for s in E.stuck_sites(rep, cps)
+    )
+
+
+def test_expect_tx_too_large_consumers_on_full_producer_on_empty(monkeypatch):
+    rep, cps, sc, fake = replay("tma_stream__wrong_expect_tx_plus", monkeypatch)
+    assert [k.grid + k.block for k in rep.kernels] == [(16, 1, 1, 160, 1, 1)]
+    assert len(rep.warps) == 80 and all(w.offset is not None for w in rep.warps)
+    assert rep.site_map_notes == []  # every wait loop mapped exactly
+    assert summary(rep, cps) == Counter(
+        {
+            ("consumer", "consumer_wait", "full", "tma_stream.py:269", "mbarrier_wait"): 64,
+            ("producer", "producer_acquire", "empty", "tma_stream.py:238", "mbarrier_wait"): 16,
+        }
+    )
+    # registers read for the waiting warps: the barrier and the parity waited for
+    sites = E.stuck_sites(rep, cps)
+    read = [s for s in sites if s["phase"] is not None]
+    assert read and {(s["op"], s["smem_offset"], s["phase"]) for s in read} == {
+        ("consumer_wait", "0x400", 0),
+        ("producer_acquire", "0x420", 0),
+    }
+    assert E.grade(sc.expect.localization(), rep, cps)["ok"] is True
+    assert len(fake.calls) == 3  # warps; per-PC offsets and frames; registers
+
+
+@pytest.mark.parametrize(
+    "name,answers",
+    [
+        ("bisect__flag_spin_never_set", {"consumer": ("checkpoint", None)}),
+        ("bisect__flag_spin_barrier_threads_plus", {"consumer": ("named_barrier", "named")}),
+        (
+            "bisect__tma_stream_early_exit_consumer",
+            {"producer": ("producer_acquire", "empty"), "consumer": ("consumer_release", "empty")},
+        ),
+        (
+            "bisect__tma_stream_early_exit_producer",
+            {"consumer": ("consumer_wait", "full"), "producer": ("producer_commit", "full")},
+        ),
+        (
+            "sm90_gemm__wrong_barrier_threads_plus",
+            {"producer": ("producer_acquire", "empty"), "consumer": ("named_barrier", "named")},
+        ),
+    ],
+)
+def test_bisection_only_hangs_graded_from_the_core(name, answers, monkeypatch):
+    rep, cps, sc, _ = replay(name, monkeypatch)
+    got = {r: (a["op"], a["barrier"]) for r, a in E.role_answers(rep, cps).items()}
+    assert got == answers
+    assert sc.expect.localized_by == "bisect"
+    g = E.grade(sc.expect.localization(), rep, cps, by="bisect")
+    assert g["ok"] is True, g
+
+
+def test_a_spin_on_a_global_flag_is_named_by_the_checkpoint_after_it(monkeypatch):
+    rep, cps, _, _ = replay("bisect__flag_spin_never_set", monkeypatch)
+    assert summary(rep, cps) == Counter(
+        {("consumer", "spin_load", None, "flag_spin.py:120", "spin_load"): 32}
+    )
+    a = E.role_answers(rep, cps)["consumer"]
+    assert a["how"].startswith("spins on a global load at flag_spin.py:120: never reaches")
+    assert "'flag observed' (flag_spin.py:123)" in a["how"]
+    # the flags the consumers spin on: one per chunk, 4-byte apart, in global memory
+    addrs = {s["address"] for s in E.stuck_sites(rep, cps) if s["address"]}
+    assert len(addrs) > 1 and all(int(a, 16) > 1 << 32 for a in addrs)
+
+
+def test_warps_blocked_at_a_named_barrier(monkeypatch):
+    rep, cps, _, _ = replay("sm90_gemm__wrong_barrier_threads_plus", monkeypatch)
+    named = [w for w in rep.warps if w.construct.kind == "named_barrier"]
+    assert len(named) == 64 and {w.role for w in named} == {"consumer"}
+    # bar.sync 1, 288: the fault's +32 threads, read from the SASS at the warps' PCs
+    assert {(w.construct.barrier_id, w.construct.threads) for w in named} == {(1, 288)}
+    assert {w.construct.anchor.text for w in named} == {"BAR.SYNC.DEFER_BLOCKING 0x1, 0x120"}
+    assert "not exact" in rep.site_map_notes[0]  # the gemm's waits: 6 loops, 7 traced
+
+
+def test_exited_consumers_inferred_from_the_producer_waiting_on_empty(monkeypatch):
+    rep, cps, _, _ = replay("bisect__tma_stream_early_exit_consumer", monkeypatch)
+    assert len(rep.warps) == 16  # one producer warp per CTA left
+    assert E.missing_warps(rep) == {c: [0, 1, 2, 3] for c in range(16)}
+    inferred = [s for s in E.stuck_sites(rep, cps) if s.get("inferred")]
+    assert len(inferred) == 64
+    assert {(s["role"], s["op"], s["barrier"], s["location"]) for s in inferred} == {
+        ("consumer", "consumer_release", "empty", "tma_stream.py:279")
+    }
+
+
+def test_raw_wait_in_an_out_of_line_retry_loop(monkeypatch):
+    """The role is bisection's: the function the wait runs in ("gather"), which plays no
+    pipeline role."""
+    rep, cps, sc, _ = replay("cluster_reduce__wrong_expect_tx_plus", monkeypatch)
+    assert summary(rep, cps) == Counter(
+        {("gather", "raw_wait", None, "cluster_reduce.py:302", "mbarrier_wait"): 48}
+    )
+    assert E.grade(sc.expect.localization(), rep, cps)["ok"] is True
+
+
+def test_picture_draws_the_stuck_map(monkeypatch):
+    from cutedebug.instrument.probes import snapshot_from_json
+    from cutedebug.reporting import stuck_map as SM
+
+    rep, cps, _, _ = replay("tma_stream__wrong_expect_tx_plus", monkeypatch)
+    pic = E.picture(rep)
+    m = SM.build(snapshot_from_json(pic), pic["sites"])
+    text = SM.render_text(m)
+    assert "wait f" in text and "acq e" in text
