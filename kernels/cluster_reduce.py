@@ -79,6 +79,9 @@ Kernel-level switches (SWITCHES):
   slice loads go through an explicit 128-bit copy atom on a view of x whose row pitch is a
   run-time value with no ``cute.assume(pitch, divby=V)``: the DSL's verifier cannot prove
   16-byte alignment and rejects the copy (COMPILE_ERROR). Needs 128-bit loads (V > 1).
+- ``overclaimed_align`` (same table row): x is a view one element into its buffer (like
+  ``buf[1:]``) while ``from_dlpack(..., assumed_align=16)`` claims 16: the 128-bit loads fault
+  at run time (misaligned address: CRASH). Host side only: the PTX is the clean kernel's.
 
 Tiling (``tiling()``, for cutedebug's mismatch map): rmsnorm output [M, N] in tiles of one row
 x one CTA slice (V * S columns); the tile's CTA is (row's cluster, slice rank); sum output [M]
@@ -135,6 +138,7 @@ class ClusterReduce:
         "skip_cluster_tail": "no trailing cluster barrier before exit",
         "cluster_mismatch": "launch cluster dims differ from the cluster the kernel reduces over",
         "unassumed_align": "128-bit load atom on a view of x with an unassumed run-time row pitch",
+        "overclaimed_align": "x is an offset view (buf[1:]) passed as 16-byte aligned",
     }
     TOLERANCE = (1e-5, 1e-5)
 
@@ -142,7 +146,7 @@ class ClusterReduce:
                  cluster=PARAMS["cluster"], clusters=PARAMS["clusters"],
                  threads=PARAMS["threads"], unroll=PARAMS["unroll"], eps=PARAMS["eps"],
                  seed=PARAMS["seed"], skip_init_cluster_sync=False, skip_cluster_tail=False,
-                 cluster_mismatch=False, unassumed_align=False):
+                 cluster_mismatch=False, unassumed_align=False, overclaimed_align=False):
         if dtype not in DTYPES:
             raise ValueError(f"dtype {dtype!r}: allowed {list(DTYPES)}")
         if op not in ("sum", "rmsnorm"):
@@ -164,6 +168,7 @@ class ClusterReduce:
         self.skip_cluster_tail = skip_cluster_tail
         self.cluster_mismatch = cluster_mismatch
         self.unassumed_align = unassumed_align
+        self.overclaimed_align = overclaimed_align
         self.launch_cluster = launch_cluster(cluster, cluster_mismatch)
         elem = ELEM_BYTES[dtype]
         self.vec = VECTOR_BYTES // elem if n % (VECTOR_BYTES // elem) == 0 else 1
@@ -392,7 +397,12 @@ class ClusterReduce:
         w = torch.rand(self.n, generator=g) + 0.5
         odtype = torch.float32 if self.op == "sum" else tdtype
         out = torch.full(self._out_shape(), float("nan"), dtype=odtype)
-        return {"x": x.to(device), "w": w.to(device), "out": out.to(device)}
+        x = x.to(device)
+        if self.overclaimed_align:
+            # fault: one element into its buffer; cute_args still claims 16-byte alignment
+            view = torch.empty(self.m * self.n + 1, dtype=tdtype, device=device)[1:]
+            x = view.view(self.m, self.n).copy_(x)
+        return {"x": x, "w": w.to(device), "out": out.to(device)}
 
     def cute_args(self, tensors):
         import torch

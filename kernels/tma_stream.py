@@ -68,6 +68,10 @@ Wrong-value switches (rows of the failure table; off = the PTX above, byte for b
 - ``unassumed_align``: the stores go through an explicit 128-bit copy atom into an output view
   whose row pitch is a run-time value with no ``cute.assume(pitch, divby=4)``: the DSL's
   verifier cannot prove 16-byte alignment and rejects the copy (COMPILE_ERROR).
+- ``overclaimed_align``: the output is a view one element into its buffer (4 / 2 bytes past a
+  16-byte boundary, like ``buf[1:]``) while ``from_dlpack(..., assumed_align=16)`` claims 16:
+  the 128-bit stores fault at run time (misaligned address: CRASH). Host side only: the PTX
+  is the clean kernel's even when on.
 
 Tiling (``tiling()``, for cutedebug's mismatch map): output tiles tile_m x tile_n in row-major
 tile order, CTA b takes tiles b, b + grid, ...; a tile's sequence number on its CTA picks its
@@ -119,6 +123,7 @@ class TmaStream:
         "stale_smem_store": "stores copy the stage's x from smem instead of y from registers",
         "unassumed_align": "128-bit store atom on an output view with an unassumed run-time "
                            "row pitch",
+        "overclaimed_align": "output is an offset view (buf[1:]) passed as 16-byte aligned",
     }
     TOLERANCE = (1e-5, 1e-5)
 
@@ -126,7 +131,7 @@ class TmaStream:
                  tile_m=PARAMS["tile_m"], tile_n=PARAMS["tile_n"], stages=PARAMS["stages"],
                  consumer_warps=PARAMS["consumer_warps"], ctas=PARAMS["ctas"],
                  seed=PARAMS["seed"], oob_store=False, edge_pred_whole_tiles=False,
-                 stale_smem_store=False, unassumed_align=False):
+                 stale_smem_store=False, unassumed_align=False, overclaimed_align=False):
         if dtype not in DTYPES:
             raise ValueError(f"dtype {dtype!r}: allowed {list(DTYPES)}")
         elem = ELEM_BYTES[dtype]
@@ -149,6 +154,7 @@ class TmaStream:
         self.edge_pred_whole_tiles = edge_pred_whole_tiles
         self.stale_smem_store = stale_smem_store
         self.unassumed_align = unassumed_align
+        self.overclaimed_align = overclaimed_align
         self.vec = VECTOR_BYTES // elem
         self.threads_per_row = tile_n // self.vec
         self.consumer_threads = 32 * consumer_warps
@@ -367,8 +373,13 @@ class TmaStream:
         scale = torch.rand(self.m, generator=g) + 0.5
         bias = torch.randn(self.m, generator=g)
         out = torch.full((self.m, self.n), float("nan"), dtype=tdtype)
+        out = out.to(device)
+        if self.overclaimed_align:
+            # fault: one element into its buffer; cute_args still claims 16-byte alignment
+            out = torch.full((self.m * self.n + 1,), float("nan"), dtype=tdtype,
+                             device=device)[1:].view(self.m, self.n)
         return {"x": x.to(device), "scale": scale.to(device), "bias": bias.to(device),
-                "out": out.to(device)}
+                "out": out}
 
     def cute_args(self, tensors):
         import torch

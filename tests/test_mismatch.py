@@ -4,6 +4,8 @@ construction, and on compile errors with the DSL's real verifier message."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -191,3 +193,83 @@ def test_a_stale_read_points_at_the_kernels_wait_and_release():
         "consumer_wait at k.py:20",
         "consumer_release at k.py:24",
     ]
+
+
+# ---- recorded outputs: the masks of the H200 run diag-1 (reports/2026-12-01-h200/diag) ----------
+
+DATA = Path(__file__).resolve().parent / "data" / "mismatch"
+
+RECORDED = {  # scenario -> (verdict the run gave, row the diagnosis must name)
+    "tma_stream__edge_pred_whole_tiles": ("MISMATCH", "tile_edges"),
+    "sm90_gemm__edge_pred_whole_tiles": ("MISMATCH", "tile_edges"),
+    "tma_stream__stale_smem_store": ("MISMATCH", "register_smem"),
+    "sm90_gemm__stale_smem_store": ("MISMATCH", "register_smem"),
+    "tma_stream__skip_consumer_wait": ("MISMATCH", "stale_smem"),
+    "sm90_gemm__skip_consumer_wait": ("NONDETERMINISTIC", "stale_smem"),
+    "sm90_gemm__drop_sync": ("NONDETERMINISTIC", "stale_smem"),
+    "sm90_gemm__release_before_read": ("NONDETERMINISTIC", "stale_smem"),
+    "sm90_attention__skip_rescale": ("MISMATCH", None),  # no tiling(): no row
+}
+
+
+def recorded(name: str) -> tuple[list[dict], list[dict]]:
+    """The two repeats' maps rebuilt from their recorded masks, and their digests."""
+    maps, repeats = [], []
+    for suffix in ("", ".r1"):
+        header, flat = valuemap.load_mask(DATA / f"{name}{suffix}.gz")
+        maps.append(valuemap.collect(None, None, ~flat, header["tiling"]))
+        repeats.append({"verdict": "MISMATCH", "digest": header["digest"]})
+    return maps, repeats
+
+
+@pytest.mark.parametrize("name", sorted(RECORDED))
+def test_recorded_outputs_name_their_row(name):
+    verdict, row = RECORDED[name]
+    maps, repeats = recorded(name)
+    d = mismatch.diagnose(verdict, {}, repeats, maps)
+    assert d["row"] == row, d["summary"]
+
+
+def test_recorded_patterns_say_where():
+    maps, repeats = recorded("sm90_gemm__stale_smem_store")
+    d = mismatch.diagnose("MISMATCH", {}, repeats, maps)
+    assert d["pattern"] == "tile_columns" and "columns 128-255 of 256" in d["summary"]
+    maps, repeats = recorded("tma_stream__skip_consumer_wait")
+    d = mismatch.diagnose("MISMATCH", {}, repeats, maps)
+    assert d["pattern"] == "work_position" and "position(s) 0 " in d["summary"]
+    maps, repeats = recorded("sm90_gemm__release_before_read")
+    d = mismatch.diagnose("NONDETERMINISTIC", {}, repeats, maps)
+    assert d["pattern"] == "edge_tiles" and "different on every run" in d["summary"]
+
+
+def test_edge_tiles_that_change_between_runs_are_a_race():
+    bad = tile_mask(lambda ti, tj, r, c, cta, seq: (ti == TR - 1) | (tj == TC - 1))
+    assert classify(bad, reproducible=False)["row"] == "stale_smem"
+
+
+def test_tiles_stored_one_tile_row_low_are_misplaced_not_a_row():
+    g = torch.Generator().manual_seed(0)
+    ref = torch.randn(R, C, generator=g)
+    out = torch.full_like(ref, float("nan"))
+    out[TM:] = ref[:-TM]  # every tile one tile row low, the first tile row never written
+    good = torch.isclose(out, ref, atol=1e-5, rtol=1e-5)
+    m = valuemap.collect(out, ref, good, stream_tiling())
+    assert m["displacement"] == {
+        "rows": TM,
+        "cols": 0,
+        "matched": int((~good[TM:]).sum()),
+        "of": int((~good[TM:]).sum()),
+    }
+    d = mismatch.classify_map(m, reproducible=True)
+    assert (d["pattern"], d["row"]) == ("misplaced", None)
+    assert f"({-TM}, 0) away" in d["summary"]
+
+
+def test_a_misaligned_address_at_run_time_is_the_alignment_row():
+    from cutedebug.engine.worker import cuda_error_name
+
+    msg = "CUDA error: misaligned address"  # torch's text for cudaErrorMisalignedAddress
+    cu = {"name": cuda_error_name(msg), "message": msg}
+    d = mismatch.diagnose("CRASH", {"cuda_error": cu})
+    assert (d["row"], d["pattern"]) == ("alignment", "misaligned_address")
+    assert mismatch.diagnose("CRASH", {"cuda_error": {"name": "cudaErrorIllegalAddress"}}) is None

@@ -72,6 +72,7 @@ DENSE = 0.5  # of the elements bad: "everywhere"
 BAND_MAX = 0.75  # a band covers at most this share of a tile's rows / columns
 BAND_SHARE = 0.95  # of the bad elements of full tiles inside the band
 SUBSET_MAX = 0.5  # "some CTAs" / "some positions": at most this share of them
+MISPLACED = 0.9  # of the wrong non-NaN values equal to the reference one shift away
 
 
 # ---- patterns over one map -------------------------------------------------------------------
@@ -210,6 +211,15 @@ def classify_map(m: dict[str, Any], *, reproducible: bool | None = None) -> dict
             "summary": summary,
         }
 
+    if f["edge_tiles"] and f["edge_share"] >= EDGE_SHARE and timing:
+        return result(
+            "edge_tiles",
+            "stale_smem",
+            f"wrong values only in the partial tiles at the output's edge ({f['edge_tiles_hit']}"
+            f" of {f['edge_tiles']} edge tiles), but different on every run: a predicate is "
+            "evaluated the same way each run, a race is not: the last tiles' stages are read "
+            "early or refilled while read",
+        )
     if f["edge_tiles"] and f["edge_share"] >= EDGE_SHARE:
         sides = [
             s
@@ -228,6 +238,21 @@ def classify_map(m: dict[str, Any], *, reproducible: bool | None = None) -> dict
             f"partial tiles: {' and '.join(sides)} (M={m['tiling']['shape'][0]}, "
             f"N={m['tiling']['shape'][1]} vs tile {tm}x{tn})",
         )
+    shift = m.get("displacement") or {}
+    if shift.get("of") and shift["matched"] >= MISPLACED * shift["of"]:
+        return {
+            "pattern": "misplaced",
+            "row": None,
+            "facts": f,
+            "evidence": ev
+            + [
+                f"{shift['matched']} of {shift['of']} wrong values (not NaN or 0) equal the "
+                f"reference {shift['rows']} rows / {shift['cols']} columns away"
+            ],
+            "summary": f"the wrong values are right values of the element "
+            f"({-shift['rows']}, {-shift['cols']}) away: tiles stored at the "
+            "wrong place (an index or offset error), not a row of the table",
+        }
     every = f["full_tiles"] and f["full_tiles_hit"] >= EVERY_TILE * f["full_tiles"]
     for axis, band, size in (("rows", f["row_band"], tm), ("columns", f["col_band"], tn)):
         if every and band and band[1] >= BAND_SHARE and size > 1:

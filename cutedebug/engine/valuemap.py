@@ -64,8 +64,10 @@ def check_tiling(tiling: Any, numel: int) -> tuple[dict[str, Any] | None, str | 
     return out, None
 
 
-def collect(out, ref, good, tiling: Any) -> dict[str, Any]:
-    """The map of ``~good`` (a bool tensor shaped like the output) over the tiling."""
+def collect(out, ref, good, tiling: Any, atol: float = 1e-5, rtol: float = 1e-5) -> dict[str, Any]:
+    """The map of ``~good`` (a bool tensor shaped like the output) over the tiling. With the
+    values (``out``, ``ref``), also what the wrong values are (NaN, zero) and whether they are
+    the right values of another place (``displacement``; atol / rtol as the comparison's)."""
     import torch
 
     bad = (~good).reshape(-1)
@@ -108,7 +110,40 @@ def collect(out, ref, good, tiling: Any) -> dict[str, Any]:
             "inf": int(torch.isinf(o).sum()),
             "mean_abs_err": _finite(float((o - r).abs().nanmean())),
         }
+        if why is None:
+            shift = displacement(out, ref, good, rows, cols, tm, tn, atol, rtol)
+            if shift is not None:
+                m["displacement"] = shift
     return m
+
+
+def displacement(
+    out, ref, good, rows: int, cols: int, tm: int, tn: int, atol: float, rtol: float
+) -> dict[str, Any] | None:
+    """The shift (whole tiles: 1-2 tile rows or 1 tile column, either way) whose reference
+    value the wrong outputs (not NaN, not zero) equal most often: {"rows", "cols", "matched",
+    "of"}; None when no wrong output is a candidate."""
+    import torch
+
+    o = out.detach().float().reshape(rows, cols)
+    r = ref.detach().float().reshape(rows, cols)
+    # NaN and zero are what unwritten or zero-filled outputs hold: they prove no displacement
+    sel = (~good).reshape(rows, cols) & ~torch.isnan(o) & (o != 0)
+    n = int(sel.sum())
+    if not n:
+        return None
+    best = None
+    for dr, dc in ((tm, 0), (-tm, 0), (2 * tm, 0), (-2 * tm, 0), (0, tn), (0, -tn)):
+        if abs(dr) >= rows or abs(dc) >= cols:
+            continue
+        moved = torch.full_like(r, float("nan"))  # moved[i, j] = r[i - dr, j - dc]
+        moved[max(dr, 0) : rows + min(dr, 0), max(dc, 0) : cols + min(dc, 0)] = r[
+            max(-dr, 0) : rows - max(dr, 0), max(-dc, 0) : cols - max(dc, 0)
+        ]
+        hits = int((torch.isclose(o, moved, atol=atol, rtol=rtol) & sel).sum())
+        if best is None or hits > best["matched"]:
+            best = {"rows": dr, "cols": dc, "matched": hits, "of": n}
+    return best
 
 
 def _finite(x: float) -> float | None:

@@ -466,7 +466,8 @@ def mismatch_map(kernel, out, ref, atol: float, rtol: float, dump_dir: str | Non
         o, r = out.detach().float().cpu(), ref.detach().float().cpu()
         good = torch.isclose(o, r, atol=atol, rtol=rtol)
         tiling = kernel.tiling() if callable(getattr(kernel, "tiling", None)) else None
-        fields: dict[str, Any] = {"mismatch_map": valuemap.collect(o, r, good, tiling)}
+        fields: dict[str, Any] = {
+            "mismatch_map": valuemap.collect(o, r, good, tiling, atol, rtol)}
         if dump_dir:
             path = Path(dump_dir) / "mismatch_mask.gz"
             valuemap.save_mask(path, good, tiling, {"digest": digest(out)})

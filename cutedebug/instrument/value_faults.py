@@ -2,7 +2,8 @@
 
 | row            | symptom                              | faults here                               |
 |----------------|--------------------------------------|-------------------------------------------|
-| alignment      | copy-alignment verifier error        | switch ``unassumed_align``                |
+| alignment      | copy-alignment verifier error        | switches ``unassumed_align``,             |
+|                | (or a misaligned address at run time)| ``overclaimed_align``                     |
 | tile_edges     | wrong values at tile edges           | patch ``drop_copy_pred``, switch          |
 |                |                                      | ``edge_pred_whole_tiles``                 |
 | stale_smem     | stale shared-memory reads            | patches ``skip_consumer_wait``,           |
@@ -252,6 +253,16 @@ def entries() -> list[F.Fault]:
             kind="switch",
             expected_note="row alignment: the DSL's verifier "
             "rejects the copy ('ptr alignment (32 bits) does not meet requirement (128 bits)')",
+        ),
+        F.Fault(
+            "overclaimed_align",
+            "kernel switch: a tensor argument is an offset view (one element into its buffer) "
+            "while from_dlpack(..., assumed_align=16) claims 16-byte alignment",
+            {},
+            "CRASH",
+            kind="switch",
+            expected_note="row alignment: the vector accesses fault at run time "
+            "(cudaErrorMisalignedAddress); host side only, the PTX is unchanged",
         ),
     ]
 
