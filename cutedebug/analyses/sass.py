@@ -144,6 +144,7 @@ class Sass:
                     and i.target is not None
                     and head - 0x40 <= i.target <= u.offset
                     and not head - 0x40 <= i.offset <= branch
+                    and i.offset < i.target  # forward: a retry block sits after its fast path
                 ):
                     continue
                 pred = i.pred[2:]
