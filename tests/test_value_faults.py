@@ -119,6 +119,11 @@ def test_unassumed_align_is_rejected_by_the_dsl_verifier_and_classified(stream):
     assert d is not None and d["row"] == "alignment"
     assert (d["view"], d["have_bits"], d["need_bits"]) == ("destination", 32, 128)
     assert d["lines"] == [f"{STREAM}:{line_of(STREAM, 'cute.copy(store_atom, ry, dst)')}"]
+    assert any("destination view in gmem proves 32 bits" in e for e in d["evidence"])
+    # one record per traced call site and alignment, however often an unrolled loop traces it
+    assert len(sites) == len(
+        {(x["file"], x["line"], x["atom"], x["dst_align_bits"]) for x in sites}
+    )
 
 
 def test_drop_copy_pred_unpredicates_tiled_copies(cute_mod, tmp_path):

@@ -377,6 +377,11 @@ def union(maps: list[dict[str, Any]]) -> dict[str, Any] | None:
 # ---- compile errors and CUDA errors ---------------------------------------------------------
 
 
+def _space_text(site: dict[str, Any], side: str) -> str:
+    space = site.get("src_space" if side == "S" else "dst_space")
+    return f" in {space}" if space else ""
+
+
 def diagnose_compile_error(ce: dict[str, Any]) -> dict[str, Any] | None:
     """An alignment verifier error: the message, the view, the copy's line, what to check."""
     msg = ce.get("message", "") or ""
@@ -389,7 +394,8 @@ def diagnose_compile_error(ce: dict[str, Any]) -> dict[str, Any] | None:
     sites = ce.get("copy_sites") or []
     cands = [s for s in sites if s.get(key) is not None and s[key] < need]
     exact = [s for s in cands if s[key] == have]
-    best = exact or cands
+    same_atom = [s for s in exact or cands if s.get("atom") == mt["atom"]]
+    best = same_atom or exact or cands
     lines = sorted({f"{s['file']}:{s['line']}" for s in best if s.get("file")})
     ev = [
         f"verifier: 'cute.copy' {side} pointer alignment {have} bits < {need} bits "
@@ -399,7 +405,7 @@ def diagnose_compile_error(ce: dict[str, Any]) -> dict[str, Any] | None:
         s = best[0]
         ev.append(
             f"the copy: {s.get('function')} at {lines[0] if lines else '?'} "
-            f"({side} view proves {s.get(key)} bits)"
+            f"({side} view{_space_text(s, mt['side'])} proves {s.get(key)} bits)"
             + (f"; {len(lines)} such copies" if len(lines) > 1 else "")
         )
     elif sites:

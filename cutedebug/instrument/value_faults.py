@@ -287,6 +287,10 @@ def _alignment_bits(tensor: Any) -> int | None:
     return int(align) * 8 if isinstance(align, int) else None
 
 
+def _space(tensor: Any) -> str:
+    return str(getattr(getattr(tensor, "iterator", None), "memspace", ""))[:40]
+
+
 @contextlib.contextmanager
 def record_copy_sites() -> Iterator[list[dict[str, Any]]]:
     """While active, every ``cute.copy`` call appends {file, line, function, atom, src_align_bits,
@@ -299,18 +303,18 @@ def record_copy_sites() -> Iterator[list[dict[str, Any]]]:
     def copy(atom, src, dst, *rest, **kw):
         where = frames.kernel_frame()
         with contextlib.suppress(Exception):  # recording never changes what is traced
-            sites.append(
-                {
-                    "file": where[0],
-                    "line": where[1],
-                    "function": where[2],
-                    "atom": str(getattr(atom, "type", atom))[:200],
-                    "src_align_bits": _alignment_bits(src),
-                    "dst_align_bits": _alignment_bits(dst),
-                    "src_space": str(getattr(getattr(src, "iterator", None), "memspace", ""))[:40],
-                    "dst_space": str(getattr(getattr(dst, "iterator", None), "memspace", ""))[:40],
-                }
-            )
+            site = {
+                "file": where[0],
+                "line": where[1],
+                "function": where[2],
+                "atom": str(getattr(atom, "type", atom))[:200],
+                "src_align_bits": _alignment_bits(src),
+                "dst_align_bits": _alignment_bits(dst),
+                "src_space": _space(src),
+                "dst_space": _space(dst),
+            }
+            if site not in sites:  # unrolled loops trace one call many times
+                sites.append(site)
         return original(atom, src, dst, *rest, **kw)
 
     patcher = F._Patcher(F.Applied(None, {}))
