@@ -182,6 +182,8 @@ def test_mutate_over_a_compile_only_target_then_resume(tmp_path):
     page = (out / "matrix.html").read_text()
     assert page.count("<td class='ok'") == 3 and page.count("<td class='miss'") == 1
     assert "[  4/4]" in text and "mutation score 75%" in text
+    assert "processes of ours left: 0" in text and m["facts"]["processes_left"] == []
+    assert m["facts"]["gpu_health"] is None  # nothing ran on a GPU
     assert len((out / "results.jsonl").read_text().splitlines()) == 4
     # --resume: the clean run and the four mutants are kept, nothing runs again
     rc, text = mutate(

@@ -107,6 +107,7 @@ class ExecResult:
     health: dict[str, Any] | None = None
     swept: list[int] = field(default_factory=list)
     first_run: dict[str, Any] | None = None  # a blind HANG rerun with probes: the first run
+    left: list[int] = field(default_factory=list)  # processes of the command alive after all
 
     @property
     def fault_count(self) -> int | None:
@@ -274,6 +275,7 @@ def watch_command(s: Settings, run_dir: Path) -> ExecResult:
         processes=tree.procs,
         log_tail=runner._tail(log_path, 8000),
         swept=sorted(set(swept)),
+        left=[p.pid for p in runner.tagged_processes(tag)],  # after the sweep: should be none
     )
     res.evidence["stacks"] = _read_stacks(stacks) if killed_by else {}
     if first_stuck_t is not None:
@@ -328,6 +330,8 @@ def _harness_problem(res: ExecResult) -> str | None:
     if ACTIVATION_FAILED in res.log_tail:
         line = next(ln for ln in res.log_tail.splitlines() if ACTIVATION_FAILED in ln)
         return line.strip()
+    if res.left:
+        return f"processes of the command survived the sweep: {res.left}"
     if res.evidence.get("malformed_lines"):
         return f"unreadable event lines: {res.evidence['malformed_lines'][0][:120]!r}"
     return None
@@ -542,6 +546,7 @@ def to_json(res: ExecResult, expect: str = "PASS", command: str = "") -> dict[st
         "processes": procs,
         "health": res.health,
         "swept_pids": res.swept,
+        "left_pids": res.left,
         "first_run": res.first_run,
         "run_dir": str(res.run_dir),
         "command": command,
@@ -733,9 +738,14 @@ def add_common(p: argparse.ArgumentParser) -> None:
         type=float,
         help=f"seconds the whole command may take (default {DEFAULT_DEADLINE_S:g})",
     )
-    p.add_argument("--stall", type=float, default=DEFAULT_STALL_S, help="with probes: HANG when "
-                   "an instrumented kernel is in flight and no beacon moves for this long "
-                   "(default %(default)s s)")
+    p.add_argument(
+        "--stall",
+        type=float,
+        default=DEFAULT_STALL_S,
+        help="with probes: HANG when "
+        "an instrumented kernel is in flight and no beacon moves for this long "
+        "(default %(default)s s)",
+    )
     p.add_argument("--runs-dir", default="runs", help="where run directories go")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
 

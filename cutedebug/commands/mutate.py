@@ -17,8 +17,10 @@
 
 The compile happens inside the command, so mutants that use the GPU run one at a time; when the
 clean run used no GPU (compile-only commands) ``--jobs`` mutants run at once.
-Exit status: 0 the clean run passed and no mutant met a harness error (and the score reached
-``--min-score`` when given), 1 otherwise, 2 usage error.
+At the end: processes of ours left (none, or exit status 1), a GPU health check when a mutant
+was killed on a GPU, and each mutant's time against the clean run's.
+Exit status: 0 the clean run passed, no mutant met a harness error, nothing was left behind, the
+GPU is healthy (and the score reached ``--min-score`` when given); 1 otherwise; 2 usage error.
 """
 
 from __future__ import annotations
@@ -292,6 +294,9 @@ def mutant_record(m: Mutant, res: X.ExecResult, out: Path) -> dict[str, Any]:
         "registry_expects": expected,
         "registry_note": note,
         "elapsed_s": res.elapsed_s,
+        "killed_by": res.killed_by,
+        "used_gpu": X._used_gpu(res),
+        "left_pids": res.left,
         "swept_pids": res.swept,
         "report": os.path.relpath(res.run_dir / "report.md", out),
     }
@@ -452,6 +457,8 @@ def render_markdown(m: dict[str, Any]) -> str:
             f" | {r['elapsed_s']} | [report]({r['report']}) |"
         )
     lines += ["", f"{m['planned']} mutant(s) planned, {len(m['mutants'])} done."]
+    if m.get("facts"):
+        lines += ["", "## Run facts", ""] + [f"- {x}" for x in facts_lines(m["facts"])]
     return "\n".join(lines) + "\n"
 
 
@@ -490,8 +497,55 @@ def render_html(m: dict[str, Any]) -> str:
         out.append("</tr>")
     out.append("</table><h2>Survivors</h2><ul>")
     out += [f"<li>{e(s)}</li>" for s in survivors(m)] or ["<li>none</li>"]
-    out.append("</ul></body></html>\n")
+    out.append("</ul>")
+    if m.get("facts"):
+        out += ["<h2>Run facts</h2><ul>"] + [f"<li>{e(x)}</li>" for x in facts_lines(m["facts"])]
+        out.append("</ul>")
+    out.append("</body></html>\n")
     return "\n".join(out)
+
+
+def run_facts(
+    clean: dict[str, Any], results: list[dict[str, Any]], wall_s: float
+) -> dict[str, Any]:
+    """Leftover processes, GPU health after the kills, each mutant's time against the clean
+    run's (interpreter start + compile + run; a mutant may take 2 s more)."""
+    from cutedebug.engine import runner
+
+    killed_gpu = [r for r in results if r.get("killed_by") and r.get("used_gpu")]
+    limit = clean["elapsed_s"] + 2.0
+    over = [r["id"] for r in results if r["elapsed_s"] > limit]
+    return {
+        "clean_s": clean["elapsed_s"],
+        "wall_s": round(wall_s, 1),
+        "max_mutant_s": max((r["elapsed_s"] for r in results), default=None),
+        "over_clean_plus_2s": over,
+        "processes_left": sorted({p for r in results for p in r.get("left_pids") or []}),
+        "gpu_health": runner.health_check() if killed_gpu else None,
+        "killed_on_gpu": len(killed_gpu),
+    }
+
+
+def facts_lines(f: dict[str, Any]) -> list[str]:
+    if not f:
+        return []
+    health = f["gpu_health"]
+    return [
+        f"clean run {f['clean_s']} s; slowest mutant {f['max_mutant_s']} s; "
+        f"{len(f['over_clean_plus_2s'])} mutant(s) over clean + 2 s"
+        + (f" ({', '.join(f['over_clean_plus_2s'][:5])})" if f["over_clean_plus_2s"] else ""),
+        f"processes of ours left: {len(f['processes_left'])}"
+        + (f" {f['processes_left']}" if f["processes_left"] else ""),
+        "GPU health after the kills: "
+        + (
+            "not checked (no mutant killed on a GPU)"
+            if health is None
+            else "healthy"
+            if health.get("healthy")
+            else f"UNHEALTHY {health}"
+        ),
+        f"mutate wall time {f['wall_s']} s",
+    ]
 
 
 def write_matrix(out: Path, m: dict[str, Any]) -> None:
@@ -652,12 +706,19 @@ def cmd_mutate(args: argparse.Namespace) -> int:
             for fut in as_completed(futures):
                 finished(fut.result())
     m = build_matrix(clean, traces, results, planned, command)
+    m["facts"] = run_facts(clean, results, time.monotonic() - t0)
     write_matrix(out, m)
     print(_score_text(m["score"]) + f" ({time.monotonic() - t0:.1f} s)")
+    for line in facts_lines(m["facts"]):
+        print(f"  {line}")
     for s in survivors(m):
         print(f"  survivor: {s}")
     print(f"matrix: {out / 'matrix.md'} | {out / 'matrix.html'} | {out / 'matrix.json'}")
-    bad = m["score"]["counts"][HARNESS] > 0 or (
-        args.min_score is not None and (m["score"]["score"] or 0.0) < args.min_score
+    health = m["facts"]["gpu_health"]
+    bad = m["facts"]["processes_left"] or (health is not None and not health.get("healthy"))
+    bad = (
+        bad
+        or m["score"]["counts"][HARNESS] > 0
+        or (args.min_score is not None and (m["score"]["score"] or 0.0) < args.min_score)
     )
     return X.EXIT_MISMATCH if bad else X.EXIT_OK
