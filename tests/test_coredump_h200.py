@@ -129,8 +129,7 @@ def test_warps_blocked_at_a_named_barrier(monkeypatch):
     # 7 wait loops for 7 traced waits (the mainloop's wait sits at the top of the loop whose
     # back-edge is a predicated branch after a later TRYWAIT: not a retry block)
     assert rep.site_map_notes == []
-    assert {w.op for w in rep.warps if w.construct.kind == "mbarrier_wait"} == {
-        "producer_acquire"}
+    assert {w.op for w in rep.warps if w.construct.kind == "mbarrier_wait"} == {"producer_acquire"}
 
 
 def test_exited_consumers_inferred_from_the_producer_waiting_on_empty(monkeypatch):
@@ -163,3 +162,50 @@ def test_picture_draws_the_stuck_map(monkeypatch):
     m = SM.build(snapshot_from_json(pic), pic["sites"])
     text = SM.render_text(m)
     assert "wait f" in text and "acq e" in text
+
+
+def test_analyse_a_run_folder_into_evidence_and_the_runs_grade(tmp_path, monkeypatch):
+    """coredump.analyse as run_scenario(core=...) calls it after the kill: the core in the
+    run folder, the worker's events, the cubin's SASS; then RunResult grades a bisection-only
+    scenario by the core's answer."""
+    from cutedebug.engine import runner
+    from cutedebug.engine import verdict as V
+
+    name = "bisect__flag_spin_barrier_threads_plus"
+    d = DATA / name
+    facts = json.loads((d / "facts.json").read_text())
+    _, _, sc, fake = replay(name, monkeypatch)
+    monkeypatch.setattr(
+        coredump, "sass_of_cubin", lambda cubin: gzip.open(d / "sass.txt.gz", "rt").read()
+    )
+    (tmp_path / "coredump.4242.nvcudmp").write_bytes(b"\x7fELF" + bytes(60))
+    outcome = V.Outcome()
+    for ev in (
+        {"event": "launched"},
+        {"event": "compiled", "wait_sites": facts["wait_sites"]},
+        {"event": "checkpoint_sites", "sites": facts["checkpoint_sites"]},
+    ):
+        outcome.add(ev)
+    kill = {"before_kill": [{"coredump": {"dump_s": 0.22, "core_bytes": 64}}]}
+    ev = coredump.analyse(tmp_path, outcome, kill, sc.expect.localization(), sc.expect.localized_by)
+    assert ev["coredump"]["warps"] == 32 and ev["coredump"]["dump"]["dump_s"] == 0.22
+    assert ev["coredump"]["site_map"] == [
+        "every wait loop and BAR.SYNC mapped to its traced site (counts agree)"
+    ]
+    assert (tmp_path / "coredump_gdb_pass1.txt").exists()
+    assert ev["coredump_grade"]["ok"] is True
+    assert ev["diagnosis"] == [
+        "consumer: 32 warp(s) in named_barrier at flag_spin.py:128 "
+        "(named_barrier named; 32 warp(s) over 8 CTA(s) in the core)"
+    ]
+    assert {s["op"] for s in ev["stuck_sites"]} == {"named_barrier"}
+    res = runner.RunResult(
+        scenario=sc,
+        verdict=V.Verdict.HANG,
+        reason="",
+        run_dir=tmp_path,
+        outcome=outcome,
+        evidence=ev,
+    )
+    assert res.localization["ok"] is True and res.localization["by"] == "coredump"
+    assert res.expected

@@ -56,6 +56,7 @@ SKIP_MEMORY = "skip_global_memory,skip_shared_memory,skip_local_memory"
 PIPE_NAME = "coredump.pipe"  # the driver creates <run dir>/coredump.pipe.<pid>
 CORE_NAME = "coredump"  # the driver writes <run dir>/coredump.<pid>.nvcudmp
 DUMP_LIMIT_S = 10.0
+KEEP_CORE_MAX = 64 << 20  # a larger core is removed once read (the cuda-gdb text stays)
 
 
 # ---- capture --------------------------------------------------------------------------------
@@ -396,6 +397,9 @@ def analyse(
         warps=len(rep.warps),
         analysis_s=round(time.monotonic() - t0, 3),
     )
+    if info["core_bytes"] > KEEP_CORE_MAX:  # e.g. 130 MB for 8,448 warps of a big grid
+        found[0].unlink()
+        info["core_removed"] = f"over {KEEP_CORE_MAX >> 20} MB: removed after reading"
     out: dict[str, Any] = {"coredump": info}
     if rep.exception is not None:
         out["crash"] = crash_evidence(rep)
