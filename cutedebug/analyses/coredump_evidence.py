@@ -252,15 +252,82 @@ def crash_evidence(rep: CoreReport) -> dict[str, Any]:
 
 
 def diagnosis(rep: CoreReport, cp_sites: list[dict[str, Any]]) -> list[str]:
-    """One line per role: where its warps are (or why they are gone), over how many CTAs."""
-    lines = []
+    """The patterns recognized (most CTAs first), then one line per role: where its warps
+    are (or why they are gone), over how many CTAs."""
+    lines = patterns(rep)
     ctas = sorted({w.cta for w in rep.warps})
     for role, a in role_answers(rep, cp_sites).items():
+        bar = f" {a['barrier']}" if a["barrier"] else ""
         lines.append(
-            f"{role}: {a['how']} ({a['op']}{' ' + a['barrier'] if a['barrier'] else ''}"
-            f"; {a['warps']} warp(s) over {len(ctas)} CTA(s) in the core)"
+            f"{role}: {a['how']} ({a['op']}{bar}; {a['warps']} warp(s) over "
+            f"{len(ctas)} CTA(s) in the core)"
         )
     return lines
+
+
+def patterns(rep: CoreReport) -> list[str]:
+    """What the warps' places say together, per CTA, aggregated over CTAs:
+
+    - consumers wait on full with parity 0 (their first lap) while the producer waits on
+      empty with parity 0 (a producer starts at parity 1: it is in its second lap, so it filled
+      every stage once): the full barrier never completed;
+    - a named barrier expects more threads than the live warps of the CTA can bring: the count
+      is larger than the warps that arrive (or some of them exited / wait elsewhere).
+    """
+    found: dict[str, list[int]] = {}
+    by_cta: dict[int, list[WarpRecord]] = {}
+    for w in rep.warps:
+        by_cta.setdefault(w.cta, []).append(w)
+    for cta, ws in by_cta.items():
+        cons = [w for w in ws if w.op == "consumer_wait" and w.barrier == "full"]
+        prod = [
+            w for w in ws if w.op in ("producer_acquire", "producer_tail") and w.barrier == "empty"
+        ]
+        if cons and prod and {parity(w) for w in cons} == {0} and {parity(w) for w in prod} == {0}:
+            site = cons[0]
+            found.setdefault(
+                "consumers wait on full with parity 0 (first lap) while the producer waits on "
+                "empty with parity 0 (its second lap: it filled every stage): the full barrier "
+                "never completed -> expect_tx larger than the bytes delivered, a TMA load "
+                f"missing, or full's arrive count too large? ({os.path.basename(site.file)}:"
+                f"{site.line})",
+                [],
+            ).append(cta)
+        for bar in {
+            (w.construct.barrier_id, w.construct.threads)
+            for w in ws
+            if w.construct is not None
+            and w.construct.kind == "named_barrier"
+            and w.construct.threads
+        }:
+            at = [
+                w
+                for w in ws
+                if w.construct is not None
+                and w.construct.kind == "named_barrier"
+                and (w.construct.barrier_id, w.construct.threads) == bar
+            ]
+            need = -(-bar[1] // 32)
+            others = [w for w in ws if w not in at]
+            if need > len(at) + len(others):
+                found.setdefault(
+                    f"bar.sync {bar[0]}, {bar[1]} expects {need} warps; {len(at)} wait there "
+                    f"and no other warp of the CTA is alive to arrive: the thread count is "
+                    f"larger than the warps that arrive (or some exited first) "
+                    f"({os.path.basename(at[0].file)}:{at[0].line})",
+                    [],
+                ).append(cta)
+            elif need > len(at):
+                found.setdefault(
+                    f"bar.sync {bar[0]}, {bar[1]} expects {need} warps; {len(at)} wait there "
+                    f"while {len(others)} other warp(s) of the CTA wait elsewhere "
+                    f"({os.path.basename(at[0].file)}:{at[0].line})",
+                    [],
+                ).append(cta)
+    out = []
+    for msg, ctas in sorted(found.items(), key=lambda kv: -len(kv[1])):
+        out.append(f"{len(ctas)} CTA(s): {msg}")
+    return out
 
 
 def picture(rep: CoreReport) -> dict[str, Any]:
