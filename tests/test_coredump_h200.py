@@ -76,6 +76,13 @@ def test_expect_tx_too_large_consumers_on_full_producer_on_empty(monkeypatch):
     }
     assert E.grade(sc.expect.localization(), rep, cps)["ok"] is True
     assert len(fake.calls) == 3  # warps; per-PC offsets and frames; registers
+    # the 12 CTAs whose registers the capture printed: the producer is a lap ahead
+    assert E.patterns(rep) == [
+        "12 CTA(s): consumers wait on full with parity 0 (first lap) while the producer waits "
+        "on empty with parity 0 (its second lap: it filled every stage): the full barrier never "
+        "completed -> expect_tx larger than the bytes delivered, a TMA load missing, or full's "
+        "arrive count too large? (tma_stream.py:269)"
+    ]
 
 
 @pytest.mark.parametrize(
@@ -195,8 +202,11 @@ def test_analyse_a_run_folder_into_evidence_and_the_runs_grade(tmp_path, monkeyp
     assert (tmp_path / "coredump_gdb_pass1.txt").exists()
     assert ev["coredump_grade"]["ok"] is True
     assert ev["diagnosis"] == [
+        "8 CTA(s): bar.sync 1, 160 expects 5 warps; 4 wait there and no other warp of the CTA "
+        "is alive to arrive: the thread count is larger than the warps that arrive (or some "
+        "exited first) (flag_spin.py:128)",
         "consumer: 32 warp(s) in named_barrier at flag_spin.py:128 "
-        "(named_barrier named; 32 warp(s) over 8 CTA(s) in the core)"
+        "(named_barrier named; 32 warp(s) over 8 CTA(s) in the core)",
     ]
     assert {s["op"] for s in ev["stuck_sites"]} == {"named_barrier"}
     res = runner.RunResult(
