@@ -37,6 +37,21 @@ Options (precedence: marker > command line > environment > ini)
       compile item runs before the first run item, so GPU runs never share the CPU.
     - ``forkserver`` (on/off, default on; session-wide): workers fork from one server that
       imported torch and cutlass once, instead of paying those imports per item.
+    - ``gpus`` (``all`` or a comma list such as ``0,1``; session-wide): the GPUs the session
+      runs on, named as in ``CUDA_VISIBLE_DEVICES`` (default: every visible one). Under
+      pytest-xdist worker ``gwN`` is bound to the N-th (round robin): its
+      ``CUDA_VISIBLE_DEVICES`` is set to that one GPU before it starts any child, and its own
+      fork server, workers and health checks run there. Without xdist the first one is used.
+    - ``shard`` (``I/N``; session-wide): run only shard I of N, chosen by scenario id (other
+      tests by node id) so that every machine agrees; see ``cutedebug.commands.shard``.
+    - ``durations`` (a matrix.json of an earlier triage, or its folder; session-wide):
+      balance the shards by the seconds it recorded instead.
+
+pytest-xdist
+    ``pytest -n <GPUs> --dist worksteal scenarios``: one worker per GPU, one fork server per
+    worker, each compile item compiled once in the whole session (by the worker that runs
+    it: under xdist the compile items do not prefetch, the workers are the parallelism), no
+    state shared between workers, every child of a worker killed at its session end.
 
 Signals and interrupts
     While a cutedebug item (or a test using the fixture) runs, SIGTERM (a CI cancel,
@@ -156,12 +171,17 @@ OPTIONS = (
            "to the watchdog's worst case (default 60)"),
     Option("compile_jobs", _jobs, "compile items: compile-only children at once, session-wide "
            "(default: the CPU count, at most 8; 1: each in its turn)"),
+    Option("gpus", str, "GPUs to run on, session-wide: all or a comma list (0,1); under "
+           "pytest-xdist worker gwN gets the N-th (default: all visible)"),
+    Option("shard", str, "run only shard I/N of the tests (by scenario id), session-wide"),
+    Option("durations", str, "balance --cutedebug-shard by the seconds an earlier triage's "
+           "matrix.json recorded, session-wide"),
     Option("forkserver", _to_bool, "fork workers from one server that imported torch and "
            "cutlass once, session-wide: on|off (default on)"),
 )
 DEFAULTS = {"deadline": None, "compile_deadline": None, "probes": None, "repeat": 1,
             "runs_dir": None, "timeout_margin": 60.0, "compile_jobs": None,
-            "forkserver": True}
+            "forkserver": True, "gpus": None, "shard": None, "durations": None}
 
 
 @dataclass(frozen=True)
@@ -174,6 +194,9 @@ class Settings:
     timeout_margin: float
     compile_jobs: int
     forkserver: bool
+    gpus: str | None
+    shard: str | None
+    durations: str | None
     sources: dict[str, str]       # option -> where its value came from
 
     def apply(self, sc: S.Scenario) -> S.Scenario:
@@ -248,6 +271,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "runs_dir=DIR, timeout_margin=S): cutedebug settings for this test (they win over "
         "the command line, the environment and the ini file)")
     resolve(config)    # a bad value on the command line, in the env or the ini: fail early
+    _bind_gpu(config)
 
 
 def _sigterm(signum, _frame):
@@ -281,6 +305,76 @@ def pytest_keyboard_interrupt(excinfo) -> None:
     watchdog.abort_all()
 
 
+def pytest_unconfigure(config: pytest.Config) -> None:
+    bound = config.stash.get(_BOUND_KEY, None)
+    if bound is not None and bound.get("restore", True):
+        if bound["previous"] is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = bound["previous"]
+
+
+# ---- GPUs and pytest-xdist workers ------------------------------------------------------------
+_GPUS_KEY = pytest.StashKey[list]()
+_BOUND_KEY = pytest.StashKey[dict]()
+
+
+def session_gpus(config: pytest.Config) -> list[str]:
+    """The GPUs of this session (--cutedebug-gpus, checked against the visible ones)."""
+    if _GPUS_KEY not in config.stash:
+        from cutedebug.engine import gpus
+
+        visible = gpus.visible_gpus()
+        spec = resolve(config).gpus
+        try:
+            config.stash[_GPUS_KEY] = gpus.parse_gpus(spec, visible) if spec else visible
+        except gpus.GpuSpecError as e:
+            raise pytest.UsageError(f"cutedebug: {e}") from None
+    return config.stash[_GPUS_KEY]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """xdist controller: hand every worker the session's GPU list (it binds itself)."""
+    node.workerinput["cutedebug_gpus"] = session_gpus(node.config)
+
+
+def _bind_gpu(config: pytest.Config) -> None:
+    """Bind this process to its GPU before any child or fork server starts: an xdist worker
+    to the GPU its id picks from the controller's list; a plain session given
+    --cutedebug-gpus to the first one. Children inherit CUDA_VISIBLE_DEVICES."""
+    from cutedebug.engine import gpus
+
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:
+        chosen = workerinput.get("cutedebug_gpus") or []
+        index = gpus.worker_index(workerinput.get("workerid"))
+        if not chosen or index is None:
+            return
+        gpu, why = gpus.gpu_for_worker(index, chosen), f"xdist worker {workerinput['workerid']}"
+    else:
+        if not resolve(config).gpus:
+            return
+        chosen = session_gpus(config)
+        if not chosen:
+            return
+        gpu, why = chosen[0], "--cutedebug-gpus"
+    config.stash[_BOUND_KEY] = {"gpu": gpu, "why": why,
+                                "previous": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                                "restore": workerinput is None}
+    os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+
+
+def bound_gpu(config: pytest.Config) -> str | None:
+    """The GPU this process was bound to (None: not bound)."""
+    bound = config.stash.get(_BOUND_KEY, None)
+    return bound["gpu"] if bound else None
+
+
+def in_xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
 # ---- GPU (never imports torch: nvidia-smi only) -------------------------------------------
 _GPU_KEY = pytest.StashKey[dict]()
 
@@ -303,10 +397,14 @@ def gpu_skip_reason(config: pytest.Config, archs: tuple[str, ...]) -> str | None
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
-    if not _scenario_dirs(config) and not any(
-            v != "default" for v in resolve(config).sources.values()):
+    s = resolve(config)
+    bound = config.stash.get(_BOUND_KEY, None)
+    if not _scenario_dirs(config) and not bound and not any(
+            v != "default" for v in s.sources.values()):
         return None         # not configured: say nothing
-    return f"cutedebug: runs dir {resolve(config).runs_dir}"
+    return f"cutedebug: runs dir {s.runs_dir}" + (
+        f"; bound to GPU {bound['gpu']} ({bound['why']})" if bound else "") + (
+        f"; shard {s.shard}" if s.shard else "")
 
 
 # ---- collection ----------------------------------------------------------------------------
@@ -452,7 +550,9 @@ _FUTURES_KEY = pytest.StashKey[dict]()
 def _prefetch(item: CompileItem) -> Future | None:
     config = item.config
     jobs = resolve(config).compile_jobs
-    if jobs <= 1:
+    # Under xdist an item list is every worker's: prefetching it would compile each scenario
+    # once per worker. The workers are the parallelism; each compiles its own items in turn.
+    if jobs <= 1 or in_xdist_worker(config):
         return None
     if _PREFETCH_KEY not in config.stash:
         pool = ThreadPoolExecutor(jobs, thread_name_prefix="cutedebug-compile")
@@ -562,8 +662,38 @@ class RunItem(ScenarioItem):
             raise ScenarioFailure(f"{report.tldr(res)}{extra}\nreport: {md}")
 
 
+def shard_key(item: pytest.Item) -> str:
+    """What a shard is chosen by: the scenario id (compile and run items of a scenario go to
+    the same shard), else the node id."""
+    sc = getattr(item, "scenario", None)
+    return sc.id if sc is not None else item.nodeid
+
+
+def _select_shard(config: pytest.Config, items: list[pytest.Item]) -> None:
+    from cutedebug.commands import shard
+
+    s = resolve(config)
+    if not s.shard:
+        if s.durations:
+            raise pytest.UsageError("cutedebug: --cutedebug-durations needs --cutedebug-shard")
+        return
+    try:
+        which = shard.parse_shard(s.shard)
+        durations = shard.durations_from(s.durations) if s.durations else None
+    except shard.ShardError as e:
+        raise pytest.UsageError(f"cutedebug: {e}") from None
+    keys = [shard_key(i) for i in items]
+    mine = shard.select(keys, which, durations)
+    keep = [i for i, k in zip(items, keys) if k in mine]
+    dropped = [i for i, k in zip(items, keys) if k not in mine]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+    items[:] = keep
+
+
 @pytest.hookimpl(trylast=True)     # after conftests have added their markers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _select_shard(config, items)
     if resolve(config).compile_jobs > 1:
         # every compile before the first GPU run: runs never share the CPU with compiles
         others = [i for i in items if not isinstance(i, ScenarioItem)]

@@ -2,7 +2,8 @@
 # Set up a development environment in .venv (idempotent; fast when already done).
 #   bash tools/setup.sh
 # Installs cutedebug (editable) with nvidia-cutlass-dsl 4.8.1, psutil, pytest, pytest-timeout,
-# hypothesis, ruff, and torch when it is not importable (the CPU build where one is on disk);
+# hypothesis, pytest-xdist, ruff, and torch when it is not importable (the CPU build where one
+# is on disk);
 # then, if it installs, the 'field' extra (quack-kernels, flash-attn-4, triton, ...).
 set -euo pipefail
 cd "$(dirname "$0")/.."
