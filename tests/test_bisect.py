@@ -52,8 +52,18 @@ class SimKernel:
 
 
 def test_budget_is_ceil_log2_plus_two():
-    assert [run_budget(n) for n in (1, 2, 3, 4, 5, 8, 9, 16, 17, 1000)] == \
-        [2, 3, 4, 4, 5, 5, 6, 6, 7, 12]
+    assert [run_budget(n) for n in (1, 2, 3, 4, 5, 8, 9, 16, 17, 1000)] == [
+        2,
+        3,
+        4,
+        4,
+        5,
+        5,
+        6,
+        6,
+        7,
+        12,
+    ]
 
 
 @pytest.mark.parametrize("n", list(range(1, 34)) + [64, 100])
@@ -152,24 +162,80 @@ def test_contradicting_answers_are_reported_not_hidden():
 
 LOOP_P, LOOP_C = ["/k/tma_stream.py", 235], ["/k/tma_stream.py", 268]
 TMA_TABLE = [
-    {"id": 0, "op": "named_barrier", "kind": "named_barrier", "barrier": "named", "role": "all",
-     "file": "/k/tma_stream.py", "line": 200, "loops": []},
-    {"id": 1, "op": "producer_acquire", "kind": "pipeline", "barrier": "empty",
-     "role": "producer", "file": "/k/tma_stream.py", "line": 238, "loops": [LOOP_P]},
-    {"id": 2, "op": "producer_commit", "kind": "pipeline", "barrier": "full",
-     "role": "producer", "file": "/k/tma_stream.py", "line": 243, "loops": [LOOP_P]},
-    {"id": 3, "op": "producer_tail", "kind": "pipeline", "barrier": "empty",
-     "role": "producer", "file": "/k/tma_stream.py", "line": 246, "loops": []},
-    {"id": 4, "op": "consumer_wait", "kind": "pipeline", "barrier": "full",
-     "role": "consumer", "file": "/k/tma_stream.py", "line": 269, "loops": [LOOP_C]},
-    {"id": 5, "op": "consumer_release", "kind": "pipeline", "barrier": "empty",
-     "role": "consumer", "file": "/k/tma_stream.py", "line": 279, "loops": [LOOP_C]},
+    {
+        "id": 0,
+        "op": "named_barrier",
+        "kind": "named_barrier",
+        "barrier": "named",
+        "role": "all",
+        "file": "/k/tma_stream.py",
+        "line": 200,
+        "loops": [],
+    },
+    {
+        "id": 1,
+        "op": "producer_acquire",
+        "kind": "pipeline",
+        "barrier": "empty",
+        "role": "producer",
+        "file": "/k/tma_stream.py",
+        "line": 238,
+        "loops": [LOOP_P],
+    },
+    {
+        "id": 2,
+        "op": "producer_commit",
+        "kind": "pipeline",
+        "barrier": "full",
+        "role": "producer",
+        "file": "/k/tma_stream.py",
+        "line": 243,
+        "loops": [LOOP_P],
+    },
+    {
+        "id": 3,
+        "op": "producer_tail",
+        "kind": "pipeline",
+        "barrier": "empty",
+        "role": "producer",
+        "file": "/k/tma_stream.py",
+        "line": 246,
+        "loops": [],
+    },
+    {
+        "id": 4,
+        "op": "consumer_wait",
+        "kind": "pipeline",
+        "barrier": "full",
+        "role": "consumer",
+        "file": "/k/tma_stream.py",
+        "line": 269,
+        "loops": [LOOP_C],
+    },
+    {
+        "id": 5,
+        "op": "consumer_release",
+        "kind": "pipeline",
+        "barrier": "empty",
+        "role": "consumer",
+        "file": "/k/tma_stream.py",
+        "line": 279,
+        "loops": [LOOP_C],
+    },
 ]
 
 
 def _site(i: int) -> dict:
-    return {"id": i, "op": "consumer_wait", "kind": "pipeline", "barrier": "full",
-            "role": "consumer", "file": "/k/k.py", "line": 10 + i, "loops": []}
+    return {
+        "id": i,
+        "op": "consumer_wait",
+        "kind": "pipeline",
+        "barrier": "full",
+        "role": "consumer",
+        "file": "/k/k.py",
+        "line": 10 + i,
+        "loops": [],
+    }
 
 
 def _expect_tx_hang():
@@ -180,17 +246,33 @@ def _expect_tx_hang():
 
 def test_probes_agree_or_are_consistent_with_the_bisection():
     by_id = {s["id"]: s for s in TMA_TABLE}
-    stuck = [{"role": "consumer", "op": "consumer_wait", "barrier": "full",
-              "location": "tma_stream.py:269"},
-             {"role": "producer", "op": "producer_acquire", "barrier": "empty",
-              "location": "tma_stream.py:238"}]
+    stuck = [
+        {
+            "role": "consumer",
+            "op": "consumer_wait",
+            "barrier": "full",
+            "location": "tma_stream.py:269",
+        },
+        {
+            "role": "producer",
+            "op": "producer_acquire",
+            "barrier": "empty",
+            "location": "tma_stream.py:238",
+        },
+    ]
     cmp = B.compare_with_probes(_expect_tx_hang(), by_id, stuck)
     assert cmp["roles"]["consumer"]["agreement"] == "agree"
     # the producer passed acquire (4 stages) and is stuck in a later lap of the same loop
     assert cmp["roles"]["producer"]["agreement"] == "consistent"
     assert cmp["agree"] is True
-    wrong = [{"role": "consumer", "op": "consumer_release", "barrier": "empty",
-              "location": "tma_stream.py:279"}]
+    wrong = [
+        {
+            "role": "consumer",
+            "op": "consumer_release",
+            "barrier": "empty",
+            "location": "tma_stream.py:279",
+        }
+    ]
     cmp = B.compare_with_probes(_expect_tx_hang(), by_id, wrong)
     assert cmp["roles"]["consumer"]["agreement"] == "disagree" and cmp["agree"] is False
     assert B.compare_with_probes(_expect_tx_hang(), by_id, [])["agree"] is None
@@ -198,11 +280,16 @@ def test_probes_agree_or_are_consistent_with_the_bisection():
 
 def test_grade_matches_a_role_first_unreached_site_and_ignores_stage():
     by_id = {s["id"]: s for s in TMA_TABLE}
-    good = B.grade({"role": "consumer", "op": "consumer_wait", "barrier": "full", "stage": 0},
-                   _expect_tx_hang(), by_id)
+    good = B.grade(
+        {"role": "consumer", "op": "consumer_wait", "barrier": "full", "stage": 0},
+        _expect_tx_hang(),
+        by_id,
+    )
     assert good["ok"] is True and good["matched"]["where"] == "tma_stream.py:269"
-    assert B.grade({"role": "producer", "op": "producer_acquire"}, _expect_tx_hang(),
-                   by_id)["ok"] is False
+    assert (
+        B.grade({"role": "producer", "op": "producer_acquire"}, _expect_tx_hang(), by_id)["ok"]
+        is False
+    )
     assert B.grade({"role": "any", "op": "producer_tail"}, _expect_tx_hang(), by_id)["ok"]
     assert B.grade({}, _expect_tx_hang(), by_id)["ok"] is None
 
@@ -210,8 +297,10 @@ def test_grade_matches_a_role_first_unreached_site_and_ignores_stage():
 def test_loop_caveat_in_the_answer():
     by_id = {s["id"]: s for s in TMA_TABLE}
     text = B.role_answer(_expect_tx_hang()["producer"], by_id)
-    assert text.startswith("never gets past #3 producer_tail empty (tma_stream.py:246); "
-                           "last reached #2 producer_commit full (tma_stream.py:243)")
+    assert text.startswith(
+        "never gets past #3 producer_tail empty (tma_stream.py:246); "
+        "last reached #2 producer_commit full (tma_stream.py:243)"
+    )
     assert "later iteration of the loop at tma_stream.py:235" in text
 
 
@@ -229,8 +318,7 @@ def test_marks_decode_counts_per_cta_and_warp():
     mv[base + 2 * 8 + 3] = 5  # CTA 2, warp 3
     mv[base + 0 * 8 + 1] = 1
     state = C.decode(buf, cfg)
-    assert state == {"site": 7, "hits": 6, "n_warps": 2, "warps": [[0, 1, 1], [2, 3, 5]],
-                     "ctas": 2}
+    assert state == {"site": 7, "hits": 6, "n_warps": 2, "warps": [[0, 1, 1], [2, 3, 5]], "ctas": 2}
     with pytest.raises(ValueError):
         C.decode(bytearray(C.buffer_nbytes(cfg)), cfg)  # no header: not a marks buffer
 
@@ -266,9 +354,11 @@ def test_monitor_streams_hits_and_flushes_before_the_end_is_reported():
 
 
 def test_the_package_stays_import_light_and_checkpoint_is_inert():
-    code = ("import sys, cutedebug; cp = cutedebug.checkpoint; assert cp('x') is None; "
-            "from cutedebug import checkpoint; assert checkpoint('y', role='consumer') is None; "
-            "assert 'cutlass' not in sys.modules and 'torch' not in sys.modules, 'heavy'")
+    code = (
+        "import sys, cutedebug; cp = cutedebug.checkpoint; assert cp('x') is None; "
+        "from cutedebug import checkpoint; assert checkpoint('y', role='consumer') is None; "
+        "assert 'cutlass' not in sys.modules and 'torch' not in sys.modules, 'heavy'"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
 
@@ -279,14 +369,18 @@ def test_the_package_stays_import_light_and_checkpoint_is_inert():
 
 
 def _hang(events: list[dict]) -> tuple[V.Classified, V.Outcome]:
-    o = V.Outcome(phase="launched", killed_by_watchdog="deadline:launched:0.5s",
-                  events=events, returncode=-9)
+    o = V.Outcome(
+        phase="launched", killed_by_watchdog="deadline:launched:0.5s", events=events, returncode=-9
+    )
     return V.classify(o), o
 
 
 def _passed(events: list[dict]) -> tuple[V.Classified, V.Outcome]:
-    o = V.Outcome(phase="done", returncode=0,
-                  events=events + [{"event": "checked", "ok": True}, {"event": "done"}])
+    o = V.Outcome(
+        phase="done",
+        returncode=0,
+        events=events + [{"event": "checked", "ok": True}, {"event": "done"}],
+    )
     return V.classify(o), o
 
 
@@ -296,13 +390,22 @@ def _fake_runs(monkeypatch, table, reached, vanish=()):
 
     def run(self, name, site, *, probes, limits, stall_s):
         calls.append((name, site, probes, limits.deadline_s, stall_s))
-        sites_ev = {"event": "checkpoint_sites", "sites": table, "roles": roles,
-                    "emitted": 0 if site is None else 1, "enabled": site}
+        sites_ev = {
+            "event": "checkpoint_sites",
+            "sites": table,
+            "roles": roles,
+            "emitted": 0 if site is None else 1,
+            "enabled": site,
+        }
         if site is None:
             return _hang([sites_ev])
-        mark = {"event": "checkpoint", "reached": site in reached,
-                "hits": 4 if site in reached else 0, "n_warps": 4 if site in reached else 0,
-                "ctas": 1 if site in reached else 0}
+        mark = {
+            "event": "checkpoint",
+            "reached": site in reached,
+            "hits": 4 if site in reached else 0,
+            "n_warps": 4 if site in reached else 0,
+            "ctas": 1 if site in reached else 0,
+        }
         return (_passed if site in vanish else _hang)([sites_ev, mark])
 
     monkeypatch.setattr(B._Runner, "run", run)
@@ -315,8 +418,7 @@ def flag_table():
     return table
 
 
-def test_bisect_localizes_the_flag_spin_and_writes_the_report(monkeypatch, tmp_path,
-                                                               flag_table):
+def test_bisect_localizes_the_flag_spin_and_writes_the_report(monkeypatch, tmp_path, flag_table):
     sc = S.load(ROOT / "scenarios" / "bisect" / "flag_spin_never_set.toml")
     by_name = {s["name"]: s["id"] for s in flag_table if s["name"]}
     reached = {0, by_name["payload written"], by_name["flag published"]}
@@ -331,8 +433,10 @@ def test_bisect_localizes_the_flag_spin_and_writes_the_report(monkeypatch, tmp_p
     data = json.loads(jp.read_text())
     assert data["n_runs"] == len(res.runs) and data["timing_bug"] == [] and data["ok"]
     md = mp.read_text()
-    assert ("**consumer**: never gets past its first own site #3 checkpoint 'flag observed' "
-            "(flag_spin.py:") in md
+    assert (
+        "**consumer**: never gets past its first own site #3 checkpoint 'flag observed' "
+        "(flag_spin.py:"
+    ) in md
     assert "**producer**: reached every site" in md
 
 
@@ -350,8 +454,13 @@ def test_bisect_flags_the_probe_that_makes_the_hang_vanish(monkeypatch, tmp_path
 
 
 def test_bisect_stops_when_the_baseline_does_not_hang(monkeypatch, tmp_path, flag_table):
-    monkeypatch.setattr(B._Runner, "run", lambda self, name, site, **kw: _passed([
-        {"event": "checkpoint_sites", "sites": flag_table, "roles": {}, "emitted": 0}]))
+    monkeypatch.setattr(
+        B._Runner,
+        "run",
+        lambda self, name, site, **kw: _passed(
+            [{"event": "checkpoint_sites", "sites": flag_table, "roles": {}, "emitted": 0}]
+        ),
+    )
     sc = S.load(ROOT / "scenarios" / "bisect" / "flag_spin_never_set.toml")
     res = B.bisect(sc, runs_root=tmp_path, forkserver=False)
     assert res.status == "nothing_to_bisect" and not res.ok and res.runs == []
@@ -366,8 +475,14 @@ def test_bisect_through_the_real_worker_on_a_cpu(tmp_path):
     if res.baseline["verdict"] != "UNSUPPORTED":
         pytest.skip("a GPU is present: tools/gpu_bisect_table.py covers the real runs")
     assert res.status == "nothing_to_bisect"
-    assert [s["op"] for s in res.sites] == ["named_barrier", "checkpoint", "checkpoint",
-                                            "checkpoint", "named_barrier", "named_barrier"]
+    assert [s["op"] for s in res.sites] == [
+        "named_barrier",
+        "checkpoint",
+        "checkpoint",
+        "checkpoint",
+        "named_barrier",
+        "named_barrier",
+    ]
     assert res.roles == {"producer": [0, 1, 2], "consumer": [0, 3, 4, 5]}
 
 
@@ -377,12 +492,22 @@ def test_bisect_through_the_real_worker_on_a_cpu(tmp_path):
 
 
 def printf_formats(ptx: str) -> list[bytes]:
-    return [bytes(int(x) for x in m.group(1).split(","))
-            for m in re.finditer(r"printfFormat_\d+\[\d+\] = \{([^}]*)\}", ptx)]
+    return [
+        bytes(int(x) for x in m.group(1).split(","))
+        for m in re.finditer(r"printfFormat_\d+\[\d+\] = \{([^}]*)\}", ptx)
+    ]
 
 
-def compile_variant(path: Path, entry: str, params: dict, site, *, session: bool = True,
-                    fault: str | None = None, fault_args: dict | None = None):
+def compile_variant(
+    path: Path,
+    entry: str,
+    params: dict,
+    site,
+    *,
+    session: bool = True,
+    fault: str | None = None,
+    fault_args: dict | None = None,
+):
     pytest.importorskip("cutlass")
     import tempfile
 
@@ -412,8 +537,9 @@ def _keys(table):
     return [(s["op"], s["line"], s["role"], s["name"]) for s in table]
 
 
-@pytest.mark.parametrize("path,entry,params", [(TMA, "TmaStream", TMA_PARAMS),
-                                               (FLAG, "FlagSpin", FLAG_PARAMS)])
+@pytest.mark.parametrize(
+    "path,entry,params", [(TMA, "TmaStream", TMA_PARAMS), (FLAG, "FlagSpin", FLAG_PARAMS)]
+)
 def test_exactly_one_checkpoint_is_live_per_variant(path, entry, params):
     plain, _ = compile_variant(path, entry, params, None, session=False)
     inert, table = compile_variant(path, entry, params, None)
@@ -436,21 +562,24 @@ def test_tma_stream_sites_follow_the_source_in_program_order():
     _, table = compile_variant(TMA, "TmaStream", TMA_PARAMS, None)
     src = TMA.read_text()
     loop_p, loop_c = (lines_of(TMA, "for tile in cutlass.range(")[i] for i in (0, 1))
-    expect = [("named_barrier", lines_of(TMA, "ring = pipeline.PipelineTmaAsync.create(")[0],
-               "all"),
-              ("producer_acquire", lines_of(TMA, "ring.producer_acquire(")[0], "producer"),
-              ("producer_commit", lines_of(TMA, "ring.producer_commit(")[0], "producer"),
-              ("producer_tail", lines_of(TMA, "ring.producer_tail(")[0], "producer"),
-              ("consumer_wait", lines_of(TMA, "ring.consumer_wait(")[0], "consumer"),
-              ("consumer_release", lines_of(TMA, "ring.consumer_release(")[0], "consumer")]
+    expect = [
+        ("named_barrier", lines_of(TMA, "ring = pipeline.PipelineTmaAsync.create(")[0], "all"),
+        ("producer_acquire", lines_of(TMA, "ring.producer_acquire(")[0], "producer"),
+        ("producer_commit", lines_of(TMA, "ring.producer_commit(")[0], "producer"),
+        ("producer_tail", lines_of(TMA, "ring.producer_tail(")[0], "producer"),
+        ("consumer_wait", lines_of(TMA, "ring.consumer_wait(")[0], "consumer"),
+        ("consumer_release", lines_of(TMA, "ring.consumer_release(")[0], "consumer"),
+    ]
     assert [(s["op"], s["line"], s["role"]) for s in table] == expect
     assert "sync_warp" not in src or all(s["op"] != "sync_warp" for s in table)
     assert [s["barrier"] for s in table] == ["named", "empty", "full", "empty", "full", "empty"]
     assert table[0]["detail"] == "pipeline init sync (CTA)"
     assert [len(s["loops"]) for s in table] == [0, 1, 1, 0, 1, 1]
     assert table[1]["loops"][0][1] == loop_p and table[4]["loops"][0][1] == loop_c
-    assert C.roles_of([C.CheckpointSite.from_json(s) for s in table]) == \
-        {"producer": [0, 1, 2, 3], "consumer": [0, 4, 5]}
+    assert C.roles_of([C.CheckpointSite.from_json(s) for s in table]) == {
+        "producer": [0, 1, 2, 3],
+        "consumer": [0, 4, 5],
+    }
 
 
 def test_flag_spin_roles_come_from_the_role_functions():
@@ -459,12 +588,24 @@ def test_flag_spin_roles_come_from_the_role_functions():
     barrier_lines = lines_of(FLAG, "cute.arch.barrier(barrier_id=CONSUMER_BARRIER")
     assert got == [
         ("named_barrier", "", "all", lines_of(FLAG, "cute.arch.sync_threads()")[0]),
-        ("checkpoint", "payload written", "producer",
-         lines_of(FLAG, 'checkpoint("payload written")')[0]),
-        ("checkpoint", "flag published", "producer",
-         lines_of(FLAG, 'checkpoint("flag published")')[0]),
-        ("checkpoint", "flag observed", "consumer",
-         lines_of(FLAG, 'checkpoint("flag observed")')[0]),
+        (
+            "checkpoint",
+            "payload written",
+            "producer",
+            lines_of(FLAG, 'checkpoint("payload written")')[0],
+        ),
+        (
+            "checkpoint",
+            "flag published",
+            "producer",
+            lines_of(FLAG, 'checkpoint("flag published")')[0],
+        ),
+        (
+            "checkpoint",
+            "flag observed",
+            "consumer",
+            lines_of(FLAG, 'checkpoint("flag observed")')[0],
+        ),
         ("named_barrier", "", "consumer", barrier_lines[0]),
         ("named_barrier", "", "consumer", barrier_lines[1]),
     ]
@@ -473,8 +614,9 @@ def test_flag_spin_roles_come_from_the_role_functions():
 
 def test_flag_spin_spins_on_an_acquire_load_and_never_set_drops_the_flag_store():
     ok, _ = compile_variant(FLAG, "FlagSpin", FLAG_PARAMS, None, session=False)
-    hang, _ = compile_variant(FLAG, "FlagSpin", {**FLAG_PARAMS, "never_set": True}, None,
-                              session=False)
+    hang, _ = compile_variant(
+        FLAG, "FlagSpin", {**FLAG_PARAMS, "never_set": True}, None, session=False
+    )
     assert len(re.findall(r"ld\.acquire\.gpu\.global\.b32", ok)) == 2  # before + in the loop
     assert len(re.findall(r"st\.release\.gpu\.global\.b32", ok)) == 1
     assert len(re.findall(r"st\.release\.gpu\.global\.b32", hang)) == 0
@@ -489,12 +631,18 @@ def _bar_syncs(ptx: str) -> list[str]:
     return re.findall(r"bar\.sync\s+(\d+(?:, \d+)?);", ptx)
 
 
-@pytest.mark.parametrize("which,expect", [(-1, ["0", "1, 160", "1, 160"]),
-                                          (1, ["0", "1, 128", "1, 160"])])
+@pytest.mark.parametrize(
+    "which,expect", [(-1, ["0", "1, 160", "1, 160"]), (1, ["0", "1, 128", "1, 160"])]
+)
 def test_wrong_barrier_threads_shifts_counted_barriers_only(which, expect):
-    ptx, table = compile_variant(FLAG, "FlagSpin", FLAG_PARAMS, None,
-                                 fault="wrong_barrier_threads",
-                                 fault_args={"delta": 32, "which": which})
+    ptx, table = compile_variant(
+        FLAG,
+        "FlagSpin",
+        FLAG_PARAMS,
+        None,
+        fault="wrong_barrier_threads",
+        fault_args={"delta": 32, "which": which},
+    )
     assert _bar_syncs(ptx) == expect
     # the site table reads the kernel's own count (the fault acts below the checkpoint)
     assert table[4]["detail"] == "barrier(barrier_id=1, number_of_threads=128)"
@@ -504,31 +652,50 @@ def test_wrong_barrier_threads_rejects_partial_warps():
     from cutedebug.instrument import faults
 
     with pytest.raises(faults.FaultApplyError):
-        compile_variant(FLAG, "FlagSpin", FLAG_PARAMS, None, session=False,
-                        fault="wrong_barrier_threads", fault_args={"delta": 16})
+        compile_variant(
+            FLAG,
+            "FlagSpin",
+            FLAG_PARAMS,
+            None,
+            session=False,
+            fault="wrong_barrier_threads",
+            fault_args={"delta": 16},
+        )
 
 
-@pytest.mark.parametrize("role,op", [("consumer", "consumer_release"),
-                                     ("producer", "producer_commit")])
+@pytest.mark.parametrize(
+    "role,op", [("consumer", "consumer_release"), ("producer", "producer_commit")]
+)
 def test_early_exit_leaves_before_the_op_and_its_checkpoint(role, op):
     plain, _ = compile_variant(TMA, "TmaStream", TMA_PARAMS, None, session=False)
-    ptx, table = compile_variant(TMA, "TmaStream", TMA_PARAMS, None, fault="early_exit",
-                                 fault_args={"role": role})
+    ptx, table = compile_variant(
+        TMA, "TmaStream", TMA_PARAMS, None, fault="early_exit", fault_args={"role": role}
+    )
     assert "exit;" not in plain and ptx.count("exit;") == 1
     site = next(s["id"] for s in table if s["op"] == op)
-    ptx, _ = compile_variant(TMA, "TmaStream", TMA_PARAMS, site, fault="early_exit",
-                             fault_args={"role": role})
+    ptx, _ = compile_variant(
+        TMA, "TmaStream", TMA_PARAMS, site, fault="early_exit", fault_args={"role": role}
+    )
     # the exit is guarded by the state count and comes before the checkpoint's mark
     assert ptx.index("exit;") < ptx.index("st.relaxed.sys.global.b32")
 
 
 def _sim_site(i, op, func, kind="pipeline", arm=None):
     """A site traced in kernel() -> [if arm] -> func (func None: inline in the kernel body)."""
-    frames = [["/k/g.py", "__call__"], ["/k/g.py", "kernel"]] + ([["/k/g.py", func]] if func
-                                                                  else [])
+    frames = [["/k/g.py", "__call__"], ["/k/g.py", "kernel"]] + (
+        [["/k/g.py", func]] if func else []
+    )
     arms = [["/k/g.py", arm[0], arm[1], 1]] if arm else []
-    return C.CheckpointSite(id=i, op=op, kind=kind, file="/k/g.py", line=100 + i,
-                            function=func or "kernel", frames=frames, arms=arms)
+    return C.CheckpointSite(
+        id=i,
+        op=op,
+        kind=kind,
+        file="/k/g.py",
+        line=100 + i,
+        function=func or "kernel",
+        frames=frames,
+        arms=arms,
+    )
 
 
 def test_roles_of_a_blackwell_shaped_kernel():
@@ -548,10 +715,23 @@ def test_roles_of_a_blackwell_shaped_kernel():
         _sim_site(8, "named_barrier", None, "named_barrier", arm=odd_arm),  # arm, no role fn
     ]
     C.assign_roles(sites)
-    assert [s.role for s in sites] == ["all", "load", "mma", "mma", "mma", "consumer",
-                                       "consumer", "consumer", "kernel@310"]
-    assert C.roles_of(sites) == {"load": [0, 1], "mma": [0, 2, 3, 4],
-                                 "consumer": [0, 5, 6, 7], "kernel@310": [0, 8]}
+    assert [s.role for s in sites] == [
+        "all",
+        "load",
+        "mma",
+        "mma",
+        "mma",
+        "consumer",
+        "consumer",
+        "consumer",
+        "kernel@310",
+    ]
+    assert C.roles_of(sites) == {
+        "load": [0, 1],
+        "mma": [0, 2, 3, 4],
+        "consumer": [0, 5, 6, 7],
+        "kernel@310": [0, 8],
+    }
     sites[8].explicit_role = "consumer"
     C.assign_roles(sites)
     assert sites[8].role == "consumer"
@@ -562,16 +742,20 @@ def test_grade_accepts_the_pipeline_role_of_a_function_named_role():
     for s in table:
         if s["role"] == "producer":
             s["role"] = "load"
-    res = search_all({"load": [0, 1, 2, 3], "consumer": [0, 4, 5]},
-                     Oracle(SimKernel(reached={0, 1}).run))
-    g = B.grade({"role": "producer", "op": "producer_commit"}, res,
-                {s["id"]: s for s in table})
+    res = search_all(
+        {"load": [0, 1, 2, 3], "consumer": [0, 4, 5]}, Oracle(SimKernel(reached={0, 1}).run)
+    )
+    g = B.grade({"role": "producer", "op": "producer_commit"}, res, {s["id"]: s for s in table})
     assert g["ok"] is True and g["matched"]["role"] == "load"
 
 
-@pytest.mark.parametrize("path,entry,params,fault,args", [
-    (TMA, "TmaStream", TMA_PARAMS, "wrong_expect_tx", {"delta_bytes": 16}),
-    (ROOT / "kernels" / "minimal.py", "Minimal", {"n": 4096, "spin_hang": True}, None, None)])
+@pytest.mark.parametrize(
+    "path,entry,params,fault,args",
+    [
+        (TMA, "TmaStream", TMA_PARAMS, "wrong_expect_tx", {"delta_bytes": 16}),
+        (ROOT / "kernels" / "minimal.py", "Minimal", {"n": 4096, "spin_hang": True}, None, None),
+    ],
+)
 def test_probes_do_not_change_the_site_numbering(path, entry, params, fault, args):
     """The baseline runs with bounded-wait probes, the checkpoint runs without: the site ids
     must mean the same sites (probes' own try_waits are not sites)."""

@@ -15,9 +15,8 @@ import torch
 from cutlass import cute
 from helpers.ptx import expect_tx_bytes
 
-from cutedebug.instrument import faults
-from cutedebug.instrument import probes
 from cutedebug.engine import scenario as S
+from cutedebug.instrument import faults, probes
 from cutedebug.kernel_api import load_entry, resolve_params
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -118,6 +117,7 @@ def test_probes_bound_the_partials_wait(tmp_path):
 
 # ---- faults and switches change the PTX as predicted -----------------------------------------
 
+
 @pytest.mark.parametrize("delta", [4, -4, 8])
 def test_wrong_expect_tx_applies(ptx, delta):
     assert expect_tx_bytes(ptx(**SMALL)) == [16]
@@ -135,8 +135,9 @@ def test_missing_init_fence(ptx):
     assert count(text, CLUSTER_ARRIVE_RELAXED) == 1 and count(text, CLUSTER_WAIT) == 2
 
 
-@pytest.mark.parametrize("what,fence_cta,relaxed", [
-    ("all", 1, 2), ("fence", 1, 1), ("cluster_arrive", 0, 2)])
+@pytest.mark.parametrize(
+    "what,fence_cta,relaxed", [("all", 1, 2), ("fence", 1, 1), ("cluster_arrive", 0, 2)]
+)
 def test_cta_scope_sync(ptx, what, fence_cta, relaxed):
     text = ptx("cta_scope_sync", {"what": what}, **SMALL)
     assert count(text, r"fence\.acq_rel\.cta;") == fence_cta
@@ -147,6 +148,7 @@ def test_cta_scope_sync(ptx, what, fence_cta, relaxed):
 
 def test_cta_scope_sync_mbarrier_scope():
     """A remote expect_tx defaults to .cluster scope; the fault demotes it to .cta."""
+
     @cute.kernel
     def remote_expect(bars: cute.Pointer):
         cute.arch.mbarrier_expect_tx(bars, 64, 1)
@@ -206,8 +208,10 @@ def test_switches_declared_and_registered():
 
 # ---- host models -----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("n,dtype,cluster", [(40968, "fp32", 4), (12347, "bf16", 8), (7, "fp32", 8),
-                                            (65536, "bf16", 2)])
+
+@pytest.mark.parametrize(
+    "n,dtype,cluster", [(40968, "fp32", 4), (12347, "bf16", 8), (7, "fp32", 8), (65536, "bf16", 2)]
+)
 def test_slices_reproduce_the_row_sum(n, dtype, cluster):
     """The C slices tile [0, N / V) exactly; the rank-order sum of slice sums is the row sum."""
     k = ClusterReduce(m=3, n=n, dtype=dtype, op="sum", cluster=cluster)
@@ -220,9 +224,10 @@ def test_slices_reproduce_the_row_sum(n, dtype, cluster):
     total = sum(x[:, s:e].sum(dim=(1, 2)) for s, e in bounds)
     torch.testing.assert_close(total, k.reference(t), atol=k.TOLERANCE[0], rtol=k.TOLERANCE[1])
     # a missing partial (rank 0's slice is never empty) cannot pass the tolerance
-    without_first = total - x[:, bounds[0][0]:bounds[0][1]].sum(dim=(1, 2))
-    assert not torch.allclose(without_first, k.reference(t), atol=k.TOLERANCE[0],
-                              rtol=k.TOLERANCE[1])
+    without_first = total - x[:, bounds[0][0] : bounds[0][1]].sum(dim=(1, 2))
+    assert not torch.allclose(
+        without_first, k.reference(t), atol=k.TOLERANCE[0], rtol=k.TOLERANCE[1]
+    )
 
 
 def first_stuck_use(expect: int, cluster: int, uses: int, early: int) -> int | None:
@@ -274,5 +279,12 @@ def test_scenarios_load_and_match_the_faults():
         if sc.fault == "wrong_expect_tx" and sc.fault_args["delta_bytes"] < 0:
             uses_per_slot = -(-k.m // k.groups) // 2
             assert uses_per_slot > k.cluster  # enough uses for the model's hang
-    assert {"wrong_expect_tx", "cta_scope_sync", "skip_init_cluster_sync", "skip_cluster_tail",
-            "cluster_mismatch", "missing_init_fence", None} <= faults_seen
+    assert {
+        "wrong_expect_tx",
+        "cta_scope_sync",
+        "skip_init_cluster_sync",
+        "skip_cluster_tail",
+        "cluster_mismatch",
+        "missing_init_fence",
+        None,
+    } <= faults_seen

@@ -38,8 +38,10 @@ def lines_containing(path: Path, needle: str) -> list[int]:
 
 
 def printf_formats(ptx: str) -> list[bytes]:
-    return [bytes(int(x) for x in m.group(1).split(","))
-            for m in re.finditer(r"printfFormat_\d+\[\d+\] = \{([^}]*)\}", ptx)]
+    return [
+        bytes(int(x) for x in m.group(1).split(","))
+        for m in re.finditer(r"printfFormat_\d+\[\d+\] = \{([^}]*)\}", ptx)
+    ]
 
 
 def compile_ptx(path: Path, entry: str, params: dict, cfg: ProbeConfig | None, tmp_path, mp):
@@ -63,8 +65,14 @@ def minimal_hang(tmp_path_factory):
     mp = pytest.MonkeyPatch()
     try:
         cfg = ProbeConfig(budget_ns=BUDGET)
-        return compile_ptx(MINIMAL, "Minimal", {"n": 4096, "spin_hang": True}, cfg,
-                           tmp_path_factory.mktemp("ptx"), mp)
+        return compile_ptx(
+            MINIMAL,
+            "Minimal",
+            {"n": 4096, "spin_hang": True},
+            cfg,
+            tmp_path_factory.mktemp("ptx"),
+            mp,
+        )
     finally:
         mp.undo()
 
@@ -75,8 +83,9 @@ def minimal_hang(tmp_path_factory):
 
 
 def test_unprobed_wait_is_the_library_spin(tmp_path, monkeypatch):
-    ptx, _ = compile_ptx(MINIMAL, "Minimal", {"n": 4096, "spin_hang": True}, None, tmp_path,
-                         monkeypatch)
+    ptx, _ = compile_ptx(
+        MINIMAL, "Minimal", {"n": 4096, "spin_hang": True}, None, tmp_path, monkeypatch
+    )
     assert "%globaltimer" not in ptx and ".sys" not in ptx and "exit;" not in ptx
     assert re.search(r"mbarrier\.try_wait\.parity\.shared\.b64 \S+, \[%r\d+\], 0, 10000000;", ptx)
 
@@ -86,10 +95,13 @@ def test_minimal_wait_becomes_bounded_loop(minimal_hang):
     # the library's unbounded spin (suspend-hint form) is gone
     assert not re.search(r"mbarrier\.try_wait\S* \S+, \[[^\]]+\], \S+, \d+;", ptx)
     # loop: try_wait, read %globaltimer, compare the elapsed ns with the budget, branch back
-    loop = re.search(r"\$(L__BB\d+_\d+):\n\s*mbarrier\.try_wait\.parity[^\n]*\n"
-                     r"(?:[^\n]*\n){0,3}?\s*mov\.u64\s+%rd\d+, %globaltimer;\n"
-                     r"\s*sub\.s64[^\n]*\n\s*setp\.lt\.s64\s+%p\d+, %rd\d+, (\d+);\n"
-                     r"[^\n]*\n\s*@%p\d+ bra\s+\$(L__BB\d+_\d+);", ptx)
+    loop = re.search(
+        r"\$(L__BB\d+_\d+):\n\s*mbarrier\.try_wait\.parity[^\n]*\n"
+        r"(?:[^\n]*\n){0,3}?\s*mov\.u64\s+%rd\d+, %globaltimer;\n"
+        r"\s*sub\.s64[^\n]*\n\s*setp\.lt\.s64\s+%p\d+, %rd\d+, (\d+);\n"
+        r"[^\n]*\n\s*@%p\d+ bra\s+\$(L__BB\d+_\d+);",
+        ptx,
+    )
     assert loop, "no globaltimer-bounded try_wait loop"
     assert int(loop.group(2)) == BUDGET and loop.group(1) == loop.group(3)
     assert "exit;" in ptx
@@ -100,8 +112,10 @@ def test_minimal_stuck_record_stores_match_decoder_layout(minimal_hang):
     ptx, _ = minimal_hang
     rec_base = ADDR + probes.records_offset(ProbeConfig())
     assert re.search(rf"add\.s64\s+%rd\d+, %rd\d+, {rec_base};", ptx)
-    offsets = {int(m.group(1) or 0) for m in re.finditer(
-        r"st\.relaxed\.sys\.global\.b(?:32|64) \[%rd\d+(?:\+(\d+))?\]", ptx)}
+    offsets = {
+        int(m.group(1) or 0)
+        for m in re.finditer(r"st\.relaxed\.sys\.global\.b(?:32|64) \[%rd\d+(?:\+(\d+))?\]", ptx)
+    }
     # every non-first field of RECORD_FMT is written with a relaxed sys-scope store
     field_offsets = set()
     off = 0
@@ -110,11 +124,17 @@ def test_minimal_stuck_record_stores_match_decoder_layout(minimal_hang):
         off += struct.calcsize("<" + code)
     assert field_offsets - {0} <= offsets
     # the valid word goes last, with release semantics
-    assert re.search(rf"mov\.b32\s+(%r\d+), {RECORD_VALID};\n\s*st\.release\.sys\.global\.b32 "
-                     r"\[%rd\d+\], \1;", ptx)
+    assert re.search(
+        rf"mov\.b32\s+(%r\d+), {RECORD_VALID};\n\s*st\.release\.sys\.global\.b32 "
+        r"\[%rd\d+\], \1;",
+        ptx,
+    )
     # the counter is a sys-scope atomic on header word 2, magic/version on words 0/1
-    assert re.search(rf"mov\.b64\s+(%rd\d+), {ADDR + 8};\n\s*atom\.global\.sys\.add\.u32\s+"
-                     r"%r\d+, \[\1\], 1;", ptx)
+    assert re.search(
+        rf"mov\.b64\s+(%rd\d+), {ADDR + 8};\n\s*atom\.global\.sys\.add\.u32\s+"
+        r"%r\d+, \[\1\], 1;",
+        ptx,
+    )
     assert f"{MAGIC};" in ptx
 
 
@@ -130,8 +150,11 @@ def test_minimal_printf_line(minimal_hang):
     ptx, _ = minimal_hang
     fmts = [f for f in printf_formats(ptx) if f.startswith(b"cutedebug: STUCK")]
     assert len(fmts) == 1
-    line = MINIMAL.name.encode() + b":" + str(lines_containing(MINIMAL,
-                                                               "cute.arch.mbarrier_wait(")[0]).encode()
+    line = (
+        MINIMAL.name.encode()
+        + b":"
+        + str(lines_containing(MINIMAL, "cute.arch.mbarrier_wait(")[0]).encode()
+    )
     assert b"site 0 raw_wait mbarrier at " + line in fmts[0]
     assert b"block=(%d,%d,%d) warp=%d stage=%d phase=%d" in fmts[0]
 
@@ -156,8 +179,9 @@ def test_clean_kernel_keeps_arrive_and_is_bounded(tmp_path, monkeypatch):
 def test_beacons_off_drops_only_the_beacon_store(minimal_hang, tmp_path, monkeypatch):
     ptx_on, _ = minimal_hang
     cfg = ProbeConfig(budget_ns=BUDGET, beacons=False)
-    ptx_off, _ = compile_ptx(MINIMAL, "Minimal", {"n": 4096, "spin_hang": True}, cfg, tmp_path,
-                             monkeypatch)
+    ptx_off, _ = compile_ptx(
+        MINIMAL, "Minimal", {"n": 4096, "spin_hang": True}, cfg, tmp_path, monkeypatch
+    )
     stores = "st.relaxed.sys.global.b64"
     assert ptx_on.count(stores) - ptx_off.count(stores) == 1
     assert "exit;" in ptx_off and "%globaltimer" in ptx_off
@@ -183,16 +207,20 @@ def test_patches_restored_after_context_and_after_error(tmp_path, monkeypatch):
     assert helpers.MbarrierArray.__dict__["wait"] is orig_array
 
 
-@pytest.mark.parametrize("path,entry,params", PIPELINE_KERNELS, ids=lambda v: getattr(v, "stem", ""))
+@pytest.mark.parametrize(
+    "path,entry,params", PIPELINE_KERNELS, ids=lambda v: getattr(v, "stem", "")
+)
 def test_pipeline_kernel_sites(path, entry, params, tmp_path, monkeypatch):
     if not path.exists():
         pytest.skip(f"{path.name} not present")
     cfg = ProbeConfig(budget_ns=BUDGET)
     ptx, table = compile_ptx(path, entry, params, cfg, tmp_path, monkeypatch)
     got = {(s.op, s.barrier): s for s in table.sites}
-    expect = {("producer_acquire", "empty"): ".producer_acquire(",
-              ("consumer_wait", "full"): ".consumer_wait(",
-              ("producer_tail", "empty"): ".producer_tail("}
+    expect = {
+        ("producer_acquire", "empty"): ".producer_acquire(",
+        ("consumer_wait", "full"): ".consumer_wait(",
+        ("producer_tail", "empty"): ".producer_tail(",
+    }
     assert set(expect) <= set(got)
     for key, needle in expect.items():
         site = got[key]
@@ -216,15 +244,66 @@ def test_pipeline_kernel_sites(path, entry, params, tmp_path, monkeypatch):
 SMALL = ProbeConfig(budget_ns=BUDGET, max_ctas=4, max_warps=8, max_records=16)
 FILE = "/src/kernels/tma_stream.py"
 SITES = [
-    Site(0, "pipeline", "producer_acquire", "empty", "PipelineTmaAsync", "", FILE, 227,
-         "load", "ring.producer_acquire(state)", 4, 4, None),
-    Site(1, "pipeline", "producer_tail", "empty", "PipelineTmaAsync", "", FILE, 235, "load",
-         "ring.producer_tail(state)", 4, 4, None),
-    Site(2, "pipeline", "consumer_wait", "full", "PipelineTmaAsync", "", FILE, 258, "compute",
-         "ring.consumer_wait(state)", 4, 1, 33024),
+    Site(
+        0,
+        "pipeline",
+        "producer_acquire",
+        "empty",
+        "PipelineTmaAsync",
+        "",
+        FILE,
+        227,
+        "load",
+        "ring.producer_acquire(state)",
+        4,
+        4,
+        None,
+    ),
+    Site(
+        1,
+        "pipeline",
+        "producer_tail",
+        "empty",
+        "PipelineTmaAsync",
+        "",
+        FILE,
+        235,
+        "load",
+        "ring.producer_tail(state)",
+        4,
+        4,
+        None,
+    ),
+    Site(
+        2,
+        "pipeline",
+        "consumer_wait",
+        "full",
+        "PipelineTmaAsync",
+        "",
+        FILE,
+        258,
+        "compute",
+        "ring.consumer_wait(state)",
+        4,
+        1,
+        33024,
+    ),
 ]
-RAW_SITES = [Site(0, "raw", "raw_wait", "", "", "", "/src/kernels/minimal.py", 60, "kernel",
-                  "cute.arch.mbarrier_wait(mbar, 0)")]
+RAW_SITES = [
+    Site(
+        0,
+        "raw",
+        "raw_wait",
+        "",
+        "",
+        "",
+        "/src/kernels/minimal.py",
+        60,
+        "kernel",
+        "cute.arch.mbarrier_wait(mbar, 0)",
+    )
+]
 CONSUMERS, PRODUCER = (0, 1, 2, 3), 4
 
 
@@ -239,16 +318,37 @@ class Buf:
     def stuck(self, site, cta, warp, stage, phase, seq, waited=BUDGET + 1000, valid=True):
         struct.pack_into("<II", self.b, 0, MAGIC, VERSION)
         off = probes.records_offset(self.cfg) + self.n * probes.RECORD_BYTES
-        struct.pack_into(RECORD_FMT, self.b, off, RECORD_VALID if valid else 0, site, cta, 0, 0,
-                         warp, stage, phase, waited, 10**12 + self.n, 7, 0, seq, cta)
+        struct.pack_into(
+            RECORD_FMT,
+            self.b,
+            off,
+            RECORD_VALID if valid else 0,
+            site,
+            cta,
+            0,
+            0,
+            warp,
+            stage,
+            phase,
+            waited,
+            10**12 + self.n,
+            7,
+            0,
+            seq,
+            cta,
+        )
         self.n += 1
         struct.pack_into("<I", self.b, 8, self.n)
         return self
 
     def beacon(self, site, cta, warp, stage, phase, seq):
         slot = (cta % self.cfg.max_ctas) * self.cfg.max_warps + warp % self.cfg.max_warps
-        struct.pack_into("<Q", self.b, probes.beacons_offset(self.cfg) + 8 * slot,
-                         probes.pack_beacon(site, stage, phase, seq, cta))
+        struct.pack_into(
+            "<Q",
+            self.b,
+            probes.beacons_offset(self.cfg) + 8 * slot,
+            probes.pack_beacon(site, stage, phase, seq, cta),
+        )
         return self
 
     def snap(self) -> ProbeSnapshot:
@@ -271,8 +371,19 @@ def test_decode_roundtrip_fields():
     buf = Buf().beacon(2, 1, 3, 2, 1, 7).stuck(2, 1, 3, 3, 1, 8, waited=123_456_789)
     snap = buf.snap()
     (r,) = snap.stuck
-    assert r == StuckRecord(site_id=2, block=(1, 0, 0), block_linear=1, warp=3, stage=3, phase=1,
-                            seq=8, waited_ns=123_456_789, smid=7, lane=0, globaltimer=10**12)
+    assert r == StuckRecord(
+        site_id=2,
+        block=(1, 0, 0),
+        block_linear=1,
+        warp=3,
+        stage=3,
+        phase=1,
+        seq=8,
+        waited_ns=123_456_789,
+        smid=7,
+        lane=0,
+        globaltimer=10**12,
+    )
     (b,) = snap.beacons
     assert (b.cta, b.warp, b.site_id, b.stage, b.phase, b.seq) == (1, 3, 2, 2, 1, 7)
     assert snap.progress_counter_total == 7 + 1
@@ -336,8 +447,10 @@ def test_stall_detection():
 
 def test_diagnose_expect_tx_too_large():
     lines = probes.diagnose(expect_tx_too_large().snap(), SITES)
-    assert lines[0].startswith("2 CTAs (0-1): consumers wait on full[0] phase 0 while the "
-                               "producer is past it (producer acquired #4, consumer waits for #1)")
+    assert lines[0].startswith(
+        "2 CTAs (0-1): consumers wait on full[0] phase 0 while the "
+        "producer is past it (producer acquired #4, consumer waits for #1)"
+    )
     assert "expect_tx larger than the bytes delivered" in lines[0]
     assert len(lines) == 1  # the producer's own wait on empty[0] is a consequence, not reported
 
@@ -348,8 +461,10 @@ def test_diagnose_missing_consumer_release_is_circular():
         buf.beacon(2, 0, w, 3, 0, 4).stuck(2, 0, w, 0, 1, 5)
     buf.beacon(0, 0, PRODUCER, 3, 1, 4).stuck(0, 0, PRODUCER, 0, 0, 5)
     (line,) = probes.diagnose(buf.snap(), SITES)
-    assert line.startswith("CTA 0: circular wait: consumers wait on full[0] phase 1 and the "
-                           "producer waits on producer_acquire empty[0] phase 0")
+    assert line.startswith(
+        "CTA 0: circular wait: consumers wait on full[0] phase 1 and the "
+        "producer waits on producer_acquire empty[0] phase 0"
+    )
     assert "consumer_release missing" in line
 
 
@@ -359,8 +474,10 @@ def test_diagnose_producer_waits_while_consumers_done():
         buf.beacon(2, 0, w, 3, 1, 8)
     buf.beacon(0, 0, PRODUCER, 3, 0, 8).stuck(0, 0, PRODUCER, 0, 1, 9)
     (line,) = probes.diagnose(buf.snap(), SITES)
-    assert "producer waits on empty[0] phase 1 while the consumers are done (last " \
-           "consumer_wait #8)" in line
+    assert (
+        "producer waits on empty[0] phase 1 while the consumers are done (last "
+        "consumer_wait #8)" in line
+    )
 
 
 def test_diagnose_producer_tail():
@@ -378,8 +495,10 @@ def test_diagnose_phase_bookkeeping():
     for w in CONSUMERS:
         buf.beacon(2, 0, w, 3, 0, 4).stuck(2, 0, w, 0, 0, 5)
     (line,) = probes.diagnose(buf.snap(), SITES)
-    assert "consumer waits on full[0] phase 0 but its PipelineState count 4 implies full[0] " \
-           "phase 1" in line
+    assert (
+        "consumer waits on full[0] phase 0 but its PipelineState count 4 implies full[0] "
+        "phase 1" in line
+    )
 
 
 def test_diagnose_raw_nobody_arrived():
@@ -389,8 +508,10 @@ def test_diagnose_raw_nobody_arrived():
             buf.stuck(0, c, w, -1, 0, 0)
     snap = probes.decode(bytes(buf.b), SMALL, None)
     (line,) = probes.diagnose(snap, RAW_SITES)
-    assert line.startswith("3 CTAs (0-2): every waiting warp (4) waits on raw_wait mbarrier "
-                           "phase 0 (minimal.py:60) and none passed it: nobody arrived")
+    assert line.startswith(
+        "3 CTAs (0-2): every waiting warp (4) waits on raw_wait mbarrier "
+        "phase 0 (minimal.py:60) and none passed it: nobody arrived"
+    )
 
 
 def test_diagnose_stall_without_stuck_records():
@@ -409,11 +530,14 @@ def test_snapshot_json_roundtrip_and_diagnose_from_json_sites():
     d = json.loads(json.dumps(d))
     back = probes.snapshot_from_json(d)
     assert back.stuck == snap.stuck and back.beacons == snap.beacons
-    assert probes.diagnose(back, table.to_json()) == d["diagnosis"] == probes.diagnose(snap,
-                                                                                        SITES)
+    assert probes.diagnose(back, table.to_json()) == d["diagnosis"] == probes.diagnose(snap, SITES)
     first = d["warps"][0]
-    assert (first["cta"], first["warp"], first["role"], first["state"]) == (0, 0, "consumer",
-                                                                              "stuck")
+    assert (first["cta"], first["warp"], first["role"], first["state"]) == (
+        0,
+        0,
+        "consumer",
+        "stuck",
+    )
     assert first["stuck"]["op"] == "consumer_wait" and first["stuck"]["barrier"] == "full"
     assert first["stuck"]["where"] == "tma_stream.py:258"
     producer = next(w for w in d["warps"] if w["warp"] == PRODUCER)

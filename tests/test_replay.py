@@ -22,12 +22,13 @@ def test_expect_tx_hang_is_localized_to_the_full_barrier():
     assert len(r.evidence["stuck_sites"]) == 80
     assert r.localization["ok"] is True
     groups = report.group_sites(r.evidence["stuck_sites"])
-    assert [(g["role"], g["op"], g["barrier"], g["stage"], g["ctas"], g["count"])
-            for g in groups] == [
+    assert [
+        (g["role"], g["op"], g["barrier"], g["stage"], g["ctas"], g["count"]) for g in groups
+    ] == [
         ("consumer", "consumer_wait", "full", 0, "0-15", 64),
-        ("producer", "producer_acquire", "empty", 0, "0-15", 16)]
-    assert any("expect_tx larger than the bytes delivered" in d
-               for d in r.evidence["diagnosis"])
+        ("producer", "producer_acquire", "empty", 0, "0-15", 16),
+    ]
+    assert any("expect_tx larger than the bytes delivered" in d for d in r.evidence["diagnosis"])
     md = report.to_markdown(r)
     assert "**TL;DR** HANG (as expected)" in md
     assert "| 0-15 | 0-3 | consumer | consumer_wait | full\\[0\\] | 0 |" in md
@@ -50,7 +51,8 @@ def test_fault_after_timeouts_without_records_stays_a_crash_with_last_events():
     assert sorted(c for row in m.rows for c in row.ctas) == list(range(16))
     assert [(row.ctas, [c.label for c in row.cells]) for row in m.rows][:2] == [
         ([0, 1, 2, 6, 8, 11], ["wait full[3] p0"] * 4 + ["acq empty[3] p1"]),
-        ([3, 5, 10, 12], ["wait full[0] p0"] * 4 + ["acq empty[1] p1"])]
+        ([3, 5, 10, 12], ["wait full[0] p0"] * 4 + ["acq empty[1] p1"]),
+    ]
     assert {c.state for row in m.rows for c in row.cells} == {"progressed"}
     assert "acq empty[3] p1" in text
 
@@ -66,11 +68,28 @@ def test_stuck_records_decide_over_a_later_fault(tmp_path):
     shutil.copytree(src, dst)
     events = [json.loads(x) for x in (dst / "events.jsonl").read_text().splitlines()]
     picture = next(e["picture"] for e in reversed(events) if e.get("picture"))
-    stuck = [{"site_id": 0, "block": [0, 0, 0], "block_linear": 0, "warp": 4, "stage": 3,
-              "phase": 1, "seq": 13, "waited_ns": 500_000_000, "smid": 0, "lane": 0,
-              "globaltimer": 1}]
-    report_ev = {**picture, "event": "probe_report", "t": 8.2, "stuck": stuck,
-                 "after_cuda_error": True}
+    stuck = [
+        {
+            "site_id": 0,
+            "block": [0, 0, 0],
+            "block_linear": 0,
+            "warp": 4,
+            "stage": 3,
+            "phase": 1,
+            "seq": 13,
+            "waited_ns": 500_000_000,
+            "smid": 0,
+            "lane": 0,
+            "globaltimer": 1,
+        }
+    ]
+    report_ev = {
+        **picture,
+        "event": "probe_report",
+        "t": 8.2,
+        "stuck": stuck,
+        "after_cuda_error": True,
+    }
     cuda = next(e for e in events if e["event"] == "cuda_error")
     i = events.index(cuda)
     events.insert(i, report_ev)

@@ -16,10 +16,9 @@ import pytest
 from helpers.ptx import last_operands
 
 from cutedebug import kernel_api
-from cutedebug.instrument import faults
-from cutedebug.engine import runner
-from cutedebug.engine import scenario
+from cutedebug.engine import runner, scenario
 from cutedebug.engine.verdict import Verdict
+from cutedebug.instrument import faults
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNEL = ROOT / "kernels" / "sm100_gemm.py"
@@ -34,6 +33,7 @@ LEADER_MASK = -16777224  # 0xFEFFFFF8: clears the peer bit of a shared::cluster 
 
 # ---- the barrier arithmetic, without compiling ------------------------------------------------
 
+
 def test_barrier_arithmetic_is_the_docstring_s():
     one, two = Sm100Gemm(cta_group=1), Sm100Gemm(cta_group=2)
     assert (one.a_bytes, one.b_bytes, one.tx_bytes) == (16384, 32768, 49152)
@@ -47,17 +47,23 @@ def test_barrier_arithmetic_is_the_docstring_s():
 
 def test_tmem_columns_and_the_two_ctas_per_sm_configuration():
     shared = Sm100Gemm(tile_n=128, stages=2, acc_stages=4)
-    assert shared.tmem_cols == 512              # all of TMEM: co-resident CTAs serialise
+    assert shared.tmem_cols == 512  # all of TMEM: co-resident CTAs serialise
     assert 2 * (shared.smem_bytes + 1024) <= 228 * 1024  # two CTAs fit one SM's smem
     assert Sm100Gemm(tile_n=64, acc_stages=1).tmem_cols == 64
     with pytest.raises(ValueError, match="TMEM columns"):
         Sm100Gemm(tile_n=256, acc_stages=4)
 
 
-@pytest.mark.parametrize(("params", "needle"), [
-    ({"n": 1030}, "16-byte row pitches"), ({"k": 4}, "k >= 8"), ({"cta_group": 3}, "1 or 2"),
-    ({"cta_group": 2, "ctas": 1}, "ctas >= cta_group"), ({"stages": 8}, "smem"),
-])
+@pytest.mark.parametrize(
+    ("params", "needle"),
+    [
+        ({"n": 1030}, "16-byte row pitches"),
+        ({"k": 4}, "k >= 8"),
+        ({"cta_group": 3}, "1 or 2"),
+        ({"cta_group": 2, "ctas": 1}, "ctas >= cta_group"),
+        ({"stages": 8}, "smem"),
+    ],
+)
 def test_bad_configurations_are_refused_with_the_reason(params, needle):
     with pytest.raises(ValueError, match=needle):
         Sm100Gemm(**params)
@@ -102,8 +108,13 @@ def features(ptx: str) -> dict[str, object]:
         "try_waits": n(r"mbarrier\.try_wait"),
         "local_arrives": n(r"mbarrier\.arrive\.shared\.b64"),
         "remote_arrives": n(r"mbarrier\.arrive\.shared::cluster\.b64"),
-        "tma_loads": Counter(re.findall(r"cp\.async\.bulk\.tensor\.2d\.shared::(cta|cluster)"
-                                        r"\.global[^ ]*?(\.cta_group::2)?\s", ptx)),
+        "tma_loads": Counter(
+            re.findall(
+                r"cp\.async\.bulk\.tensor\.2d\.shared::(cta|cluster)"
+                r"\.global[^ ]*?(\.cta_group::2)?\s",
+                ptx,
+            )
+        ),
         "tma_stores": n(r"cp\.async\.bulk\.tensor\.2d\.global\.shared::cta"),
         "leader_masks": n(rf"and\.b32\s+%r\d+, %r\d+, {LEADER_MASK};"),
         "cluster_waits": n(r"barrier\.cluster\.wait"),
@@ -169,17 +180,17 @@ def sites_in_kernel(applied: faults.Applied, n: int) -> None:
 def test_clean_ptx_is_the_blackwell_pipeline(compile_ptx, cta_group):
     f = clean(compile_ptx, cta_group)
     group = f"cta_group::{cta_group}"
-    assert f["mma"] == Counter({group: K_BLOCKS})           # one tcgen05.mma per k block
+    assert f["mma"] == Counter({group: K_BLOCKS})  # one tcgen05.mma per k block
     assert f["alloc"] == f["dealloc"] == Counter({group: 1}) and f["relinquish"] == 1
-    assert f["commits"] == 2                     # ab consumer_release + acc producer_commit
+    assert f["commits"] == 2  # ab consumer_release + acc producer_commit
     assert f["tmem_loads"] >= 1 and f["tma_stores"] == 1
-    assert f["tmem_load_waits"] >= 1   # registers valid (and TMEM read) before the release
+    assert f["tmem_load_waits"] >= 1  # registers valid (and TMEM read) before the release
     assert f["expect_tx"] == [Sm100Gemm(cta_group=cta_group).tx_bytes]
     assert f["expect_tx"] == [49152 if cta_group == 1 else 65536]
     # full/empty of ab (1 arrive each, 4 stages), acc full (1 commit), acc empty (warps)
     inits = Counter({1: 2 * STAGES + ACC_STAGES, 4 * cta_group: ACC_STAGES})
     if cta_group == 2:
-        inits[32] += 1   # TMEM dealloc handshake barrier: the allocator warp of each CTA
+        inits[32] += 1  # TMEM dealloc handshake barrier: the allocator warp of each CTA
     assert f["init_counts"] == inits
     # barrier 1: TMEM address hand-off (MMA warp and epilogue warps); 2: epilogue subtiles
     assert f["named_barriers"]["1"] == 2 and f["named_barriers"]["2"] >= 2
@@ -206,6 +217,7 @@ def test_tx_bytes_follow_the_tile_shape(compile_ptx):
 
 # ---- faults -------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("delta", [16, -16])
 def test_wrong_expect_tx_moves_the_expected_bytes(compile_ptx, delta):
     ptx, applied = compile_ptx("wrong_expect_tx", {"delta_bytes": delta}, cta_group=1)
@@ -231,11 +243,11 @@ def test_forgetting_the_doubling_does_not_apply_to_one_cta(compile_ptx):
 
 
 @pytest.mark.parametrize("cta_group", [1, 2])
-def test_extra_consumer_release_doubles_the_tcgen05_commit_and_the_acc_arrive(compile_ptx,
-                                                                              cta_group):
-    ptx, applied = compile_ptx("extra_consumer_release", {"at_iteration": -1},
-                               cta_group=cta_group)
-    sites_in_kernel(applied, 2)   # PipelineTmaUmma (ab) and PipelineUmmaAsync (acc)
+def test_extra_consumer_release_doubles_the_tcgen05_commit_and_the_acc_arrive(
+    compile_ptx, cta_group
+):
+    ptx, applied = compile_ptx("extra_consumer_release", {"at_iteration": -1}, cta_group=cta_group)
+    sites_in_kernel(applied, 2)  # PipelineTmaUmma (ab) and PipelineUmmaAsync (acc)
     assert {s["pipeline"] for s in applied.sites} == {"PipelineTmaUmma", "PipelineUmmaAsync"}
     base = clean(compile_ptx, cta_group)
     arrive = "local_arrives" if cta_group == 1 else "remote_arrives"
@@ -267,11 +279,16 @@ def test_skip_producer_tail_removes_the_drains_of_both_pipelines(compile_ptx, ct
     assert tails == {"PipelineTmaUmma": STAGES, "PipelineUmmaAsync": ACC_STAGES}
     base = clean(compile_ptx, cta_group)
     # ab tail: one empty wait per stage; acc tail (PipelineUmmaAsync): one wait, leader only
-    assert_only(base, features(ptx), {
-        "try_waits": base["try_waits"] - STAGES - 1,
-        "phase_xors": lambda v: v <= base["phase_xors"],
-        "phase_selps": lambda v: v <= base["phase_selps"],
-        "compares": lambda v: v <= base["compares"]})
+    assert_only(
+        base,
+        features(ptx),
+        {
+            "try_waits": base["try_waits"] - STAGES - 1,
+            "phase_xors": lambda v: v <= base["phase_xors"],
+            "phase_selps": lambda v: v <= base["phase_selps"],
+            "compares": lambda v: v <= base["compares"],
+        },
+    )
 
 
 @pytest.mark.parametrize("role", ["consumer", "producer"])
@@ -282,13 +299,15 @@ def test_missing_phase_flip_removes_the_flips_of_one_role(compile_ptx, role):
     base, f = clean(compile_ptx, 1), features(ptx)
     removed = base["phase_xors"] - f["phase_xors"]
     assert removed > 0
-    assert_only(base, f, {"phase_xors": base["phase_xors"] - removed,
-                          "phase_selps": base["phase_selps"] - removed})
+    assert_only(
+        base,
+        f,
+        {"phase_xors": base["phase_xors"] - removed, "phase_selps": base["phase_selps"] - removed},
+    )
 
 
 def test_wrong_arrive_count_raises_both_empty_barrier_arrays(compile_ptx):
-    ptx, applied = compile_ptx("wrong_arrive_count", {"delta": 1, "barrier": "empty"},
-                               cta_group=1)
+    ptx, applied = compile_ptx("wrong_arrive_count", {"delta": 1, "barrier": "empty"}, cta_group=1)
     sites_in_kernel(applied, 2)
     want = Counter({1: STAGES + ACC_STAGES, 2: STAGES, 5: ACC_STAGES})
     assert_only(clean(compile_ptx, 1), features(ptx), {"init_counts": want})
@@ -309,8 +328,11 @@ def test_tmem_dealloc_early_frees_tmem_before_the_epilogue_reads_it(compile_ptx,
     assert b["tcgen05.alloc"] < b["tcgen05.dealloc"] < b["tcgen05.ld"]
     # still exactly one alloc / relinquish / dealloc: moved, not added
     fg, fb = features(good), features(bad)
-    assert (fb["alloc"], fb["dealloc"], fb["relinquish"]) == \
-        (fg["alloc"], fg["dealloc"], fg["relinquish"])
+    assert (fb["alloc"], fb["dealloc"], fb["relinquish"]) == (
+        fg["alloc"],
+        fg["dealloc"],
+        fg["relinquish"],
+    )
     assert fb["mma"] == fg["mma"] and fb["expect_tx"] == fg["expect_tx"]
 
 
@@ -320,7 +342,8 @@ def test_patches_are_gone_after_the_faulted_compiles(compile_ptx, dump):
 
     obj = Sm100Gemm(**SMALL, cta_group=2)
     fresh = cute.compile[cute.GPUArch("sm_100a"), cute.KeepPTX(), DumpDir(str(dump))](
-        obj, *obj.fake_args())
+        obj, *obj.fake_args()
+    )
     assert fresh.__ptx__ == compile_ptx(cta_group=2)[0]
 
 
@@ -334,9 +357,16 @@ def test_scenarios_require_blackwell_and_say_they_are_unobserved():
     loaded = {f.stem: scenario.load(f) for f in files}
     assert {"clean_1cta", "clean_2cta"} <= set(loaded)
     covered = {sc.fault for sc in loaded.values()}
-    assert covered >= {None, "wrong_expect_tx", "expect_tx_no_2cta_doubling",
-                       "skip_consumer_release", "extra_consumer_release", "skip_producer_tail",
-                       "missing_phase_flip", "tmem_dealloc_early"}
+    assert covered >= {
+        None,
+        "wrong_expect_tx",
+        "expect_tx_no_2cta_doubling",
+        "skip_consumer_release",
+        "extra_consumer_release",
+        "skip_producer_tail",
+        "missing_phase_flip",
+        "tmem_dealloc_early",
+    }
     for name, sc in loaded.items():
         assert sc.archs == ("sm_100a",), name
         assert sc.kernel_file == str(KERNEL) and sc.id == f"sm100_gemm/{name}"
@@ -345,8 +375,13 @@ def test_scenarios_require_blackwell_and_say_they_are_unobserved():
             assert sc.expect.verdict == "PASS", name
         if sc.expect.verdict == "HANG":
             assert sc.probes, f"{name}: a hang scenario needs probes to localize it"
-        Sm100Gemm(**kernel_api.resolve_params(Sm100Gemm, {
-            **sc.params, **({sc.fault: True} if sc.fault in Sm100Gemm.SWITCHES else {})}, name))
+        Sm100Gemm(
+            **kernel_api.resolve_params(
+                Sm100Gemm,
+                {**sc.params, **({sc.fault: True} if sc.fault in Sm100Gemm.SWITCHES else {})},
+                name,
+            )
+        )
 
 
 def test_worker_detects_blackwell_as_sm_100a(monkeypatch):
@@ -370,11 +405,13 @@ def test_on_an_h200_a_blackwell_scenario_compiles_for_sm_100a_and_is_unsupported
     def on_h200(argv, run_dir):
         return [sys.executable, str(shim), "NVIDIA H200", "9", "0", argv[-1]]
 
-    classified, outcome, _ = runner.run_once(sc, tmp_path, mode="run",
-                                             probes={"budget_ns": 500_000_000}, wrap=on_h200)
+    classified, outcome, _ = runner.run_once(
+        sc, tmp_path, mode="run", probes={"budget_ns": 500_000_000}, wrap=on_h200
+    )
     assert classified.verdict is Verdict.UNSUPPORTED
-    assert classified.reason == ("execution skipped: needs sm_100a, this GPU is sm_90a "
-                                 "(NVIDIA H200)")
+    assert classified.reason == (
+        "execution skipped: needs sm_100a, this GPU is sm_90a (NVIDIA H200)"
+    )
     assert outcome.event("device")["arch"] == "sm_90a"
     compiled = outcome.event("compiled")
     assert compiled["arch"] == "sm_100a" and compiled["fault_count"] == 1

@@ -47,8 +47,10 @@ def compile_ptx(tmp_path_factory):
 
 def named_barriers(text: str) -> list[tuple[str, str, int]]:
     """(op, id or register, thread count) of every counted bar.sync / bar.arrive."""
-    return [(op, bar, int(n)) for op, bar, n in
-            re.findall(r"\bbar\.(sync|arrive)\s+(%r\d+|\d+),\s*(\d+);", text)]
+    return [
+        (op, bar, int(n))
+        for op, bar, n in re.findall(r"\bbar\.(sync|arrive)\s+(%r\d+|\d+),\s*(\d+);", text)
+    ]
 
 
 TMA_LOAD = "cp.async.bulk.tensor.3d.shared::cta.global.tile.mbarrier::complete_tx::bytes"
@@ -72,10 +74,16 @@ def test_compiles_with_the_promised_pipeline(compile_ptx, head_dim, causal):
     assert text.count("fence.mbarrier_init.release.cluster") == 1
     # S = QK^T from smem (n = 128), O += PV with P from registers (n = d), 4 / 8 k-steps,
     # peeled first block + loop
-    qk = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.bf16\.bf16\s+\{[^}]*\},"
-                    r"\s*%rd", text)
-    pv = re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{head_dim}k16\.f32\.bf16\.bf16"
-                    r"\s+\{[^}]*\},\s*\{", text)
+    qk = re.findall(
+        r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.bf16\.bf16\s+\{[^}]*\},"
+        r"\s*%rd",
+        text,
+    )
+    pv = re.findall(
+        rf"wgmma\.mma_async\.sync\.aligned\.m64n{head_dim}k16\.f32\.bf16\.bf16"
+        r"\s+\{[^}]*\},\s*\{",
+        text,
+    )
     assert len(qk) == 2 * head_dim // 16
     assert len(pv) == 2 * 128 // 16
     # TMA: boxes of 64 columns (128B swizzle) per Q / K / V / O tile

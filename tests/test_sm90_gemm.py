@@ -51,8 +51,10 @@ def ptx(tmp_path_factory):
 
 
 TMA_LOAD = "cp.async.bulk.tensor.2d.shared::cta.global.tile.mbarrier::complete_tx::bytes"
-TMA_LOAD_MCAST = ("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::"
-                  "bytes.multicast::cluster")
+TMA_LOAD_MCAST = (
+    "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::"
+    "bytes.multicast::cluster"
+)
 TMA_STORE = "cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group"
 TRY_WAIT = "mbarrier.try_wait.parity.shared.b64"
 
@@ -68,13 +70,17 @@ CASES = [  # (dtype, cluster_m, (m, n, k), tile_n, stages, ctas); the first two 
 
 
 @pytest.mark.parametrize("dtype,cluster_m,shape,tile_n,stages,ctas", CASES)
-def test_compiles_with_the_promised_pipeline(ptx, dtype, cluster_m, shape, tile_n, stages,
-                                             ctas):
+def test_compiles_with_the_promised_pipeline(ptx, dtype, cluster_m, shape, tile_n, stages, ctas):
     m, n, k_ = shape
     params = dict(m=m, n=n, k=k_, cluster_m=cluster_m, ctas=ctas)
     # defaults spelled out only when they differ, so the fault tests reuse these compiles
-    params.update({k: v for k, v in dict(dtype=dtype, tile_n=tile_n, stages=stages).items()
-                   if v != Sm90Gemm.PARAMS[k]})
+    params.update(
+        {
+            k: v
+            for k, v in dict(dtype=dtype, tile_n=tile_n, stages=stages).items()
+            if v != Sm90Gemm.PARAMS[k]
+        }
+    )
     k = Sm90Gemm(**params)
     text = ptx(**params)
     # docstring arithmetic: A tile + the whole B tile land in this CTA, multicast or not
@@ -140,10 +146,17 @@ def test_rejects_shapes_tma_cannot_describe(bad):
 
 
 # ---- tile schedule (host model of grouped_tile and the persistent loop) ------------------
-@pytest.mark.parametrize("m,n,cluster_m,group_m,ctas", [
-    (8192, 8192, 2, 16, 132), (1000, 1000, 1, 8, 8), (1000, 1000, 2, 4, 8),
-    (4097, 264, 2, 16, 132), (300, 5000, 1, 3, 7), (128 * 37, 256 * 5, 1, 8, 132),
-])
+@pytest.mark.parametrize(
+    "m,n,cluster_m,group_m,ctas",
+    [
+        (8192, 8192, 2, 16, 132),
+        (1000, 1000, 1, 8, 8),
+        (1000, 1000, 2, 4, 8),
+        (4097, 264, 2, 16, 132),
+        (300, 5000, 1, 3, 7),
+        (128 * 37, 256 * 5, 1, 8, 132),
+    ],
+)
 def test_every_tile_is_computed_exactly_once(m, n, cluster_m, group_m, ctas):
     k = Sm90Gemm(m=m, n=n, k=64, cluster_m=cluster_m, group_m=group_m, ctas=ctas)
     seen: dict[tuple[int, int], int] = {}
@@ -166,7 +179,7 @@ def test_grouped_order_walks_down_a_column_group_first():
     order = [grouped_tile(u, k.cluster_rows, k.tiles_n, k.group_rows) for u in range(k.units)]
     assert order[:9] == [(r, 0) for r in range(8)] + [(0, 1)]
     # last group has 20 - 16 = 4 rows
-    assert order[16 * 6: 16 * 6 + 5] == [(16, 0), (17, 0), (18, 0), (19, 0), (16, 1)]
+    assert order[16 * 6 : 16 * 6 + 5] == [(16, 0), (17, 0), (18, 0), (19, 0), (16, 1)]
 
 
 # ---- faults ----------------------------------------------------------------------------------
@@ -192,8 +205,10 @@ APPLICABLE = {
 
 
 # patch faults whose patched functions this kernel never calls (see the module docstring)
-NOT_HERE = {"expect_tx_no_2cta_doubling": "PipelineTmaUmma (sm_100) only",
-            "cta_scope_sync": "no cluster-scope fence / release arrive / .cluster mbarrier op"}
+NOT_HERE = {
+    "expect_tx_no_2cta_doubling": "PipelineTmaUmma (sm_100) only",
+    "cta_scope_sync": "no cluster-scope fence / release arrive / .cluster mbarrier op",
+}
 SWITCHES = {"skip_init_cluster_sync", "cluster_mismatch"}
 
 
@@ -232,8 +247,11 @@ def test_fault_triggers_and_changes_the_ptx(ptx, name, cluster_m):
     elif fault in ("skip_consumer_release", "extra_consumer_release"):
         # a run-time test on state.count guards the arrive (skip) or a second arrive (extra);
         # the release after the k-loop never sees count 0 (k_tiles > 1) and folds away
-        arrive = "mbarrier.arrive.shared.b64" if cluster_m == 1 else \
-            "mbarrier.arrive.shared::cluster.b64"
+        arrive = (
+            "mbarrier.arrive.shared.b64"
+            if cluster_m == 1
+            else "mbarrier.arrive.shared::cluster.b64"
+        )
         assert text.count("setp.") > clean.count("setp.")
         if fault == "extra_consumer_release":
             assert text.count(arrive) == clean.count(arrive) + 1
@@ -277,8 +295,9 @@ def test_switch_skip_init_cluster_sync_syncs_only_the_cta(ptx):
 def test_switch_cluster_mismatch_changes_only_the_launch(ptx):
     # same device code; the launch drops the cluster dims (checked on the instance)
     k = Sm90Gemm(**SCENARIO_SIZE, cluster_m=2, cluster_mismatch=True)
-    assert ptx(**SCENARIO_SIZE, cluster_m=2, cluster_mismatch=True) == \
-        ptx(**SCENARIO_SIZE, cluster_m=2)
+    assert ptx(**SCENARIO_SIZE, cluster_m=2, cluster_mismatch=True) == ptx(
+        **SCENARIO_SIZE, cluster_m=2
+    )
     assert k.cluster_mismatch and k.grid % 2 == 0
 
 

@@ -120,13 +120,16 @@ def test_interface_matches_kernel_api():
         resolve_params(TmaStream, {"dtype": "fp16"}, "t")
 
 
-@pytest.mark.parametrize("kw,needle", [
-    ({"n": 1002}, "multiple of 16 bytes"),
-    ({"n": 1004, "dtype": "bf16"}, "multiple of 16 bytes"),
-    ({"stages": 8, "tile_m": 128}, "bytes of smem"),
-    ({"tile_m": 8, "tile_n": 64, "consumer_warps": 8}, "multiple of 16 \\(rows"),
-    ({"m": 70000, "n": 32768}, "32-bit"),
-])
+@pytest.mark.parametrize(
+    "kw,needle",
+    [
+        ({"n": 1002}, "multiple of 16 bytes"),
+        ({"n": 1004, "dtype": "bf16"}, "multiple of 16 bytes"),
+        ({"stages": 8, "tile_m": 128}, "bytes of smem"),
+        ({"tile_m": 8, "tile_n": 64, "consumer_warps": 8}, "multiple of 16 \\(rows"),
+        ({"m": 70000, "n": 32768}, "32-bit"),
+    ],
+)
 def test_bad_configurations_are_refused(kw, needle):
     with pytest.raises(ValueError, match=needle):
         TmaStream(**kw)
@@ -152,8 +155,8 @@ def emulate(k, x, scale, bias, stale: bool = False) -> tuple[torch.Tensor, torch
             box = torch.zeros(k.tile_m, k.tile_n, dtype=x.dtype)
             rows = torch.zeros(2, k.tile_m)
             hm, hn = min(k.tile_m, k.m - m0), min(k.tile_n, k.n - n0)
-            box[:hm, :hn] = x[m0:m0 + hm, n0:n0 + hn]
-            rows[0, :hm], rows[1, :hm] = scale[m0:m0 + hm], bias[m0:m0 + hm]
+            box[:hm, :hn] = x[m0 : m0 + hm, n0 : n0 + hn]
+            rows[0, :hm], rows[1, :hm] = scale[m0 : m0 + hm], bias[m0 : m0 + hm]
             previous = slots[i % k.stages]
             slots[i % k.stages] = (box, rows)
             if stale:
@@ -174,13 +177,15 @@ def inputs(k):
     return t, k.reference(t)
 
 
-@pytest.mark.parametrize("kw", [
-    {"m": 77, "n": 264, "ctas": 2, "stages": 2},  # ring wraps ~10 times per CTA
-    {"m": 100, "n": 600, "ctas": 3, "stages": 3, "dtype": "bf16"},
-    {"m": 33, "n": 520, "ctas": 132, "stages": 4, "tile_m": 16, "tile_n": 128},
-    {"m": 50, "n": 72, "ctas": 1, "stages": 2, "consumer_warps": 8, "tile_m": 16,
-     "tile_n": 64},
-])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"m": 77, "n": 264, "ctas": 2, "stages": 2},  # ring wraps ~10 times per CTA
+        {"m": 100, "n": 600, "ctas": 3, "stages": 3, "dtype": "bf16"},
+        {"m": 33, "n": 520, "ctas": 132, "stages": 4, "tile_m": 16, "tile_n": 128},
+        {"m": 50, "n": 72, "ctas": 1, "stages": 2, "consumer_warps": 8, "tile_m": 16, "tile_n": 64},
+    ],
+)
 def test_schedule_and_mapping_reproduce_the_reference(kw):
     k = TmaStream(**kw)
     t, ref = inputs(k)

@@ -27,24 +27,34 @@ from cutedebug.engine import scenario as S  # noqa: E402
 from cutedebug.reporting import bisect as R  # noqa: E402
 
 TARGET_S = 60.0
-DEFAULT_TARGETS = [ROOT / "scenarios" / "bisect",
-                   ROOT / "scenarios" / "tma_stream" / "wrong_expect_tx_plus.toml"]
+DEFAULT_TARGETS = [
+    ROOT / "scenarios" / "bisect",
+    ROOT / "scenarios" / "tma_stream" / "wrong_expect_tx_plus.toml",
+]
 
 
 def row(res: B.BisectResult, wall: float) -> dict:
     by_id = res.by_id
-    found = {role: (f"{by_id[st.first_unreached]['op']}@"
-                    f"{B.site_where(by_id[st.first_unreached])}"
-                    if st.first_unreached is not None else "end")
-             for role, st in res.searches.items()}
+    found = {
+        role: (
+            f"{by_id[st.first_unreached]['op']}@{B.site_where(by_id[st.first_unreached])}"
+            if st.first_unreached is not None
+            else "end"
+        )
+        for role, st in res.searches.items()
+    }
     pa = res.probes_answer or {}
     return {
-        "scenario": res.scenario.id, "status": res.status, "sites": len(res.sites),
+        "scenario": res.scenario.id,
+        "status": res.status,
+        "sites": len(res.sites),
         "runs": len(res.runs),
         "budget": sum(st.budget for st in res.searches.values()),
-        "wall_s": round(wall, 1), "baseline_s": res.baseline.get("seconds"),
+        "wall_s": round(wall, 1),
+        "baseline_s": res.baseline.get("seconds"),
         "found": "; ".join(f"{r}: {f}" for r, f in found.items()) or res.reason[:80],
-        "expected": res.grade.get("expected"), "ok": res.grade.get("ok"),
+        "expected": res.grade.get("expected"),
+        "ok": res.grade.get("ok"),
         "timing_bug": ",".join(f"#{p.site}" for p in res.timing_bugs) or "-",
         "probes": "-" if not pa else ("agree" if pa.get("agree") else "DISAGREE"),
         "under_60s": wall < TARGET_S,
@@ -65,23 +75,40 @@ def main() -> int:
     for f in files:
         sc = S.load(f)
         t0 = time.monotonic()
-        res = B.bisect(sc, runs_root=args.out, window_s=args.window,
-                       command=f"cutedebug bisect {f} --window {args.window}")
+        res = B.bisect(
+            sc,
+            runs_root=args.out,
+            window_s=args.window,
+            command=f"cutedebug bisect {f} --window {args.window}",
+        )
         wall = time.monotonic() - t0
         _, md = R.write(res)
         rows.append(row(res, wall))
         print(json.dumps(rows[-1]), flush=True)
         print(R.tldr(res), flush=True)
         print(f"  report: {md}", flush=True)
-    cols = ["scenario", "sites", "runs", "budget", "wall_s", "baseline_s", "found", "expected",
-            "ok", "timing_bug", "probes", "under_60s"]
+    cols = [
+        "scenario",
+        "sites",
+        "runs",
+        "budget",
+        "wall_s",
+        "baseline_s",
+        "found",
+        "expected",
+        "ok",
+        "timing_bug",
+        "probes",
+        "under_60s",
+    ]
     print()
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     for r in rows:
         print("| " + " | ".join(str(r[c]) for c in cols) + " |")
-    good = [r for r in rows if r["ok"] is not False and r["status"] == "localized"
-            and r["under_60s"]]
+    good = [
+        r for r in rows if r["ok"] is not False and r["status"] == "localized" and r["under_60s"]
+    ]
     print(f"\n{len(good)} of {len(rows)} localized as expected in under {TARGET_S:g} s")
     return 0 if len(good) == len(rows) else 1
 

@@ -51,8 +51,9 @@ def compile_kernel(obj, args, cfg, addr):
 def hang_check(budget_ns: int) -> None:
     import torch
 
-    print("== 1. minimal.py spin_hang=True, probes on, budget "
-          f"{budget_ns / 1e6:.0f} ms", flush=True)
+    print(
+        f"== 1. minimal.py spin_hang=True, probes on, budget {budget_ns / 1e6:.0f} ms", flush=True
+    )
     cls = kernel_api.load_entry(ROOT / "kernels" / "minimal.py", "Minimal")
     n = 64 * 128  # 64 CTAs x 4 warps = 256 stuck warps
     obj = cls(n=n, spin_hang=True)
@@ -91,23 +92,41 @@ def hang_check(budget_ns: int) -> None:
     check(synced - t0 < 10 * 2 * budget_ns / 1e9 + 5, "synchronize returned (waits are bounded)")
     early = synced - budget_ns / 2e9  # the second launch is still waiting then
     seen_live = [c for t, c in live if t < early and c > 0]
-    check(bool(seen_live), f"stuck counter visible from the host before synchronize, while the "
-                           f"next launch was still stuck (max seen: {max(seen_live, default=0)})")
+    check(
+        bool(seen_live),
+        f"stuck counter visible from the host before synchronize, while the "
+        f"next launch was still stuck (max seen: {max(seen_live, default=0)})",
+    )
 
     snap = probes.decode(bytes(buf.numpy()), cfg, table)
     warps = (n // 128) * 4
-    check(len(snap.stuck) == warps and snap.n_stuck_reported == warps,
-          f"{len(snap.stuck)} stuck records ({snap.n_stuck_reported} reported), expected {warps}")
+    check(
+        len(snap.stuck) == warps and snap.n_stuck_reported == warps,
+        f"{len(snap.stuck)} stuck records ({snap.n_stuck_reported} reported), expected {warps}",
+    )
     site = table.sites[0]
     pairs = {(r.block[0], r.warp) for r in snap.stuck}
-    check(pairs == {(b, w) for b in range(n // 128) for w in range(4)},
-          "one record per (block, warp)")
-    check(all(r.site_id == site.id and r.stage == -1 and r.phase == 0 and r.block[1:] == (0, 0)
-              and r.block_linear == r.block[0] for r in snap.stuck),
-          "records carry the site, stage -1, phase 0, block id")
-    check(all(budget_ns <= r.waited_ns < budget_ns + 50_000_000 for r in snap.stuck),
-          f"waited_ns within [budget, budget + 50 ms] (min {min(r.waited_ns for r in snap.stuck)}"
-          f", max {max(r.waited_ns for r in snap.stuck)})" if snap.stuck else "waited_ns")
+    check(
+        pairs == {(b, w) for b in range(n // 128) for w in range(4)}, "one record per (block, warp)"
+    )
+    check(
+        all(
+            r.site_id == site.id
+            and r.stage == -1
+            and r.phase == 0
+            and r.block[1:] == (0, 0)
+            and r.block_linear == r.block[0]
+            for r in snap.stuck
+        ),
+        "records carry the site, stage -1, phase 0, block id",
+    )
+    check(
+        all(budget_ns <= r.waited_ns < budget_ns + 50_000_000 for r in snap.stuck),
+        f"waited_ns within [budget, budget + 50 ms] (min {min(r.waited_ns for r in snap.stuck)}"
+        f", max {max(r.waited_ns for r in snap.stuck)})"
+        if snap.stuck
+        else "waited_ns",
+    )
     for r in snap.stuck[:4]:
         print("  ", r)
     print("diagnosis:")
@@ -115,7 +134,8 @@ def hang_check(budget_ns: int) -> None:
         print("  ", line)
     print(stuck_map.stuck_map_text(snap, table)[:3000])
     Path(os.environ.get("OUT", "/tmp")).joinpath("probes_stuck_map.svg").write_text(
-        stuck_map.stuck_map_svg(snap, table))
+        stuck_map.stuck_map_svg(snap, table)
+    )
 
 
 def clean_check(budget_ns: int) -> None:
@@ -136,9 +156,11 @@ def clean_check(budget_ns: int) -> None:
     check(torch.allclose(out, ref, atol=1e-6, rtol=1e-6), f"clean output correct (max err {err})")
     snap = probes.decode(bytes(buf.numpy()), cfg, table)
     check(not snap.stuck, f"no stuck records ({len(snap.stuck)})")
-    check(len(snap.beacons) == (n // 128) * 4 and all(
-        b.site_id == table.sites[0].id and b.stage == -1 for b in snap.beacons),
-        f"one beacon per warp ({len(snap.beacons)})")
+    check(
+        len(snap.beacons) == (n // 128) * 4
+        and all(b.site_id == table.sites[0].id and b.stage == -1 for b in snap.beacons),
+        f"one beacon per warp ({len(snap.beacons)})",
+    )
 
 
 def bench(budget_ns: int, iters: int = 50) -> None:
@@ -156,10 +178,12 @@ def bench(budget_ns: int, iters: int = 50) -> None:
     launch = getattr(obj, "launch", None)
     times = {}
     for mode in ("off", "on", "on_no_beacons"):
-        cfg = None if mode == "off" else probes.ProbeConfig(
-            budget_ns=budget_ns, beacons=mode == "on")
-        buf = torch.zeros(probes.buffer_nbytes(cfg or probes.ProbeConfig()), dtype=torch.uint8,
-                          pin_memory=True)
+        cfg = (
+            None if mode == "off" else probes.ProbeConfig(budget_ns=budget_ns, beacons=mode == "on")
+        )
+        buf = torch.zeros(
+            probes.buffer_nbytes(cfg or probes.ProbeConfig()), dtype=torch.uint8, pin_memory=True
+        )
         compiled, _ = compile_kernel(obj, args, cfg, buf.data_ptr())
 
         def run(compiled=compiled):
@@ -180,8 +204,10 @@ def bench(budget_ns: int, iters: int = 50) -> None:
         times[mode] = start.elapsed_time(end) / iters
         out, ref = obj.output(tensors), obj.reference(tensors)
         atol, rtol = getattr(obj, "TOLERANCE", (1e-5, 1e-5))
-        check(torch.allclose(out.float(), ref.float(), atol=atol, rtol=rtol),
-              f"tma_stream output correct with probes {mode}")
+        check(
+            torch.allclose(out.float(), ref.float(), atol=atol, rtol=rtol),
+            f"tma_stream output correct with probes {mode}",
+        )
         if cfg is not None:
             snap = probes.decode(bytes(buf.numpy()), cfg, None)
             check(not snap.stuck, f"tma_stream probes {mode}: no stuck records")

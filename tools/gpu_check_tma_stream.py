@@ -31,8 +31,6 @@ KERNEL = ROOT / "kernels" / "tma_stream.py"
 RAGGED = [(1, 8), (31, 8), (1000, 1000), (1025, 264), (4097, 2056), (3000, 7992), (8192, 8192)]
 
 
-
-
 def cases(sms: int, quick: bool) -> list[dict]:
     out = []
     for dtype in ("fp32", "bf16"):
@@ -51,8 +49,7 @@ def cases(sms: int, quick: bool) -> list[dict]:
         {"m": 3000, "n": 7992, "stages": 4, "tile_m": 128, "tile_n": 64, "dtype": "bf16"},
         {"m": 777, "n": 1000, "stages": 4, "consumer_warps": 8},
         {"m": 777, "n": 1000, "stages": 3, "consumer_warps": 8, "dtype": "bf16", "ctas": 5},
-        {"m": 50, "n": 72, "stages": 2, "consumer_warps": 8, "tile_m": 16, "tile_n": 64,
-         "ctas": 1},
+        {"m": 50, "n": 72, "stages": 2, "consumer_warps": 8, "tile_m": 16, "tile_n": 64, "ctas": 1},
         {"m": 20000, "n": 4096, "stages": 4, "ctas": sms, "seed": 1},
         {"m": 20000, "n": 4096, "stages": 4, "ctas": sms, "seed": 1, "dtype": "bf16"},
     ]
@@ -83,9 +80,11 @@ def run_case(cls, params: dict) -> tuple[bool, str]:
         return True, info
     first = tuple(int(i) for i in bad.nonzero()[0])
     err = (out.float() - ref.float()).abs().nan_to_num(float("inf"))
-    return False, (f"{info} bad={nbad}/{bad.numel()} first_bad={first} "
-                   f"got={out[first].item()!r} want={ref[first].item()!r} "
-                   f"max_err={err.max().item():.3g} nan={int(torch.isnan(out).sum())}")
+    return False, (
+        f"{info} bad={nbad}/{bad.numel()} first_bad={first} "
+        f"got={out[first].item()!r} want={ref[first].item()!r} "
+        f"max_err={err.max().item():.3g} nan={int(torch.isnan(out).sum())}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,8 +111,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"FAIL {type(e).__name__}: {e}")
             return 1
         failed += not ok
-        print(("PASS " if ok and not detail.startswith("SKIP") else "" if ok else "FAIL ")
-              + detail, flush=True)
+        print(
+            ("PASS " if ok and not detail.startswith("SKIP") else "" if ok else "FAIL ") + detail,
+            flush=True,
+        )
     print(f"{len(all_cases) - failed}/{len(all_cases)} passed")
     return 1 if failed else 0
 

@@ -15,9 +15,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from cutedebug.reporting import report  # noqa: E402
 from cutedebug.engine import runner  # noqa: E402
 from cutedebug.engine import scenario as S  # noqa: E402
+from cutedebug.reporting import report  # noqa: E402
 
 
 def main() -> int:
@@ -35,18 +35,34 @@ def main() -> int:
         report.write(res)
         wall = time.monotonic() - t0
         t = res.timings
-        rows.append({
-            "scenario": sc.id, "expected": sc.expect.verdict, "verdict": res.verdict.value,
-            "ok": res.expected, "wall_s": round(wall, 2),
-            "compile_s": t.get("compile_s"), "kernel_s": t.get("kernel_s"),
-            "launch_to_kill_s": t.get("launch_to_kill_s"),
-            "stall_to_verdict_s": t.get("stall_to_verdict_s"),
-            "healthy_after": None if res.health is None else res.health.get("healthy"),
-            "reason": res.reason[:90],
-        })
+        rows.append(
+            {
+                "scenario": sc.id,
+                "expected": sc.expect.verdict,
+                "verdict": res.verdict.value,
+                "ok": res.expected,
+                "wall_s": round(wall, 2),
+                "compile_s": t.get("compile_s"),
+                "kernel_s": t.get("kernel_s"),
+                "launch_to_kill_s": t.get("launch_to_kill_s"),
+                "stall_to_verdict_s": t.get("stall_to_verdict_s"),
+                "healthy_after": None if res.health is None else res.health.get("healthy"),
+                "reason": res.reason[:90],
+            }
+        )
         print(json.dumps(rows[-1]), flush=True)
-    cols = ["scenario", "expected", "verdict", "ok", "wall_s", "compile_s", "kernel_s",
-            "launch_to_kill_s", "healthy_after", "reason"]
+    cols = [
+        "scenario",
+        "expected",
+        "verdict",
+        "ok",
+        "wall_s",
+        "compile_s",
+        "kernel_s",
+        "launch_to_kill_s",
+        "healthy_after",
+        "reason",
+    ]
     print()
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))

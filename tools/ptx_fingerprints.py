@@ -24,11 +24,16 @@ from cutlass import cute  # noqa: E402
 from cutlass.base_dsl.compiler import DumpDir  # noqa: E402
 
 from cutedebug import kernel_api  # noqa: E402
-from cutedebug.instrument import checkpoint  # noqa: E402
-from cutedebug.instrument import probes  # noqa: E402
+from cutedebug.instrument import (
+    checkpoint,  # noqa: E402
+    probes,  # noqa: E402
+)
 
-KERNELS = [("kernels/tma_stream.py", "TmaStream"), ("kernels/flag_spin.py", "FlagSpin"),
-           ("kernels/sm90_gemm.py", "Sm90Gemm")]
+KERNELS = [
+    ("kernels/tma_stream.py", "TmaStream"),
+    ("kernels/flag_spin.py", "FlagSpin"),
+    ("kernels/sm90_gemm.py", "Sm90Gemm"),
+]
 ADDR = 0x7F0000000000  # a fixed buffer address: it is baked into the PTX
 
 

@@ -149,7 +149,7 @@ class RoleSearch:
     def between(self) -> list[int]:
         """Sites strictly between the answer's two ends: unresolved (inconclusive, or not run
         because inconclusive runs spent the budget)."""
-        return self.sites[self.lo + 1:self.hi]
+        return self.sites[self.lo + 1 : self.hi]
 
     @property
     def started(self) -> bool:
@@ -161,9 +161,14 @@ class RoleSearch:
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
-        d.update(last_reached=self.last_reached, first_unreached=self.first_unreached,
-                 exact=self.exact, between=self.between, started=self.started,
-                 finished=self.finished)
+        d.update(
+            last_reached=self.last_reached,
+            first_unreached=self.first_unreached,
+            exact=self.exact,
+            between=self.between,
+            started=self.started,
+            finished=self.finished,
+        )
         return d
 
 
@@ -218,11 +223,15 @@ def search_role(role: str, sites: list[int], oracle: Oracle) -> RoleSearch:
         if p is None or p.reached is None:
             continue
         if p.reached and i > st.hi:
-            st.non_monotone.append(f"site {sid} reached after the first unreached site "
-                                   f"{sites[st.hi]} (a branch not taken, or a loop exit?)")
+            st.non_monotone.append(
+                f"site {sid} reached after the first unreached site "
+                f"{sites[st.hi]} (a branch not taken, or a loop exit?)"
+            )
         elif not p.reached and i < st.lo:
-            st.non_monotone.append(f"site {sid} not reached before the last reached site "
-                                   f"{sites[st.lo]} (a branch not taken?)")
+            st.non_monotone.append(
+                f"site {sid} not reached before the last reached site "
+                f"{sites[st.lo]} (a branch not taken?)"
+            )
     return st
 
 
@@ -235,8 +244,11 @@ def search_all(roles: dict[str, list[int]], oracle: Oracle) -> dict[str, RoleSea
 # ---------------------------------------------------------------------------------------------
 
 
-def compare_with_probes(searches: dict[str, RoleSearch], sites: dict[int, dict[str, Any]],
-                        stuck_sites: list[dict[str, Any]]) -> dict[str, Any]:
+def compare_with_probes(
+    searches: dict[str, RoleSearch],
+    sites: dict[int, dict[str, Any]],
+    stuck_sites: list[dict[str, Any]],
+) -> dict[str, Any]:
     """Per role: does the bounded-wait probes' stuck site agree with the bisection?
 
     agree: the probes' stuck wait is the role's first unreached site (same file:line).
@@ -246,8 +258,11 @@ def compare_with_probes(searches: dict[str, RoleSearch], sites: dict[int, dict[s
     """
     rows = {}
     for role, st in searches.items():
-        mine = [s for s in stuck_sites if s.get("role") in (role, "waiter")
-                and _site_at(st, sites, s.get("location"))]
+        mine = [
+            s
+            for s in stuck_sites
+            if s.get("role") in (role, "waiter") and _site_at(st, sites, s.get("location"))
+        ]
         mine = mine or [s for s in stuck_sites if s.get("role") == role]
         if not mine:
             continue
@@ -258,17 +273,28 @@ def compare_with_probes(searches: dict[str, RoleSearch], sites: dict[int, dict[s
         hit = _site_at(st, sites, loc)
         if first is not None and site_where(first) == loc:
             verdict = "agree"
-        elif hit is not None and st.sites.index(hit["id"]) <= st.lo and last is not None and (
-                {tuple(x) for x in hit.get("loops", [])} & {tuple(x) for x in
-                                                            last.get("loops", [])}):
+        elif (
+            hit is not None
+            and st.sites.index(hit["id"]) <= st.lo
+            and last is not None
+            and (
+                {tuple(x) for x in hit.get("loops", [])} & {tuple(x) for x in last.get("loops", [])}
+            )
+        ):
             verdict = "consistent"
         else:
             verdict = "disagree"
-        rows[role] = {"probe": f"{s0.get('op')} {s0.get('barrier') or ''} at {loc}".replace(
-            "  ", " "), "location": loc, "op": s0.get("op"), "agreement": verdict,
-            "n_stuck_warps": len(mine)}
-    return {"roles": rows, "agree": all(r["agreement"] != "disagree" for r in rows.values())
-            if rows else None}
+        rows[role] = {
+            "probe": f"{s0.get('op')} {s0.get('barrier') or ''} at {loc}".replace("  ", " "),
+            "location": loc,
+            "op": s0.get("op"),
+            "agreement": verdict,
+            "n_stuck_warps": len(mine),
+        }
+    return {
+        "roles": rows,
+        "agree": all(r["agreement"] != "disagree" for r in rows.values()) if rows else None,
+    }
 
 
 def site_where(site: dict[str, Any]) -> str:
@@ -282,8 +308,9 @@ def _site_at(st: RoleSearch, sites: dict[int, dict[str, Any]], loc: str | None):
     return None
 
 
-def grade(expected: dict[str, Any], searches: dict[str, RoleSearch],
-          sites: dict[int, dict[str, Any]]) -> dict[str, Any]:
+def grade(
+    expected: dict[str, Any], searches: dict[str, RoleSearch], sites: dict[int, dict[str, Any]]
+) -> dict[str, Any]:
     """Does some role's first unreached site agree with the scenario's expected localization?
     (``stage`` is not graded: a checkpoint does not know the stage.)"""
     want = {k: v for k, v in expected.items() if k != "stage"}
@@ -295,14 +322,20 @@ def grade(expected: dict[str, Any], searches: dict[str, RoleSearch],
         s = sites[st.first_unreached]
         got = {"role": role, "op": s.get("op"), "barrier": s.get("barrier") or None}
         # a role named after its function still plays its pipeline op's role
-        op_role = C.PIPELINE_OPS.get(s.get("op"), (None,))[0] if s.get("kind") == "pipeline" \
-            else None
-        if all(got.get(k) == v or (k == "role" and v in ("any", op_role))
-               for k, v in want.items()):
-            return {"ok": True, "expected": want, "matched": {**got, "site": s["id"],
-                                                              "where": site_where(s)}}
-    return {"ok": False, "expected": want,
-            "why": "no role's first unreached site agrees with every expected field"}
+        op_role = (
+            C.PIPELINE_OPS.get(s.get("op"), (None,))[0] if s.get("kind") == "pipeline" else None
+        )
+        if all(got.get(k) == v or (k == "role" and v in ("any", op_role)) for k, v in want.items()):
+            return {
+                "ok": True,
+                "expected": want,
+                "matched": {**got, "site": s["id"], "where": site_where(s)},
+            }
+    return {
+        "ok": False,
+        "expected": want,
+        "why": "no role's first unreached site agrees with every expected field",
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -341,16 +374,29 @@ class BisectResult:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "schema_version": 1, "scenario": self.scenario.to_json(), "status": self.status,
-            "reason": self.reason, "seconds": round(self.seconds, 3), "window_s": self.window_s,
-            "baseline": self.baseline, "sites": self.sites, "roles": self.roles,
+            "schema_version": 1,
+            "scenario": self.scenario.to_json(),
+            "status": self.status,
+            "reason": self.reason,
+            "seconds": round(self.seconds, 3),
+            "window_s": self.window_s,
+            "baseline": self.baseline,
+            "sites": self.sites,
+            "roles": self.roles,
             "searches": {r: s.to_json() for r, s in self.searches.items()},
             "runs": [asdict(p) | {"timing_bug": p.timing_bug} for p in self.runs],
             "n_runs": len(self.runs),
-            "timing_bug": [{"site": p.site, "verdict": p.verdict,
-                            "where": site_where(self.by_id[p.site]) if p.site in self.by_id else None}
-                           for p in self.timing_bugs],
-            "probes_answer": self.probes_answer, "grade": self.grade, "ok": self.ok,
+            "timing_bug": [
+                {
+                    "site": p.site,
+                    "verdict": p.verdict,
+                    "where": site_where(self.by_id[p.site]) if p.site in self.by_id else None,
+                }
+                for p in self.timing_bugs
+            ],
+            "probes_answer": self.probes_answer,
+            "grade": self.grade,
+            "ok": self.ok,
             "command": self.command,
         }
 
@@ -371,16 +417,22 @@ def role_answer(st: RoleSearch, by_id: dict[int, dict[str, Any]]) -> str:
     if st.finished:
         return f"reached every site (last: {describe_site(last)}): not stuck at a site of its own"
     if not st.exact:
-        gap = ", ".join(describe_site(by_id.get(s)) + (" (inconclusive)" if s in st.inconclusive
-                                                   else " (not run: budget spent)")
-                        for s in st.between)
+        gap = ", ".join(
+            describe_site(by_id.get(s))
+            + (" (inconclusive)" if s in st.inconclusive else " (not run: budget spent)")
+            for s in st.between
+        )
         return f"between {describe_site(last)} and {describe_site(first)}; unresolved: {gap}"
     if st.lo < 0:
         return f"never reached its first site {describe_site(first)}: never started or stuck before"
-    if all(by_id.get(s, {}).get("role") == "all" for s in st.sites[:st.hi]) and \
-            (first or {}).get("role") != "all":
-        text = (f"never gets past its first own site {describe_site(first)}; it passed the shared "
-                f"sites up to {describe_site(last)}")
+    if (
+        all(by_id.get(s, {}).get("role") == "all" for s in st.sites[: st.hi])
+        and (first or {}).get("role") != "all"
+    ):
+        text = (
+            f"never gets past its first own site {describe_site(first)}; it passed the shared "
+            f"sites up to {describe_site(last)}"
+        )
     else:
         text = f"never gets past {describe_site(first)}; last reached {describe_site(last)}"
     loops_last = {tuple(x) for x in (last or {}).get("loops", [])}
@@ -388,8 +440,7 @@ def role_answer(st: RoleSearch, by_id: dict[int, dict[str, Any]]) -> str:
     outer = loops_last - loops_first
     if outer:
         f, line = sorted(outer)[0]
-        text += (f" (or stuck in a later iteration of the loop at "
-                 f"{os.path.basename(f)}:{line})")
+        text += f" (or stuck in a later iteration of the loop at {os.path.basename(f)}:{line})"
     return text
 
 
@@ -400,18 +451,35 @@ class _Runner:
         self.scenario, self.run_dir, self.fs = scenario, run_dir, forkserver
         self.env = dict(os.environ)
         self.env["PYTHONPATH"] = os.pathsep.join(
-            [str(runner.REPO_ROOT)] + ([self.env["PYTHONPATH"]] if self.env.get("PYTHONPATH")
-                                       else []))
+            [str(runner.REPO_ROOT)]
+            + ([self.env["PYTHONPATH"]] if self.env.get("PYTHONPATH") else [])
+        )
 
-    def run(self, name: str, site: int | None, *, probes: dict[str, Any] | None,
-            limits: S.Limits, stall_s: float | None) -> tuple[V.Classified, V.Outcome]:
+    def run(
+        self,
+        name: str,
+        site: int | None,
+        *,
+        probes: dict[str, Any] | None,
+        limits: S.Limits,
+        stall_s: float | None,
+    ) -> tuple[V.Classified, V.Outcome]:
         req_path, events_path, log_path = runner.write_request(
-            self.run_dir / name, self.scenario, probes=probes, bisect={"site": site})
-        outcome, _ = runner.watch(runner.worker_argv(req_path), events_path, log_path, limits,
-                                  env=self.env, stall_s=stall_s, forkserver=self.fs)
+            self.run_dir / name, self.scenario, probes=probes, bisect={"site": site}
+        )
+        outcome, _ = runner.watch(
+            runner.worker_argv(req_path),
+            events_path,
+            log_path,
+            limits,
+            env=self.env,
+            stall_s=stall_s,
+            forkserver=self.fs,
+        )
         if (ke := outcome.event("kernel_error")) is not None:
-            raise S.ScenarioError(ke.get("message", "kernel could not be loaded")
-                                  + f"\n(worker log: {log_path})")
+            raise S.ScenarioError(
+                ke.get("message", "kernel could not be loaded") + f"\n(worker log: {log_path})"
+            )
         return V.classify(outcome), outcome
 
 
@@ -419,17 +487,25 @@ def _site_key(s: dict[str, Any]) -> tuple:
     return (s.get("op"), s.get("file"), s.get("line"), s.get("name"))
 
 
-def bisect(scenario: S.Scenario, *, runs_root: Path | str = "runs",
-           window_s: float = DEFAULT_WINDOW_S, probes: bool = True, forkserver: bool = True,
-           command: str = "", server: Any = None) -> BisectResult:
+def bisect(
+    scenario: S.Scenario,
+    *,
+    runs_root: Path | str = "runs",
+    window_s: float = DEFAULT_WINDOW_S,
+    probes: bool = True,
+    forkserver: bool = True,
+    command: str = "",
+    server: Any = None,
+) -> BisectResult:
     """Baseline, then per-role search; returns the result (written with ``write``).
 
     ``server``: a running fork server to fork the workers from (the caller's, left open);
     otherwise one is started for this bisection when ``forkserver`` is true."""
     t0 = time.monotonic()
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    run_dir = (Path(runs_root) / f"{scenario.id.replace('/', '__')}-bisect-{stamp}-"
-               f"{uuid.uuid4().hex[:6]}").resolve()
+    run_dir = (
+        Path(runs_root) / f"{scenario.id.replace('/', '__')}-bisect-{stamp}-{uuid.uuid4().hex[:6]}"
+    ).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     if server is not None:
         return _bisect(scenario, run_dir, server, window_s, probes, command, t0)
@@ -441,29 +517,51 @@ def bisect(scenario: S.Scenario, *, runs_root: Path | str = "runs",
             fs.close()
 
 
-def _bisect(sc: S.Scenario, run_dir: Path, fs: Any, window_s: float, probes: bool,
-            command: str, t0: float) -> BisectResult:
+def _bisect(
+    sc: S.Scenario, run_dir: Path, fs: Any, window_s: float, probes: bool, command: str, t0: float
+) -> BisectResult:
     r = _Runner(sc, run_dir, fs)
     lim = sc.limits
     probe_cfg = {"budget_ns": int(lim.wait_budget_ms) * 1_000_000} if probes else None
-    base_limits = lim if probes else S.Limits(
-        **{**vars(lim), "deadline_s": min(lim.deadline_s, max(2.0, 4 * window_s))})
+    base_limits = (
+        lim
+        if probes
+        else S.Limits(**{**vars(lim), "deadline_s": min(lim.deadline_s, max(2.0, 4 * window_s))})
+    )
     tb = time.monotonic()
-    cls, out = r.run("baseline", None, probes=probe_cfg, limits=base_limits,
-                     stall_s=lim.stall_s if probes else None)
+    cls, out = r.run(
+        "baseline",
+        None,
+        probes=probe_cfg,
+        limits=base_limits,
+        stall_s=lim.stall_s if probes else None,
+    )
     table = out.event("checkpoint_sites") or {}
-    baseline = {"verdict": cls.verdict.value, "reason": cls.reason, "probes": probes,
-                "seconds": round(time.monotonic() - tb, 3), "dir": "baseline",
-                "compile_s": (out.event("compiled") or {}).get("secs")}
-    res = BisectResult(scenario=sc, run_dir=run_dir, baseline=baseline,
-                       sites=table.get("sites") or [], roles=table.get("roles") or {},
-                       window_s=window_s, command=command)
+    baseline = {
+        "verdict": cls.verdict.value,
+        "reason": cls.reason,
+        "probes": probes,
+        "seconds": round(time.monotonic() - tb, 3),
+        "dir": "baseline",
+        "compile_s": (out.event("compiled") or {}).get("secs"),
+    }
+    res = BisectResult(
+        scenario=sc,
+        run_dir=run_dir,
+        baseline=baseline,
+        sites=table.get("sites") or [],
+        roles=table.get("roles") or {},
+        window_s=window_s,
+        command=command,
+    )
     if probes and (pe := runner.probe_evidence(out)):
         baseline["stuck_sites"] = pe.get("stuck_sites", [])
         baseline["diagnosis"] = pe.get("diagnosis", [])
     if cls.verdict is not V.Verdict.HANG:
-        res.status, res.reason = "nothing_to_bisect", (
-            f"the baseline run is {cls.verdict.value}, not HANG: {cls.reason[:300]}")
+        res.status, res.reason = (
+            "nothing_to_bisect",
+            (f"the baseline run is {cls.verdict.value}, not HANG: {cls.reason[:300]}"),
+        )
     elif not res.sites:
         res.status, res.reason = "no_sites", "the kernel has no checkpoint sites"
     if res.status != "localized":
@@ -494,16 +592,24 @@ def _bisect(sc: S.Scenario, run_dir: Path, fs: Any, window_s: float, probes: boo
             note = "the hang vanished with this checkpoint enabled: timing bug"
         else:
             note = cls.reason[:160]
-        return CheckpointRun(site=site, reached=reached, verdict=verdict, seconds=seconds,
-                     role=role, hits=int(mark.get("hits", 0)), warps=int(mark.get("n_warps", 0)),
-                     ctas=int(mark.get("ctas", 0)), note=note, run_dir=name)
+        return CheckpointRun(
+            site=site,
+            reached=reached,
+            verdict=verdict,
+            seconds=seconds,
+            role=role,
+            hits=int(mark.get("hits", 0)),
+            warps=int(mark.get("n_warps", 0)),
+            ctas=int(mark.get("ctas", 0)),
+            note=note,
+            run_dir=name,
+        )
 
     oracle = Oracle(run_site)
     res.searches = search_all(res.roles, oracle)
     res.runs = oracle.order
     res.grade = grade(sc.expect.localization(), res.searches, res.by_id)
     if baseline.get("stuck_sites"):
-        res.probes_answer = compare_with_probes(res.searches, res.by_id,
-                                                baseline["stuck_sites"])
+        res.probes_answer = compare_with_probes(res.searches, res.by_id, baseline["stuck_sites"])
     res.seconds = time.monotonic() - t0
     return res

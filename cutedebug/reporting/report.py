@@ -24,8 +24,19 @@ from cutedebug.reporting.files import atomic_write
 SCHEMA_VERSION = 1
 STUCK_MAP_SVG = "stuck_map.svg"
 
-__all__ = ["SCHEMA_VERSION", "atomic_write", "command_line", "group_sites", "reproduce_command",
-           "stuck_map", "tldr", "to_json", "to_markdown", "where", "write"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "atomic_write",
+    "command_line",
+    "group_sites",
+    "reproduce_command",
+    "stuck_map",
+    "tldr",
+    "to_json",
+    "to_markdown",
+    "where",
+    "write",
+]
 
 
 def stuck_map(result: RunResult) -> tuple[SM.StuckMap, str] | None:
@@ -49,10 +60,13 @@ def where(result: RunResult) -> str:
     sites = result.evidence.get("stuck_sites") or []
     if sites:
         s = sites[0]
-        parts = [s.get("role"), s.get("op"),
-                 f"{s.get('barrier')}[{s.get('stage')}]" if s.get("barrier") else None,
-                 f"phase {s.get('phase')}" if s.get("phase") is not None else None,
-                 s.get("location")]
+        parts = [
+            s.get("role"),
+            s.get("op"),
+            f"{s.get('barrier')}[{s.get('stage')}]" if s.get("barrier") else None,
+            f"phase {s.get('phase')}" if s.get("phase") is not None else None,
+            s.get("location"),
+        ]
         return " ".join(str(p) for p in parts if p)
     checked = result.evidence.get("checked") or {}
     if checked.get("first_bad_index") is not None:
@@ -66,8 +80,9 @@ def time_breakdown(t: dict[str, Any]) -> str:
     from cutedebug.engine.runner import BREAKDOWN
 
     keys = [k for k, _ in BREAKDOWN] + ["verdict_s", "rerun_s", "health_s"]
-    parts = [f"{k.removesuffix('_s')} {t[k]:.2f} s" for k in keys
-             if isinstance(t.get(k), (int, float))]
+    parts = [
+        f"{k.removesuffix('_s')} {t[k]:.2f} s" for k in keys if isinstance(t.get(k), (int, float))
+    ]
     return " · ".join(parts) if "spawn_s" in t else ""
 
 
@@ -77,8 +92,11 @@ def tldr(result: RunResult) -> str:
     w = where(result)
     diagnosis = result.evidence.get("diagnosis") or []
     why = diagnosis[0] if diagnosis else result.reason
-    return (f"{result.verdict.value} ({mark}) — {result.scenario.id}"
-            + (f" — {w}" if w else "") + f": {why}")
+    return (
+        f"{result.verdict.value} ({mark}) — {result.scenario.id}"
+        + (f" — {w}" if w else "")
+        + f": {why}"
+    )
 
 
 def to_json(result: RunResult) -> dict[str, Any]:
@@ -109,10 +127,21 @@ def _stuck_map_json(result: RunResult) -> dict[str, Any] | None:
     if sm is None:
         return None
     m = sm[0]
-    return {"svg": STUCK_MAP_SVG, "warps": m.warps, "dropped_records": m.dropped_records,
-            "n_stuck_reported": m.n_stuck_reported, "hidden_rows": len(m.hidden_rows),
-            "rows": [{"ctas": SM.cta_ranges(r.ctas, limit=10**6), "n_ctas": len(r.ctas),
-                      "cells": [c.label for c in r.cells]} for r in m.rows]}
+    return {
+        "svg": STUCK_MAP_SVG,
+        "warps": m.warps,
+        "dropped_records": m.dropped_records,
+        "n_stuck_reported": m.n_stuck_reported,
+        "hidden_rows": len(m.hidden_rows),
+        "rows": [
+            {
+                "ctas": SM.cta_ranges(r.ctas, limit=10**6),
+                "n_ctas": len(r.ctas),
+                "cells": [c.label for c in r.cells],
+            }
+            for r in m.rows
+        ],
+    }
 
 
 def _md_evidence(result: RunResult) -> list[str]:
@@ -120,41 +149,56 @@ def _md_evidence(result: RunResult) -> list[str]:
     out = []
     dev = ev.get("device") or {}
     if dev:
-        out.append(f"- device: {md_text(dev.get('name', ''))} {md_text(dev.get('arch', ''))}"
-                   if dev.get("present") else f"- device: none ({md_text(dev.get('reason'))})")
+        out.append(
+            f"- device: {md_text(dev.get('name', ''))} {md_text(dev.get('arch', ''))}"
+            if dev.get("present")
+            else f"- device: none ({md_text(dev.get('reason'))})"
+        )
     c = ev.get("compiled")
     if c is not None:
         count = c.get("fault_count") if c.get("fault_count") is not None else "n/a"
-        out.append(f"- compiled for {md_text(c.get('arch'))} in {c.get('secs')} s, PTX "
-                   f"{c.get('ptx_bytes')} bytes; fault applied at {count} site(s)")
+        out.append(
+            f"- compiled for {md_text(c.get('arch'))} in {c.get('secs')} s, PTX "
+            f"{c.get('ptx_bytes')} bytes; fault applied at {count} site(s)"
+        )
     static = (c or {}).get("static_findings")
     if static is not None:
         serious = [f for f in static if f.get("severity") in ("error", "warning")]
-        out.append(f"- static protocol checks: {len(serious)} finding(s)"
-                   + ("" if serious else " (clean)"))
+        out.append(
+            f"- static protocol checks: {len(serious)} finding(s)" + ("" if serious else " (clean)")
+        )
         for f in serious[:8]:
             at = f"{os.path.basename(f['file'])}:{f['line']}" if f.get("file") else ""
-            out.append(f"  - {md_text(f['severity'])} {md_text(f.get('check'))}: "
-                       f"{md_text(f.get('message'))}"
-                       + (f" — {md_text(f['arithmetic'])}" if f.get("arithmetic") else "")
-                       + (f" ({md_text(at)})" if at else ""))
+            out.append(
+                f"  - {md_text(f['severity'])} {md_text(f.get('check'))}: "
+                f"{md_text(f.get('message'))}"
+                + (f" — {md_text(f['arithmetic'])}" if f.get("arithmetic") else "")
+                + (f" ({md_text(at)})" if at else "")
+            )
     if (ce := ev.get("compile_error")) is not None:
         out += [f"- compile error ({md_text(ce.get('type'))}):", ""]
         out += md_block(str(ce.get("message", ""))[:3000]) + [""]
     if (cu := ev.get("cuda_error")) is not None:
-        out.append(f"- CUDA error {md_text(cu.get('name'))}: "
-                   f"{md_code(str(cu.get('message', ''))[:300])}")
+        out.append(
+            f"- CUDA error {md_text(cu.get('name'))}: {md_code(str(cu.get('message', ''))[:300])}"
+        )
     if (ck := ev.get("checked")) is not None and ck.get("skipped"):
-        out.append(f"- comparison skipped: {md_text(ck['skipped'])} (the output is garbage by "
-                   "construction)")
+        out.append(
+            f"- comparison skipped: {md_text(ck['skipped'])} (the output is garbage by "
+            "construction)"
+        )
     elif ck is not None:
-        out.append(f"- comparison: {ck.get('n_bad')} / {ck.get('numel')} bad "
-                   f"(atol {ck.get('atol')}, rtol {ck.get('rtol')}), max abs err "
-                   f"{ck.get('max_abs_err')}, max rel err {ck.get('max_rel_err')}, first bad "
-                   f"index {ck.get('first_bad_index')}, NaNs {ck.get('n_nan')}")
+        out.append(
+            f"- comparison: {ck.get('n_bad')} / {ck.get('numel')} bad "
+            f"(atol {ck.get('atol')}, rtol {ck.get('rtol')}), max abs err "
+            f"{ck.get('max_abs_err')}, max rel err {ck.get('max_rel_err')}, first bad "
+            f"index {ck.get('first_bad_index')}, NaNs {ck.get('n_nan')}"
+        )
     if ev.get("killed_by_watchdog"):
-        out.append(f"- watchdog: killed the child ({md_text(ev['killed_by_watchdog'])}) in "
-                   f"phase {md_text(ev.get('phase'))}")
+        out.append(
+            f"- watchdog: killed the child ({md_text(ev['killed_by_watchdog'])}) in "
+            f"phase {md_text(ev.get('phase'))}"
+        )
     if result.health is not None:
         out.append(f"- GPU health check afterwards: {md_text(result.health)}")
     for d in ev.get("diagnosis", []) or []:
@@ -169,64 +213,108 @@ def _md_evidence(result: RunResult) -> list[str]:
     return out
 
 
-def to_markdown(result: RunResult, extra_sections: list[str] | None = None,
-                *, stuck_map_svg: str | None = STUCK_MAP_SVG) -> str:
+def to_markdown(
+    result: RunResult,
+    extra_sections: list[str] | None = None,
+    *,
+    stuck_map_svg: str | None = STUCK_MAP_SVG,
+) -> str:
     """report.md. ``extra_sections`` are Markdown the caller built (and escaped);
     ``stuck_map_svg``: the picture's file name beside the report (None: no link)."""
     sc = result.scenario
-    lines = [f"# {md_text(sc.id)}: {result.verdict.value}", "",
-             f"**TL;DR** {md_text(tldr(result))}", ""]
+    lines = [
+        f"# {md_text(sc.id)}: {result.verdict.value}",
+        "",
+        f"**TL;DR** {md_text(tldr(result))}",
+        "",
+    ]
     if sc.description:
         lines += [f"_{md_text(sc.description)}_", ""]
     expect = sc.expect
-    lines += ["## Scenario", "",
-              f"- kernel: {md_code(f'{sc.kernel_file}:{sc.kernel_entry}')}",
-              f"- params: {md_code(json.dumps(sc.params))}",
-              f"- fault: {md_code(sc.fault or 'none')}"
-              + (f" {md_code(json.dumps(sc.fault_args))}" if sc.fault else ""),
-              f"- expected: {md_text(expect.verdict_text())}"
-              + (f" at {md_text(expect.localization())}" if expect.localization() else "")
-              + (f" — {md_text(expect.note)}" if expect.note else ""), ""]
+    lines += [
+        "## Scenario",
+        "",
+        f"- kernel: {md_code(f'{sc.kernel_file}:{sc.kernel_entry}')}",
+        f"- params: {md_code(json.dumps(sc.params))}",
+        f"- fault: {md_code(sc.fault or 'none')}"
+        + (f" {md_code(json.dumps(sc.fault_args))}" if sc.fault else ""),
+        f"- expected: {md_text(expect.verdict_text())}"
+        + (f" at {md_text(expect.localization())}" if expect.localization() else "")
+        + (f" — {md_text(expect.note)}" if expect.note else ""),
+        "",
+    ]
     loc = result.localization
     if loc["ok"] is not None:
-        lines += [f"- localization: {'right' if loc['ok'] else 'WRONG'} "
-                  f"(expected {md_text(loc['expected'])}, matched {md_text(loc.get('matched'))})",
-                  ""]
+        lines += [
+            f"- localization: {'right' if loc['ok'] else 'WRONG'} "
+            f"(expected {md_text(loc['expected'])}, matched {md_text(loc.get('matched'))})",
+            "",
+        ]
     lines += ["## Evidence", ""] + _md_evidence(result) + [""]
     sites = result.evidence.get("stuck_sites") or []
     if sites:
-        lines += ["## Stuck sites", "", "Identical stuck states grouped over CTAs and warps.", "",
-                  "| CTAs | warps | role | op | barrier[stage] | phase | waited ms | where |",
-                  "|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "## Stuck sites",
+            "",
+            "Identical stuck states grouped over CTAs and warps.",
+            "",
+            "| CTAs | warps | role | op | barrier[stage] | phase | waited ms | where |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for g in group_sites(sites):
             bar = f"{g['barrier']}[{g['stage']}]" if g["barrier"] else f"stage {g['stage']}"
-            cells = [g["ctas"], g["warps"], g["role"], g["op"], bar, g["phase"], g["waited_ms"],
-                     g["location"]]
+            cells = [
+                g["ctas"],
+                g["warps"],
+                g["role"],
+                g["op"],
+                bar,
+                g["phase"],
+                g["waited_ms"],
+                g["location"],
+            ]
             lines.append("| " + " | ".join(md_text(x) for x in cells) + " |")
         lines.append("")
     sm = stuck_map(result)
     if sm is not None:
-        lines += ["## Stuck map", "", f"Source: {md_text(result.evidence.get('probe_source'))}.",
-                  ""]
+        lines += [
+            "## Stuck map",
+            "",
+            f"Source: {md_text(result.evidence.get('probe_source'))}.",
+            "",
+        ]
         if stuck_map_svg:
-            lines += [f"Picture: {md_link(stuck_map_svg, stuck_map_svg)} (hover a cell for "
-                      "its details).", ""]
+            lines += [
+                f"Picture: {md_link(stuck_map_svg, stuck_map_svg)} (hover a cell for its details).",
+                "",
+            ]
         lines += md_block(sm[1]) + [""]
     if result.evidence.get("rerun_with_probes"):
         r = result.evidence["rerun_with_probes"]
-        lines += [f"_First run without probes: {md_text(r['first_verdict'])} "
-                  f"({md_text(r['first_reason'])}); rerun with probes on to localize it._", ""]
+        lines += [
+            f"_First run without probes: {md_text(r['first_verdict'])} "
+            f"({md_text(r['first_reason'])}); rerun with probes on to localize it._",
+            "",
+        ]
     if result.repeats:
-        lines += ["## Repeats", ""] + [f"- run {i}: {md_text(r['verdict'])} "
-                                       f"(output {md_text(r['digest'])})"
-                                       for i, r in enumerate(result.repeats)] + [""]
+        lines += (
+            ["## Repeats", ""]
+            + [
+                f"- run {i}: {md_text(r['verdict'])} (output {md_text(r['digest'])})"
+                for i, r in enumerate(result.repeats)
+            ]
+            + [""]
+        )
     for sec in extra_sections or []:
         lines += [sec, ""]
     if result.outcome.log_tail.strip():
         lines += ["## Worker log (tail)", ""] + md_block(result.outcome.log_tail[-1500:]) + [""]
     lines += ["## Reproduce", ""] + md_block(result.command or reproduce_command(result))
-    lines += ["", f"Run directory: {md_code(result.run_dir)} (events.jsonl, worker.log, "
-              "kernel.ptx)", ""]
+    lines += [
+        "",
+        f"Run directory: {md_code(result.run_dir)} (events.jsonl, worker.log, kernel.ptx)",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -246,19 +334,42 @@ def group_sites(sites: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Stuck sites grouped by (role, op, barrier, stage, phase, location), largest first."""
     groups: dict[tuple, dict[str, Any]] = {}
     for s in sites:
-        key = (s.get("role"), s.get("op"), s.get("barrier"), s.get("stage"), s.get("phase"),
-               s.get("location"))
-        g = groups.setdefault(key, {"role": key[0], "op": key[1], "barrier": key[2],
-                                    "stage": key[3], "phase": key[4], "location": key[5],
-                                    "cta_list": [], "warp_list": [], "waited": []})
+        key = (
+            s.get("role"),
+            s.get("op"),
+            s.get("barrier"),
+            s.get("stage"),
+            s.get("phase"),
+            s.get("location"),
+        )
+        g = groups.setdefault(
+            key,
+            {
+                "role": key[0],
+                "op": key[1],
+                "barrier": key[2],
+                "stage": key[3],
+                "phase": key[4],
+                "location": key[5],
+                "cta_list": [],
+                "warp_list": [],
+                "waited": [],
+            },
+        )
         g["cta_list"].append(s.get("cta", 0))
         g["warp_list"].append(s.get("warp", 0))
         g["waited"].append(s.get("waited_ms") or 0)
     out = []
     for g in sorted(groups.values(), key=lambda g: -len(g["cta_list"])):
-        out.append({**{k: v for k, v in g.items() if not k.endswith("_list") and k != "waited"},
-                    "ctas": _ranges(g["cta_list"]), "warps": _ranges(g["warp_list"]),
-                    "count": len(g["cta_list"]), "waited_ms": max(g["waited"])})
+        out.append(
+            {
+                **{k: v for k, v in g.items() if not k.endswith("_list") and k != "waited"},
+                "ctas": _ranges(g["cta_list"]),
+                "warps": _ranges(g["warp_list"]),
+                "count": len(g["cta_list"]),
+                "waited_ms": max(g["waited"]),
+            }
+        )
     return out
 
 
@@ -283,11 +394,17 @@ def write(result: RunResult, extra_sections: list[str] | None = None) -> tuple[P
     jpath, mpath = result.run_dir / "report.json", result.run_dir / "report.md"
     sm = stuck_map(result)
     if sm is not None:
-        atomic_write(result.run_dir / STUCK_MAP_SVG,
-                     SM.render_svg(sm[0], title=f"cutedebug stuck map: {result.scenario.id}"))
+        atomic_write(
+            result.run_dir / STUCK_MAP_SVG,
+            SM.render_svg(sm[0], title=f"cutedebug stuck map: {result.scenario.id}"),
+        )
     atomic_write(jpath, json.dumps(to_json(result), indent=1, default=str))
-    atomic_write(mpath, to_markdown(result, extra_sections,
-                                    stuck_map_svg=STUCK_MAP_SVG if sm is not None else None))
+    atomic_write(
+        mpath,
+        to_markdown(
+            result, extra_sections, stuck_map_svg=STUCK_MAP_SVG if sm is not None else None
+        ),
+    )
     return jpath, mpath
 
 
