@@ -65,7 +65,16 @@ def row(out: Path, rec: dict[str, Any]) -> dict[str, Any]:
     report = run_report(out, rec)
     exp = rec["expected"]
     freq = rec.get("frequencies") or {}
-    verdict = rec.get("verdict") or f"not run ({rec.get('not_run') or rec.get('invalid')})"
+    why = (
+        rec.get("not_run")
+        or rec.get("invalid")
+        or (
+            f"{rec.get('status')}: the triage ended before its run"
+            if rec.get("status") != "done"
+            else "no verdict"
+        )
+    )
+    verdict = rec.get("verdict") or f"not run ({why})"
     if len(freq) > 1:
         verdict += " (" + ", ".join(f"{v} {n}" for v, n in freq.items()) + ")"
     comp = rec.get("compile") or {}
