@@ -255,3 +255,31 @@ def test_a_stall_event_makes_a_hang_from_the_last_picture(tmp_path):
     assert res.evidence["probe_source"] == "last live picture before the kill"
     assert res.evidence["stuck_sites"] == [] and len(res.evidence["warps"]) == 16
     assert "## Stuck map" in X.write_report(res).read_text()
+
+
+def test_launches_of_instrumented_compiled_functions_are_bracketed():
+    from types import SimpleNamespace
+
+    from cutedebug.instrument import launch
+
+    class Compiled:  # stands for a JitCompiledFunction subclass
+        def __call__(self, x):
+            return x + 1
+
+    class Derived(Compiled):  # inherits __call__
+        pass
+
+    events = []
+    flight = launch.InFlight(lambda: events.append(FakeEvent()) or events[-1])
+    state = SimpleNamespace(monitor=SimpleNamespace(launches=flight), cfg={"stall_s": 1.0})
+    with_waits, without = Derived(), Derived()
+    launch._tag_compiled(state, with_waits, 3)
+    assert with_waits(1) == 2 and len(events) == 2 and len(flight.queue) == 1
+    assert without(1) == 2 and len(events) == 2  # its trace added no wait site: not tracked
+    assert Compiled()(5) == 6 and len(events) == 2  # the base class is left alone
+    launch._tag_compiled(state, Compiled(), 0)  # no sites: nothing changes
+    assert "_cutedebug_tracked" not in vars(Compiled)
+    state.cfg["stall_s"] = None
+    other = type("Other", (Compiled,), {})()
+    launch._tag_compiled(state, other, 2)  # no stall window asked: launches not bracketed
+    assert "_cutedebug_tracked" not in vars(type(other))
