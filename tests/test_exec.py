@@ -283,3 +283,48 @@ def test_launches_of_instrumented_compiled_functions_are_bracketed():
     other = type("Other", (Compiled,), {})()
     launch._tag_compiled(state, other, 2)  # no stall window asked: launches not bracketed
     assert "_cutedebug_tracked" not in vars(type(other))
+
+
+def test_gpu_token_is_shared_by_a_command_and_waited_for_by_others(tmp_path):
+    import threading
+
+    from cutedebug.instrument.launch import acquire_gpu_token
+
+    token, seen = tmp_path / "gpu.token", []
+    assert acquire_gpu_token(str(token), "A", lambda *a, **k: seen.append(a)) < 0.1
+    assert acquire_gpu_token(str(token), "A") < 0.1  # another process of the same command
+    assert token.read_text() == "A" and seen == []
+    threading.Timer(0.4, token.unlink).start()  # the parent releases A's token
+    waited = acquire_gpu_token(str(token), "B", lambda *a, **k: seen.append(a))
+    assert waited >= 0.35 and token.read_text() == "B"
+    assert [s[0] for s in seen] == ["gpu_wait", "gpu_acquired"]
+
+
+WAITS_FOR_TOKEN = """
+import os
+from cutedebug.instrument import launch
+waited = launch.acquire_gpu_token(os.environ["TOKEN"], os.environ["CUTEDEBUG_RUN_TAG"],
+                                  launch._STATE.events.emit)
+print(f"got the GPU after {waited:.1f} s", flush=True)
+"""
+
+
+def test_the_deadline_clock_stops_while_the_command_waits_for_the_gpu(tmp_path):
+    """A command that waits 4 s for a token another command holds, under a 2 s deadline: not
+    killed, and the wait is reported apart."""
+    import threading
+
+    from cutedebug.commands import exec as X
+
+    token = tmp_path / "gpu.token"
+    token.write_text("another command")
+    threading.Timer(4.0, token.unlink).start()
+    s = X.Settings(
+        argv=[sys.executable, "-c", WAITS_FOR_TOKEN],
+        deadline_s=2.0,
+        extra_env={"TOKEN": str(token)},
+    )
+    res = X.watch_command(s, tmp_path / "run")
+    assert res.verdict.value == "PASS" and res.killed_by is None, res.reason
+    assert "got the GPU after" in res.log_tail
+    assert 3.5 <= res.gpu_wait_s <= res.elapsed_s

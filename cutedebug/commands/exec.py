@@ -87,6 +87,7 @@ class Settings:
     deadline_s: float = DEFAULT_DEADLINE_S
     fault_trace: dict[str, Any] | None = None  # only this trace gets the fault (mutate)
     stall_s: float | None = None  # with probes: HANG when a kernel in flight stops moving
+    gpu_token: str | None = None  # a file: kernels run only while this command holds it
     record: bool = False  # the protocol recorder (mutate's clean run)
     cwd: str | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
@@ -108,6 +109,8 @@ class ExecResult:
     swept: list[int] = field(default_factory=list)
     first_run: dict[str, Any] | None = None  # a blind HANG rerun with probes: the first run
     left: list[int] = field(default_factory=list)  # processes of the command alive after all
+    tag: str = ""  # the run tag its processes carry
+    gpu_wait_s: float = 0.0  # time its processes waited for the GPU token (not on the clock)
 
     @property
     def fault_count(self) -> int | None:
@@ -169,6 +172,10 @@ class _Tree:
             p["stuck"] = max(p["stuck"], stuck or 0)
         elif name == "stall":
             p["stall"] = ev
+        elif name == "gpu_wait":
+            p["gpu_waiting"] = True
+        elif name == "gpu_acquired":
+            p["gpu_waiting"] = False
         elif name == "exit":
             p["exited"] = True
             if ev.get("fault_count") is not None:
@@ -200,6 +207,7 @@ def watch_command(s: Settings, run_dir: Path) -> ExecResult:
         "fault": s.fault,
         "fault_args": s.fault_args,
         "fault_trace": s.fault_trace,
+        "gpu_token": s.gpu_token,
         "probes": s.probes,
         "record": s.record,
         "stall_s": s.stall_s if s.probes else None,
@@ -213,6 +221,7 @@ def watch_command(s: Settings, run_dir: Path) -> ExecResult:
     t0 = time.monotonic()
     killed_by, first_stuck_t, last_stuck_change, last_stuck = None, None, None, 0
     kill_t = None
+    paused, pause_start = 0.0, None
     swept: list[int] = []
     with open(log_path, "ab") as log:
         try:
@@ -235,6 +244,12 @@ def watch_command(s: Settings, run_dir: Path) -> ExecResult:
                 tree.add(ev)
             malformed.extend(bad)
             now = time.monotonic()
+            # The deadline clock stops while a process of the command waits for the GPU token.
+            waiting = any(p.get("gpu_waiting") for p in tree.procs.values())
+            if waiting and pause_start is None:
+                pause_start = now
+            elif not waiting and pause_start is not None:
+                paused, pause_start = paused + now - pause_start, None
             if tree.stuck != last_stuck:
                 last_stuck, last_stuck_change = tree.stuck, now
                 first_stuck_t = first_stuck_t or now
@@ -246,7 +261,7 @@ def watch_command(s: Settings, run_dir: Path) -> ExecResult:
                 killed_by = "stuck records"
             elif any(p.get("stall") for p in tree.procs.values()):
                 killed_by = "stall"
-            elif now - t0 > s.deadline_s:
+            elif now - t0 - paused - (now - pause_start if pause_start else 0) > s.deadline_s:
                 killed_by = f"deadline:{s.deadline_s:g}s"
             if killed_by:
                 # Where every process waits, from faulthandler, then the kill.
@@ -276,6 +291,8 @@ def watch_command(s: Settings, run_dir: Path) -> ExecResult:
         log_tail=runner._tail(log_path, 8000),
         swept=sorted(set(swept)),
         left=[p.pid for p in runner.tagged_processes(tag)],  # after the sweep: should be none
+        tag=tag,
+        gpu_wait_s=round(paused + (time.monotonic() - pause_start if pause_start else 0), 3),
     )
     res.evidence["stacks"] = _read_stacks(stacks) if killed_by else {}
     if first_stuck_t is not None:
@@ -530,6 +547,7 @@ def to_json(res: ExecResult, expect: str = "PASS", command: str = "") -> dict[st
         "fault": s.fault,
         "fault_args": s.fault_args,
         "fault_trace": s.fault_trace,
+        "gpu_token": s.gpu_token,
         "probes": s.probes,
         "deadline_s": s.deadline_s,
         "verdict": res.verdict.value,
@@ -547,6 +565,7 @@ def to_json(res: ExecResult, expect: str = "PASS", command: str = "") -> dict[st
         "health": res.health,
         "swept_pids": res.swept,
         "left_pids": res.left,
+        "gpu_wait_s": res.gpu_wait_s,
         "first_run": res.first_run,
         "run_dir": str(res.run_dir),
         "command": command,

@@ -15,8 +15,10 @@
    OUT/matrix.json|.md|.html the matrix (target x fault), the score caught / (caught +
    survived) and each survivor with its site (file:line) and what the fault changes there.
 
-The compile happens inside the command, so mutants that use the GPU run one at a time; when the
-clean run used no GPU (compile-only commands) ``--jobs`` mutants run at once.
+``--jobs`` mutants run at once: they import and compile in parallel, and when the command uses
+the GPU a token file (OUT/gpu.token, taken before a process's first kernel launch and released
+when its mutant ended) lets one mutant at a time run kernels; the time spent waiting for it is
+off the deadline clock and reported apart.
 At the end: processes of ours left (none, or exit status 1), a GPU health check when a mutant
 was killed on a GPU, and each mutant's time against the clean run's.
 Exit status: 0 the clean run passed, no mutant met a harness error, nothing was left behind, the
@@ -294,6 +296,7 @@ def mutant_record(m: Mutant, res: X.ExecResult, out: Path) -> dict[str, Any]:
         "registry_expects": expected,
         "registry_note": note,
         "elapsed_s": res.elapsed_s,
+        "gpu_wait_s": res.gpu_wait_s,
         "killed_by": res.killed_by,
         "used_gpu": X._used_gpu(res),
         "left_pids": res.left,
@@ -319,8 +322,18 @@ def run_mutant(m: Mutant, clean: X.Settings, deadline_s: float, out: Path) -> di
     s.extra_env = {**s.extra_env, "CUTE_DSL_DUMP_DIR": str(run_dir / "dsl_dump")}
     (run_dir / "dsl_dump").mkdir(parents=True, exist_ok=True)
     res = X.watch_command(s, run_dir)
+    if s.gpu_token:  # the mutant and everything it started are gone: the GPU is free
+        release_gpu_token(Path(s.gpu_token), res.tag)
     X.write_report(res, "PASS")
     return mutant_record(m, res, out)
+
+
+def release_gpu_token(path: Path, tag: str) -> None:
+    try:
+        if path.read_text() == tag:
+            path.unlink()
+    except FileNotFoundError:
+        pass
 
 
 def load_results(path: Path) -> dict[str, dict[str, Any]]:
@@ -514,7 +527,8 @@ def run_facts(
 
     killed_gpu = [r for r in results if r.get("killed_by") and r.get("used_gpu")]
     limit = clean["elapsed_s"] + 2.0
-    over = [r["id"] for r in results if r["elapsed_s"] > limit]
+    # A mutant's own time: what it spent waiting for the GPU token is the others'.
+    over = [r["id"] for r in results if r["elapsed_s"] - r.get("gpu_wait_s", 0.0) > limit]
     return {
         "clean_s": clean["elapsed_s"],
         "wall_s": round(wall_s, 1),
@@ -585,8 +599,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--jobs",
         type=int,
-        default=max(1, (os.cpu_count() or 2) // 2),
-        help="mutants at once when the clean run used no GPU (default %(default)s)",
+        default=max(1, min(4, (os.cpu_count() or 2) // 4)),
+        help="mutants at once (default %(default)s); with a GPU they compile at once and run "
+        "their kernels one at a time",
     )
     p.add_argument("--min-score", type=float, help="exit 1 below this mutation score (0-1)")
     X.add_common(p)
@@ -675,7 +690,9 @@ def cmd_mutate(args: argparse.Namespace) -> int:
             print(f"    {label} ops {p['ops']}")
     deadline = args.deadline or max(30.0, 2 * clean["elapsed_s"] + 10.0)
     todo = [m for m in planned if m.id not in done]
-    jobs = 1 if clean.get("used_gpu") else args.jobs
+    jobs = args.jobs
+    token = out / "gpu.token"
+    token.unlink(missing_ok=True)  # a token left by a killed mutate run
     print(
         f"{len(planned)} mutant(s), {len(planned) - len(todo)} already done; "
         f"{jobs} at a time; deadline {deadline:g} s each",
@@ -696,7 +713,9 @@ def cmd_mutate(args: argparse.Namespace) -> int:
             flush=True,
         )
 
-    clean_run = X.Settings(**{**vars(clean_s), "record": False})
+    # Mutants compile at once; the GPU token lets one of them at a time run kernels.
+    gpu_token = str(token) if clean.get("used_gpu") and jobs > 1 else None
+    clean_run = X.Settings(**{**vars(clean_s), "record": False, "gpu_token": gpu_token})
     if jobs == 1:
         for m in todo:
             finished(run_mutant(m, clean_run, deadline, out))

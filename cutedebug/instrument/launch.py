@@ -108,6 +108,7 @@ class _State:
         self.current: dict[str, Any] | None = None  # the trace under way
         self.fault_count = 0  # sites the fault changed, over every trace
         self.monitor: _Monitor | None = None
+        self.gpu_granted = False  # this process holds the GPU token (cfg["gpu_token"])
         self.active = False
 
 
@@ -334,6 +335,8 @@ def _wrap_traces(state: _State) -> None:
                 result = original(self, funcBody, function_name, *a, **kw)
             if state.sites is not None:
                 _tag_compiled(state, result, len(state.sites.sites) - sites_before)
+            if state.cfg.get("gpu_token"):
+                _guard_launches(state)
             return result
         except BaseException as e:
             error = f"{type(e).__name__}: {str(e)[:500]}"
@@ -513,6 +516,75 @@ def _enter_recorder(stack: contextlib.ExitStack) -> dict[str, Any]:
 
 
 _WAITS_ATTR = "_cutedebug_wait_sites"
+_GUARDED = "_cutedebug_gpu_guarded"
+TOKEN_POLL_S = 0.02
+
+
+def acquire_gpu_token(path: str, tag: str, emit: Any = None) -> float:
+    """Block until this command (its run tag) holds the GPU token file; returns the seconds
+    waited. The token is a file holding the owner's tag, created with O_EXCL; every process of
+    the owning command may go on, the others wait. The parent removes it when the owner ended."""
+    t0, announced = time.monotonic(), False
+    while True:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            try:
+                with open(path) as f:
+                    owner = f.read()
+            except FileNotFoundError:
+                continue
+            if owner == tag:
+                break
+            if not announced and emit is not None:
+                emit("gpu_wait", owner=owner[:12])
+                announced = True
+            time.sleep(TOKEN_POLL_S)
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(tag)
+        break
+    waited = time.monotonic() - t0
+    if emit is not None and announced:
+        emit("gpu_acquired", waited_s=round(waited, 3))
+    return waited
+
+
+def _ensure_gpu(state: _State) -> None:
+    if not state.cfg.get("gpu_token") or state.gpu_granted:
+        return
+    tag = os.environ.get("CUTEDEBUG_RUN_TAG", str(os.getpid()))
+    acquire_gpu_token(state.cfg["gpu_token"], tag, state.events.emit)
+    state.gpu_granted = True
+
+
+def _guard_launches(state: _State) -> None:
+    """Before the first launch of a compiled CuTe DSL kernel, take the GPU token (mutants that
+    compile at once still run their kernels one at a time)."""
+    from cutlass.base_dsl import jit_executor
+
+    todo, seen = [jit_executor.JitCompiledFunction], set()
+    executor = getattr(jit_executor, "JitExecutor", None)
+    if executor is not None:
+        todo.append(executor)
+    while todo:
+        cls = todo.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        todo.extend(cls.__subclasses__())
+        for name in ("__call__", "run_compiled_program"):
+            fn = vars(cls).get(name)
+            if fn is None or getattr(fn, _GUARDED, False):
+                continue
+
+            def guarded(self, *a, _orig=fn, **kw):
+                _ensure_gpu(state)
+                return _orig(self, *a, **kw)
+
+            setattr(guarded, _GUARDED, True)
+            guarded.__name__ = name
+            setattr(cls, name, guarded)
 
 
 def _tag_compiled(state: _State, compiled: Any, n_sites: int) -> None:
@@ -536,6 +608,7 @@ def _tag_compiled(state: _State, compiled: Any, n_sites: int) -> None:
 
     def __call__(self, *a, _orig=original, **kw):
         if getattr(self, _WAITS_ATTR, 0):
+            _ensure_gpu(state)  # before the first event: waiting for the GPU is no stall
             return state.monitor.launches.around(lambda: _orig(self, *a, **kw))
         return _orig(self, *a, **kw)
 
