@@ -230,3 +230,28 @@ def test_each_mutant_changes_only_its_own_trace(tmp_path):
         assert r["status"] == "CAUGHT" and r["fault_count"] == 1
         log = (out / Path(r["report"]).parent / "command.log").read_text()
         assert f"{changed} expect_tx [33040]" in log and f"{kept} expect_tx [33024]" in log
+
+
+def test_a_mutant_that_changed_nothing_says_why(tmp_path):
+    m = M.Mutant(
+        "t0.p1.skip_producer_tail",
+        "skip_producer_tail",
+        {"pipeline": 1},
+        {"function": "f", "occurrence": 0},
+        "t0.p1",
+        "skip_producer_tail",
+        "",
+    )
+    res = _result(V.Verdict.PASS, 0)
+    res.run_dir = tmp_path
+    res.processes[1]["traces"] = [
+        {
+            "function": "f",
+            "fault_not_applied": "fault skip_producer_tail(pipeline=1) NOT APPLIED: 0 sites",
+        }
+    ]
+    r = M.mutant_record(m, res, tmp_path)
+    assert r["status"] == "NOT_APPLIED" and "NOT APPLIED: 0 sites" in r["reason"]
+    res.processes[1]["traces"] = [{"function": "g"}]  # the trace never came in this run
+    r = M.mutant_record(m, res, tmp_path)
+    assert "not traced in this run" in r["reason"]

@@ -157,6 +157,7 @@ class _Tree:
                         "kernels",
                         "error",
                         "fault_applied",
+                        "fault_not_applied",
                         "gpu",
                         "protocol",
                     )

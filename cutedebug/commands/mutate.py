@@ -284,11 +284,37 @@ def mutant_record(m: Mutant, res: X.ExecResult, out: Path) -> dict[str, Any]:
                 | {"pid": p["pid"]}
             )
     expected, note = faults.expected_verdict(m.fault, m.args)
+    status = status_of(res)
+    reason = res.reason.splitlines()[0] if res.reason else ""
+    if status == NOT_APPLIED:
+        looked = [
+            t.get("fault_not_applied")
+            for p in res.processes.values()
+            for t in p["traces"]
+            if t.get("fault_not_applied")
+        ]
+        traced = [
+            t
+            for p in res.processes.values()
+            for t in p["traces"]
+            if t.get("function") == m.trace.get("function")
+        ]
+        reason = (
+            looked[0]
+            if looked
+            else f"trace {m.target.split('.')[0]} ({m.trace.get('function', '')[:60]}, "
+            f"occurrence {m.trace.get('occurrence')}) was "
+            + (
+                "traced, but the fault changed nothing"
+                if traced
+                else "not traced in this run: the command traced in another order"
+            )
+        )
     return {
         **m.to_json(),
-        "status": status_of(res),
+        "status": status,
         "verdict": res.verdict.value,
-        "reason": res.reason.splitlines()[0] if res.reason else "",
+        "reason": reason,
         "where": X.where(res),
         "fault_count": res.fault_count or 0,
         "sites": sites[:20],
@@ -453,6 +479,10 @@ def render_markdown(m: dict[str, Any]) -> str:
         )
     surv = survivors(m)
     lines += ["", "## Survivors", ""] + ([f"- {s}" for s in surv] or ["none"])
+    unapplied = [r for r in m["mutants"] if r["status"] in (NOT_APPLIED, HARNESS)]
+    if unapplied:
+        lines += ["", "## Not applied / harness errors", ""]
+        lines += [f"- `{r['id']}` {r['status']}: {r['reason'][:300]}" for r in unapplied]
     lines += [
         "",
         "## Mutants",

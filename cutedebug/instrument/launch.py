@@ -404,6 +404,8 @@ def _emit_compiled(state: _State, cur: dict[str, Any], error: str | None) -> Non
         state.fault_count += applied.count
         fields["fault_applied"] = applied.count
         fields["fault_sites"] = applied.sites[:200]
+        if not applied.count and hasattr(applied, "not_applied"):
+            fields["fault_not_applied"] = applied.not_applied()
     if state.cfg.get("fault"):
         fields["fault_count"] = state.fault_count
     if "protocol" in cur:
