@@ -267,7 +267,7 @@ def watch_command(s: Settings, run_dir: Path) -> ExecResult:
             if killed_by:
                 # Where every process waits, from faulthandler, then the kill.
                 _signal_tree(proc, tag, signal.SIGUSR1)
-                time.sleep(STACK_DUMP_WAIT_S)
+                _wait_for_stacks(stacks, tree.procs, STACK_DUMP_WAIT_S)
                 kill_t = now
                 swept = runner.kill_tree(proc, tag)
                 break
@@ -310,6 +310,17 @@ def watch_command(s: Settings, run_dir: Path) -> ExecResult:
         res.evidence["malformed_lines"] = malformed[:5]
     classify(res)
     return res
+
+
+def _wait_for_stacks(stacks: Path, procs: dict[int, Any], limit_s: float) -> None:
+    """Until every instrumented process has written its dump (faulthandler writes at once), at
+    most limit_s."""
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        files = [stacks / f"{pid}.txt" for pid in procs]
+        if all(f.exists() and f.stat().st_size for f in files):
+            return
+        time.sleep(0.01)
 
 
 def _read_stacks(stacks: Path) -> dict[str, str]:
