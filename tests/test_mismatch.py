@@ -273,3 +273,28 @@ def test_a_misaligned_address_at_run_time_is_the_alignment_row():
     d = mismatch.diagnose("CRASH", {"cuda_error": cu})
     assert (d["row"], d["pattern"]) == ("alignment", "misaligned_address")
     assert mismatch.diagnose("CRASH", {"cuda_error": {"name": "cudaErrorIllegalAddress"}}) is None
+
+
+def test_value_facts_read_every_kth_row_of_a_large_output():
+    ref = torch.randn(4096, 64, generator=torch.Generator().manual_seed(1))
+    out = torch.full_like(ref, float("nan"))
+    out[32:] = ref[:-32]
+    good = torch.isclose(out, ref)
+    f = valuemap.value_facts(
+        out, ref, good, 4096, 64, 32, 64, 1e-5, 1e-5, tiled=True, budget=4096 * 64 // 8
+    )
+    assert f["bad_values"]["sampled_rows_every"] == 8
+    assert f["bad_values"]["nan"] == 32 * 64 // 8  # rows 0, 8, 16, 24 of the unwritten 32
+    assert f["displacement"]["rows"] == 32
+    assert f["displacement"]["matched"] == f["displacement"]["of"] == (4096 - 32) * 64 // 8
+
+
+def test_attach_never_raises(tmp_path):
+    class Broken:
+        verdict = type("V", (), {"value": "MISMATCH"})()
+        evidence = {"checked": {"mismatch_map": 5}}  # not a map: the classifier raises
+        repeats, run_dir, outcome = [], tmp_path, None
+
+    r = Broken()
+    assert mismatch.attach(r) is None
+    assert r.evidence["value_diagnosis_error"]

@@ -544,6 +544,14 @@ def one_line(d: dict[str, Any]) -> str:
 def attach(result) -> dict[str, Any] | None:
     """Diagnose a RunResult and put the diagnosis into its evidence (``value_diagnosis``) and
     its one line into ``evidence['diagnosis']`` (shown in the TL;DR). Returns it."""
+    try:
+        return _attach(result)
+    except Exception as e:  # a bug here must not turn the user's verdict into ours
+        result.evidence["value_diagnosis_error"] = f"{type(e).__name__}: {e}"[:500]
+        return None
+
+
+def _attach(result) -> dict[str, Any] | None:
     maps = None
     if result.repeats:
         maps = repeat_maps(result.run_dir, len(result.repeats))

@@ -78,71 +78,104 @@ def collect(out, ref, good, tiling: Any, atol: float = 1e-5, rtol: float = 1e-5)
     rows, cols = t["shape"]
     tm, tn = t["tile"]
     tr, tc = -(-rows // tm), -(-cols // tn)
-    grid = torch.zeros(tr * tm, tc * tn, dtype=torch.int32)
-    grid[:rows, :cols] = bad.reshape(rows, cols).to(torch.int32)
+    grid = torch.zeros(tr * tm, tc * tn, dtype=torch.uint8)
+    grid[:rows, :cols] = bad.reshape(rows, cols)
     blocks = grid.view(tr, tm, tc, tn)
+    # two passes over the mask; every count below is a sum of these small partials
+    by_row = blocks.sum(dim=3, dtype=torch.int32)  # (tile row, in-tile row, tile column)
+    by_col = blocks.sum(dim=1, dtype=torch.int32)  # (tile row, tile column, in-tile column)
+    fr, fc = rows // tm, cols // tn  # the tiles that lie wholly inside the output
     m: dict[str, Any] = {
         "version": MAP_VERSION,
         "tiling": t,
         "tiling_problem": why,
         "tiles": [tr, tc],
-        "n_bad": int(bad.sum()),
+        "n_bad": int(by_row.sum()),
         "numel": numel,
         "partial_rows": rows % tm,
         "partial_cols": cols % tn,
-        "in_tile_row_bad": blocks.sum(dim=(0, 2, 3)).tolist(),
-        "in_tile_col_bad": blocks.sum(dim=(0, 1, 2)).tolist(),
-        "tile_row_bad": blocks.sum(dim=(1, 2, 3)).tolist(),
-        "tile_col_bad": blocks.sum(dim=(0, 1, 3)).tolist(),
+        "in_tile_row_bad": by_row.sum(dim=(0, 2)).tolist(),
+        "in_tile_col_bad": by_col.sum(dim=(0, 1)).tolist(),
+        "tile_row_bad": by_row.sum(dim=(1, 2)).tolist(),
+        "tile_col_bad": by_col.sum(dim=(0, 2)).tolist(),
+        "full_tile_in_row_bad": by_row[:fr, :, :fc].sum(dim=(0, 2)).tolist() if fr and fc else [],
+        "full_tile_in_col_bad": by_col[:fr, :fc].sum(dim=(0, 1)).tolist() if fr and fc else [],
     }
     if tr * tc <= MAX_TILES:
-        m["tile_bad"] = blocks.sum(dim=(1, 3)).tolist()
-    # the same counts restricted to the tiles that lie wholly inside the output
-    full = blocks[: rows // tm, :, : cols // tn, :]
-    m["full_tile_in_row_bad"] = full.sum(dim=(0, 2, 3)).tolist() if full.numel() else []
-    m["full_tile_in_col_bad"] = full.sum(dim=(0, 1, 2)).tolist() if full.numel() else []
-    if out is not None and ref is not None and int(bad.sum()):
-        o = out.detach().float().reshape(-1)[bad]
-        r = ref.detach().float().reshape(-1)[bad]
-        m["bad_values"] = {
-            "nan": int(torch.isnan(o).sum()),
-            "zero": int((o == 0).sum()),
-            "inf": int(torch.isinf(o).sum()),
-            "mean_abs_err": _finite(float((o - r).abs().nanmean())),
-        }
-        if why is None:
-            shift = displacement(out, ref, good, rows, cols, tm, tn, atol, rtol)
-            if shift is not None:
-                m["displacement"] = shift
+        m["tile_bad"] = by_row.sum(dim=1).tolist()
+    if out is not None and ref is not None and m["n_bad"]:
+        m.update(value_facts(out, ref, good, rows, cols, tm, tn, atol, rtol, tiled=why is None))
     return m
 
 
-def displacement(
-    out, ref, good, rows: int, cols: int, tm: int, tn: int, atol: float, rtol: float
-) -> dict[str, Any] | None:
-    """The shift (whole tiles: 1-2 tile rows or 1 tile column, either way) whose reference
-    value the wrong outputs (not NaN, not zero) equal most often: {"rows", "cols", "matched",
-    "of"}; None when no wrong output is a candidate."""
+def value_facts(
+    out,
+    ref,
+    good,
+    rows: int,
+    cols: int,
+    tm: int,
+    tn: int,
+    atol: float,
+    rtol: float,
+    *,
+    tiled: bool,
+    budget: int = 1 << 22,
+) -> dict[str, Any]:
+    """What the wrong values are (NaN, zero, inf, mean error) and whether they are the right
+    values of another place (``displacement``), on every k-th row so that at most ``budget``
+    elements are read (k = 1 for outputs up to 4M elements; ``sampled_rows_every`` says k)."""
     import torch
 
-    o = out.detach().float().reshape(rows, cols)
-    r = ref.detach().float().reshape(rows, cols)
+    every = max(1, -(-rows * cols // budget))
+    o = out.detach().float().reshape(rows, cols)[::every]
+    r = ref.detach().float().reshape(rows, cols)[::every]
+    bad = ~good.reshape(rows, cols)[::every]
+    ob, rb = o[bad], r[bad]
+    facts: dict[str, Any] = {
+        "bad_values": {
+            "nan": int(torch.isnan(ob).sum()),
+            "zero": int((ob == 0).sum()),
+            "inf": int(torch.isinf(ob).sum()),
+            "mean_abs_err": _finite(float((ob - rb).abs().nanmean())) if ob.numel() else None,
+            "sampled_rows_every": every,
+        }
+    }
+    if tiled:
+        shift = displacement(
+            o, ref.detach().float().reshape(rows, cols), bad, every, tm, tn, atol, rtol
+        )
+        if shift is not None:
+            facts["displacement"] = shift
+    return facts
+
+
+def displacement(
+    o, ref, bad, every: int, tm: int, tn: int, atol: float, rtol: float, sample: int = 1 << 20
+) -> dict[str, Any] | None:
+    """The shift (whole tiles: 1-2 tile rows or 1 tile column, either way) whose reference
+    value the wrong outputs equal most often: {"rows", "cols", "matched", "of"}; None when no
+    wrong output is a candidate. ``o`` / ``bad``: every ``every``-th row of the output and its
+    mask; ``ref``: the whole reference. At most ``sample`` wrong elements are compared."""
+    import torch
+
+    rows, cols = ref.shape
     # NaN and zero are what unwritten or zero-filled outputs hold: they prove no displacement
-    sel = (~good).reshape(rows, cols) & ~torch.isnan(o) & (o != 0)
-    n = int(sel.sum())
-    if not n:
+    li, j = (bad & ~torch.isnan(o) & (o != 0)).nonzero(as_tuple=True)
+    if not li.numel():
         return None
+    if li.numel() > sample:
+        pick = torch.linspace(0, li.numel() - 1, sample).long()
+        li, j = li[pick], j[pick]
+    i, vals = li * every, o[li, j]
     best = None
     for dr, dc in ((tm, 0), (-tm, 0), (2 * tm, 0), (-2 * tm, 0), (0, tn), (0, -tn)):
-        if abs(dr) >= rows or abs(dc) >= cols:
-            continue
-        moved = torch.full_like(r, float("nan"))  # moved[i, j] = r[i - dr, j - dc]
-        moved[max(dr, 0) : rows + min(dr, 0), max(dc, 0) : cols + min(dc, 0)] = r[
-            max(-dr, 0) : rows - max(dr, 0), max(-dc, 0) : cols - max(dc, 0)
-        ]
-        hits = int((torch.isclose(o, moved, atol=atol, rtol=rtol) & sel).sum())
+        si, sj = i - dr, j - dc  # out[i, j] is ref[i - dr, j - dc] when displaced by (dr, dc)
+        inside = (si >= 0) & (si < rows) & (sj >= 0) & (sj < cols)
+        src = ref[si.clamp(0, rows - 1), sj.clamp(0, cols - 1)]
+        hits = int((torch.isclose(vals, src, atol=atol, rtol=rtol) & inside).sum())
         if best is None or hits > best["matched"]:
-            best = {"rows": dr, "cols": dc, "matched": hits, "of": n}
+            best = {"rows": dr, "cols": dc, "matched": hits, "of": int(li.numel())}
     return best
 
 
