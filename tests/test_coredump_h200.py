@@ -30,13 +30,13 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).parent / "data" / "coredump" / "h200"
 
 
-def replay(name: str, monkeypatch):
+def replay(name: str, monkeypatch, focus_pc: bool = True):
     d = DATA / name
     facts = json.loads((d / "facts.json").read_text())
     pass1 = gzip.open(d / "pass1.txt.gz", "rt").read()
     base = int(re.match(r"\s*(0x[0-9a-f]+)", facts["function_base_line"]).group(1), 16)
     regs = {tuple(int(x) for x in k.split()): v for k, v in facts["registers"].items()}
-    fake = ReplayGdb(pass1, base, regs)
+    fake = ReplayGdb(pass1, base, regs, focus_pc=focus_pc)
     monkeypatch.setattr(coredump, "run_gdb", fake)
     cps = facts["checkpoint_sites"]
     rep = coredump.read_core(
@@ -75,7 +75,8 @@ def test_expect_tx_too_large_consumers_on_full_producer_on_empty(monkeypatch):
         ("producer_acquire", "0x420", 0),
     }
     assert E.grade(sc.expect.localization(), rep, cps)["ok"] is True
-    assert len(fake.calls) == 3  # warps; per-PC offsets and frames; registers
+    # two cuda-gdb runs: every warp + the kernel's address; per-PC frames + registers
+    assert len(fake.calls) == 2
     # the 12 CTAs whose registers the capture printed: the producer is a lap ahead
     assert E.patterns(rep) == [
         "12 CTA(s): consumers wait on full with parity 0 (first lap) while the producer waits "
@@ -219,3 +220,10 @@ def test_analyse_a_run_folder_into_evidence_and_the_runs_grade(tmp_path, monkeyp
     )
     assert res.localization["ok"] is True and res.localization["by"] == "coredump"
     assert res.expected
+
+
+def test_without_the_focus_offset_a_third_run_reads_the_registers(monkeypatch):
+    rep2, cps, _, fake2 = replay("tma_stream__wrong_expect_tx_plus", monkeypatch)
+    rep3, _, _, fake3 = replay("tma_stream__wrong_expect_tx_plus", monkeypatch, focus_pc=False)
+    assert (len(fake2.calls), len(fake3.calls)) == (2, 3)
+    assert E.stuck_sites(rep2, cps) == E.stuck_sites(rep3, cps)

@@ -27,9 +27,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from cutedebug.analyses import coredump  # noqa: E402
+from cutedebug.analyses import coredump, cudagdb  # noqa: E402
 from cutedebug.commands.triage import detect_gpu  # noqa: E402
-from cutedebug.engine import runner  # noqa: E402
+from cutedebug.engine import lifeline, runner  # noqa: E402
 from cutedebug.engine import scenario as S  # noqa: E402
 
 
@@ -112,7 +112,7 @@ def main() -> int:
 
     scs = targets(args.targets, "sm_90a")
     print(
-        f"{len(scs)} scenario(s); coredump tools: cuda-gdb {coredump.find_cuda_gdb()}, "
+        f"{len(scs)} scenario(s); coredump tools: cuda-gdb {cudagdb.find_cuda_gdb()}, "
         f"nvdisasm {coredump.find_nvdisasm()}",
         flush=True,
     )
@@ -132,10 +132,14 @@ def main() -> int:
                 sc, runs_root=args.out, probes=False, forkserver=fs, core=core
             )
             wall = time.monotonic() - t0
-            # our descendants still alive after the run but the fork server itself (a forked
-            # worker, cuda-gdb or a health check left behind would show here)
-            server = fs.proc.pid if fs is not None and fs.proc is not None else None
-            left = [p for p in psutil.Process().children(recursive=True) if p.pid != server]
+            # our descendants still alive after the run but the fork server and the keeper (a
+            # forked worker, cuda-gdb or a health check left behind would show here)
+            helpers = {fs.proc.pid if fs is not None and fs.proc is not None else None}
+            keeper = getattr(getattr(lifeline, "_KEEPER", None), "proc", None)
+            helpers.add(keeper.pid if keeper is not None else None)  # the harness's keeper
+            left = [p for p in psutil.Process().children(recursive=True) if p.pid not in helpers]
+            if left:
+                print("left:", [(p.pid, p.name(), p.status(), p.cmdline()[:3]) for p in left])
             r = row(res, wall, len(left))
             rows.append(r)
             if args.keep_fixtures:

@@ -22,6 +22,7 @@ H200 (tests/data/coredump/).
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -164,7 +165,12 @@ def read_core(
     cuda_gdb: str | None = None,
 ) -> CoreReport:
     """Every warp of the core as a record (module docstring). Raises RuntimeError when cuda-gdb
-    is missing, too slow, or prints nothing we can read."""
+    is missing, too slow, or prints nothing we can read.
+
+    Two cuda-gdb runs when the SASS is known and the core has one kernel: (1) kernels, every
+    warp, the focus's bt and x/1i (the kernel's address, so every absolute PC gets its offset);
+    (2) per distinct PC a bt, and the barrier registers of the waiting warps. Otherwise a third
+    run reads the registers once the PCs are placed."""
     t_end = time.monotonic() + timeout_s
     rep = CoreReport(core=str(core))
     text, secs = run_gdb(
@@ -176,6 +182,7 @@ def read_core(
             "info cuda warps device 0",
             "echo @@focus\\n",
             "bt",
+            "x/1i $pc",
         ],
         timeout_s,
         cuda_gdb,
@@ -194,6 +201,14 @@ def read_core(
             bx, by, _ = k.block
             w.cta = w.block[0] + w.block[1] * gx + w.block[2] * gx * gy
             w.warp = (w.thread[0] + w.thread[1] * bx + w.thread[2] * bx * by) // 32
+    base = _focus_base(text, rep.warps)
+    code = S.parse(sass_text) if sass_text else None
+    smap = S.map_sites(code, wait_sites or []) if code is not None and code.instrs else None
+    early = smap is not None and all(w.kernel in base for w in rep.warps)
+    if early:  # place the PCs now, so the second run reads the registers too
+        _offsets(rep.warps, base)
+        for w in rep.warps:
+            _place(w, code, smap, checkpoint_sites or [])
     reps = _one_per_pc(rep.warps)
     cmds: list[str] = []
     if sass_text is None and reps:
@@ -203,11 +218,12 @@ def read_core(
         rep.sass_source = "nvdisasm of the worker's cubin" if sass_text else "none"
     for w in reps:  # the warps table has absolute PCs: x/1i gives the function offset
         cmds += [f"echo @@pc {w.kernel} {w.pc:#x}\\n", _focus(w), "x/1i $pc", "bt"]
+    if early:
+        cmds += _register_commands(rep.warps)
     if cmds:
         text2, secs2 = run_gdb(core, cmds, max(1.0, t_end - time.monotonic()), cuda_gdb)
         rep.raw["pass2"], rep.gdb_s, rep.passes = text2, rep.gdb_s + secs2, 2
         sec = sections(text2)
-        base: dict[int, int] = {}
         for w in reps:
             lines = sec.get(f"pc {w.kernel} {w.pc:#x}", [])
             frames = parse_frames(lines)
@@ -216,22 +232,47 @@ def read_core(
                 base.setdefault(w.kernel, w.pc - off)
             for other in rep.warps:
                 if other.pc == w.pc and other.kernel == w.kernel:
-                    other.frames, other.offset = frames, off
-        for w in rep.warps:
-            if w.offset is None and w.kernel in base:
-                w.offset = w.pc - base[w.kernel]
+                    other.frames = frames
+        _offsets(rep.warps, base)
+        if early:
+            _parse_registers(rep, sec)
         if sass_text is None:
             sass_text = "\n".join(sec.get("disassemble", []))
-    code = S.parse(sass_text) if sass_text else None
-    if code is not None and code.instrs:
-        smap = S.map_sites(code, wait_sites or [])
-        rep.site_map_notes = smap.notes
-        for w in rep.warps:
-            _place(w, code, smap, checkpoint_sites or [])
-        _read_registers(rep, t_end, cuda_gdb)
-    else:
+            code = S.parse(sass_text)
+            smap = S.map_sites(code, wait_sites or []) if code.instrs else None
+    if smap is None:
         rep.site_map_notes.append("no SASS: PCs not classified")
+        return rep
+    rep.site_map_notes = smap.notes
+    for w in rep.warps:  # again: the frames (lines) came with the second run
+        _place(w, code, smap, checkpoint_sites or [])
+    if not early:
+        cmds = _register_commands(rep.warps)
+        if cmds:
+            text3, secs3 = run_gdb(core, cmds, max(1.0, t_end - time.monotonic()), cuda_gdb)
+            rep.raw["pass3"], rep.gdb_s, rep.passes = text3, rep.gdb_s + secs3, 3
+            _parse_registers(rep, sections(text3))
     return rep
+
+
+def _focus_base(text: str, warps: list[WarpRecord]) -> dict[int, int]:
+    """The focused warp's kernel address, from pass 1's x/1i after its bt."""
+    m = FOCUS_RE.search(text)
+    off = parse_pc_offset(text.split("@@focus", 1)[-1].splitlines())
+    if not m or off is None:
+        return {}
+    key = (int(m.group(2)), int(m.group(3)), int(m.group(4)))
+    w = next((x for x in warps if (x.dev, x.sm, x.hw_warp) == key), None)
+    return {w.kernel: w.pc - off} if w is not None else {}
+
+
+FOCUS_RE = re.compile(r"focus set to CUDA kernel (\d+),.*? device (\d+), sm (\d+), warp (\d+),")
+
+
+def _offsets(warps: list[WarpRecord], base: dict[int, int]) -> None:
+    for w in warps:
+        if w.offset is None and w.kernel in base:
+            w.offset = w.pc - base[w.kernel]
 
 
 def _focus(w: WarpRecord) -> str:
@@ -286,32 +327,29 @@ def _checkpoint_site(site: Any, cp_sites: list[dict[str, Any]]) -> dict[str, Any
     return same[0] if same else None
 
 
-def _read_registers(rep: CoreReport, t_end: float, cuda_gdb: str | None) -> None:
-    """The barrier address and parity registers of each waiting warp (at most MAX_WARPS)."""
+def _register_commands(warps: list[WarpRecord]) -> list[str]:
+    """cuda-gdb commands printing the barrier address and parity registers of each waiting
+    warp (at most MAX_WARPS), each block marked with the warp and the register names."""
+    cmds: list[str] = []
     todo = [
         w
-        for w in rep.warps
+        for w in warps
         if w.construct is not None and (w.construct.address_reg or w.construct.phase_reg)
     ][:MAX_WARPS]
-    if not todo:
-        return
-    cmds: list[str] = []
     for w in todo:
+        c = w.construct
         regs = [
-            r
-            for r in (w.construct.address_reg, w.construct.address_hi, w.construct.phase_reg)
-            if r and r not in ("RZ", "URZ")
+            r for r in (c.address_reg, c.address_hi, c.phase_reg) if r and r not in ("RZ", "URZ")
         ]
-        if not regs:
-            continue
-        cmds += [f"echo @@reg {w.dev} {w.sm} {w.hw_warp} {' '.join(regs)}\\n", _focus(w)]
-        cmds += [f"p/x ${r}" for r in regs]
-    if not cmds:
-        return
-    text, secs = run_gdb(rep.core, cmds, max(1.0, t_end - time.monotonic()), cuda_gdb)
-    rep.raw["pass3"], rep.gdb_s, rep.passes = text, rep.gdb_s + secs, rep.passes + 1
-    by_key = {(w.dev, w.sm, w.hw_warp): w for w in todo}
-    for name, lines in sections(text).items():
+        if regs:
+            cmds += [f"echo @@reg {w.dev} {w.sm} {w.hw_warp} {' '.join(regs)}\\n", _focus(w)]
+            cmds += [f"p/x ${r}" for r in regs]
+    return cmds
+
+
+def _parse_registers(rep: CoreReport, sec: dict[str, list[str]]) -> None:
+    by_key = {(w.dev, w.sm, w.hw_warp): w for w in rep.warps}
+    for name, lines in sec.items():
         parts = name.split()
         if parts[0] != "reg" or len(parts) < 5:
             continue

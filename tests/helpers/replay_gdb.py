@@ -43,18 +43,24 @@ def function_base(disassembly: str) -> int:
 
 
 class ReplayGdb:
-    def __init__(
-        self, pass1: str, base: int, registers: dict[tuple[int, int, int], dict[str, int]]
-    ):
-        """``base``: the kernel's address (the <+0> line of cuda-gdb's disassembly)."""
+    def __init__(self, pass1: str, base: int,
+                 registers: dict[tuple[int, int, int], dict[str, int]], focus_pc: bool = True):
+        """``base``: the kernel's address (the <+0> line of cuda-gdb's disassembly).
+        ``focus_pc``: answer pass 1's ``x/1i $pc`` (the focused warp's offset) too."""
         self.pass1, self.registers, self.base = pass1, registers, base
+        self.focus_pc = focus_pc
         self.pcs = {(w.dev, w.sm, w.hw_warp): w.pc for w in cudagdb.parse_warps(pass1)}
         self.calls: list[list[str]] = []
 
     def __call__(self, core, commands, timeout_s=None, cuda_gdb=None):
         self.calls.append(list(commands))
         if "info cuda kernels" in commands:
-            return self.pass1, 0.0
+            m = re.search(r"focus set to CUDA kernel \d+,.*? device (\d+), sm (\d+), "
+                          r"warp (\d+),", self.pass1)
+            if not (self.focus_pc and m and "x/1i $pc" in commands):
+                return self.pass1, 0.0
+            pc = self.pcs[tuple(int(x) for x in m.groups())]
+            return self.pass1 + f"=> {pc:#x} <kernel+{pc - self.base}>:\tINSTR\n", 0.0
         out, cur, n = [], None, 0
         for c in commands:
             if m := ECHO.match(c):
