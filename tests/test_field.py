@@ -199,3 +199,44 @@ def test_fault_sites_land_on_the_library_lines(tmp_path):
         file, entry, _ = ADAPTERS[family]
         findings = survey[f"{file}:{entry}"]["clean"]["static_findings"]
         assert [f for f in findings if f["severity"] == "error"] == [], family
+
+
+@needs_libs
+def test_adapter_references_agree_with_torch_autograd_and_math():
+    """The adapters' references (what every run is checked against), on small CPU problems,
+    against independent torch computations: autograd through F.rms_norm, explicit softmax."""
+    import math
+
+    import torch
+
+    from cutedebug import kernel_api
+
+    def entry(name):
+        file, cls, _ = ADAPTERS[name]
+        return kernel_api.load_entry(FIELD / file, cls)
+
+    fwd = entry("quack_rmsnorm_fwd")(rows=8, n=1024)
+    t = fwd.make_inputs("cpu")
+    want = torch.nn.functional.rms_norm(t["x"].float(), (1024,), t["w"].float(), eps=1e-6)
+    torch.testing.assert_close(fwd.reference(t), want)
+
+    bwd = entry("quack_rmsnorm_bwd")(rows=8, n=1024, blocks=2)
+    t = bwd.make_inputs("cpu")
+    x, w = (t[k].float().requires_grad_() for k in ("x", "w"))
+    torch.nn.functional.rms_norm(x, (1024,), w, eps=1e-6).backward(t["dout"].float())
+    ref = bwd.reference(t)
+    torch.testing.assert_close(ref[: 8 * 1024].view(8, 1024), x.grad, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ref[8 * 1024 :] * 8, w.grad, atol=1e-4, rtol=1e-5)
+
+    attn = entry("fa4_fwd_sm90")(batch=1, heads=2, seqlen=64, head_dim=64)
+    t = attn.make_inputs("cpu")
+    q, k, v = (t[n].float().transpose(1, 2) for n in ("q", "k", "v"))
+    want = ((q @ k.transpose(-1, -2)) / math.sqrt(64)).softmax(-1) @ v
+    torch.testing.assert_close(
+        attn.reference(t).float(), want.transpose(1, 2), atol=2e-2, rtol=2e-2
+    )
+
+    gemm = entry("quack_gemm_sm90")(m=64, n=32, k=128)
+    t = gemm.make_inputs("cpu")
+    want = torch.einsum("mk,nk->mn", t["a"].double(), t["b"].double())
+    torch.testing.assert_close(gemm.reference(t).double(), want, atol=1e-3, rtol=1e-5)
