@@ -454,6 +454,7 @@ class _Runner:
             [str(runner.REPO_ROOT)]
             + ([self.env["PYTHONPATH"]] if self.env.get("PYTHONPATH") else [])
         )
+        self.env.update(runner.bound_env(forkserver))  # a GPU lane's binding (engine/lanes)
 
     def run(
         self,

@@ -240,6 +240,9 @@ def build_parser() -> argparse.ArgumentParser:
     sanitize_cmd.add_parser(sub)
     from cutedebug.commands import triage  # `cutedebug triage`
     triage.add_parser(sub)
+    from cutedebug.commands import shard  # `cutedebug merge` (of triage --shard outputs)
+
+    shard.add_parser(sub)
     from cutedebug.commands import lint  # `cutedebug lint`
     lint.add_parser(sub)
     from cutedebug.commands import bisect  # `cutedebug bisect`

@@ -225,6 +225,7 @@ def add_parser(sub) -> None:
 
 def cmd_merge(args: argparse.Namespace) -> int:
     from cutedebug.commands import triage
+    from cutedebug.reporting.matrix import facts_lines, rate_text
     from cutedebug.reporting.report import command_line
 
     try:
@@ -232,24 +233,12 @@ def cmd_merge(args: argparse.Namespace) -> int:
     except ShardError as e:
         print(f"cutedebug: error: {e}", file=sys.stderr)
         return 2
-    recs = m["scenarios"]
-    rt = m["rates"]
-    print(f"merged {len(m['facts']['shards'])} shard(s), {len(recs)} scenario(s)")
+    recs, rt, facts = m["scenarios"], m["rates"], m["facts"]
+    print(f"merged {len(facts['shards'])} shard(s), {len(recs)} scenario(s)")
     for key in ("detection", "classification", "localization", "false_alarms"):
-        print(f"{key.replace('_', ' '):>15}: {triage._rate_text(rt[key])}")
-    for line in triage.facts_lines(m["facts"]):
+        print(f"{key.replace('_', ' '):>15}: {rate_text(rt[key])}")
+    for line in facts_lines(facts):
         print(line)
     out = Path(args.out)
     print(f"matrix: {out / 'matrix.md'} | {out / 'matrix.html'} | {out / 'matrix.json'}")
-    bad = [
-        r
-        for r in recs
-        if triage.state(r) in ("miss", "harness", "invalid")
-        or (triage.state(r) == "timing" and not r["verdict_ok"])
-    ]
-    health = m["facts"]["gpu_health"]
-    return (
-        1
-        if bad or m["facts"]["processes_left"] or (health is not None and not health.get("healthy"))
-        else 0
-    )
+    return triage.exit_status(recs, facts["processes_left"], facts["gpu_health"])

@@ -350,6 +350,9 @@ class Options:
     command: str = ""
     bisect: bool = False
     coredump: bool = False
+    gpus: list[str] | None = None       # --gpus: one lane per GPU (None: no binding, one lane)
+    shard: tuple[int, int] | None = None
+    durations: dict[str, float] | None = None
 
 
 @dataclass
@@ -380,6 +383,19 @@ def _call(sc: S.Scenario, mode: str, opts: Options, runs_dir: Path, forkserver=N
     mismatch.attach(res)  # failure-table diagnosis of wrong values (no-op for other verdicts)
     report.write(res, mismatch.report_sections(res))
     return res, wall
+
+
+def _lane_call(sc: S.Scenario, mode: str, opts: Options, runs_dir: Path, *, lane):
+    """_call on a GPU lane (engine/lanes.py): forked from the lane's server, bound to its GPU;
+    the evidence says which GPU ran it."""
+    res, wall = _call(sc, mode, opts, runs_dir, lane.forkserver)
+    if lane.gpu is not None:
+        res.evidence["gpu_lane"] = lane.gpu
+    return res, wall
+
+
+def _lane_bisect(sc: S.Scenario, runs_dir: Path, *, lane):
+    return _bisect_call(sc, runs_dir, lane.forkserver)
 
 
 def _harness_call(mode: str, exc: BaseException) -> dict[str, Any]:
@@ -457,11 +473,21 @@ def plan(opts: Options, gpu: dict[str, Any], damaged: list[str] | None = None
     old = load_records(results, damaged) if opts.resume else {}
     plans, kept = [], []
     seen: dict[str, str] = {}
+    loaded: list[tuple[Path, S.Scenario | S.ScenarioError]] = []
     for path in S.discover(opts.dir):
         try:
-            sc = S.load(path)
+            loaded.append((path, S.load(path)))
         except S.ScenarioError as e:
-            kept.append(invalid_record(str(path), str(path), str(e)))
+            loaded.append((path, e))
+    if opts.shard:
+        from cutedebug.commands import shard
+
+        keys = [x.id if isinstance(x, S.Scenario) else str(p) for p, x in loaded]
+        mine = shard.select(keys, opts.shard, opts.durations)
+        loaded = [(p, x) for (p, x), k in zip(loaded, keys) if k in mine]
+    for path, sc in loaded:
+        if isinstance(sc, S.ScenarioError):
+            kept.append(invalid_record(str(path), str(path), str(sc)))
             continue
         if sc.id in seen:
             raise TriageInputError(f"scenario id {sc.id!r} is used by two files: {seen[sc.id]} "
@@ -557,12 +583,14 @@ def _triage(opts: Options, out) -> int:
     scope = lifeline.scope()
     tag = scope.__enter__()
     interrupted = False
-    from cutedebug.engine import runner
+    from cutedebug.engine.lanes import Lanes, NoHealthyGpu, processes_by_gpu
 
-    # Workers fork from one process that imported torch and cutlass once (seconds per run).
-    fs = runner.start_forkserver(opts.out)
+    # Workers fork from a process that imported torch and cutlass once (seconds per run):
+    # one per GPU lane, bound to its GPU; GPU work goes to whichever lane is free. Compiles
+    # fork from the first lane's server (they do not touch the GPU).
+    lanes = Lanes(opts.gpus or [None], opts.out)
+    fs = lanes.lanes[0].forkserver
     compile_pool = ThreadPoolExecutor(max(1, opts.jobs), thread_name_prefix="compile")
-    gpu_pool = ThreadPoolExecutor(1, thread_name_prefix="gpu")
     pending: dict[Future, tuple[str, _Plan]] = {}
 
     def submit_run(p: _Plan) -> None:
@@ -573,7 +601,7 @@ def _triage(opts: Options, out) -> int:
             progress(p.rec)
             return
         save(p.rec)         # the compile result, kept if the run is interrupted
-        pending[gpu_pool.submit(_call, p.sc, "run", opts, runs_dir, fs)] = ("run", p)
+        pending[lanes.submit(_lane_call, p.sc, "run", opts, runs_dir)] = ("run", p)
 
     write_matrix(opts.out, build_matrix(list(records.values()), dir_=str(opts.dir),
                                         command=opts.command, env=env))
@@ -596,6 +624,13 @@ def _triage(opts: Options, out) -> int:
                 try:
                     res, wall = fut.result()
                     call = call_record(res, wall, opts.out)
+                    if "gpu_lane" in res.evidence:
+                        call["gpu"] = res.evidence["gpu_lane"]
+                except NoHealthyGpu as e:        # every GPU failed its health check
+                    finalize(p.rec, None, f"not run: no healthy GPU — {e}")
+                    save(p.rec)
+                    progress(p.rec)
+                    continue
                 except S.ScenarioError as e:     # the kernel could not be loaded
                     rec = invalid_record(p.sc.id, p.sc.source, str(e))
                     rec["digest"] = p.rec["digest"]
@@ -621,7 +656,7 @@ def _triage(opts: Options, out) -> int:
                         if opts.bisect and needs_bisect(p.rec):
                             p.rec["status"] = "bisecting"
                             save(p.rec)
-                            pending[gpu_pool.submit(_bisect_call, p.sc, runs_dir, fs)] = \
+                            pending[lanes.submit(_lane_bisect, p.sc, runs_dir)] = \
                                 ("bisect", p)
                             continue
                 save(p.rec)
@@ -639,16 +674,18 @@ def _triage(opts: Options, out) -> int:
         health = None
         try:
             compile_pool.shutdown(wait=True, cancel_futures=True)
-            gpu_pool.shutdown(wait=True, cancel_futures=True)
+            lanes.shutdown(cancel=True)
             if gpu["present"] and not interrupted:
-                # forked from the server while it still runs (a fresh interpreter: seconds more)
-                health = runner.health_check(forkserver=fs, run_dir=opts.out)
+                # forked from each lane's server while it still runs (a fresh interpreter:
+                # seconds more); one per GPU, in parallel
+                health = lanes.final_health(opts.out)
         finally:
-            if fs is not None:
-                fs.close(timeout=1.0 if interrupted else 10.0)
+            lanes.close(timeout=1.0 if interrupted else 10.0)
             scope.__exit__(None, None, None)
             watchdog.reset_abort()
 
+    left_by_gpu = processes_by_gpu([p.pid for p in lifeline.processes(tag)]) \
+        if len(lanes.lanes) > 1 else None
     left = lifeline.sweep(tag)
     recs = list(records.values())
     overheads = overhead_list(recs)
@@ -659,6 +696,10 @@ def _triage(opts: Options, out) -> int:
                             "max": max(overheads)[0], "max_id": max(overheads)[1]}
              if overheads else {"n": 0},
              "total_s": round(time.monotonic() - t_start, 3), "interrupted": bool(interrupted)}
+    if len(lanes.lanes) > 1:
+        facts["gpus"] = lanes.summary()
+        if left_by_gpu:
+            facts["processes_left_by_gpu"] = left_by_gpu
     m = build_matrix(recs, dir_=str(opts.dir), command=opts.command, env=env, facts=facts)
     write_matrix(opts.out, m)
     rt = m["rates"]
@@ -715,14 +756,32 @@ def add_parser(sub) -> None:
                    "core's answer")
     t.add_argument("--coredump", action="store_true", help="probes off (unless --probes): "
                    "every hang localized from a GPU coredump taken before the kill (cuda-gdb)")
+    t.add_argument("--gpus", help="run on these GPUs at once, one queue each with its own fork "
+                   "server, work going to whichever is free: 'all' or a comma list (0,1) of "
+                   "CUDA_VISIBLE_DEVICES names (default: the first visible GPU only)")
+    t.add_argument("--shard", help="I/N: only shard I of N of the scenarios, by scenario id "
+                   "(`cutedebug merge` joins the shards' outputs)")
+    t.add_argument("--durations", help="balance --shard by the seconds an earlier triage "
+                   "recorded (its matrix.json or output folder)")
     t.set_defaults(func=cmd_triage)
 
 
 def cmd_triage(args: argparse.Namespace) -> int:
+    from cutedebug.commands import shard
+    from cutedebug.engine import gpus
     from cutedebug.reporting.report import command_line
 
+    try:
+        chosen = gpus.parse_gpus(args.gpus, gpus.visible_gpus()) if args.gpus else None
+        which = shard.parse_shard(args.shard) if args.shard else None
+        if args.durations and not which:
+            raise shard.ShardError("--durations needs --shard")
+        durations = shard.durations_from(args.durations) if args.durations else None
+    except (gpus.GpuSpecError, shard.ShardError) as e:
+        raise TriageInputError(str(e)) from None
     opts = Options(dir=Path(args.dir), out=Path(args.out), resume=args.resume,
                    repeat=args.repeat, jobs=args.jobs, probes=args.probes,
                    runs_dir=Path(args.runs_dir) if args.runs_dir else None,
-                   command=command_line(), bisect=args.bisect, coredump=args.coredump)
+                   command=command_line(), bisect=args.bisect, coredump=args.coredump,
+                   gpus=chosen or None, shard=which, durations=durations)
     return triage(opts)

@@ -129,7 +129,9 @@ def health_check(timeout_s: float = 60.0, *, forkserver=None,
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
             [str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-        use_fork = forkserver is not None and run_dir is not None
+        env.update(bound_env(forkserver))
+        use_fork = forkserver is not None and run_dir is not None and \
+            not getattr(forkserver, "closed", False)
         outcome, facts = watchdog.watch(
             [sys.executable, "-m", "cutedebug.engine.health", str(dir_ / "health.json")],
             None, log, Limits(import_s=timeout_s), env=env, total_s=timeout_s,
@@ -172,19 +174,31 @@ def new_run_dir(scenario: Scenario, root: Path | str = "runs") -> Path:
     return d
 
 
-def start_forkserver(runs_root: Path | str = "runs"):
+def start_forkserver(runs_root: Path | str = "runs", *, gpu: str | None = None):
     """A fork server for many runs in a row (each run then skips the torch/cutlass imports).
-    Returns None when it cannot start; callers then spawn fresh workers."""
+    Returns None when it cannot start; callers then spawn fresh workers. ``gpu``: bind the
+    server, and so every worker and health check forked from it, to that GPU (a
+    CUDA_VISIBLE_DEVICES entry); the server's ``bind_env`` says so to fresh processes too."""
     from cutedebug.engine.forkserver import ForkServer
 
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env.setdefault("PYTHONUNBUFFERED", "1")
+    bind = {} if gpu is None else {"CUDA_VISIBLE_DEVICES": gpu}
+    env.update(bind)
     try:
-        return ForkServer(env, str(REPO_ROOT), Path(runs_root) / "forkserver.log").start()
+        server = ForkServer(env, str(REPO_ROOT), Path(runs_root) / "forkserver.log").start()
     except (OSError, RuntimeError, ValueError):
         return None
+    server.bind_env = bind
+    return server
+
+
+def bound_env(forkserver) -> dict[str, str]:
+    """The GPU binding of a fork server started for one GPU (engine/lanes.py), which a fresh
+    process replacing a forked one must carry too; {} otherwise."""
+    return dict(getattr(forkserver, "bind_env", None) or {})
 
 
 def worker_argv(request_path: Path) -> list[str]:
@@ -360,6 +374,7 @@ def run_once(scenario: Scenario, run_dir: Path, *, mode: str = "run",
     env["PYTHONPATH"] = os.pathsep.join(
         [str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env.update(extra_env or {})
+    env.update(bound_env(forkserver))
     if wrap is None:
         # skip the worker's interpreter teardown; a wrapper (compute-sanitizer) reports at exit
         env.setdefault("CUTEDEBUG_FAST_EXIT", "1")

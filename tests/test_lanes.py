@@ -1,0 +1,98 @@
+"""engine/lanes.py: one job queue over several (fake) GPUs, one fork server per GPU, a GPU
+retired after a failed health check."""
+
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from cutedebug.engine import lanes as L
+
+
+class FakeServer:
+    def __init__(self, root, gpu):
+        self.root, self.gpu, self.closed = root, gpu, False
+
+    def close(self, timeout=10.0):
+        self.closed = True
+
+
+def start(root, gpu=None):
+    return FakeServer(root, gpu)
+
+
+def test_every_gpu_gets_its_own_server_and_jobs_spread_over_the_free_gpus(tmp_path):
+    seen, lock = [], threading.Lock()
+
+    def job(i, *, lane):
+        time.sleep(0.05)
+        with lock:
+            seen.append((i, lane.gpu, lane.forkserver.gpu, threading.get_ident()))
+        return i
+
+    with L.Lanes(["2", "5"], tmp_path, start=start) as lanes:
+        assert [(x.gpu, x.forkserver.root.name) for x in lanes.lanes] == [
+            ("2", "gpu-2"),
+            ("5", "gpu-5"),
+        ]
+        futs = [lanes.submit(job, i) for i in range(8)]
+        assert sorted(f.result() for f in futs) == list(range(8))
+        servers = [x.forkserver for x in lanes.lanes]
+        summary = lanes.summary()
+    assert all(s.closed for s in servers)
+    assert all(gpu == server_gpu for _, gpu, server_gpu, _ in seen)  # the lane's own server
+    assert {gpu for _, gpu, _, _ in seen} == {"2", "5"}
+    assert summary["2"]["jobs"] + summary["5"]["jobs"] == 8 and summary["2"]["jobs"] >= 2
+
+
+def test_a_gpu_unhealthy_after_a_kill_takes_no_more_jobs(tmp_path):
+    order = []
+
+    def job(i, *, lane):
+        order.append((i, lane.gpu))
+        healthy = not (lane.gpu == "0" and i == 0)  # the first job hangs GPU 0
+        return SimpleNamespace(health={"healthy": healthy, "error": "ECC"}), 1.0
+
+    with L.Lanes(["0", "1"], tmp_path, start=start) as lanes:
+        lanes.submit(job, 0).result()  # runs on GPU 0, which goes bad
+        rest = [lanes.submit(job, i) for i in range(1, 6)]
+        for f in rest:
+            f.result()
+        assert lanes.summary()["0"]["retired"].startswith("unhealthy after a kill: ECC")
+    assert [gpu for i, gpu in order if i > 0] == ["1"] * 5
+
+
+def test_when_every_gpu_is_retired_the_rest_is_not_run(tmp_path):
+    def bad(*, lane):
+        return SimpleNamespace(health={"healthy": False, "error": "hung"})
+
+    with L.Lanes(["0", "1"], tmp_path, start=start) as lanes:
+        lanes.submit(bad).result()
+        lanes.submit(bad).result()
+        with pytest.raises(L.NoHealthyGpu, match="GPU 0: unhealthy after a kill: hung; GPU 1"):
+            lanes.submit(bad).result()
+    # one GPU alone keeps going (the one-GPU behaviour) and reports it at the end
+    with L.Lanes(["0"], tmp_path, start=start) as lanes:
+        lanes.submit(bad).result()
+        lanes.submit(bad).result()
+        assert lanes.summary()["0"] == {"jobs": 2, "busy_s": lanes.summary()["0"]["busy_s"]}
+
+
+def test_a_gpu_whose_server_did_not_start_still_binds_its_fresh_processes(tmp_path):
+    from cutedebug.engine import runner
+
+    with L.Lanes(["1", "2"], tmp_path, start=lambda root, gpu=None: None) as lanes:
+        servers = [lane.forkserver for lane in lanes.lanes]
+        assert [s.bind_env for s in servers] == [
+            {"CUDA_VISIBLE_DEVICES": "1"},
+            {"CUDA_VISIBLE_DEVICES": "2"},
+        ]
+        assert runner.bound_env(servers[1]) == {"CUDA_VISIBLE_DEVICES": "2"}
+        assert runner.bound_env(None) == {}
+
+
+def test_one_lane_without_binding_uses_the_runs_root_itself(tmp_path):
+    with L.Lanes([None], tmp_path, start=start) as lanes:
+        assert lanes.lanes[0].forkserver.root == tmp_path and lanes.lanes[0].env() == {}
+    assert L.bound_env("3", {"A": "1"}) == {"A": "1", "CUDA_VISIBLE_DEVICES": "3"}
