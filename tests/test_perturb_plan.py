@@ -1,0 +1,92 @@
+"""Schedule perturbation, host side: rules, policies, the device table, shrinking (stdlib only)."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from cutedebug.instrument import perturb_plan as P
+
+POS = [
+    P.Position(0, "producer", "producer_acquire", "after", 0, "/k/tma_stream.py", 238),
+    P.Position(1, "producer", "producer_commit", "after", 0, "/k/tma_stream.py", 243),
+    P.Position(2, "consumer", "consumer_wait", "after", 0, "/k/tma_stream.py", 269),
+    P.Position(3, "consumer", "consumer_release", "before", 0, "/k/tma_stream.py", 279),
+]
+
+
+def test_rule_in_words_names_delay_op_iteration_and_cta():
+    r = P.Rule(3, 20_000, cta_lo=5, cta_hi=5, it_lo=3, it_hi=3)
+    assert r.describe({p.id: p for p in POS}) == (
+        "a 20 us delay before consumer_release of pipeline 0 (tma_stream.py:279) (consumer) "
+        "at k-tile 3 of CTA 5")
+    assert P.Rule(1, 5_000).describe({p.id: p for p in POS}).endswith("in every CTA")
+
+
+def test_table_has_one_row_per_position_and_zero_rows_elsewhere():
+    raw = P.table_bytes([P.Rule(2, 7_000, 1, 4, -1, 2, 9, 3)], 4)
+    assert len(raw) == 4 * P.ROW_WORDS * 4
+    rows = [struct.unpack_from("<8i", raw, i * 32) for i in range(4)]
+    assert rows[2] == (7_000, 1, 4, -1, 2, 9, 3, 0)
+    assert all(row[0] == 0 for i, row in enumerate(rows) if i != 2)
+    with pytest.raises(P.PerturbError, match="positions 0..3"):
+        P.table_bytes([P.Rule(4, 1)], 4)
+
+
+def test_a_seed_gives_the_same_rules_every_time_and_seeds_differ():
+    pol = P.Policy()
+    a = P.rules_for(pol, 7, POS, ctas=16, iterations=32)
+    assert a == P.rules_for(pol, 7, POS, ctas=16, iterations=32)
+    others = {tuple(P.rules_for(pol, s, POS, ctas=16, iterations=32)) for s in range(32)}
+    assert len(others) > 20  # seeds explore different delay sets
+    for s in range(64):
+        rules = P.rules_for(pol, s, POS, ctas=16, iterations=32)
+        assert rules, "a seed always perturbs something"
+        P.validate_rules(rules)
+        for r in rules:
+            assert r.delay_ns // 1000 in P.DELAYS_US
+            assert r.cta_hi >= r.cta_lo and r.it_hi >= r.it_lo
+
+
+def test_targeted_sweeps_delays_on_one_position_and_role_slows_one_role():
+    t = [P.rules_for(P.Policy("targeted", target=2), s, POS) for s in range(len(P.SWEEP_US))]
+    assert {tuple(r.position for r in rs) for rs in t} == {(2,)}
+    assert [rs[0].delay_ns for rs in t] == [us * 1000 for us in P.SWEEP_US]
+    role = P.rules_for(P.Policy("role", role="consumer", delay_us=3), 0, POS)
+    assert [(r.position, r.delay_ns, r.cta_lo, r.cta_hi) for r in role] == \
+        [(2, 3000, 0, P.MAX_INT), (3, 3000, 0, P.MAX_INT)]
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"name": "chaos"}, "allowed random, targeted, role"),
+    ({"density": 0}, "allowed \\(0, 1\\]"),
+    ({"name": "role", "role": "warp"}, "role=producer\\|consumer"),
+    ({"delay_us": -1}, "allowed \\(0, 10000\\]"),
+])
+def test_bad_policies_say_what_is_allowed(bad, match):
+    with pytest.raises(P.PerturbError, match=match):
+        P.Policy(**bad)
+
+
+def test_ddmin_finds_the_minimal_pair_and_never_repeats_a_candidate():
+    seen = []
+
+    def fails(sub):
+        key = tuple(sub)
+        assert key not in seen
+        seen.append(key)
+        return 3 in sub and 7 in sub
+
+    assert P.ddmin(list(range(12)), fails) == [3, 7]
+
+
+def test_shrink_narrows_windows_to_the_one_cta_and_k_tile_that_matter():
+    # the "bug": a delay at position 3 reaching CTA 5 at k-tile 3 exposes it
+    def fails(rules):
+        return any(r.position == 3 and r.cta_lo <= 5 <= r.cta_hi and r.it_lo <= 3 <= r.it_hi
+                   for r in rules)
+
+    rules = [P.Rule(0, 1000), P.Rule(1, 2000), P.Rule(3, 20_000), P.Rule(2, 5000, 0, 7)]
+    out = P.shrink(rules, fails, ctas=16, iterations=32)
+    assert out == [P.Rule(3, 20_000, 5, 5, -1, 3, 3, -1)]
