@@ -227,3 +227,41 @@ def test_without_the_focus_offset_a_third_run_reads_the_registers(monkeypatch):
     rep3, _, _, fake3 = replay("tma_stream__wrong_expect_tx_plus", monkeypatch, focus_pc=False)
     assert (len(fake2.calls), len(fake3.calls)) == (2, 3)
     assert E.stuck_sites(rep2, cps) == E.stuck_sites(rep3, cps)
+
+
+def test_report_of_a_run_localized_from_its_core(tmp_path, monkeypatch):
+    from cutedebug.engine import runner
+    from cutedebug.engine import verdict as V
+    from cutedebug.reporting import report
+
+    name = "tma_stream__wrong_expect_tx_plus"
+    d = DATA / name
+    facts = json.loads((d / "facts.json").read_text())
+    _, _, sc, _ = replay(name, monkeypatch)
+    monkeypatch.setattr(
+        coredump, "sass_of_cubin", lambda cubin: gzip.open(d / "sass.txt.gz", "rt").read()
+    )
+    (tmp_path / "coredump.77.nvcudmp").write_bytes(b"\x7fELF" + bytes(60))
+    outcome = V.Outcome()
+    for ev in (
+        {"event": "launched"},
+        {"event": "compiled", "wait_sites": facts["wait_sites"]},
+        {"event": "checkpoint_sites", "sites": facts["checkpoint_sites"]},
+    ):
+        outcome.add(ev)
+    ev = coredump.analyse(tmp_path, outcome, {}, sc.expect.localization(), "probes")
+    res = runner.RunResult(
+        scenario=sc,
+        verdict=V.Verdict.HANG,
+        reason="",
+        run_dir=tmp_path,
+        outcome=outcome,
+        evidence=ev,
+    )
+    assert res.localization["ok"] is True  # graded like probes, from the core's stuck sites
+    md = report.to_markdown(res)
+    assert "- GPU coredump: coredump.77.nvcudmp (64 bytes" in md
+    assert (
+        "## Stuck sites" in md and "| 0-15 | 4 | producer | producer_acquire | empty | 0 |" in md
+    )  # no stage from a core: the barrier alone
+    assert "## Stuck map" in md and "Source: coredump (cuda-gdb on the GPU core" in md

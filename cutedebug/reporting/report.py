@@ -144,6 +144,31 @@ def _stuck_map_json(result: RunResult) -> dict[str, Any] | None:
     }
 
 
+def _md_coredump(ev: dict[str, Any]) -> list[str]:
+    """The GPU core's lines (cutedebug.analyses.coredump), if the run took one."""
+    core = ev.get("coredump")
+    if not core:
+        return []
+    dump = core.get("dump") or {}
+    if core.get("error"):
+        return [f"- GPU coredump: {md_text(core['error'])}"]
+    out = [f"- GPU coredump: {md_text(core.get('core'))} ({core.get('core_bytes')} bytes, "
+           f"dumped in {dump.get('dump_s', 'n/a')} s), {core.get('warps')} warps read by "
+           f"cuda-gdb in {core.get('gdb_s')} s ({core.get('gdb_passes')} runs; output in "
+           f"coredump_gdb_pass*.txt); SASS: {md_text(core.get('sass'))}"]
+    out += [f"  - site map: {md_text(n)}" for n in core.get("site_map") or []]
+    if (crash := ev.get("crash")) is not None:
+        out.append(f"- faulting warp (from the core): {md_text(crash.get('exception'))} at "
+                   f"{md_text(crash.get('where'))}, CTA {crash.get('block')} warp "
+                   f"{crash.get('warp')} lane {crash.get('lane')}, PC offset "
+                   f"{md_text(crash.get('pc_offset'))}: {md_code(crash.get('instruction') or '')}")
+    for role, a in (ev.get("role_answers") or {}).items():
+        out.append(f"- {md_text(role)} (from the core): {md_text(a.get('how'))}")
+    if (g := ev.get("coredump_grade")) is not None:
+        out.append(f"- the core's localization against the expected one: {md_text(g)}")
+    return out
+
+
 def _md_evidence(result: RunResult) -> list[str]:
     ev = result.evidence
     out = []
@@ -201,6 +226,7 @@ def _md_evidence(result: RunResult) -> list[str]:
         )
     if result.health is not None:
         out.append(f"- GPU health check afterwards: {md_text(result.health)}")
+    out += _md_coredump(ev)
     for d in ev.get("diagnosis", []) or []:
         out.append(f"- diagnosis: {md_text(d)}")
     if ev.get("swept_pids"):
@@ -262,7 +288,8 @@ def to_markdown(
             "|---|---|---|---|---|---|---|---|",
         ]
         for g in group_sites(sites):
-            bar = f"{g['barrier']}[{g['stage']}]" if g["barrier"] else f"stage {g['stage']}"
+            bar = (f"{g['barrier']}[{g['stage']}]" if g["stage"] is not None else g["barrier"]) \
+                if g["barrier"] else f"stage {g['stage']}"
             cells = [
                 g["ctas"],
                 g["warps"],
