@@ -105,10 +105,10 @@ def test_clocks_are_read_before_and_after_every_sample_and_reported_as_ranges():
     assert benchlib.clock_range(case.kernel, "clocks.sm") == (1400.0, 1900.0)
     assert benchlib.clock_range(case.baselines[0], "clocks.sm") == (1200.0, 1700.0)
     (row,) = benchlib.rows(case)
-    assert row[4:] == ["2.000", "2.000-2.000", "1400-1900 | 1200-1700", "3201", "508", "40"]
+    assert row[4:] == ["2.000", "2.000-2.000", "1400-1900 / 1200-1700", "3201", "508", "40"]
     table = benchlib.format_table([row])
     assert table.splitlines()[0].startswith("| case")
-    assert "1400-1900 | 1200-1700" in table
+    assert "1400-1900 / 1200-1700" in table
 
 
 def test_run_cases_drops_each_case_s_closures_after_measuring():

@@ -227,7 +227,7 @@ TABLE_HEAD = (
     "baseline rate",
     "ratio median",
     "ratio min-max",
-    "SM MHz kernel | baseline",
+    "SM MHz kernel / baseline",
     "mem MHz",
     "W max",
     "C max",
@@ -252,7 +252,7 @@ def rows(case: Case) -> list[list[str]]:
                 f"{b.rate(case.unit):.1f}",
                 f"{r['median']:.3f}",
                 f"{r['min']:.3f}-{r['max']:.3f}",
-                f"{_range_text(clock_range(k, 'clocks.sm'))} | "
+                f"{_range_text(clock_range(k, 'clocks.sm'))} / "
                 f"{_range_text(clock_range(b, 'clocks.sm'))}",
                 _range_text(mem_all),
                 f"{max(watts):.0f}" if watts else "n.a.",
