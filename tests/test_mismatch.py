@@ -298,3 +298,14 @@ def test_attach_never_raises(tmp_path):
     r = Broken()
     assert mismatch.attach(r) is None
     assert r.evidence["value_diagnosis_error"]
+
+
+def test_edge_and_register_rows_point_at_the_stores():
+    bad = tile_mask(lambda ti, tj, r, c, cta, seq: (ti == TR - 1) | (tj == TC - 1))
+    m = valuemap.collect(None, None, ~bad, stream_tiling())
+    protocol = [
+        {"op": "consumer_wait", "file": "k.py", "line": 20},
+        {"op": "store", "file": "k.py", "line": 31, "atom": "autovec"},
+    ]
+    d = mismatch.diagnose("MISMATCH", {"checked": {"mismatch_map": m}}, protocol=protocol)
+    assert d["row"] == "tile_edges" and d["lines"] == ["store at k.py:31"]

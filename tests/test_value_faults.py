@@ -226,3 +226,23 @@ def test_protocol_sites_point_at_the_kernels_wait_and_release(cute_mod, tmp_path
     assert ("consumer_wait", line_of(STREAM, "ring.consumer_wait(state)")) in sites
     assert ("consumer_release", line_of(STREAM, "ring.consumer_release(state)", nth=0)) in sites
     assert ("producer_acquire", line_of(STREAM, "ring.producer_acquire(state)")) in sites
+
+
+def test_copy_recorder_is_an_observer_and_finds_the_stores(stream, cute_mod, tmp_path):
+    from cutedebug import kernel_api
+    from cutedebug.engine import valuemap
+
+    with value_faults.record_copy_sites() as sites:
+        ptx = stream()
+    assert ptx == stream.clean
+    stores = valuemap.store_sites(sites)
+    assert [(s["file"], s["line"]) for s in stores] == [
+        (str(STREAM), line_of(STREAM, "cute.autovec_copy(ry, dst)"))
+    ]
+    gemm = ROOT / "kernels/sm90_gemm.py"
+    obj = kernel_api.load_entry(gemm, "Sm90Gemm")(m=256, n=256, k=128, ctas=2, cluster_m=1)
+    with value_faults.record_copy_sites() as sites:
+        compile_ptx(cute_mod, obj, *obj.fake_args(), dump=tmp_path)
+    assert [(s["line"]) for s in valuemap.store_sites(sites)] == [
+        line_of(gemm, "cute.copy(tma_c, bsg_sc[(None, buf)]")
+    ]

@@ -521,6 +521,9 @@ def diagnose(
     if d is None:
         return None
     row = d.get("row")
+    if row in ("tile_edges", "register_smem"):
+        # the output's stores: the predicate that guards them, the copy they read from
+        d["lines"] = d.get("lines") or _protocol_lines(protocol, ("store",))
     if row == "stale_smem":
         # the stage's wait and release, the producer's acquire: where a stale read is ordered
         d["lines"] = d.get("lines") or _protocol_lines(
@@ -555,9 +558,13 @@ def _attach(result) -> dict[str, Any] | None:
     maps = None
     if result.repeats:
         maps = repeat_maps(result.run_dir, len(result.repeats))
-    ps = result.outcome.event("protocol_sites") if result.outcome is not None else None
+    ps = (result.outcome.event("protocol_sites") if result.outcome is not None else None) or {}
     d = diagnose(
-        result.verdict.value, result.evidence, result.repeats, maps, (ps or {}).get("sites")
+        result.verdict.value,
+        result.evidence,
+        result.repeats,
+        maps,
+        (ps.get("sites") or []) + (ps.get("stores") or []),
     )
     if d is None:
         return None

@@ -238,3 +238,19 @@ def protocol_sites(protocol: Any) -> list[dict[str, Any]]:
             seen.add(key)
             out.append({"op": ev.kind, "pipeline": ev.pipeline, "file": ev.file, "line": ev.line})
     return out[:64]
+
+
+def store_sites(copy_sites: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """The copies that write global memory (a gmem destination, or a TMA store), one per line:
+    where the kernel stores its output (instrument.value_faults.record_copy_sites records)."""
+    seen, out = set(), []
+    for s in copy_sites or []:
+        atom = str(s.get("atom", "")).lower()
+        if (s.get("dst_space") == "gmem" or "tma_store" in atom) and s.get("file"):
+            key = (s["file"], s["line"])
+            if key not in seen:
+                seen.add(key)
+                out.append(
+                    {"op": "store", "file": s["file"], "line": s["line"], "atom": s.get("atom")}
+                )
+    return out[:32]

@@ -328,6 +328,10 @@ def run(request: dict[str, Any], events: Events) -> None:
         )
 
         protocol = stack.enter_context(lint.record())
+        # observer: every copy's line and provable alignment (wrong-value diagnoses)
+        from cutedebug.instrument import value_faults
+
+        copy_sites = stack.enter_context(value_faults.record_copy_sites())
         wait_sites = None
         if request.get("wait_sites") and probe_cfg is None:
             # Observe-only, inside the faults (it records what is emitted): the table a
@@ -367,7 +371,7 @@ def run(request: dict[str, Any], events: Events) -> None:
                 return
             tb = traceback.format_exc()[-4000:]
             events.emit("compile_error", type=type(e).__name__, message=str(e), traceback=tb,
-                        **alignment_copy_sites(e, cute, target, kernel, args))
+                        **alignment_copy_sites(e, copy_sites))
             return
     compile_s = time.monotonic() - t0
     ptx = getattr(compiled, "__ptx__", None) or ""
@@ -390,7 +394,8 @@ def run(request: dict[str, Any], events: Events) -> None:
                 static_findings=lint.static_findings(protocol))
     from cutedebug.engine import valuemap  # the lines a wrong-value diagnosis can point at
 
-    events.emit("protocol_sites", sites=valuemap.protocol_sites(protocol))
+    events.emit("protocol_sites", sites=valuemap.protocol_sites(protocol),
+                stores=valuemap.store_sites(copy_sites))
 
     if not runnable:
         if mode == "compile":
@@ -477,23 +482,14 @@ def mismatch_map(kernel, out, ref, atol: float, rtol: float, dump_dir: str | Non
         return {"mismatch_map_error": f"{type(e).__name__}: {e}"[:500]}
 
 
-def alignment_copy_sites(error: Exception, cute, target: str, kernel, args) -> dict[str, Any]:
-    """For a copy-alignment verifier error (it carries no source line): trace again with a
-    recorder of cute.copy calls, so the diagnosis can point at the copy. {} otherwise."""
+def alignment_copy_sites(error: Exception, copy_sites: list[dict[str, Any]]) -> dict[str, Any]:
+    """For a copy-alignment verifier error (it carries no source line): the cute.copy calls
+    traced before it (file:line, atom, provable alignment), so the diagnosis can point at the
+    copy. {} for other errors."""
     text = " ".join(str(error).split())  # the DSL wraps its message over lines
     if "alignment" not in text or "does not meet requirement" not in text:
         return {}
-    from cutedebug.instrument import value_faults
-
-    try:
-        with value_faults.record_copy_sites() as sites:
-            try:
-                cute.compile[cute.GPUArch(target)](kernel, *args)
-            except Exception:
-                pass  # the same verifier error, expected
-        return {"copy_sites": sites[:64]}
-    except Exception as e:
-        return {"copy_sites_error": f"{type(e).__name__}: {e}"[:500]}
+    return {"copy_sites": [s for s in copy_sites if s.get("atom") != "autovec"][:64]}
 
 
 def main(argv: list[str] | None = None) -> int:

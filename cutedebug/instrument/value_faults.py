@@ -293,21 +293,22 @@ def _space(tensor: Any) -> str:
 
 @contextlib.contextmanager
 def record_copy_sites() -> Iterator[list[dict[str, Any]]]:
-    """While active, every ``cute.copy`` call appends {file, line, function, atom, src_align_bits,
-    dst_align_bits, src_space, dst_space} (alignment: what the DSL can prove about the view)."""
+    """While active, every ``cute.copy`` / ``cute.autovec_copy`` call site appends {file, line,
+    function, atom, src_align_bits, dst_align_bits, src_space, dst_space} once (alignment:
+    what the DSL can prove about the view; atom "autovec" for autovec_copy). An observer: the
+    traced code is the same with and without it."""
     from cutlass import cute
 
     sites: list[dict[str, Any]] = []
-    original = cute.copy
 
-    def copy(atom, src, dst, *rest, **kw):
-        where = frames.kernel_frame()
+    def note(atom: Any, src: Any, dst: Any) -> None:
+        where = frames.kernel_frame(2)
         with contextlib.suppress(Exception):  # recording never changes what is traced
             site = {
                 "file": where[0],
                 "line": where[1],
                 "function": where[2],
-                "atom": str(getattr(atom, "type", atom))[:200],
+                "atom": atom if isinstance(atom, str) else str(getattr(atom, "type", atom))[:200],
                 "src_align_bits": _alignment_bits(src),
                 "dst_align_bits": _alignment_bits(dst),
                 "src_space": _space(src),
@@ -315,11 +316,21 @@ def record_copy_sites() -> Iterator[list[dict[str, Any]]]:
             }
             if site not in sites:  # unrolled loops trace one call many times
                 sites.append(site)
-        return original(atom, src, dst, *rest, **kw)
+
+    original_copy, original_autovec = cute.copy, cute.autovec_copy
+
+    def copy(atom, src, dst, *rest, **kw):
+        note(atom, src, dst)
+        return original_copy(atom, src, dst, *rest, **kw)
+
+    def autovec_copy(src, dst, *rest, **kw):
+        note("autovec", src, dst)
+        return original_autovec(src, dst, *rest, **kw)
 
     patcher = F._Patcher(F.Applied(None, {}))
     try:
-        patcher.replace_everywhere(original, copy)
+        patcher.replace_everywhere(original_copy, copy)
+        patcher.replace_everywhere(original_autovec, autovec_copy)
         yield sites
     finally:
         patcher.restore()
