@@ -330,6 +330,7 @@ def _wrap_traces(state: _State) -> None:
         state.traces += 1
         error = None
         sites_before = len(state.sites.sites) if state.sites is not None else 0
+        cur["sites_before"] = sites_before
         try:
             with _trace_scope(state, cur):
                 result = original(self, funcBody, function_name, *a, **kw)
@@ -409,7 +410,17 @@ def _emit_compiled(state: _State, cur: dict[str, Any], error: str | None) -> Non
     if state.cfg.get("fault"):
         fields["fault_count"] = state.fault_count
     if "protocol" in cur:
-        fields["protocol"] = cur["protocol"]
+        summary = recorded_summary(cur["protocol"])
+        if not summary.get("kernel_names"):  # the layer's recorder: names from this trace's sites
+            names = []
+            for site in (fields.get("probe_sites") or [])[cur.get("sites_before", 0) :]:
+                if site.get("kernel") and site["kernel"] not in names:
+                    names.append(site["kernel"])
+            summary["kernel_names"] = names
+            for p in summary["pipelines"]:
+                if p.get("kernel") is None and len(names) == 1:
+                    p["kernel"] = names[0]
+        fields["protocol"] = summary
     state.events.emit("compiled", **fields)
 
 
@@ -433,7 +444,59 @@ ARCH_OPS = (
 _PIPELINE_INDEX = "_cutedebug_recorded_index"
 
 
-def _enter_recorder(stack: contextlib.ExitStack) -> dict[str, Any]:
+# The layer recorder's event kinds -> the names mutate plans kernel-wide faults by.
+_RECORDER_ARCH = {
+    "sync_threads": "sync_threads",
+    "sync_warp": "sync_warp",
+    "named_barrier_sync": "barrier",
+    "named_barrier_arrive": "barrier_arrive",
+    "cluster_arrive": "cluster_arrive",
+    "init_fence": "mbarrier_init_fence",
+}
+
+
+def _enter_recorder(stack: contextlib.ExitStack) -> Any:
+    """The pipelines and ops of one trace: the instrumentation layer's recorder when this
+    cutedebug has it (its pipeline identity is what faults select), else our own."""
+    try:
+        from cutedebug.instrument import recorder
+    except ImportError:
+        return _enter_own_recorder(stack)
+    return stack.enter_context(recorder.record())
+
+
+def recorded_summary(proto: Any) -> dict[str, Any]:
+    """What mutate plans by, from either recorder: pipelines in creation order with their ops,
+    and the kernel-wide synchronization calls."""
+    if isinstance(proto, dict):
+        return proto
+    pipes = []
+    for row in proto.pipeline_table():
+        ops: dict[str, int] = {}
+        for ev in proto.events:
+            if ev.pipeline == row["key"] and ev.kind in PIPELINE_OPS:
+                ops[ev.kind] = ops.get(ev.kind, 0) + 1
+        pipes.append(
+            {
+                "index": row["index"],
+                "class": row["class"],
+                "file": row["file"],
+                "line": row["line"],
+                "kernel": None,
+                "stages": row.get("stages"),
+                "via": row.get("via"),
+                "ops": ops,
+            }
+        )
+    arch: dict[str, int] = {}
+    for ev in proto.events:
+        name = _RECORDER_ARCH.get(ev.kind)
+        if name is not None and ev.pipeline is None:
+            arch[name] = arch.get(name, 0) + 1
+    return {"pipelines": pipes, "arch_ops": arch, "untagged_ops": {}, "kernel_names": []}
+
+
+def _enter_own_recorder(stack: contextlib.ExitStack) -> dict[str, Any]:
     """Observe what the traced kernels have: pipelines numbered in create() order exactly as the
     faults' ``pipeline`` argument numbers them (outermost create() of a cutlass.pipeline class
     with mbarriers, PipelineTmaStore left out), the ops traced on each, and the kernel-wide
