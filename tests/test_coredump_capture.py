@@ -85,3 +85,27 @@ def test_worker_env_names_the_run_folder(tmp_path):
     assert {"skip_global_memory", "skip_shared_memory", "skip_local_memory", "skip_abort"} <= set(
         flags
     )
+
+
+def test_exec_dumps_every_cuda_process_before_the_kill(tmp_path, monkeypatch):
+    """`cutedebug exec --coredump`: the command's process answers its pipe (as the driver does
+    with the environment exec gives it); the dump happens before the kill, the core is read
+    after it (no cuda-gdb here: said so, never a localization)."""
+    from cutedebug.analyses import cudagdb
+    from cutedebug.commands import exec as X
+
+    monkeypatch.setattr(coredump, "DUMP_LIMIT_S", 1.5)
+    monkeypatch.setattr(cudagdb, "find_cuda_gdb", lambda: None)
+    run_dir = tmp_path / "run"
+    s = X.Settings(
+        argv=[sys.executable, str(FAKE), str(run_dir / "fake_events.jsonl"), "dump"],
+        deadline_s=1.0,
+        coredump=True,
+    )
+    res = X.watch_command(s, run_dir)
+    assert res.verdict.value == "HANG" and res.killed_by.startswith("deadline")
+    dump = res.evidence["coredump"]["dump"]
+    assert dump["core_bytes"] == 64 * 1024 and dump["dump_s"] < 1.5
+    assert res.evidence["coredump"]["error"].startswith("reading the core failed: cuda-gdb not")
+    assert "stuck_sites" not in res.evidence
+    assert res.left == []

@@ -119,6 +119,25 @@ def trigger(
     return facts
 
 
+def dump_all(run_dir: Path | str, limit_s: float = DUMP_LIMIT_S) -> list[dict[str, Any]]:
+    """Dump every live process whose coredump pipe is in run_dir (``cutedebug exec``: the
+    command may have started several CUDA processes), each bounded, all within ``limit_s``."""
+    t_end = time.monotonic() + limit_s
+    out = []
+    for pipe in sorted(Path(run_dir).glob(f"{PIPE_NAME}.*")):
+        try:
+            pid = int(pipe.name.rsplit(".", 1)[1])
+            os.kill(pid, 0)
+        except (ValueError, OSError):
+            continue  # not a pid, or the process is gone
+        left = t_end - time.monotonic()
+        if left <= 0:
+            out.append({"pipe": str(pipe), "error": "no time left for this process"})
+            continue
+        out.append(trigger(pid, run_dir, left))
+    return out
+
+
 def before_kill(ctx: dict[str, Any]) -> dict[str, Any] | None:
     """Watchdog hook (before the SIGKILL of a hung child): dump the GPU state of a worker that
     runs with :func:`worker_env`, i.e. whose run folder holds its coredump pipe."""
@@ -403,11 +422,14 @@ def analyse(
     if not found:
         info["error"] = (dump or {}).get("error") or "no core was written"
         return {"coredump": info}
-    comp = outcome.event("compiled") or {}
+    # no outcome (`cutedebug exec`: any program): no trace-time tables, the SASS alone
+    comp = (outcome.event("compiled") if outcome is not None else None) or {}
     from cutedebug.instrument import waitsites
 
     wait_sites = waitsites.sites_from_json(comp.get("wait_sites"))
-    cp_sites = (outcome.event("checkpoint_sites") or {}).get("sites") or []
+    cp_sites = ((outcome.event("checkpoint_sites") if outcome is not None else None) or {}).get(
+        "sites"
+    ) or []
     t0 = time.monotonic()
     sass_text = sass_of_cubin(d / "kernel.cubin")
     info["nvdisasm_s"] = round(time.monotonic() - t0, 3)

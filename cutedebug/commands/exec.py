@@ -91,6 +91,7 @@ class Settings:
     record: bool = False  # the protocol recorder (mutate's clean run)
     cwd: str | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
+    coredump: bool = False  # GPU cores before the kill / on a fault (analyses.coredump)
 
 
 @dataclass
@@ -217,6 +218,11 @@ def watch_command(s: Settings, run_dir: Path) -> ExecResult:
     env = launch.child_env(config, dict(os.environ))
     env.update(s.extra_env)
     env[runner.TAG_VAR] = tag
+    dumps: list[dict[str, Any]] = []
+    if s.coredump:
+        from cutedebug.analyses import coredump
+
+        env.update(coredump.worker_env(run_dir))
     reader, tree = runner.EventReader(events_path), _Tree()
     malformed: list[str] = []
     t0 = time.monotonic()
@@ -265,6 +271,8 @@ def watch_command(s: Settings, run_dir: Path) -> ExecResult:
             elif now - t0 - paused - (now - pause_start if pause_start else 0) > s.deadline_s:
                 killed_by = f"deadline:{s.deadline_s:g}s"
             if killed_by:
+                if s.coredump:  # every CUDA process's GPU state first (bounded)
+                    dumps = coredump.dump_all(run_dir)
                 # Where every process waits, from faulthandler, then the kill.
                 _signal_tree(proc, tag, signal.SIGUSR1)
                 _wait_for_stacks(stacks, tree.procs, STACK_DUMP_WAIT_S)
@@ -309,6 +317,12 @@ def watch_command(s: Settings, run_dir: Path) -> ExecResult:
     if malformed:
         res.evidence["malformed_lines"] = malformed[:5]
     classify(res)
+    if s.coredump and res.verdict in (V.Verdict.HANG, V.Verdict.CRASH):
+        # no trace-time tables here: the SASS (cuda-gdb's disassembly) and lines alone
+        t_core = time.monotonic()
+        res.evidence.update(coredump.analyse(run_dir, None, {"before_kill": [
+            {"coredump": d} for d in dumps]}))
+        res.evidence["coredump_s"] = round(time.monotonic() - t_core, 3)
     return res
 
 
@@ -493,7 +507,8 @@ def run_exec(
 ) -> ExecResult:
     """The command once; a HANG without probes is rerun with them, as `run` does."""
     res = watch_command(s, run_dir)
-    if res.verdict is V.Verdict.HANG and s.probes is None and probes_asked is None and res.traced:
+    if (res.verdict is V.Verdict.HANG and s.probes is None and probes_asked is None and res.traced
+            and not res.evidence.get("stuck_sites")):  # a core already said where
         first = res
         s2 = Settings(**{**vars(s), "probes": probe_config(budget_ms)})
         res = watch_command(s2, run_dir / "with_probes")
@@ -644,6 +659,10 @@ def to_markdown(res: ExecResult, expect: str = "PASS", command: str = "") -> str
         )
     if res.health is not None:
         lines.append(f"- GPU health check afterwards: {res.health}")
+    if ev.get("coredump"):
+        from cutedebug.reporting.report import _md_coredump
+
+        lines += _md_coredump(ev)
     for d in ev.get("diagnosis") or []:
         lines.append(f"- diagnosis: {d}")
     if res.swept:
@@ -747,6 +766,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         deadline_s=args.deadline or DEFAULT_DEADLINE_S,
         stall_s=args.stall,
         cwd=os.getcwd(),
+        coredump=bool(getattr(args, "coredump", False)),
     )
 
 
@@ -798,6 +818,12 @@ def add_parser(sub: Any) -> None:
         default="PASS",
         choices=V.ALL,
         help="expected verdict (default PASS): exit status 0 when it is the verdict",
+    )
+    p.add_argument(
+        "--coredump",
+        action="store_true",
+        help="on a hang, every CUDA process's GPU state is dumped before the kill (and on a "
+        "GPU fault) and read with cuda-gdb: each warp's place, without probes",
     )
     add_common(p)
     p.set_defaults(func=cmd_exec)
