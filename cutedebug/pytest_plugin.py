@@ -103,7 +103,7 @@ from cutedebug.engine.verdict import ALL as VERDICTS
 from cutedebug.engine.verdict import Verdict, values
 
 COMPILE_VERDICTS = values(lambda v: v.is_compile_stage)
-HEALTH_CHECK_S = 60.0     # runner.health_check's own timeout, run after a kill
+HEALTH_CHECK_S = 60.0  # runner.health_check's own timeout, run after a kill
 VERDICT_PROP = "cutedebug_verdict"
 
 
@@ -120,11 +120,13 @@ def _to_bool(text: str) -> bool:
 def _limit(name: str):
     """The one limit check (cutedebug.engine.scenario.check_limit): finite, positive,
     bounded; NaN or inf would switch the watchdog off."""
+
     def conv(value: Any):
         try:
             return S.check_limit(name, value)
         except S.ScenarioError as e:
             raise ValueError(str(e).split(": ", 1)[-1]) from None
+
     conv.__name__ = name
     return conv
 
@@ -159,29 +161,67 @@ class Option:
 
 
 OPTIONS = (
-    Option("deadline", _limit("deadline_s"), "kernel deadline in seconds (replaces the scenario's "
-           "limits.deadline_s)"),
-    Option("compile_deadline", _limit("compile_s"), "compile deadline in seconds (replaces "
-           "limits.compile_s)"),
+    Option(
+        "deadline",
+        _limit("deadline_s"),
+        "kernel deadline in seconds (replaces the scenario's limits.deadline_s)",
+    ),
+    Option(
+        "compile_deadline",
+        _limit("compile_s"),
+        "compile deadline in seconds (replaces limits.compile_s)",
+    ),
     Option("probes", _to_bool, "bounded waits + beacons: on|off (default: the scenario's)"),
-    Option("repeat", _limit("repeat"), "run each scenario N times; disagreeing runs are "
-           "NONDETERMINISTIC (default 1)"),
+    Option(
+        "repeat",
+        _limit("repeat"),
+        "run each scenario N times; disagreeing runs are NONDETERMINISTIC (default 1)",
+    ),
     Option("runs_dir", str, "where run directories and reports go (default: <rootdir>/runs)"),
-    Option("timeout_margin", _limit("timeout_margin"), "seconds the pytest-timeout outer guard adds "
-           "to the watchdog's worst case (default 60)"),
-    Option("compile_jobs", _jobs, "compile items: compile-only children at once, session-wide "
-           "(default: the CPU count, at most 8; 1: each in its turn)"),
-    Option("gpus", str, "GPUs to run on, session-wide: all or a comma list (0,1); under "
-           "pytest-xdist worker gwN gets the N-th (default: all visible)"),
+    Option(
+        "timeout_margin",
+        _limit("timeout_margin"),
+        "seconds the pytest-timeout outer guard adds to the watchdog's worst case (default 60)",
+    ),
+    Option(
+        "compile_jobs",
+        _jobs,
+        "compile items: compile-only children at once, session-wide "
+        "(default: the CPU count, at most 8; 1: each in its turn)",
+    ),
+    Option(
+        "gpus",
+        str,
+        "GPUs to run on, session-wide: all or a comma list (0,1); under "
+        "pytest-xdist worker gwN gets the N-th (default: all visible)",
+    ),
     Option("shard", str, "run only shard I/N of the tests (by scenario id), session-wide"),
-    Option("durations", str, "balance --cutedebug-shard by the seconds an earlier triage's "
-           "matrix.json recorded, session-wide"),
-    Option("forkserver", _to_bool, "fork workers from one server that imported torch and "
-           "cutlass once, session-wide: on|off (default on)"),
+    Option(
+        "durations",
+        str,
+        "balance --cutedebug-shard by the seconds an earlier triage's "
+        "matrix.json recorded, session-wide",
+    ),
+    Option(
+        "forkserver",
+        _to_bool,
+        "fork workers from one server that imported torch and "
+        "cutlass once, session-wide: on|off (default on)",
+    ),
 )
-DEFAULTS = {"deadline": None, "compile_deadline": None, "probes": None, "repeat": 1,
-            "runs_dir": None, "timeout_margin": 60.0, "compile_jobs": None,
-            "forkserver": True, "gpus": None, "shard": None, "durations": None}
+DEFAULTS = {
+    "deadline": None,
+    "compile_deadline": None,
+    "probes": None,
+    "repeat": 1,
+    "runs_dir": None,
+    "timeout_margin": 60.0,
+    "compile_jobs": None,
+    "forkserver": True,
+    "gpus": None,
+    "shard": None,
+    "durations": None,
+}
 
 
 @dataclass(frozen=True)
@@ -197,19 +237,23 @@ class Settings:
     gpus: str | None
     shard: str | None
     durations: str | None
-    sources: dict[str, str]       # option -> where its value came from
+    sources: dict[str, str]  # option -> where its value came from
 
     def apply(self, sc: S.Scenario) -> S.Scenario:
         """The scenario with these settings' limit overrides."""
-        over = {k: v for k, v in (("deadline_s", self.deadline),
-                                  ("compile_s", self.compile_deadline)) if v is not None}
+        over = {
+            k: v
+            for k, v in (("deadline_s", self.deadline), ("compile_s", self.compile_deadline))
+            if v is not None
+        }
         if not over:
             return sc
         return sc.with_overrides(limits=S.Limits(**{**vars(sc.limits), **over}))
 
 
-def resolve(config: pytest.Config, node: pytest.Item | None = None,
-            call: dict[str, Any] | None = None) -> Settings:
+def resolve(
+    config: pytest.Config, node: pytest.Item | None = None, call: dict[str, Any] | None = None
+) -> Settings:
     """Settings for one item: call arguments > marker > command line > env > ini > default."""
     marker = node.get_closest_marker("cutedebug") if node is not None else None
     layers = [("call", call or {}), ("marker", marker.kwargs if marker else {})]
@@ -217,15 +261,20 @@ def resolve(config: pytest.Config, node: pytest.Item | None = None,
     sources: dict[str, str] = {}
     for opt in OPTIONS:
         candidates = [(src, layer.get(opt.name)) for src, layer in layers]
-        candidates += [(opt.flag, config.getoption("cutedebug_" + opt.name)),
-                       (opt.env, os.environ.get(opt.env) or None),
-                       (opt.ini, config.getini(opt.ini) or None)]
+        candidates += [
+            (opt.flag, config.getoption("cutedebug_" + opt.name)),
+            (opt.env, os.environ.get(opt.env) or None),
+            (opt.ini, config.getini(opt.ini) or None),
+        ]
         for src, raw in candidates:
             if raw is None:
                 continue
             try:
-                value = bool(raw) if opt.convert is _to_bool and not isinstance(raw, str) \
+                value = (
+                    bool(raw)
+                    if opt.convert is _to_bool and not isinstance(raw, str)
                     else opt.convert(raw)
+                )
             except (TypeError, ValueError) as e:
                 raise pytest.UsageError(f"cutedebug: {src} {opt.name} = {raw!r}: {e}") from None
             values[opt.name], sources[opt.name] = value, src
@@ -258,19 +307,30 @@ def watchdog_budget_s(sc: S.Scenario, mode: str, repeat: int) -> float:
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("cutedebug", "cutedebug scenarios and watchdog")
     for opt in OPTIONS:
-        group.addoption(opt.flag, dest="cutedebug_" + opt.name, default=None,
-                        metavar=opt.name.upper(), help=f"{opt.help} [env {opt.env}]")
+        group.addoption(
+            opt.flag,
+            dest="cutedebug_" + opt.name,
+            default=None,
+            metavar=opt.name.upper(),
+            help=f"{opt.help} [env {opt.env}]",
+        )
         parser.addini(opt.ini, f"cutedebug: {opt.help}", default=None)
-    parser.addini("cutedebug_scenario_dirs", "cutedebug: folders (relative to the rootdir) "
-                  "whose *.toml files are scenarios", type="linelist", default=[])
+    parser.addini(
+        "cutedebug_scenario_dirs",
+        "cutedebug: folders (relative to the rootdir) whose *.toml files are scenarios",
+        type="linelist",
+        default=[],
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "cutedebug(deadline=S, compile_deadline=S, probes=bool, repeat=N, "
+        "markers",
+        "cutedebug(deadline=S, compile_deadline=S, probes=bool, repeat=N, "
         "runs_dir=DIR, timeout_margin=S): cutedebug settings for this test (they win over "
-        "the command line, the environment and the ini file)")
-    resolve(config)    # a bad value on the command line, in the env or the ini: fail early
+        "the command line, the environment and the ini file)",
+    )
+    resolve(config)  # a bad value on the command line, in the env or the ini: fail early
     _bind_gpu(config)
 
 
@@ -288,8 +348,11 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem):
     through the watchdogs, which kill their children; Python's default would die on the spot
     and leave a hung kernel running. Only when nobody else set a handler."""
     previous = None
-    if _is_ours(item) and threading.current_thread() is threading.main_thread() and \
-            signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+    if (
+        _is_ours(item)
+        and threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    ):
         previous = signal.signal(signal.SIGTERM, _sigterm)
     try:
         return (yield)
@@ -359,9 +422,12 @@ def _bind_gpu(config: pytest.Config) -> None:
         if not chosen:
             return
         gpu, why = chosen[0], "--cutedebug-gpus"
-    config.stash[_BOUND_KEY] = {"gpu": gpu, "why": why,
-                                "previous": os.environ.get("CUDA_VISIBLE_DEVICES"),
-                                "restore": workerinput is None}
+    config.stash[_BOUND_KEY] = {
+        "gpu": gpu,
+        "why": why,
+        "previous": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "restore": workerinput is None,
+    }
     os.environ["CUDA_VISIBLE_DEVICES"] = gpu
 
 
@@ -399,12 +465,17 @@ def gpu_skip_reason(config: pytest.Config, archs: tuple[str, ...]) -> str | None
 def pytest_report_header(config: pytest.Config) -> str | None:
     s = resolve(config)
     bound = config.stash.get(_BOUND_KEY, None)
-    if not _scenario_dirs(config) and not bound and not any(
-            v != "default" for v in s.sources.values()):
-        return None         # not configured: say nothing
-    return f"cutedebug: runs dir {s.runs_dir}" + (
-        f"; bound to GPU {bound['gpu']} ({bound['why']})" if bound else "") + (
-        f"; shard {s.shard}" if s.shard else "")
+    if (
+        not _scenario_dirs(config)
+        and not bound
+        and not any(v != "default" for v in s.sources.values())
+    ):
+        return None  # not configured: say nothing
+    return (
+        f"cutedebug: runs dir {s.runs_dir}"
+        + (f"; bound to GPU {bound['gpu']} ({bound['why']})" if bound else "")
+        + (f"; shard {s.shard}" if s.shard else "")
+    )
 
 
 # ---- collection ----------------------------------------------------------------------------
@@ -437,8 +508,11 @@ def _is_scenario_path(path: Path, parent: pytest.Collector) -> bool:
         keys = scenario_keys(path)
         return keys is None or bool(keys)
     named = [Path(a.split("::")[0]).resolve() for a in parent.config.args]
-    return any(resolved.is_relative_to(d) for d in named if d.is_dir()) and \
-        scenario_keys(path) == {"id", "kernel", "expect"}
+    return any(resolved.is_relative_to(d) for d in named if d.is_dir()) and scenario_keys(path) == {
+        "id",
+        "kernel",
+        "expect",
+    }
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector):
@@ -456,7 +530,8 @@ class ScenarioFile(pytest.File):
             return
         except Exception as e:  # noqa: BLE001  (a loader bug must not end the session)
             yield InvalidScenarioItem.from_parent(
-                self, name="load", message=f"loading failed ({type(e).__name__}): {e}")
+                self, name="load", message=f"loading failed ({type(e).__name__}): {e}"
+            )
             return
         yield CompileItem.from_parent(self, name="compile", scenario=sc)
         yield RunItem.from_parent(self, name="run", scenario=sc)
@@ -502,14 +577,17 @@ class ScenarioItem(_Item):
     def skip_if_modules_missing(self) -> None:
         """An optional extra not installed: skipped, the reason says which (no worker runs)."""
         if missing := self.scenario.missing_modules():
-            pytest.skip(f"needs the Python module(s) {', '.join(missing)} (scenario "
-                        "requires.modules); not installed here")
+            pytest.skip(
+                f"needs the Python module(s) {', '.join(missing)} (scenario "
+                "requires.modules); not installed here"
+            )
 
     def timeout_s(self) -> float:
         s = self.settings()
         repeat = 1 if self.mode == "compile" else s.repeat
-        return round(watchdog_budget_s(s.apply(self.scenario), self.mode, repeat)
-                     + s.timeout_margin, 1)
+        return round(
+            watchdog_budget_s(s.apply(self.scenario), self.mode, repeat) + s.timeout_margin, 1
+        )
 
     def call_engine(self, s: Settings, forkserver=None):
         """run_scenario + report (thread-safe: touches no pytest state)."""
@@ -518,11 +596,15 @@ class ScenarioItem(_Item):
 
         sc = s.apply(self.scenario)
         try:
-            res = runner.run_scenario(sc, runs_root=s.runs_dir, mode=self.mode,
-                                      probes=s.probes,
-                                      repeat=1 if self.mode == "compile" else s.repeat,
-                                      forkserver=forkserver)
-        except S.ScenarioError as e:   # the kernel could not be loaded in the child
+            res = runner.run_scenario(
+                sc,
+                runs_root=s.runs_dir,
+                mode=self.mode,
+                probes=s.probes,
+                repeat=1 if self.mode == "compile" else s.repeat,
+                forkserver=forkserver,
+            )
+        except S.ScenarioError as e:  # the kernel could not be loaded in the child
             raise ScenarioFailure(f"{sc.id}: {e}") from None
         _, md = report.write(res)
         return res, md
@@ -537,8 +619,7 @@ class ScenarioItem(_Item):
 def serious_findings(res) -> list[dict[str, Any]]:
     """The static protocol checks' errors and warnings from the compiled event."""
     found = (res.evidence.get("compiled") or {}).get("static_findings") or []
-    return [f for f in found if isinstance(f, dict) and f.get("severity") in ("error",
-                                                                            "warning")]
+    return [f for f in found if isinstance(f, dict) and f.get("severity") in ("error", "warning")]
 
 
 # Compile items of a session run compile_jobs children at once: the first one to run submits
@@ -560,7 +641,8 @@ def _prefetch(item: CompileItem) -> Future | None:
         config.stash[_FUTURES_KEY] = {
             it.nodeid: pool.submit(it.call_engine, it.settings(), session_forkserver(config))
             for it in item.session.items
-            if isinstance(it, CompileItem) and not it.scenario.missing_modules()}
+            if isinstance(it, CompileItem) and not it.scenario.missing_modules()
+        }
     return config.stash[_FUTURES_KEY].pop(item.nodeid, None)
 
 
@@ -574,8 +656,9 @@ def session_forkserver(config: pytest.Config):
         from cutedebug.engine import runner
 
         s = resolve(config)
-        config.stash[_FORKSERVER_KEY] = runner.start_forkserver(s.runs_dir) \
-            if s.forkserver else None
+        config.stash[_FORKSERVER_KEY] = (
+            runner.start_forkserver(s.runs_dir) if s.forkserver else None
+        )
     return config.stash[_FORKSERVER_KEY]
 
 
@@ -586,7 +669,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
         if interrupted:
             from cutedebug.engine import watchdog
 
-            watchdog.abort_all()        # the background compiles end now, not at their deadline
+            watchdog.abort_all()  # the background compiles end now, not at their deadline
         pool.shutdown(wait=True, cancel_futures=True)
     server = session.config.stash.get(_FORKSERVER_KEY, None)
     if server is not None:
@@ -609,8 +692,10 @@ def compile_outcome(res) -> tuple[bool, str]:
         return False, "harness error after compiling"
     compiled = res.evidence.get("compiled") or {}
     if res.scenario.fault and compiled.get("fault_count") == 0:
-        return False, (f"fault {res.scenario.fault} never triggered while tracing: the "
-                       "compiled kernel is the clean one")
+        return False, (
+            f"fault {res.scenario.fault} never triggered while tracing: the "
+            "compiled kernel is the clean one"
+        )
     return True, ""
 
 
@@ -633,10 +718,15 @@ class CompileItem(ScenarioItem):
         ok, why = compile_outcome(res)
         findings = serious_findings(res)
         if findings:
-            self.add_report_section("call", "cutedebug static findings", "\n".join(
-                f"- {f.get('severity')} {f.get('check')}: {f.get('message')}"
-                + (f" ({Path(f['file']).name}:{f.get('line')})" if f.get("file") else "")
-                for f in findings))
+            self.add_report_section(
+                "call",
+                "cutedebug static findings",
+                "\n".join(
+                    f"- {f.get('severity')} {f.get('check')}: {f.get('message')}"
+                    + (f" ({Path(f['file']).name}:{f.get('line')})" if f.get("file") else "")
+                    for f in findings
+                ),
+            )
         if not ok:
             raise ScenarioFailure(f"{why}\n{report.tldr(res)}\nreport: {md}")
 
@@ -657,8 +747,10 @@ class RunItem(ScenarioItem):
             loc = res.localization
             extra = ""
             if res.verdict_ok and loc["ok"] is False:
-                extra = (f"\nlocalization wrong: expected {loc['expected']}, "
-                         f"{loc.get('why', 'no stuck site matched')}")
+                extra = (
+                    f"\nlocalization wrong: expected {loc['expected']}, "
+                    f"{loc.get('why', 'no stuck site matched')}"
+                )
             raise ScenarioFailure(f"{report.tldr(res)}{extra}\nreport: {md}")
 
 
@@ -691,15 +783,14 @@ def _select_shard(config: pytest.Config, items: list[pytest.Item]) -> None:
     items[:] = keep
 
 
-@pytest.hookimpl(trylast=True)     # after conftests have added their markers
+@pytest.hookimpl(trylast=True)  # after conftests have added their markers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     _select_shard(config, items)
     if resolve(config).compile_jobs > 1:
         # every compile before the first GPU run: runs never share the CPU with compiles
         others = [i for i in items if not isinstance(i, ScenarioItem)]
         compiles = [i for i in items if isinstance(i, CompileItem)]
-        runs = [i for i in items if isinstance(i, ScenarioItem) and
-                not isinstance(i, CompileItem)]
+        runs = [i for i in items if isinstance(i, ScenarioItem) and not isinstance(i, CompileItem)]
         items[:] = others + compiles + runs
     if not config.pluginmanager.hasplugin("timeout"):
         return
@@ -734,13 +825,18 @@ def pytest_report_teststatus(report, config):
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
-    hangs = [r for reps in terminalreporter.stats.values() for r in reps
-             if getattr(r, "when", None) == "call" and "HANG" in _verdicts(r)]
+    hangs = [
+        r
+        for reps in terminalreporter.stats.values()
+        for r in reps
+        if getattr(r, "when", None) == "call" and "HANG" in _verdicts(r)
+    ]
     if hangs:
         bad = [r for r in hangs if r.failed]
         terminalreporter.write_line(
             f"cutedebug: {len(hangs)} HANG verdict(s), {len(bad)} unexpected"
-            + "".join(f"\n  HANG {r.nodeid}" for r in bad))
+            + "".join(f"\n  HANG {r.nodeid}" for r in bad)
+        )
 
 
 # ---- fixture for users' own tests --------------------------------------------------------------
@@ -771,13 +867,18 @@ def assert_verdict(result, verdict: str, **localization: Any) -> None:
         loc = runner.grade_localization(localization, result.evidence.get("stuck_sites") or [])
         if not loc["ok"]:
             sites = result.evidence.get("stuck_sites") or []
-            problems.append(f"localization {localization} not found: {loc['why']}"
-                            + (f"; first stuck site: {sites[0]}" if sites else ""))
+            problems.append(
+                f"localization {localization} not found: {loc['why']}"
+                + (f"; first stuck site: {sites[0]}" if sites else "")
+            )
     if problems:
         w = report.where(result)
-        raise AssertionError(f"{result.scenario.id}: " + "; ".join(problems)
-                             + (f"\n  where: {w}" if w else "")
-                             + f"\n  report: {Path(result.run_dir) / 'report.md'}")
+        raise AssertionError(
+            f"{result.scenario.id}: "
+            + "; ".join(problems)
+            + (f"\n  where: {w}" if w else "")
+            + f"\n  report: {Path(result.run_dir) / 'report.md'}"
+        )
 
 
 @pytest.fixture
@@ -788,23 +889,45 @@ def cutedebug_run(request: pytest.FixtureRequest):
     from cutedebug.engine import runner
     from cutedebug.reporting import report
 
-    def run(kernel: str, params: dict[str, Any] | None = None, fault: str | None = None,
-            fault_args: dict[str, Any] | None = None, expect: str | None = None, *,
-            deadline: float | None = None, compile_deadline: float | None = None,
-            probes: bool | None = None, repeat: int | None = None,
-            archs: tuple[str, ...] = ("sm_90a",), mode: str = "run"):
+    def run(
+        kernel: str,
+        params: dict[str, Any] | None = None,
+        fault: str | None = None,
+        fault_args: dict[str, Any] | None = None,
+        expect: str | None = None,
+        *,
+        deadline: float | None = None,
+        compile_deadline: float | None = None,
+        probes: bool | None = None,
+        repeat: int | None = None,
+        archs: tuple[str, ...] = ("sm_90a",),
+        mode: str = "run",
+    ):
         __tracebackhide__ = True
         if mode not in ("run", "compile"):
             raise ValueError(f"mode {mode!r}: 'run' or 'compile'")
         if expect is not None and expect not in VERDICTS:
             raise ValueError(f"expect {expect!r}: one of {list(VERDICTS)}")
-        s = resolve(request.config, request.node,
-                    {"deadline": deadline, "compile_deadline": compile_deadline,
-                     "probes": probes, "repeat": repeat})
+        s = resolve(
+            request.config,
+            request.node,
+            {
+                "deadline": deadline,
+                "compile_deadline": compile_deadline,
+                "probes": probes,
+                "repeat": repeat,
+            },
+        )
         problem = None
         try:
-            sc = S.adhoc(_kernel_target(kernel, request), dict(params or {}), fault,
-                         dict(fault_args or {}), expect or "PASS", tuple(archs))
+            sc = S.adhoc(
+                _kernel_target(kernel, request),
+                dict(params or {}),
+                fault,
+                dict(fault_args or {}),
+                expect or "PASS",
+                tuple(archs),
+            )
         except S.ScenarioError as e:
             problem = str(e).removeprefix("command line: ")
         if problem:
@@ -812,10 +935,15 @@ def cutedebug_run(request: pytest.FixtureRequest):
         if mode == "run" and (reason := gpu_skip_reason(request.config, sc.archs)):
             pytest.skip(reason)
         try:
-            res = runner.run_scenario(s.apply(sc), runs_root=s.runs_dir, mode=mode,
-                                      probes=s.probes, repeat=s.repeat,
-                                      forkserver=session_forkserver(request.config))
-        except S.ScenarioError as e:   # the child could not load the kernel
+            res = runner.run_scenario(
+                s.apply(sc),
+                runs_root=s.runs_dir,
+                mode=mode,
+                probes=s.probes,
+                repeat=s.repeat,
+                forkserver=session_forkserver(request.config),
+            )
+        except S.ScenarioError as e:  # the child could not load the kernel
             problem = str(e)
         if problem:
             pytest.fail(f"cutedebug_run: {problem}", pytrace=False)

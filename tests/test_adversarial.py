@@ -332,6 +332,15 @@ def test_a_crashed_lint_checker_is_a_visible_harness_error(monkeypatch):
     assert "HARNESS_ERROR" in f["message"] and "KeyError" in f["message"]
 
 
+def test_a_crashed_checker_in_a_triage_is_a_harness_error_not_caught_statically():
+    sc = S.adhoc(f"{ROOT}/kernels/minimal.py:Minimal", {}, None, {}, "PASS")
+    rec = T.new_record(sc, "d", 1)
+    crashed = {"severity": "error", "check": lint.HARNESS_CHECK, "message": "HARNESS_ERROR"}
+    rec["compile"] = {"static_findings": [crashed], "harness_errors": 0}
+    T.finalize(rec, None, "not run: no GPU")
+    assert rec["caught_statically"] is None and rec["harness_errors"] == 1
+
+
 # ---- limits ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "flag,value",

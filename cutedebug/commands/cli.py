@@ -48,13 +48,28 @@ def load_targets(args: argparse.Namespace) -> list[S.Scenario]:
         else:
             fault, fault_args = parse_fault(args.fault)
             archs = tuple(args.arch) if args.arch else ("sm_90a",)
-            scenarios.append(S.adhoc(target, parse_kv(args.param, "--param"), fault, fault_args,
-                                     args.expect or "PASS", archs))
+            scenarios.append(
+                S.adhoc(
+                    target,
+                    parse_kv(args.param, "--param"),
+                    fault,
+                    fault_args,
+                    args.expect or "PASS",
+                    archs,
+                )
+            )
     overrides: dict[str, Any] = {}
     if args.expect and all(t.endswith(".toml") or Path(t).is_dir() for t in args.targets):
         overrides["expect"] = S.Expect(verdict=args.expect)
-    limit_over = {k: v for k, v in (("deadline_s", args.deadline), ("stall_s", args.stall),
-                                     ("compile_s", args.compile_deadline)) if v is not None}
+    limit_over = {
+        k: v
+        for k, v in (
+            ("deadline_s", args.deadline),
+            ("stall_s", args.stall),
+            ("compile_s", args.compile_deadline),
+        )
+        if v is not None
+    }
     out = []
     for sc in scenarios:
         kw = dict(overrides)
@@ -96,8 +111,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     status = EXIT_OK
     results = []
     # Many runs in a row share a fork server that has imported torch and cutlass once.
-    fs = runner.start_forkserver(args.runs_dir) if len(scenarios) > 1 or args.repeat > 1 \
-        else None
+    fs = runner.start_forkserver(args.runs_dir) if len(scenarios) > 1 or args.repeat > 1 else None
     done = False
     try:
         for sc in scenarios:
@@ -113,8 +127,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"{ok} of {len(results)} scenarios as expected")
     not_run = [r for r in results if r.verdict.value == "UNSUPPORTED" and mode == "run"]
     if not_run:
-        print(f"{len(not_run)} scenario(s) compiled but not run: "
-              f"{not_run[0].reason.removeprefix('execution skipped: ')}")
+        print(
+            f"{len(not_run)} scenario(s) compiled but not run: "
+            f"{not_run[0].reason.removeprefix('execution skipped: ')}"
+        )
     return status
 
 
@@ -129,25 +145,41 @@ def _run_one(args, sc, mode, fs, single: bool):
 
         core = coredump.Localizer()
         probes = False if probes is None else probes  # a core localizes what probes would
-    res = runner.run_scenario(sc, runs_root=args.runs_dir, mode=mode, probes=probes,
-                              wait_budget_ms=args.wait_budget_ms, repeat=args.repeat,
-                              command=report.command_line() if single else "", forkserver=fs,
-                              **({"core": core} if core else {}))
+    res = runner.run_scenario(
+        sc,
+        runs_root=args.runs_dir,
+        mode=mode,
+        probes=probes,
+        wait_budget_ms=args.wait_budget_ms,
+        repeat=args.repeat,
+        command=report.command_line() if single else "",
+        forkserver=fs,
+        **({"core": core} if core else {}),
+    )
     from cutedebug.analyses import mismatch
 
     mismatch.attach(res)  # failure-table diagnosis of wrong values (no-op for other verdicts)
     _, md = report.write(res, mismatch.report_sections(res))
     print(report.tldr(res)[:2000])
     loc = res.localization
-    if loc.get("ok") is None and loc.get("expected") and str(loc.get("why", "")).startswith(
-            "not graded"):
+    if (
+        loc.get("ok") is None
+        and loc.get("expected")
+        and str(loc.get("why", "")).startswith("not graded")
+    ):
         print(f"  localization {loc['why']}")
     comp = res.evidence.get("compiled")
-    static = [f for f in (comp or {}).get("static_findings") or []
-              if f.get("severity") in ("error", "warning")]
+    static = [
+        f
+        for f in (comp or {}).get("static_findings") or []
+        if f.get("severity") in ("error", "warning")
+    ]
     if comp and comp.get("static_findings") is not None:
-        first = f" — {static[0]['severity']} {static[0]['check']}: {static[0]['message'][:140]}" \
-            if static else ""
+        first = (
+            f" — {static[0]['severity']} {static[0]['check']}: {static[0]['message'][:140]}"
+            if static
+            else ""
+        )
         print(f"  static protocol checks: {len(static) or 'no'} finding(s){first}")
     if res.verdict.value == "UNSUPPORTED":
         state = f"compiled for {comp['arch']} in {comp['secs']} s" if comp else "did not compile"
@@ -162,13 +194,20 @@ def cmd_list(args: argparse.Namespace) -> int:
     for f in files:
         try:
             sc = S.load(f)
-            rows.append((sc.id, f"{Path(sc.kernel_file).name}:{sc.kernel_entry}",
-                         sc.fault or "-", "/".join(sc.expect.verdicts)))
+            rows.append(
+                (
+                    sc.id,
+                    f"{Path(sc.kernel_file).name}:{sc.kernel_entry}",
+                    sc.fault or "-",
+                    "/".join(sc.expect.verdicts),
+                )
+            )
         except S.ScenarioError as e:
             rows.append((str(f), "INVALID", str(e).split(": ", 1)[-1][:60], "-"))
     if args.json:
-        print(json.dumps([dict(zip(("id", "kernel", "fault", "expect"), r)) for r in rows],
-                         indent=1))
+        print(
+            json.dumps([dict(zip(("id", "kernel", "fault", "expect"), r)) for r in rows], indent=1)
+        )
         return EXIT_OK
     head = ("scenario", "kernel", "fault", "expected")
     widths = [max(len(str(r[i])) for r in rows + [head]) for i in range(4)]
@@ -185,46 +224,81 @@ def cmd_faults(args: argparse.Namespace) -> int:
         print(json.dumps(entries, indent=1))
         return EXIT_OK
     for e in entries:
-        params = ", ".join(f"{p['name']}={p['default']!r}" for p in e.get("params", [])) \
-            if isinstance(e.get("params"), list) else \
-            ", ".join(f"{k}={v}" for k, v in (e.get("params") or {}).items())
+        params = (
+            ", ".join(f"{p['name']}={p['default']!r}" for p in e.get("params", []))
+            if isinstance(e.get("params"), list)
+            else ", ".join(f"{k}={v}" for k, v in (e.get("params") or {}).items())
+        )
         print(f"{e['name']}({params})  [{e.get('kind', 'patch')}] -> {e.get('expected')}")
         print(f"    {e['description']}")
     return EXIT_OK
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="cutedebug", description=__doc__.split("\n\n")[0],
-                                epilog=exits.HELP,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="cutedebug",
+        description=__doc__.split("\n\n")[0],
+        epilog=exits.HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
 
-    r = sub.add_parser("run", help="run scenarios and give verdicts", epilog=exits.HELP,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    r.add_argument("targets", nargs="+", help="scenario .toml, a directory of them, or "
-                   "FILE.py:ENTRY for an ad-hoc run")
-    r.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
-                   help="kernel parameter (ad-hoc runs)")
+    r = sub.add_parser(
+        "run",
+        help="run scenarios and give verdicts",
+        epilog=exits.HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    r.add_argument(
+        "targets",
+        nargs="+",
+        help="scenario .toml, a directory of them, or FILE.py:ENTRY for an ad-hoc run",
+    )
+    r.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="kernel parameter (ad-hoc runs)",
+    )
     r.add_argument("--fault", metavar="NAME[:ARG=V,...]", help="fault to inject (ad-hoc runs)")
-    r.add_argument("--expect", choices=VERDICTS, help="expected verdict (default PASS for "
-                   "ad-hoc runs; overrides the scenario's)")
+    r.add_argument(
+        "--expect",
+        choices=VERDICTS,
+        help="expected verdict (default PASS for ad-hoc runs; overrides the scenario's)",
+    )
     r.add_argument("--arch", action="append", choices=S.ARCHS, help="ad-hoc: archs it runs on")
     r.add_argument("--compile-only", action="store_true", help="compile and stop")
-    r.add_argument("--probes", action=argparse.BooleanOptionalAction, default=None,
-                   help="bounded waits + beacons (default: the scenario's setting)")
-    r.add_argument("--coredump", action="store_true",
-                   help="localize a hang (or crash) from a GPU coredump taken before the kill "
-                        "(cuda-gdb on the core; probes off unless --probes)")
-    r.add_argument("--wait-budget-ms", type=S.limit_arg("wait_budget_ms"),
-                   help="bounded-wait budget with probes on")
-    r.add_argument("--repeat", type=S.limit_arg("repeat"), default=1, help="run N times; "
-                   "disagreeing runs are NONDETERMINISTIC")
-    r.add_argument("--deadline", type=S.limit_arg("deadline_s"),
-                   help="kernel deadline in seconds")
-    r.add_argument("--stall", type=S.limit_arg("stall_s"),
-                   help="stall window in seconds (probes on)")
-    r.add_argument("--compile-deadline", type=S.limit_arg("compile_s"),
-                   help="compile deadline in seconds")
+    r.add_argument(
+        "--probes",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="bounded waits + beacons (default: the scenario's setting)",
+    )
+    r.add_argument(
+        "--coredump",
+        action="store_true",
+        help="localize a hang (or crash) from a GPU coredump taken before the kill "
+        "(cuda-gdb on the core; probes off unless --probes)",
+    )
+    r.add_argument(
+        "--wait-budget-ms",
+        type=S.limit_arg("wait_budget_ms"),
+        help="bounded-wait budget with probes on",
+    )
+    r.add_argument(
+        "--repeat",
+        type=S.limit_arg("repeat"),
+        default=1,
+        help="run N times; disagreeing runs are NONDETERMINISTIC",
+    )
+    r.add_argument("--deadline", type=S.limit_arg("deadline_s"), help="kernel deadline in seconds")
+    r.add_argument(
+        "--stall", type=S.limit_arg("stall_s"), help="stall window in seconds (probes on)"
+    )
+    r.add_argument(
+        "--compile-deadline", type=S.limit_arg("compile_s"), help="compile deadline in seconds"
+    )
     r.add_argument("--runs-dir", default="runs", help="where run directories go")
     r.set_defaults(func=cmd_run)
 
@@ -237,20 +311,25 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--json", action="store_true")
     f.set_defaults(func=cmd_faults)
     from cutedebug.commands import sanitize as sanitize_cmd  # `cutedebug sanitize`
+
     sanitize_cmd.add_parser(sub)
     from cutedebug.commands import triage  # `cutedebug triage`
+
     triage.add_parser(sub)
     from cutedebug.commands import shard  # `cutedebug merge` (of triage --shard outputs)
 
     shard.add_parser(sub)
     from cutedebug.commands import lint  # `cutedebug lint`
+
     lint.add_parser(sub)
     from cutedebug.commands import bisect  # `cutedebug bisect`
 
     bisect.add_parser(sub)
     from cutedebug.commands import exec as exec_cmd  # `cutedebug exec`
+
     exec_cmd.add_parser(sub)
     from cutedebug.commands import mutate  # `cutedebug mutate`
+
     mutate.add_parser(sub)
     return p
 
@@ -271,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-    except SystemExit as e:       # argparse: --help (0) or a bad option (2, message printed)
+    except SystemExit as e:  # argparse: --help (0) or a bad option (2, message printed)
         return e.code if isinstance(e.code, int) else EXIT_USAGE
     # `timeout`, a CI runner or a closed terminal sends SIGTERM / SIGHUP: Python's default is
     # to die on the spot, leaving the watched children (a hung kernel, a sanitizer) running.
@@ -293,8 +372,11 @@ def main(argv: list[str] | None = None) -> int:
     except Exception:  # noqa: BLE001  (a bug of ours: say so, never as the user's error)
         import traceback
 
-        print("cutedebug: internal error (HARNESS_ERROR: a bug of cutedebug's, not of your "
-              "kernel or input):\n" + traceback.format_exc()[-6000:], file=sys.stderr)
+        print(
+            "cutedebug: internal error (HARNESS_ERROR: a bug of cutedebug's, not of your "
+            "kernel or input):\n" + traceback.format_exc()[-6000:],
+            file=sys.stderr,
+        )
         return exits.EXIT_HARNESS
     finally:
         for sig, handler in previous.items():

@@ -13,8 +13,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cutedebug.analyses.lint import Finding, render
+from cutedebug.analyses.lint import HARNESS_CHECK, Finding, render
 from cutedebug.commands.args import parse_fault, parse_kv
+from cutedebug.commands.exits import EXIT_HARNESS
 from cutedebug.engine import lifeline, watchdog
 from cutedebug.engine import scenario as S
 from cutedebug.errors import UsageError
@@ -77,7 +78,9 @@ def cmd_lint(args: argparse.Namespace) -> int:
             findings = [f for f in findings if f.severity != "info"] or findings
         if not args.json:
             print(render(findings, f"{sc.id}{fault}"))
-        if any(f.severity == "error" for f in findings):
+        if any(f.check == HARNESS_CHECK for f in findings):
+            status = max(status, EXIT_HARNESS)  # the checker crashed: nothing was checked
+        elif any(f.severity == "error" for f in findings):
             status = max(status, 1)
         results.append({"scenario": sc.id, "findings": [f.to_json() for f in findings],
                         "protocol": res["protocol"] if args.protocol else None})

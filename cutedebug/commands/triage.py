@@ -66,6 +66,7 @@ from cutedebug.reporting.matrix import (
 RECORD_SCHEMA = "cutedebug.triage.record/1"
 MATRIX_SCHEMA = "cutedebug.triage.matrix/1"
 COMPILE_FINAL = V.values(lambda v: v.ends_at_compile)
+STATIC_HARNESS_CHECK = "harness_error"  # analyses/lint.py HARNESS_CHECK: the checker crashed
 
 
 # ---- machine facts (never imports torch or cutlass) -----------------------------------------
@@ -74,8 +75,7 @@ def not_run_reason(gpu: dict[str, Any], archs: tuple[str, ...]) -> str | None:
     if not gpu["present"]:
         return f"not run: no GPU — {gpu['reason']}"
     if gpu["arch"] not in archs:
-        return (f"not run: needs {' or '.join(archs)} — this GPU is {gpu['arch']} "
-                f"({gpu['name']})")
+        return f"not run: needs {' or '.join(archs)} — this GPU is {gpu['arch']} ({gpu['name']})"
     return None
 
 
@@ -87,18 +87,26 @@ def _version(dist: str) -> str | None:
 
 
 def environment(gpu: dict[str, Any]) -> dict[str, Any]:
-    return {"date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "host": platform.node(),
-            "python": platform.python_version(), "cutlass": _version("nvidia-cutlass-dsl"),
-            "torch": _version("torch"), "gpu": gpu.get("name"), "arch": gpu.get("arch"),
-            "driver": gpu.get("driver"), "gpu_reason": gpu.get("reason")}
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "cutlass": _version("nvidia-cutlass-dsl"),
+        "torch": _version("torch"),
+        "gpu": gpu.get("name"),
+        "arch": gpu.get("arch"),
+        "driver": gpu.get("driver"),
+        "gpu_reason": gpu.get("reason"),
+    }
 
 
 # ---- files ---------------------------------------------------------------------------------
 def record_name(sid: str) -> str:
     """The record file of scenario ``sid``: readable, and distinct for distinct ids (``c/a``
     and ``c__a`` differ in their hash), short enough for any file system."""
-    readable = "".join(c if c.isascii() and (c.isalnum() or c in "-_.") else "__"
-                       for c in sid.replace("/", "__"))[:100]
+    readable = "".join(
+        c if c.isascii() and (c.isalnum() or c in "-_.") else "__" for c in sid.replace("/", "__")
+    )[:100]
     return f"{readable}.{hashlib.sha1(sid.encode('utf-8', 'surrogatepass')).hexdigest()[:10]}.json"
 
 
@@ -125,9 +133,11 @@ def lock_out(out: Path):
         f.seek(0)
         holder = f.read().strip()[:40]
         f.close()
-        raise TriageInputError(f"--out {out}: another triage is writing there"
-                               + (f" (pid {holder})" if holder else "")
-                               + "; use another --out or wait for it") from None
+        raise TriageInputError(
+            f"--out {out}: another triage is writing there"
+            + (f" (pid {holder})" if holder else "")
+            + "; use another --out or wait for it"
+        ) from None
     f.seek(0)
     f.truncate()
     f.write(str(os.getpid()))
@@ -145,12 +155,24 @@ def scenario_digest(sc: S.Scenario) -> str:
 
 
 # What a record must hold to be reused by --resume (anything less is redone).
-_RECORD_KEYS = {"schema": str, "id": str, "digest": (str, type(None)), "repeat": int,
-                "status": str, "expected": dict, "compile": (dict, type(None)),
-                "run": (dict, type(None)), "not_run": (str, type(None))}
-_DONE_KEYS = {"verdict": (str, type(None)), "verdict_ok": (bool, type(None)),
-              "localization_ok": (bool, type(None)), "frequencies": dict,
-              "harness_errors": int}
+_RECORD_KEYS = {
+    "schema": str,
+    "id": str,
+    "digest": (str, type(None)),
+    "repeat": int,
+    "status": str,
+    "expected": dict,
+    "compile": (dict, type(None)),
+    "run": (dict, type(None)),
+    "not_run": (str, type(None)),
+}
+_DONE_KEYS = {
+    "verdict": (str, type(None)),
+    "verdict_ok": (bool, type(None)),
+    "localization_ok": (bool, type(None)),
+    "frequencies": dict,
+    "harness_errors": int,
+}
 
 
 def record_problem(rec: Any) -> str | None:
@@ -173,8 +195,7 @@ def record_problem(rec: Any) -> str | None:
     return None
 
 
-def load_records(results_dir: Path, damaged: list[str] | None = None
-                 ) -> dict[str, dict[str, Any]]:
+def load_records(results_dir: Path, damaged: list[str] | None = None) -> dict[str, dict[str, Any]]:
     """Records by scenario id; files that cannot be read or reused are skipped (they get
     redone) and, given ``damaged``, named there with the reason."""
     out: dict[str, dict[str, Any]] = {}
@@ -196,8 +217,9 @@ def _serious(findings: list[dict[str, Any]] | None) -> list[dict[str, Any]] | No
     """The static checks' errors and warnings; None when the checks did not run."""
     if findings is None:
         return None
-    return [f for f in findings if isinstance(f, dict) and f.get("severity") in ("error",
-                                                                              "warning")]
+    return [
+        f for f in findings if isinstance(f, dict) and f.get("severity") in ("error", "warning")
+    ]
 
 
 def call_record(res, wall_s: float, out_dir: Path) -> dict[str, Any]:
@@ -211,21 +233,28 @@ def call_record(res, wall_s: float, out_dir: Path) -> dict[str, Any]:
     attempts = max(1, len(res.repeats))
     verdicts = [r["verdict"] for r in res.repeats] or [res.verdict.value]
     return {
-        "mode": res.mode, "verdict": res.verdict.value, "reason": res.reason[:1000],
+        "mode": res.mode,
+        "verdict": res.verdict.value,
+        "reason": res.reason[:1000],
         "compiled": res.outcome.event("compiled") is not None,
         "fault_count": compiled.get("fault_count"),
         "static_findings": _serious(compiled.get("static_findings")),
         "localization": res.localization,
         "verdicts": verdicts,
         "harness_errors": verdicts.count("HARNESS_ERROR"),
-        "wall_s": round(wall_s, 3), "compile_s": round(compile_s, 3),
-        "kernel_s": round(kernel_s, 6), "work_s": round(work, 3),
+        "wall_s": round(wall_s, 3),
+        "compile_s": round(compile_s, 3),
+        "kernel_s": round(kernel_s, 6),
+        "work_s": round(work, 3),
         "overhead_s": round(wall_s / attempts - work, 3),
         "device": res.evidence.get("device"),
         "report": _relative(Path(res.run_dir) / "report.md", out_dir),
-        "value_diagnosis": {k: (res.evidence.get("value_diagnosis") or {}).get(k)
-                            for k in ("row", "pattern", "summary", "lines")}
-        if res.evidence.get("value_diagnosis") else None,
+        "value_diagnosis": {
+            k: (res.evidence.get("value_diagnosis") or {}).get(k)
+            for k in ("row", "pattern", "summary", "lines")
+        }
+        if res.evidence.get("value_diagnosis")
+        else None,
     }
 
 
@@ -238,14 +267,27 @@ def _relative(path: Path, out_dir: Path) -> str:
 
 
 def new_record(sc: S.Scenario, digest: str, repeat: int) -> dict[str, Any]:
-    return {"schema": RECORD_SCHEMA, "id": sc.id, "source": sc.source,
-            "kernel": f"{Path(sc.kernel_file).name}:{sc.kernel_entry}",
-            "fault": sc.fault, "fault_args": sc.fault_args, "params": sc.params,
-            "digest": digest, "repeat": repeat,
-            "expected": {"verdict": sc.expect.verdict, "also": list(sc.expect.also),
-                         "localization": sc.expect.localization()},
-            "compile": None, "run": None, "not_run": None, "invalid": None,
-            "status": "pending"}
+    return {
+        "schema": RECORD_SCHEMA,
+        "id": sc.id,
+        "source": sc.source,
+        "kernel": f"{Path(sc.kernel_file).name}:{sc.kernel_entry}",
+        "fault": sc.fault,
+        "fault_args": sc.fault_args,
+        "params": sc.params,
+        "digest": digest,
+        "repeat": repeat,
+        "expected": {
+            "verdict": sc.expect.verdict,
+            "also": list(sc.expect.also),
+            "localization": sc.expect.localization(),
+        },
+        "compile": None,
+        "run": None,
+        "not_run": None,
+        "invalid": None,
+        "status": "pending",
+    }
 
 
 def finalize(rec: dict[str, Any], final: dict[str, Any] | None, not_run: str | None) -> None:
@@ -255,36 +297,72 @@ def finalize(rec: dict[str, Any], final: dict[str, Any] | None, not_run: str | N
     rec["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     comp = rec.get("compile") or {}
     findings = comp.get("static_findings")
-    rec["caught_statically"] = None if findings is None else bool(findings)
-    rec["harness_errors"] = sum((c or {}).get("harness_errors", 0)
-                                for c in (rec.get("compile"), rec.get("run")))
+    # a crashed checker's finding is a harness error, not a fault caught statically
+    crashed = [f for f in findings or [] if f.get("check") == STATIC_HARNESS_CHECK]
+    rec["caught_statically"] = None if findings is None or crashed else bool(findings)
+    rec["harness_errors"] = len(crashed) + sum(
+        (c or {}).get("harness_errors", 0) for c in (rec.get("compile"), rec.get("run"))
+    )
     if final is None:
-        rec.update(verdict=None, verdict_ok=None, localization_ok=None, frequencies={},
-                   timing_dependent=False, time_to_verdict_s=None, overhead_s=None)
+        rec.update(
+            verdict=None,
+            verdict_ok=None,
+            localization_ok=None,
+            frequencies={},
+            timing_dependent=False,
+            time_to_verdict_s=None,
+            overhead_s=None,
+        )
         return
     exp = rec["expected"]
     verdict = final["verdict"]
     # a compile-time verdict says nothing about where a kernel hangs
-    loc_ok = final["localization"].get("ok") \
-        if exp["localization"] and final["mode"] == "run" else None
+    loc_ok = (
+        final["localization"].get("ok") if exp["localization"] and final["mode"] == "run" else None
+    )
     freq = dict(Counter(final.get("verdicts") or [verdict]))
     expect = expect_of(rec)
     # a verdict the scenario lists under expect.also counts as expected, and marks the
     # scenario timing-dependent (as disagreeing repeats do)
     ok = all(expect.accepts(v) for v in freq)
-    rec.update(verdict=verdict, verdict_ok=ok, localization_ok=loc_ok,
-               frequencies=freq, timing_dependent=len(freq) > 1 or expect.timing_dependent,
-               time_to_verdict_s=final["wall_s"], overhead_s=final["overhead_s"])
+    rec.update(
+        verdict=verdict,
+        verdict_ok=ok,
+        localization_ok=loc_ok,
+        frequencies=freq,
+        timing_dependent=len(freq) > 1 or expect.timing_dependent,
+        time_to_verdict_s=final["wall_s"],
+        overhead_s=final["overhead_s"],
+    )
 
 
 def invalid_record(sid: str, source: str | None, message: str) -> dict[str, Any]:
-    return {"schema": RECORD_SCHEMA, "id": sid, "source": source, "kernel": "?", "fault": None,
-            "fault_args": {}, "params": {}, "digest": None, "repeat": 1,
-            "expected": {"verdict": "?", "localization": {}}, "compile": None, "run": None,
-            "not_run": None, "invalid": message, "status": "done", "verdict": None,
-            "verdict_ok": None, "localization_ok": None, "caught_statically": None,
-            "frequencies": {}, "timing_dependent": False, "time_to_verdict_s": None,
-            "overhead_s": None, "harness_errors": 0}
+    return {
+        "schema": RECORD_SCHEMA,
+        "id": sid,
+        "source": source,
+        "kernel": "?",
+        "fault": None,
+        "fault_args": {},
+        "params": {},
+        "digest": None,
+        "repeat": 1,
+        "expected": {"verdict": "?", "localization": {}},
+        "compile": None,
+        "run": None,
+        "not_run": None,
+        "invalid": message,
+        "status": "done",
+        "verdict": None,
+        "verdict_ok": None,
+        "localization_ok": None,
+        "caught_statically": None,
+        "frequencies": {},
+        "timing_dependent": False,
+        "time_to_verdict_s": None,
+        "overhead_s": None,
+        "harness_errors": 0,
+    }
 
 
 # ---- rates ---------------------------------------------------------------------------------
@@ -299,30 +377,56 @@ def rates(records: list[dict[str, Any]]) -> dict[str, Any]:
     clean = [r for r in judged if not r.get("fault")]
     located = [r for r in judged if r["expected"]["localization"]]
     return {
-        "detection": _rate(sum(V.is_failure(V.Verdict(r["verdict"])) for r in faulted),
-                           len(faulted), "faulted scenarios whose verdict is a failure"),
-        "classification": _rate(sum(bool(r["verdict_ok"]) for r in judged), len(judged),
-                                "verdict equals the expected one"),
-        "localization": _rate(sum(r["localization_ok"] is True for r in located),
-                              len(located), "expected localization matched"),
-        "false_alarms": _rate(sum(r["verdict"] != "PASS" for r in clean), len(clean),
-                              "clean scenarios (no fault) whose verdict is not PASS"),
-        "counts": {"scenarios": len(records), "with_verdict": len(judged),
-                   "not_run": sum(r.get("not_run") is not None for r in done),
-                   "invalid": sum(bool(r.get("invalid")) for r in records),
-                   "pending": sum(r.get("status") != "done" for r in records),
-                   "not_run_reasons": dict(Counter(r["not_run"] for r in done
-                                                   if r.get("not_run"))),
-                   "harness_errors": sum(r.get("harness_errors", 0) for r in records),
-                   "timing_dependent": sum(bool(r.get("timing_dependent")) for r in records)},
+        "detection": _rate(
+            sum(V.is_failure(V.Verdict(r["verdict"])) for r in faulted),
+            len(faulted),
+            "faulted scenarios whose verdict is a failure",
+        ),
+        "classification": _rate(
+            sum(bool(r["verdict_ok"]) for r in judged),
+            len(judged),
+            "verdict equals the expected one",
+        ),
+        "localization": _rate(
+            sum(r["localization_ok"] is True for r in located),
+            len(located),
+            "expected localization matched",
+        ),
+        "false_alarms": _rate(
+            sum(r["verdict"] != "PASS" for r in clean),
+            len(clean),
+            "clean scenarios (no fault) whose verdict is not PASS",
+        ),
+        "counts": {
+            "scenarios": len(records),
+            "with_verdict": len(judged),
+            "not_run": sum(r.get("not_run") is not None for r in done),
+            "invalid": sum(bool(r.get("invalid")) for r in records),
+            "pending": sum(r.get("status") != "done" for r in records),
+            "not_run_reasons": dict(Counter(r["not_run"] for r in done if r.get("not_run"))),
+            "harness_errors": sum(r.get("harness_errors", 0) for r in records),
+            "timing_dependent": sum(bool(r.get("timing_dependent")) for r in records),
+        },
     }
 
 
-def build_matrix(records: list[dict[str, Any]], *, dir_: str, command: str,
-                 env: dict[str, Any], facts: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"schema": MATRIX_SCHEMA, "dir": dir_, "command": command, "environment": env,
-            "rates": rates(records), "facts": facts,
-            "scenarios": sorted(records, key=lambda r: r["id"])}
+def build_matrix(
+    records: list[dict[str, Any]],
+    *,
+    dir_: str,
+    command: str,
+    env: dict[str, Any],
+    facts: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    return {
+        "schema": MATRIX_SCHEMA,
+        "dir": dir_,
+        "command": command,
+        "environment": env,
+        "rates": rates(records),
+        "facts": facts,
+        "scenarios": sorted(records, key=lambda r: r["id"]),
+    }
 
 
 def overhead_list(recs: list[dict[str, Any]]) -> list[tuple[float, str]]:
@@ -350,7 +454,7 @@ class Options:
     command: str = ""
     bisect: bool = False
     coredump: bool = False
-    gpus: list[str] | None = None       # --gpus: one lane per GPU (None: no binding, one lane)
+    gpus: list[str] | None = None  # --gpus: one lane per GPU (None: no binding, one lane)
     shard: tuple[int, int] | None = None
     durations: dict[str, float] | None = None
 
@@ -359,7 +463,7 @@ class Options:
 class _Plan:
     sc: S.Scenario
     rec: dict[str, Any]
-    work: list[str] = field(default_factory=list)    # "compile", "run"
+    work: list[str] = field(default_factory=list)  # "compile", "run"
 
 
 def _call(sc: S.Scenario, mode: str, opts: Options, runs_dir: Path, forkserver=None):
@@ -374,9 +478,15 @@ def _call(sc: S.Scenario, mode: str, opts: Options, runs_dir: Path, forkserver=N
         core = coredump.Localizer()
         probes = False if probes is None else probes  # the core localizes every hang
     t0 = time.monotonic()
-    res = runner.run_scenario(sc, runs_root=runs_dir, mode=mode, probes=probes,
-                              repeat=1 if mode == "compile" else opts.repeat,
-                              forkserver=forkserver, **({"core": core} if core else {}))
+    res = runner.run_scenario(
+        sc,
+        runs_root=runs_dir,
+        mode=mode,
+        probes=probes,
+        repeat=1 if mode == "compile" else opts.repeat,
+        forkserver=forkserver,
+        **({"core": core} if core else {}),
+    )
     wall = time.monotonic() - t0
     from cutedebug.analyses import mismatch
 
@@ -400,20 +510,35 @@ def _lane_bisect(sc: S.Scenario, runs_dir: Path, *, lane):
 
 def _harness_call(mode: str, exc: BaseException) -> dict[str, Any]:
     tb = "".join(traceback.format_exception(exc))[-1500:]
-    return {"mode": mode, "verdict": "HARNESS_ERROR", "reason": f"triage: {tb}",
-            "compiled": False, "fault_count": None, "static_findings": None,
-            "localization": {"ok": None}, "verdicts": ["HARNESS_ERROR"], "harness_errors": 1,
-            "wall_s": 0.0, "compile_s": 0.0, "kernel_s": 0.0, "overhead_s": 0.0,
-            "device": None, "report": None}
+    return {
+        "mode": mode,
+        "verdict": "HARNESS_ERROR",
+        "reason": f"triage: {tb}",
+        "compiled": False,
+        "fault_count": None,
+        "static_findings": None,
+        "localization": {"ok": None},
+        "verdicts": ["HARNESS_ERROR"],
+        "harness_errors": 1,
+        "wall_s": 0.0,
+        "compile_s": 0.0,
+        "kernel_s": 0.0,
+        "overhead_s": 0.0,
+        "device": None,
+        "report": None,
+    }
 
 
 def needs_bisect(rec: dict[str, Any]) -> bool:
     """A HANG whose expected localization the run could not grade (ok None: only a
     printf-bisection can, e.g. a named-barrier hang), or one its GPU core graded in
     bisection's terms (then the bisection is the cross-check)."""
-    return (rec.get("verdict") == "HANG" and bool(rec["expected"]["localization"])
-            and (rec.get("localization_ok") is None or graded_by_core(rec))
-            and (rec.get("run") or {}).get("mode") == "run")
+    return (
+        rec.get("verdict") == "HANG"
+        and bool(rec["expected"]["localization"])
+        and (rec.get("localization_ok") is None or graded_by_core(rec))
+        and (rec.get("run") or {}).get("mode") == "run"
+    )
 
 
 def graded_by_core(rec: dict[str, Any]) -> bool:
@@ -427,8 +552,9 @@ def _bisect_call(sc: S.Scenario, runs_dir: Path, forkserver=None):
     from cutedebug.reporting import bisect as bisect_report
 
     t0 = time.monotonic()
-    res = bisect.bisect(sc, runs_root=runs_dir, server=forkserver,
-                        command=f"cutedebug bisect {sc.source}")
+    res = bisect.bisect(
+        sc, runs_root=runs_dir, server=forkserver, command=f"cutedebug bisect {sc.source}"
+    )
     bisect_report.write(res)
     return res, time.monotonic() - t0
 
@@ -441,15 +567,22 @@ def bisect_record(fut: Future, out_dir: Path) -> dict[str, Any]:
     try:
         res, wall_s = fut.result()
     except Exception as e:  # noqa: BLE001
-        return {"status": "error", "ok": None,
-                "reason": "".join(traceback.format_exception(e))[-1500:]}
-    return {"status": res.status, "ok": res.grade.get("ok"), "grade": res.grade,
-            "reason": res.reason[:500],
-            "answer": {role: bisect.role_answer(st, res.by_id)
-                       for role, st in res.searches.items()},
-            "runs": len(res.runs), "timing_bug": [p.site for p in res.timing_bugs],
-            "wall_s": round(wall_s, 3),
-            "report": _relative(Path(res.run_dir) / "bisect.md", out_dir)}
+        return {
+            "status": "error",
+            "ok": None,
+            "reason": "".join(traceback.format_exception(e))[-1500:],
+        }
+    return {
+        "status": res.status,
+        "ok": res.grade.get("ok"),
+        "grade": res.grade,
+        "reason": res.reason[:500],
+        "answer": {role: bisect.role_answer(st, res.by_id) for role, st in res.searches.items()},
+        "runs": len(res.runs),
+        "timing_bug": [p.site for p in res.timing_bugs],
+        "wall_s": round(wall_s, 3),
+        "report": _relative(Path(res.run_dir) / "bisect.md", out_dir),
+    }
 
 
 def apply_bisect(rec: dict[str, Any], bis: dict[str, Any]) -> None:
@@ -457,16 +590,19 @@ def apply_bisect(rec: dict[str, Any], bis: dict[str, Any]) -> None:
     rec["bisect"] = bis
     rec["status"] = "done"
     if graded_by_core(rec):  # the core graded it; the bisection cross-checks
-        rec["core_vs_bisect"] = {"core": rec.get("localization_ok"), "bisect": bis.get("ok"),
-                                 "agree": bis["status"] == "localized"
-                                 and bis.get("ok") == rec.get("localization_ok")}
+        rec["core_vs_bisect"] = {
+            "core": rec.get("localization_ok"),
+            "bisect": bis.get("ok"),
+            "agree": bis["status"] == "localized" and bis.get("ok") == rec.get("localization_ok"),
+        }
     elif bis["status"] == "localized":
         rec["localization_ok"] = bis["ok"]
     rec["harness_errors"] = rec.get("harness_errors", 0) + (bis["status"] == "error")
 
 
-def plan(opts: Options, gpu: dict[str, Any], damaged: list[str] | None = None
-         ) -> tuple[list[_Plan], list[dict[str, Any]]]:
+def plan(
+    opts: Options, gpu: dict[str, Any], damaged: list[str] | None = None
+) -> tuple[list[_Plan], list[dict[str, Any]]]:
     """What each scenario still needs; the records of those that need nothing. Two files
     with one id are bad input (TriageInputError naming both)."""
     results = opts.out / "results"
@@ -490,19 +626,27 @@ def plan(opts: Options, gpu: dict[str, Any], damaged: list[str] | None = None
             kept.append(invalid_record(str(path), str(path), str(sc)))
             continue
         if sc.id in seen:
-            raise TriageInputError(f"scenario id {sc.id!r} is used by two files: {seen[sc.id]} "
-                                   f"and {path}; ids must be unique")
+            raise TriageInputError(
+                f"scenario id {sc.id!r} is used by two files: {seen[sc.id]} "
+                f"and {path}; ids must be unique"
+            )
         seen[sc.id] = str(path)
         digest = scenario_digest(sc)
         prev = old.get(sc.id)
-        reuse = prev if prev and prev.get("digest") == digest and \
-            prev.get("repeat") == opts.repeat else None
+        reuse = (
+            prev
+            if prev and prev.get("digest") == digest and prev.get("repeat") == opts.repeat
+            else None
+        )
         can_run = not_run_reason(gpu, sc.archs) is None
         if reuse and reuse["status"] == "done" and not (reuse.get("not_run") and can_run):
             kept.append(reuse)
             continue
-        compiled_ok = bool(reuse and (reuse.get("compile") or {}).get("compiled")
-                           and reuse["compile"]["verdict"] not in COMPILE_FINAL)
+        compiled_ok = bool(
+            reuse
+            and (reuse.get("compile") or {}).get("compiled")
+            and reuse["compile"]["verdict"] not in COMPILE_FINAL
+        )
         if compiled_ok:
             rec = dict(reuse, status="compiled", run=None)
             plans.append(_Plan(sc, rec, ["run"]))
@@ -540,7 +684,7 @@ def _triage(opts: Options, out) -> int:
     damaged: list[str] = []
     gpu = detect_gpu()
     env = environment(gpu)
-    plans, kept = plan(opts, gpu, damaged)      # before deleting anything: may refuse
+    plans, kept = plan(opts, gpu, damaged)  # before deleting anything: may refuse
     for stale in results.glob(".*.tmp"):
         stale.unlink(missing_ok=True)
     if not opts.resume:
@@ -556,10 +700,17 @@ def _triage(opts: Options, out) -> int:
     def save(rec: dict[str, Any], facts: dict[str, Any] | None = None) -> None:
         records[rec["id"]] = rec
         if rec.get("digest") is not None or rec.get("invalid"):
-            atomic_write(results / record_name(rec["id"]),
-                         json.dumps(rec, indent=1, default=str))
-        write_matrix(opts.out, build_matrix(list(records.values()), dir_=str(opts.dir),
-                                            command=opts.command, env=env, facts=facts))
+            atomic_write(results / record_name(rec["id"]), json.dumps(rec, indent=1, default=str))
+        write_matrix(
+            opts.out,
+            build_matrix(
+                list(records.values()),
+                dir_=str(opts.dir),
+                command=opts.command,
+                env=env,
+                facts=facts,
+            ),
+        )
 
     finished = 0
 
@@ -569,8 +720,9 @@ def _triage(opts: Options, out) -> int:
         comp = rec.get("compile") or {}
         pre = f"compiled {comp['wall_s']:.1f}s; " if rec.get("not_run") and comp else ""
         out(progress_line(rec, finished, total, pre, rec.get("time_to_verdict_s")))
-        vd = (rec.get("run") or {}).get("value_diagnosis") or \
-            (rec.get("compile") or {}).get("value_diagnosis")
+        vd = (rec.get("run") or {}).get("value_diagnosis") or (rec.get("compile") or {}).get(
+            "value_diagnosis"
+        )
         if vd:
             out(f"      diagnosis: row {vd.get('row')} ({vd.get('pattern')}): {vd.get('summary')}")
 
@@ -600,16 +752,20 @@ def _triage(opts: Options, out) -> int:
             save(p.rec)
             progress(p.rec)
             return
-        save(p.rec)         # the compile result, kept if the run is interrupted
+        save(p.rec)  # the compile result, kept if the run is interrupted
         pending[lanes.submit(_lane_call, p.sc, "run", opts, runs_dir)] = ("run", p)
 
-    write_matrix(opts.out, build_matrix(list(records.values()), dir_=str(opts.dir),
-                                        command=opts.command, env=env))
+    write_matrix(
+        opts.out,
+        build_matrix(list(records.values()), dir_=str(opts.dir), command=opts.command, env=env),
+    )
     try:
         for p in plans:
             if p.work[0] == "compile":
-                pending[compile_pool.submit(_call, p.sc, "compile", opts, runs_dir, fs)] = \
-                    ("compile", p)
+                pending[compile_pool.submit(_call, p.sc, "compile", opts, runs_dir, fs)] = (
+                    "compile",
+                    p,
+                )
             else:
                 submit_run(p)
         while pending:
@@ -626,12 +782,12 @@ def _triage(opts: Options, out) -> int:
                     call = call_record(res, wall, opts.out)
                     if "gpu_lane" in res.evidence:
                         call["gpu"] = res.evidence["gpu_lane"]
-                except NoHealthyGpu as e:        # every GPU failed its health check
+                except NoHealthyGpu as e:  # every GPU failed its health check
                     finalize(p.rec, None, f"not run: no healthy GPU — {e}")
                     save(p.rec)
                     progress(p.rec)
                     continue
-                except S.ScenarioError as e:     # the kernel could not be loaded
+                except S.ScenarioError as e:  # the kernel could not be loaded
                     rec = invalid_record(p.sc.id, p.sc.source, str(e))
                     rec["digest"] = p.rec["digest"]
                     save(rec)
@@ -648,16 +804,17 @@ def _triage(opts: Options, out) -> int:
                         submit_run(p)
                         continue
                 else:
-                    if call["verdict"] == "UNSUPPORTED" and \
-                            p.rec["expected"]["verdict"] != "UNSUPPORTED":
+                    if (
+                        call["verdict"] == "UNSUPPORTED"
+                        and p.rec["expected"]["verdict"] != "UNSUPPORTED"
+                    ):
                         finalize(p.rec, None, f"not run: unsupported — {call['reason']}")
                     else:
                         finalize(p.rec, call, None)
                         if opts.bisect and needs_bisect(p.rec):
                             p.rec["status"] = "bisecting"
                             save(p.rec)
-                            pending[lanes.submit(_lane_bisect, p.sc, runs_dir)] = \
-                                ("bisect", p)
+                            pending[lanes.submit(_lane_bisect, p.sc, runs_dir)] = ("bisect", p)
                             continue
                 save(p.rec)
                 progress(p.rec)
@@ -668,8 +825,10 @@ def _triage(opts: Options, out) -> int:
         watchdog.abort_all()
         for fut in pending:
             fut.cancel()
-        out("triage: interrupted; the running children were killed (finished results are "
-            "kept; --resume continues)")
+        out(
+            "triage: interrupted; the running children were killed (finished results are "
+            "kept; --resume continues)"
+        )
     finally:
         health = None
         try:
@@ -684,18 +843,27 @@ def _triage(opts: Options, out) -> int:
             scope.__exit__(None, None, None)
             watchdog.reset_abort()
 
-    left_by_gpu = processes_by_gpu([p.pid for p in lifeline.processes(tag)]) \
-        if len(lanes.lanes) > 1 else None
+    left_by_gpu = (
+        processes_by_gpu([p.pid for p in lifeline.processes(tag)]) if len(lanes.lanes) > 1 else None
+    )
     left = lifeline.sweep(tag)
     recs = list(records.values())
     overheads = overhead_list(recs)
-    facts = {"harness_errors": sum(r.get("harness_errors", 0) for r in recs),
-             "processes_left": left, "gpu_health": health,
-             "overhead_s": {"n": len(overheads),
-                            "mean": sum(o for o, _ in overheads) / len(overheads),
-                            "max": max(overheads)[0], "max_id": max(overheads)[1]}
-             if overheads else {"n": 0},
-             "total_s": round(time.monotonic() - t_start, 3), "interrupted": bool(interrupted)}
+    facts = {
+        "harness_errors": sum(r.get("harness_errors", 0) for r in recs),
+        "processes_left": left,
+        "gpu_health": health,
+        "overhead_s": {
+            "n": len(overheads),
+            "mean": sum(o for o, _ in overheads) / len(overheads),
+            "max": max(overheads)[0],
+            "max_id": max(overheads)[1],
+        }
+        if overheads
+        else {"n": 0},
+        "total_s": round(time.monotonic() - t_start, 3),
+        "interrupted": bool(interrupted),
+    }
     if len(lanes.lanes) > 1:
         facts["gpus"] = lanes.summary()
         if left_by_gpu:
@@ -710,21 +878,26 @@ def _triage(opts: Options, out) -> int:
         out(f"{'not run':>15}: {n} (left out of the rates): {why}")
     for line in facts_lines(facts):
         out(line)
-    out(f"matrix: {opts.out / 'matrix.md'} | {opts.out / 'matrix.html'} | "
-        f"{opts.out / 'matrix.json'}")
+    out(
+        f"matrix: {opts.out / 'matrix.md'} | {opts.out / 'matrix.html'} | "
+        f"{opts.out / 'matrix.json'}"
+    )
     if interrupted:
-        return 128 + interrupted.signum if hasattr(interrupted, "signum") else \
-            exits.EXIT_INTERRUPTED
+        return (
+            128 + interrupted.signum if hasattr(interrupted, "signum") else exits.EXIT_INTERRUPTED
+        )
     return exit_status(recs, left, health)
 
 
-def exit_status(recs: list[dict[str, Any]], left: list[int],
-                health: dict[str, Any] | None) -> int:
+def exit_status(recs: list[dict[str, Any]], left: list[int], health: dict[str, Any] | None) -> int:
     """3 a harness error (or a process left, or an unhealthy GPU), 1 a scenario not as
     expected, 4 some could not run here, 0 all as expected."""
     codes = [exits.EXIT_OK]
-    if left or (health is not None and health.get("healthy") is False) or \
-            any(state(r) == "harness" for r in recs):
+    if (
+        left
+        or (health is not None and health.get("healthy") is False)
+        or any(state(r) == "harness" for r in recs)
+    ):
         codes.append(exits.EXIT_HARNESS)
     if any(state(r) != "harness" for r in not_as_expected(recs)):
         codes.append(exits.EXIT_UNEXPECTED)
@@ -743,26 +916,55 @@ def add_parser(sub) -> None:
     t.add_argument("dir", help="directory of scenario files (searched recursively)")
     t.add_argument("--out", required=True, help="output directory (results, matrix, runs)")
     t.add_argument("--resume", action="store_true", help="skip scenarios already done")
-    t.add_argument("--repeat", type=S.limit_arg("repeat"), default=1, help="run each scenario N times and "
-                   "report verdict frequencies")
-    t.add_argument("--jobs", type=S.limit_arg("jobs"), default=default_jobs(), help="compile-only children "
-                   "at a time (default %(default)s)")
-    t.add_argument("--probes", action=argparse.BooleanOptionalAction, default=None,
-                   help="bounded waits + beacons (default: each scenario's setting)")
+    t.add_argument(
+        "--repeat",
+        type=S.limit_arg("repeat"),
+        default=1,
+        help="run each scenario N times and report verdict frequencies",
+    )
+    t.add_argument(
+        "--jobs",
+        type=S.limit_arg("jobs"),
+        default=default_jobs(),
+        help="compile-only children at a time (default %(default)s)",
+    )
+    t.add_argument(
+        "--probes",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="bounded waits + beacons (default: each scenario's setting)",
+    )
     t.add_argument("--runs-dir", help="where run directories go (default OUT/runs)")
-    t.add_argument("--bisect", action="store_true", help="printf-bisect the hangs whose "
-                   "localization only bisection can grade (named barriers, flag spins, early "
-                   "exits; 10-20 s each on an H200); with --coredump, a cross-check of the "
-                   "core's answer")
-    t.add_argument("--coredump", action="store_true", help="probes off (unless --probes): "
-                   "every hang localized from a GPU coredump taken before the kill (cuda-gdb)")
-    t.add_argument("--gpus", help="run on these GPUs at once, one queue each with its own fork "
-                   "server, work going to whichever is free: 'all' or a comma list (0,1) of "
-                   "CUDA_VISIBLE_DEVICES names (default: the first visible GPU only)")
-    t.add_argument("--shard", help="I/N: only shard I of N of the scenarios, by scenario id "
-                   "(`cutedebug merge` joins the shards' outputs)")
-    t.add_argument("--durations", help="balance --shard by the seconds an earlier triage "
-                   "recorded (its matrix.json or output folder)")
+    t.add_argument(
+        "--bisect",
+        action="store_true",
+        help="printf-bisect the hangs whose "
+        "localization only bisection can grade (named barriers, flag spins, early "
+        "exits; 10-20 s each on an H200); with --coredump, a cross-check of the "
+        "core's answer",
+    )
+    t.add_argument(
+        "--coredump",
+        action="store_true",
+        help="probes off (unless --probes): "
+        "every hang localized from a GPU coredump taken before the kill (cuda-gdb)",
+    )
+    t.add_argument(
+        "--gpus",
+        help="run on these GPUs at once, one queue each with its own fork "
+        "server, work going to whichever is free: 'all' or a comma list (0,1) of "
+        "CUDA_VISIBLE_DEVICES names (default: the first visible GPU only)",
+    )
+    t.add_argument(
+        "--shard",
+        help="I/N: only shard I of N of the scenarios, by scenario id "
+        "(`cutedebug merge` joins the shards' outputs)",
+    )
+    t.add_argument(
+        "--durations",
+        help="balance --shard by the seconds an earlier triage "
+        "recorded (its matrix.json or output folder)",
+    )
     t.set_defaults(func=cmd_triage)
 
 
@@ -779,9 +981,19 @@ def cmd_triage(args: argparse.Namespace) -> int:
         durations = shard.durations_from(args.durations) if args.durations else None
     except (gpus.GpuSpecError, shard.ShardError) as e:
         raise TriageInputError(str(e)) from None
-    opts = Options(dir=Path(args.dir), out=Path(args.out), resume=args.resume,
-                   repeat=args.repeat, jobs=args.jobs, probes=args.probes,
-                   runs_dir=Path(args.runs_dir) if args.runs_dir else None,
-                   command=command_line(), bisect=args.bisect, coredump=args.coredump,
-                   gpus=chosen or None, shard=which, durations=durations)
+    opts = Options(
+        dir=Path(args.dir),
+        out=Path(args.out),
+        resume=args.resume,
+        repeat=args.repeat,
+        jobs=args.jobs,
+        probes=args.probes,
+        runs_dir=Path(args.runs_dir) if args.runs_dir else None,
+        command=command_line(),
+        bisect=args.bisect,
+        coredump=args.coredump,
+        gpus=chosen or None,
+        shard=which,
+        durations=durations,
+    )
     return triage(opts)

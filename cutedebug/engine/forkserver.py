@@ -54,7 +54,7 @@ def _child(req: dict[str, Any], server_pid: int) -> int:
     env = dict(req.get("env", {}))
     tag = env.pop(lifeline.RUN_TAG_VAR, None)
     if tag:
-        lifeline.adopt_run_tag(tag)       # first: the sweep must see this worker as its run's
+        lifeline.adopt_run_tag(tag)  # first: the sweep must see this worker as its run's
     os.setsid()
     lifeline.set_pdeathsig()
     if os.getppid() != server_pid:
@@ -83,7 +83,7 @@ def _child(req: dict[str, Any], server_pid: int) -> int:
 def serve(parent_pid: int | None = None) -> int:
     from cutedebug.engine import lifeline
 
-    lifeline.set_pdeathsig()              # dies with the harness thread that started it
+    lifeline.set_pdeathsig()  # dies with the harness thread that started it
     if parent_pid is not None and os.getppid() != parent_pid:
         return 1
     # Imports only: nothing here may create a CUDA context.
@@ -173,9 +173,13 @@ class ForkedChild:
                 self.returncode = json.loads(self.status_path.read_text())["returncode"]
             except (ValueError, KeyError, OSError):
                 return None
-        if self.returncode is None and self.server is not None and \
-                not self.server.serves(self) and not _running(self.pid):
-            if self.status_path.exists():     # written just before the server ended
+        if (
+            self.returncode is None
+            and self.server is not None
+            and not self.server.serves(self)
+            and not _running(self.pid)
+        ):
+            if self.status_path.exists():  # written just before the server ended
                 return self.poll()
             self.server_died, self.returncode = True, -signal.SIGKILL
         return self.returncode
@@ -204,8 +208,8 @@ class ForkServer:
     def __init__(self, env: dict[str, str], cwd: str, log_path: Path):
         self.env, self.cwd, self.log_path = env, cwd, log_path
         self.proc: subprocess.Popen | None = None
-        self._lock = threading.Lock()    # one request/answer at a time (pool threads share it)
-        self.generation = 0              # +1 per (re)start: a child belongs to one server
+        self._lock = threading.Lock()  # one request/answer at a time (pool threads share it)
+        self.generation = 0  # +1 per (re)start: a child belongs to one server
         self.restarts = 0
         self.closed = False
 
@@ -217,8 +221,14 @@ class ForkServer:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "cutedebug.engine.forkserver", str(os.getpid())],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env,
-                cwd=self.cwd, start_new_session=True, preexec_fn=lifeline.preexec())
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                env=env,
+                cwd=self.cwd,
+                start_new_session=True,
+                preexec_fn=lifeline.preexec(),
+            )
         self.generation += 1
         try:
             line = self._readline(READY_TIMEOUT_S)
@@ -244,14 +254,20 @@ class ForkServer:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def spawn(self, request_path: Path, log_path: Path, env: dict[str, str],
-              job: str = "worker") -> ForkedChild:
+    def spawn(
+        self, request_path: Path, log_path: Path, env: dict[str, str], job: str = "worker"
+    ) -> ForkedChild:
         """Fork a worker for request_path (job "health": the GPU health check; request_path
         then only names the folder of its exit status)."""
         status = request_path.parent / "exit_status.json"
         status.unlink(missing_ok=True)
-        msg = {"request": str(request_path), "log": str(log_path), "status": str(status),
-               "env": env, "job": job}
+        msg = {
+            "request": str(request_path),
+            "log": str(log_path),
+            "status": str(status),
+            "env": env,
+            "job": job,
+        }
         with self._lock:
             if not self.alive:
                 self._restart()
@@ -273,8 +289,14 @@ class ForkServer:
     def _restart(self) -> None:
         """Start a new server in place of a dead one (at most MAX_RESTARTS times)."""
         if self.closed or self.restarts >= MAX_RESTARTS:
-            raise ForkServerError("fork server is " + ("closed" if self.closed else
-                                  f"dead and was restarted {self.restarts} times already"))
+            raise ForkServerError(
+                "fork server is "
+                + (
+                    "closed"
+                    if self.closed
+                    else f"dead and was restarted {self.restarts} times already"
+                )
+            )
         self.restarts += 1
         self._kill()
         try:
@@ -325,4 +347,4 @@ if __name__ == "__main__":
     code = serve(int(sys.argv[1]) if len(sys.argv) > 1 else None)
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(code)   # skip the seconds of torch/cutlass teardown: nothing is left to clean
+    os._exit(code)  # skip the seconds of torch/cutlass teardown: nothing is left to clean

@@ -27,9 +27,13 @@ def detect_gpu(timeout_s: float = 20.0) -> dict[str, Any]:
     if smi is None:
         return {"present": False, "reason": "no NVIDIA GPU on this machine (nvidia-smi not found)"}
     try:
-        out = subprocess.run([smi, "--query-gpu=name,compute_cap,driver_version",
-                              "--format=csv,noheader"], capture_output=True, text=True,
-                             timeout=timeout_s, check=False)
+        out = subprocess.run(
+            [smi, "--query-gpu=name,compute_cap,driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         return {"present": False, "reason": f"nvidia-smi failed: {e}"}
     rows = [ln for ln in out.stdout.splitlines() if ln.count(",") >= 2]
@@ -45,10 +49,14 @@ def detect_gpu(timeout_s: float = 20.0) -> dict[str, Any]:
         major, minor = (int(x) for x in cc.split("."))
     except ValueError:
         return {"present": False, "reason": f"nvidia-smi compute capability {cc!r} unreadable"}
-    return {"present": True, "reason": None, "name": name, "cc": cc, "driver": driver,
-            "arch": ARCH_BY_CC.get((major, minor), f"sm_{major}{minor}")}
-
-
+    return {
+        "present": True,
+        "reason": None,
+        "name": name,
+        "cc": cc,
+        "driver": driver,
+        "arch": ARCH_BY_CC.get((major, minor), f"sm_{major}{minor}"),
+    }
 
 
 def main() -> int:
@@ -62,8 +70,15 @@ def main() -> int:
         ok = (a * 2 + 1).max().item() == 2.0 * ((1 << 20) - 1) + 1
         torch.cuda.synchronize()
         free, total = torch.cuda.mem_get_info()
-        print(json.dumps({"healthy": ok, "device": torch.cuda.get_device_name(0),
-                          "free_gib": round(free / 2**30, 1)}))
+        print(
+            json.dumps(
+                {
+                    "healthy": ok,
+                    "device": torch.cuda.get_device_name(0),
+                    "free_gib": round(free / 2**30, 1),
+                }
+            )
+        )
         return 0 if ok else 1
     except Exception as e:
         print(json.dumps({"healthy": False, "error": f"{type(e).__name__}: {e}"}))

@@ -32,6 +32,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -271,8 +272,9 @@ def _pids_carrying(tag: str) -> list[int]:
         if raw not in env:
             continue
         for item in env.split(b"\0"):
-            if item == run_item or (item.startswith(session_key)
-                                    and raw in item[len(session_key):].split()):
+            if item == run_item or (
+                item.startswith(session_key) and raw in item[len(session_key) :].split()
+            ):
                 found.append(int(name))
                 break
     return found
@@ -307,8 +309,26 @@ def sweep(tag: str, timeout: float = 3.0) -> list[int]:
                 except (psutil.NoSuchProcess, psutil.AccessDenied):
                     pass
         swept += [p.pid for p in procs]
-        psutil.wait_procs(procs, timeout=timeout)
+        _wait_dead(procs, timeout)
     return sorted(set(swept))
+
+
+def _wait_dead(procs: list[psutil.Process], timeout: float) -> None:
+    """Until each is gone or a zombie (psutil.wait_procs counts a zombie whose parent does not
+    reap it as running, and backs off: seconds for what died in milliseconds)."""
+    end = time.monotonic() + timeout
+    pending = list(procs)
+    while pending and time.monotonic() < end:
+        alive = []
+        for p in pending:
+            try:
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(p)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                pass
+        pending = alive
+        if pending:
+            time.sleep(0.01)
 
 
 def kill_group(pid: int) -> None:

@@ -38,7 +38,7 @@ class RunResult:
     repeats: list[dict[str, Any]] = field(default_factory=list)
     mode: str = "run"
     command: str = ""
-    probes_used: bool | None = None     # False: probes were off, nothing could localize
+    probes_used: bool | None = None  # False: probes were off, nothing could localize
 
     @property
     def verdict_ok(self) -> bool:
@@ -55,19 +55,34 @@ class RunResult:
             if core is not None and self.verdict.value not in expect.also:
                 # the core answers in bisection's terms (cutedebug.analyses.coredump)
                 return {**core, "by": "coredump"}
-            return {"ok": None, "expected": expect.localization(), "matched": None,
-                    "why": f"graded by `cutedebug {expect.localized_by}`, not by a run"}
+            return {
+                "ok": None,
+                "expected": expect.localization(),
+                "matched": None,
+                "why": f"graded by `cutedebug {expect.localized_by}`, not by a run",
+            }
         if self.verdict.value in expect.also:
             # The localization describes the expected verdict (where the hang sits), not the
             # timing-dependent alternative this run gave.
-            return {"ok": None, "expected": expect.localization(), "matched": None,
-                    "why": f"{self.verdict.value} is one of expect.also; the localization "
-                           f"describes a {expect.verdict}"}
-        if self.probes_used is False and expect.localization() and \
-                not self.evidence.get("stuck_sites"):
-            return {"ok": None, "expected": expect.localization(), "matched": None,
-                    "why": "not graded: probes were off (--no-probes), so no stuck site "
-                           "could be reported"}
+            return {
+                "ok": None,
+                "expected": expect.localization(),
+                "matched": None,
+                "why": f"{self.verdict.value} is one of expect.also; the localization "
+                f"describes a {expect.verdict}",
+            }
+        if (
+            self.probes_used is False
+            and expect.localization()
+            and not self.evidence.get("stuck_sites")
+        ):
+            return {
+                "ok": None,
+                "expected": expect.localization(),
+                "matched": None,
+                "why": "not graded: probes were off (--no-probes), so no stuck site "
+                "could be reported",
+            }
         return grade_localization(expect.localization(), self.evidence.get("stuck_sites", []))
 
     @property
@@ -85,9 +100,14 @@ def grade_localization(expected: dict[str, Any], sites: list[dict[str, Any]]) ->
     for site in sites:
         if all(site.get(k) == v or (k == "role" and v == "any") for k, v in expected.items()):
             return {"ok": True, "expected": expected, "matched": site}
-    return {"ok": False, "expected": expected, "matched": None,
-            "why": "no stuck site was reported" if not sites else
-            "no stuck site agrees with every expected field"}
+    return {
+        "ok": False,
+        "expected": expected,
+        "matched": None,
+        "why": "no stuck site was reported"
+        if not sites
+        else "no stuck site agrees with every expected field",
+    }
 
 
 # ---- process handling: the watchdog and the lifeline (kept here under their old names) ------
@@ -106,8 +126,9 @@ BEFORE_KILL = watchdog.BEFORE_KILL
 POLL_S = watchdog.POLL_S
 
 
-def health_check(timeout_s: float = 60.0, *, forkserver=None,
-                 run_dir: Path | None = None) -> dict[str, Any]:
+def health_check(
+    timeout_s: float = 60.0, *, forkserver=None, run_dir: Path | None = None
+) -> dict[str, Any]:
     """A tiny GPU job in a new process: is the GPU usable after a kill or a crash?
 
     Forked from the fork server when one is alive (torch already imported: ~1 s instead of
@@ -128,14 +149,24 @@ def health_check(timeout_s: float = 60.0, *, forkserver=None,
         log.write_bytes(b"")
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
-            [str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+            [str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+        )
         env.update(bound_env(forkserver))
-        use_fork = forkserver is not None and run_dir is not None and \
-            not getattr(forkserver, "closed", False)
+        use_fork = (
+            forkserver is not None
+            and run_dir is not None
+            and not getattr(forkserver, "closed", False)
+        )
         outcome, facts = watchdog.watch(
             [sys.executable, "-m", "cutedebug.engine.health", str(dir_ / "health.json")],
-            None, log, Limits(import_s=timeout_s), env=env, total_s=timeout_s,
-            forkserver=forkserver if use_fork else None, fork_job="health")
+            None,
+            log,
+            Limits(import_s=timeout_s),
+            env=env,
+            total_s=timeout_s,
+            forkserver=forkserver if use_fork else None,
+            fork_job="health",
+        )
         if outcome.killed_by_watchdog:
             res = {"healthy": False, "error": f"health check did not finish in {timeout_s:g}s"}
         else:
@@ -161,8 +192,10 @@ def _health_result(stdout: str, stderr: str) -> dict[str, Any]:
             raise ValueError("not a JSON object")
         return res
     except ValueError as e:
-        return {"healthy": False, "error": f"unreadable health check output: {e}: "
-                                           f"{lines[-1][:200]!r}"}
+        return {
+            "healthy": False,
+            "error": f"unreadable health check output: {e}: {lines[-1][:200]!r}",
+        }
 
 
 # ---- one scenario ---------------------------------------------------------------------
@@ -183,7 +216,8 @@ def start_forkserver(runs_root: Path | str = "runs", *, gpu: str | None = None):
 
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        [str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    )
     env.setdefault("PYTHONUNBUFFERED", "1")
     bind = {} if gpu is None else {"CUDA_VISIBLE_DEVICES": gpu}
     env.update(bind)
@@ -206,10 +240,21 @@ def worker_argv(request_path: Path) -> list[str]:
 
 
 def _evidence(o: V.Outcome, facts: dict[str, Any]) -> dict[str, Any]:
-    ev: dict[str, Any] = {"phase": o.phase, "returncode": o.returncode,
-                          "killed_by_watchdog": o.killed_by_watchdog}
-    for name in ("device", "compiled", "checked", "cuda_error", "compile_error", "unsupported",
-                 "probe_report", "harness_error"):
+    ev: dict[str, Any] = {
+        "phase": o.phase,
+        "returncode": o.returncode,
+        "killed_by_watchdog": o.killed_by_watchdog,
+    }
+    for name in (
+        "device",
+        "compiled",
+        "checked",
+        "cuda_error",
+        "compile_error",
+        "unsupported",
+        "probe_report",
+        "harness_error",
+    ):
         e = o.event(name)
         if e is not None:
             ev[name] = {k: v for k, v in e.items() if k not in ("event", "t")}
@@ -244,18 +289,34 @@ def probe_evidence(o: V.Outcome) -> dict[str, Any] | None:
         st = row.get("stuck")
         if not st:
             continue
-        stuck_sites.append({"cta": row.get("cta"), "warp": row.get("warp"),
-                            "role": row.get("role"), "op": st.get("op"),
-                            "barrier": st.get("barrier") or None, "stage": st.get("stage"),
-                            "phase": st.get("phase"), "waited_ms": st.get("waited_ms"),
-                            "location": st.get("where"), "site": st.get("site")})
-    source = ("final probe report" if final else
-              "last live picture before the fault (each warp's last completed event)"
-              if o.event("cuda_error") else "last live picture before the kill")
-    return {"probe_source": source,
-            "stuck_sites": stuck_sites, "diagnosis": diagnosis,
-            "warps": picture.get("warps", [])[:256],
-            "n_stuck_reported": picture.get("n_stuck_reported")}
+        stuck_sites.append(
+            {
+                "cta": row.get("cta"),
+                "warp": row.get("warp"),
+                "role": row.get("role"),
+                "op": st.get("op"),
+                "barrier": st.get("barrier") or None,
+                "stage": st.get("stage"),
+                "phase": st.get("phase"),
+                "waited_ms": st.get("waited_ms"),
+                "location": st.get("where"),
+                "site": st.get("site"),
+            }
+        )
+    source = (
+        "final probe report"
+        if final
+        else "last live picture before the fault (each warp's last completed event)"
+        if o.event("cuda_error")
+        else "last live picture before the kill"
+    )
+    return {
+        "probe_source": source,
+        "stuck_sites": stuck_sites,
+        "diagnosis": diagnosis,
+        "warps": picture.get("warps", [])[:256],
+        "n_stuck_reported": picture.get("n_stuck_reported"),
+    }
 
 
 def probe_picture(o: V.Outcome) -> tuple[dict[str, Any] | None, bool]:
@@ -281,7 +342,7 @@ def _timings(o: V.Outcome, facts: dict[str, Any]) -> dict[str, float]:
     if "stall_detected_after_s" in facts:
         t["stall_to_verdict_s"] = facts["stall_detected_after_s"]
     for key, secs in breakdown(o, facts).items():
-        t.setdefault(key, secs)     # compile_s and check_s as the worker measured them
+        t.setdefault(key, secs)  # compile_s and check_s as the worker measured them
     if (launched := o.event("launched")) is not None and "kill_t" in facts:
         # kill_t counts from spawn, event times from the worker's start: close enough to
         # report how long the kernel ran before the watchdog ended it.
@@ -323,8 +384,11 @@ def breakdown(o: V.Outcome, facts: dict[str, Any]) -> dict[str, float]:
         end = at("synced") or at("cuda_error") or kill
         if end is not None:
             out["launch_s"] = end - launched
-    last = kill if kill is not None else max((mono0 + float(e["t"]) for e in o.events
-                                              if "t" in e), default=None)
+    last = (
+        kill
+        if kill is not None
+        else max((mono0 + float(e["t"]) for e in o.events if "t" in e), default=None)
+    )
     if last is not None and "t_return" in facts:
         out["exit_s"] = facts["t_return"] - last
     return {k: round(max(0.0, v), 3) for k, v in out.items()}
@@ -337,42 +401,65 @@ def work_s(t: dict[str, float]) -> float:
     return t.get("compile_s", 0.0) + kernel + t.get("check_s", 0.0)
 
 
-def write_request(sub: Path, scenario: Scenario, *, mode: str = "run",
-                  probes: dict[str, Any] | None = None, lineinfo: bool = False,
-                  **extra: Any) -> tuple[Path, Path, Path]:
+def write_request(
+    sub: Path,
+    scenario: Scenario,
+    *,
+    mode: str = "run",
+    probes: dict[str, Any] | None = None,
+    lineinfo: bool = False,
+    **extra: Any,
+) -> tuple[Path, Path, Path]:
     """The worker's request.json in ``sub`` (created), with an empty event file beside it.
     ``extra``: further request fields (``bisect``). Returns (request, events, log) paths."""
     sub = Path(sub).resolve()
     sub.mkdir(parents=True, exist_ok=True)
     events_path, log_path = sub / "events.jsonl", sub / "worker.log"
     events_path.write_text("")
-    request = {"scenario": scenario.to_json(), "mode": mode, "events": str(events_path),
-               "probes": probes, "lineinfo": lineinfo, "ptx_path": str(sub / "kernel.ptx"),
-               "dump_dir": str(sub), **extra}
+    request = {
+        "scenario": scenario.to_json(),
+        "mode": mode,
+        "events": str(events_path),
+        "probes": probes,
+        "lineinfo": lineinfo,
+        "ptx_path": str(sub / "kernel.ptx"),
+        "dump_dir": str(sub),
+        **extra,
+    }
     req_path = sub / "request.json"
     req_path.write_text(json.dumps(request, indent=1))
     return req_path, events_path, log_path
 
 
-def run_once(scenario: Scenario, run_dir: Path, *, mode: str = "run",
-             probes: dict[str, Any] | None = None, lineinfo: bool = False,
-             index: int = 0, wrap=None, extra_env: dict[str, str] | None = None,
-             deadline_scale: float = 1.0, forkserver=None,
-             request_extra: dict[str, Any] | None = None,
-             ) -> tuple[V.Classified, V.Outcome, dict[str, Any]]:
+def run_once(
+    scenario: Scenario,
+    run_dir: Path,
+    *,
+    mode: str = "run",
+    probes: dict[str, Any] | None = None,
+    lineinfo: bool = False,
+    index: int = 0,
+    wrap=None,
+    extra_env: dict[str, str] | None = None,
+    deadline_scale: float = 1.0,
+    forkserver=None,
+    request_extra: dict[str, Any] | None = None,
+) -> tuple[V.Classified, V.Outcome, dict[str, Any]]:
     """``request_extra``: further request fields (e.g. the coredump run's ``env``,
     ``cubin_path``, ``wait_sites``; see the worker)."""
     # Absolute: the worker runs in the repository root, not in the caller's directory.
     run_dir = Path(run_dir).resolve()
     sub = run_dir if index == 0 else run_dir / f"repeat{index}"
-    req_path, events_path, log_path = write_request(sub, scenario, mode=mode, probes=probes,
-                                                    lineinfo=lineinfo, **(request_extra or {}))
+    req_path, events_path, log_path = write_request(
+        sub, scenario, mode=mode, probes=probes, lineinfo=lineinfo, **(request_extra or {})
+    )
     argv = worker_argv(req_path)
     if wrap is not None:
         argv = wrap(argv, sub)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        [str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    )
     env.update(extra_env or {})
     env.update(bound_env(forkserver))
     if wrap is None:
@@ -380,33 +467,47 @@ def run_once(scenario: Scenario, run_dir: Path, *, mode: str = "run",
         env.setdefault("CUTEDEBUG_FAST_EXIT", "1")
     limits = scenario.limits
     if deadline_scale != 1.0:
-        limits = Limits(**{k: (v * deadline_scale if k.endswith("_s") else v)
-                           for k, v in vars(limits).items()})
+        limits = Limits(
+            **{k: (v * deadline_scale if k.endswith("_s") else v) for k, v in vars(limits).items()}
+        )
     stall = limits.stall_s if probes else None
     # The fork server imported cutlass already: runs that change its environment, or that
     # something else must wrap (compute-sanitizer), get a fresh process.
-    use_fork = forkserver is not None and wrap is None and not extra_env and not lineinfo \
+    use_fork = (
+        forkserver is not None
+        and wrap is None
+        and not extra_env
+        and not lineinfo
         and not forkserver.closed
+    )
     t_call = time.monotonic()
-    outcome, facts = watch(argv, events_path, log_path, limits, env=env, stall_s=stall,
-                           forkserver=forkserver if use_fork else None)
+    outcome, facts = watch(
+        argv,
+        events_path,
+        log_path,
+        limits,
+        env=env,
+        stall_s=stall,
+        forkserver=forkserver if use_fork else None,
+    )
     facts["t_call"], facts["t_return"] = t_call, time.monotonic()
     if (ke := outcome.event("kernel_error")) is not None:
-        raise ScenarioError(ke.get("message", "kernel could not be loaded") +
-                            f"\n(worker log: {log_path})")
+        raise ScenarioError(
+            ke.get("message", "kernel could not be loaded") + f"\n(worker log: {log_path})"
+        )
     classified = V.classify(outcome)
     facts["classify_s"] = time.monotonic() - facts["t_return"]
     return classified, outcome, facts
 
 
-def after_run_health(classified: V.Classified, outcome: V.Outcome, mode: str, forkserver,
-                     run_dir: Path) -> dict[str, Any] | None:
+def after_run_health(
+    classified: V.Classified, outcome: V.Outcome, mode: str, forkserver, run_dir: Path
+) -> dict[str, Any] | None:
     """The GPU health after a run that was killed, crashed or hung; None after any other.
 
     Never None after a kill or a crash: where no check can run (no GPU, a compile-only run
     that never touched it) the record says why."""
-    if not (outcome.killed_by_watchdog or classified.verdict in (V.Verdict.CRASH,
-                                                                  V.Verdict.HANG)):
+    if not (outcome.killed_by_watchdog or classified.verdict in (V.Verdict.CRASH, V.Verdict.HANG)):
         return None
     device = outcome.event("device") or {}
     if mode != "run":
@@ -417,10 +518,19 @@ def after_run_health(classified: V.Classified, outcome: V.Outcome, mode: str, fo
     return health_check(forkserver=forkserver, run_dir=run_dir)
 
 
-def run_scenario(scenario: Scenario, *, runs_root: Path | str = "runs",
-                 run_dir: Path | None = None, mode: str = "run", probes: bool | None = None,
-                 wait_budget_ms: int | None = None, repeat: int = 1,
-                 command: str = "", forkserver=None, core: Any = None) -> RunResult:
+def run_scenario(
+    scenario: Scenario,
+    *,
+    runs_root: Path | str = "runs",
+    run_dir: Path | None = None,
+    mode: str = "run",
+    probes: bool | None = None,
+    wait_budget_ms: int | None = None,
+    repeat: int = 1,
+    command: str = "",
+    forkserver=None,
+    core: Any = None,
+) -> RunResult:
     """Run a scenario (``repeat`` times) and return its classified result.
 
     ``core``: a hang (or crash) without probes is localized from its GPU coredump instead of a
@@ -440,8 +550,14 @@ def run_scenario(scenario: Scenario, *, runs_root: Path | str = "runs",
     for i in range(max(1, repeat)):
         use_core = core is not None and probe_cfg is None and i == 0 and mode == "run"
         classified, outcome, facts = run_once(
-            scenario, run_dir, mode=mode, probes=probe_cfg, index=i, forkserver=forkserver,
-            request_extra=core.request_fields(run_dir) if use_core else None)
+            scenario,
+            run_dir,
+            mode=mode,
+            probes=probe_cfg,
+            index=i,
+            forkserver=forkserver,
+            request_extra=core.request_fields(run_dir) if use_core else None,
+        )
         # The GPU is checked right after the run that was killed or crashed (before any
         # rerun), so the health recorded is that run's.
         health = after_run_health(classified, outcome, mode, forkserver, run_dir)
@@ -449,23 +565,33 @@ def run_scenario(scenario: Scenario, *, runs_root: Path | str = "runs",
             t_core = time.monotonic()
             core_evidence = core.evidence(run_dir, outcome, facts, scenario)
             facts["core_s"] = round(time.monotonic() - t_core, 3)
-        if (classified.verdict is V.Verdict.HANG and probe_cfg is None and probes is None
-                and i == 0 and not core_evidence.get("stuck_sites")):
+        if (
+            classified.verdict is V.Verdict.HANG
+            and probe_cfg is None
+            and probes is None
+            and i == 0
+            and not core_evidence.get("stuck_sites")
+        ):
             # A hang without probes says nothing about where: rerun once with them on.
             budget = wait_budget_ms or scenario.limits.wait_budget_ms
             probe_cfg = {"budget_ns": int(budget) * 1_000_000}
             first = (classified, outcome, facts)
-            classified, outcome, facts = run_once(scenario, run_dir / "with_probes",
-                                                  mode=mode, probes=probe_cfg,
-                                                  forkserver=forkserver)
-            facts["rerun_with_probes"] = {"first_verdict": first[0].verdict.value,
-                                          "first_reason": first[0].reason,
-                                          "first_work_s": round(work_s(_timings(
-                                              first[1], first[2])), 3),
-                                          "first_wall_s": round(first[2]["t_return"]
-                                                                - first[2]["t_call"], 3)}
-            rerun_health = after_run_health(classified, outcome, mode, forkserver,
-                                            run_dir / "with_probes")
+            classified, outcome, facts = run_once(
+                scenario,
+                run_dir / "with_probes",
+                mode=mode,
+                probes=probe_cfg,
+                forkserver=forkserver,
+            )
+            facts["rerun_with_probes"] = {
+                "first_verdict": first[0].verdict.value,
+                "first_reason": first[0].reason,
+                "first_work_s": round(work_s(_timings(first[1], first[2])), 3),
+                "first_wall_s": round(first[2]["t_return"] - first[2]["t_call"], 3),
+            }
+            rerun_health = after_run_health(
+                classified, outcome, mode, forkserver, run_dir / "with_probes"
+            )
             if rerun_health is not None:
                 facts["rerun_with_probes"]["health"] = rerun_health
         attempts.append((classified, outcome, facts, health))
@@ -474,14 +600,18 @@ def run_scenario(scenario: Scenario, *, runs_root: Path | str = "runs",
     verdict, reason = classified.verdict, classified.reason
     repeats = []
     if len(attempts) > 1:
-        repeats = [{"verdict": a[0].verdict.value,
-                    "digest": (a[1].event("checked") or {}).get("digest")} for a in attempts]
+        repeats = [
+            {"verdict": a[0].verdict.value, "digest": (a[1].event("checked") or {}).get("digest")}
+            for a in attempts
+        ]
         verdicts = Counter(r["verdict"] for r in repeats)
         digests = {r["digest"] for r in repeats if r["digest"]}
         if len(verdicts) > 1 or len(digests) > 1:
             verdict = V.Verdict.NONDETERMINISTIC
-            reason = (f"{len(attempts)} runs disagree: verdicts {dict(verdicts)}, "
-                      f"{len(digests)} distinct outputs")
+            reason = (
+                f"{len(attempts)} runs disagree: verdicts {dict(verdicts)}, "
+                f"{len(digests)} distinct outputs"
+            )
     t_verdict = time.monotonic()
     evidence = _evidence(outcome, facts)
     evidence["rule"] = classified.evidence.get("rule")
@@ -495,12 +625,15 @@ def run_scenario(scenario: Scenario, *, runs_root: Path | str = "runs",
     timings = _timings(outcome, facts)
     # Work of the first attempt: its own run, a blind hang's first run before the rerun with
     # probes, and the GPU health check after a kill.
-    timings["work_s"] = round(work_s(timings) + facts.get("rerun_with_probes", {}).get(
-        "first_work_s", 0.0) + (attempts[0][3] or {}).get("secs", 0.0), 3)
+    timings["work_s"] = round(
+        work_s(timings)
+        + facts.get("rerun_with_probes", {}).get("first_work_s", 0.0)
+        + (attempts[0][3] or {}).get("secs", 0.0),
+        3,
+    )
     # The rest of the breakdown (runner.BREAKDOWN has the first attempt's own phases):
     # classification, evidence and stuck map; a blind hang's first run; the health check.
-    timings["verdict_s"] = round(facts.get("classify_s", 0.0) + time.monotonic() - t_verdict,
-                                 3)
+    timings["verdict_s"] = round(facts.get("classify_s", 0.0) + time.monotonic() - t_verdict, 3)
     if "rerun_with_probes" in facts:
         timings["rerun_s"] = facts["rerun_with_probes"]["first_wall_s"]
     if attempts[0][3] is not None:
@@ -511,10 +644,20 @@ def run_scenario(scenario: Scenario, *, runs_root: Path | str = "runs",
         if dump.get("dump_s") is not None:
             timings["dump_s"] = dump["dump_s"]
     timings["wall_s"] = round(time.monotonic() - t_start, 3)
-    return RunResult(scenario=scenario, verdict=verdict, reason=reason, run_dir=run_dir,
-                     outcome=outcome, evidence=evidence, timings=timings,
-                     health=health, repeats=repeats, mode=mode, command=command,
-                     probes_used=probe_cfg is not None)
+    return RunResult(
+        scenario=scenario,
+        verdict=verdict,
+        reason=reason,
+        run_dir=run_dir,
+        outcome=outcome,
+        evidence=evidence,
+        timings=timings,
+        health=health,
+        repeats=repeats,
+        mode=mode,
+        command=command,
+        probes_used=probe_cfg is not None,
+    )
 
 
 def replay(run_dir: Path | str) -> RunResult:
@@ -535,6 +678,13 @@ def replay(run_dir: Path | str) -> RunResult:
     classified = V.classify(outcome)
     evidence = _evidence(outcome, {})
     evidence["rule"] = classified.evidence.get("rule")
-    return RunResult(scenario=scenario, verdict=classified.verdict, reason=classified.reason,
-                     run_dir=run_dir, outcome=outcome, evidence=evidence,
-                     timings=_timings(outcome, {}), mode=request.get("mode", "run"))
+    return RunResult(
+        scenario=scenario,
+        verdict=classified.verdict,
+        reason=classified.reason,
+        run_dir=run_dir,
+        outcome=outcome,
+        evidence=evidence,
+        timings=_timings(outcome, {}),
+        mode=request.get("mode", "run"),
+    )

@@ -59,8 +59,16 @@ from cutedebug.engine.verdict import ALL as VERDICTS
 
 ARCHS = ("sm_90a", "sm_100a")
 ROLES = ("producer", "consumer", "any")
-OPS = ("producer_acquire", "producer_commit", "consumer_wait", "consumer_release",
-       "producer_tail", "raw_wait", "named_barrier", "checkpoint")
+OPS = (
+    "producer_acquire",
+    "producer_commit",
+    "consumer_wait",
+    "consumer_release",
+    "producer_tail",
+    "raw_wait",
+    "named_barrier",
+    "checkpoint",
+)
 BARRIERS = ("full", "empty", "named", "cluster", "other")
 
 
@@ -86,8 +94,8 @@ class Expect:
     barrier: str | None = None
     stage: int | None = None
     note: str = ""
-    localized_by: str = "probes"       # who can check role/op/barrier/stage: probes | bisect
-    also: tuple[str, ...] = ()         # timing-dependent: other verdicts measured for this fault
+    localized_by: str = "probes"  # who can check role/op/barrier/stage: probes | bisect
+    also: tuple[str, ...] = ()  # timing-dependent: other verdicts measured for this fault
 
     @property
     def timing_dependent(self) -> bool:
@@ -109,15 +117,22 @@ class Expect:
         return f"{self.verdict} (timing-dependent: also {', '.join(self.also)})"
 
     def localization(self) -> dict[str, Any]:
-        return {k: v for k, v in (("role", self.role), ("op", self.op),
-                                  ("barrier", self.barrier), ("stage", self.stage))
-                if v is not None}
+        return {
+            k: v
+            for k, v in (
+                ("role", self.role),
+                ("op", self.op),
+                ("barrier", self.barrier),
+                ("stage", self.stage),
+            )
+            if v is not None
+        }
 
 
 @dataclass(frozen=True)
 class Scenario:
     id: str
-    kernel_file: str                   # absolute path
+    kernel_file: str  # absolute path
     kernel_entry: str
     description: str = ""
     params: dict[str, Any] = field(default_factory=dict)
@@ -127,8 +142,8 @@ class Scenario:
     limits: Limits = Limits()
     archs: tuple[str, ...] = ("sm_90a",)
     probes: bool = False
-    source: str | None = None          # the TOML file, None for ad-hoc runs
-    modules: tuple[str, ...] = ()      # Python modules the kernel file needs (requires.modules)
+    source: str | None = None  # the TOML file, None for ad-hoc runs
+    modules: tuple[str, ...] = ()  # Python modules the kernel file needs (requires.modules)
 
     def missing_modules(self) -> list[str]:
         """The required modules that this interpreter cannot find (found is not importable:
@@ -137,22 +152,38 @@ class Scenario:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "id": self.id, "description": self.description, "source": self.source,
+            "id": self.id,
+            "description": self.description,
+            "source": self.source,
             "kernel": {"file": self.kernel_file, "entry": self.kernel_entry},
-            "params": self.params, "fault": self.fault, "fault_args": self.fault_args,
-            "expect": vars(self.expect), "limits": vars(self.limits),
-            "archs": list(self.archs), "probes": self.probes, "modules": list(self.modules),
+            "params": self.params,
+            "fault": self.fault,
+            "fault_args": self.fault_args,
+            "expect": vars(self.expect),
+            "limits": vars(self.limits),
+            "archs": list(self.archs),
+            "probes": self.probes,
+            "modules": list(self.modules),
         }
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Scenario:
         """Inverse of to_json (for replaying recorded runs)."""
-        return cls(id=d["id"], description=d.get("description", ""), source=d.get("source"),
-                   kernel_file=d["kernel"]["file"], kernel_entry=d["kernel"]["entry"],
-                   params=d.get("params", {}), fault=d.get("fault"),
-                   fault_args=d.get("fault_args") or {}, expect=_expect_from_json(d.get("expect", {})),
-                   limits=Limits(**d.get("limits", {})), archs=tuple(d.get("archs", ["sm_90a"])),
-                   probes=d.get("probes", False), modules=tuple(d.get("modules", ())))
+        return cls(
+            id=d["id"],
+            description=d.get("description", ""),
+            source=d.get("source"),
+            kernel_file=d["kernel"]["file"],
+            kernel_entry=d["kernel"]["entry"],
+            params=d.get("params", {}),
+            fault=d.get("fault"),
+            fault_args=d.get("fault_args") or {},
+            expect=_expect_from_json(d.get("expect", {})),
+            limits=Limits(**d.get("limits", {})),
+            archs=tuple(d.get("archs", ["sm_90a"])),
+            probes=d.get("probes", False),
+            modules=tuple(d.get("modules", ())),
+        )
 
     def with_overrides(self, **kw: Any) -> Scenario:
         return replace(self, **kw)
@@ -163,35 +194,64 @@ def _expect_from_json(d: dict[str, Any]) -> Expect:
 
 
 # ---- field schemas ---------------------------------------------------------------------
-_TOP = {"id": str, "description": str, "kernel": dict, "params": dict, "fault": dict,
-        "expect": dict, "limits": dict, "requires": dict, "probes": dict}
+_TOP = {
+    "id": str,
+    "description": str,
+    "kernel": dict,
+    "params": dict,
+    "fault": dict,
+    "expect": dict,
+    "limits": dict,
+    "requires": dict,
+    "probes": dict,
+}
 _KERNEL = {"file": str, "entry": str}
-_EXPECT = {"verdict": str, "role": str, "op": str, "barrier": str, "stage": int, "note": str,
-           "localized_by": str, "also": list}
+_EXPECT = {
+    "verdict": str,
+    "role": str,
+    "op": str,
+    "barrier": str,
+    "stage": int,
+    "note": str,
+    "localized_by": str,
+    "also": list,
+}
 LOCALIZERS = ("probes", "bisect")
-_LIMITS = {"compile_s": float, "deadline_s": float, "stall_s": float, "wait_budget_ms": int,
-           "import_s": float, "check_s": float}
+_LIMITS = {
+    "compile_s": float,
+    "deadline_s": float,
+    "stall_s": float,
+    "wait_budget_ms": int,
+    "import_s": float,
+    "check_s": float,
+}
 # Every limit, wherever it comes from (TOML, command line, pytest option, env, ini), goes
 # through check_limit: finite, positive, within these bounds. An unbounded or NaN limit would
 # switch the watchdog off; zero would kill every run at once.
 LIMIT_RANGES: dict[str, tuple[type, float, float]] = {
-    "compile_s": (float, 1, 3600), "deadline_s": (float, 0.1, 3600),
-    "stall_s": (float, 0.05, 600), "wait_budget_ms": (int, 1, 600_000),
-    "import_s": (float, 1, 3600), "check_s": (float, 1, 3600),
-    "repeat": (int, 1, 1000), "jobs": (int, 1, 256), "timeout_margin": (float, 1, 3600),
+    "compile_s": (float, 1, 3600),
+    "deadline_s": (float, 0.1, 3600),
+    "stall_s": (float, 0.05, 600),
+    "wait_budget_ms": (int, 1, 600_000),
+    "import_s": (float, 1, 3600),
+    "check_s": (float, 1, 3600),
+    "repeat": (int, 1, 1000),
+    "jobs": (int, 1, 256),
+    "timeout_margin": (float, 1, 3600),
 }
 ID_RE = re.compile(r"[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+)*")
 MAX_ID = 120
 
 
-def check_limit(name: str, value: Any, where: str = "", label: str | None = None
-                ) -> float | int:
+def check_limit(name: str, value: Any, where: str = "", label: str | None = None) -> float | int:
     """``value`` (a number or its text) as limit ``name``, or ScenarioError saying why not
     (``where``: the file or option it came from; ``label``: the name to show, e.g. the field)."""
     kind, lo, hi = LIMIT_RANGES[name]
     prefix = f"{where}: " if where else ""
-    bad = f"{prefix}{label or name} = {value!r}: expected a finite {'whole ' if kind is int else ''}" \
-          f"number within [{lo:g}, {hi:g}]"
+    bad = (
+        f"{prefix}{label or name} = {value!r}: expected a finite {'whole ' if kind is int else ''}"
+        f"number within [{lo:g}, {hi:g}]"
+    )
     if isinstance(value, bool):
         raise ScenarioError(bad)
     try:
@@ -212,18 +272,27 @@ def limit_arg(name: str):
             return check_limit(name, text)
         except ScenarioError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
+
     convert.__name__ = name
     return convert
 
 
 def check_id(sid: Any, where: str) -> str:
     """A scenario id: ASCII letters, digits, ``_ . -``, segments joined by ``/``; short."""
-    if not isinstance(sid, str) or not ID_RE.fullmatch(sid) or len(sid) > MAX_ID or \
-            any(seg in (".", "..") for seg in sid.split("/")):
-        raise ScenarioError(f"{where}: field id = {str(sid)[:80]!r}"
-                            f"{'...' if len(str(sid)) > 80 else ''}: expected at most {MAX_ID} "
-                            "characters of A-Z a-z 0-9 _ . - in segments joined by /")
+    if (
+        not isinstance(sid, str)
+        or not ID_RE.fullmatch(sid)
+        or len(sid) > MAX_ID
+        or any(seg in (".", "..") for seg in sid.split("/"))
+    ):
+        raise ScenarioError(
+            f"{where}: field id = {str(sid)[:80]!r}"
+            f"{'...' if len(str(sid)) > 80 else ''}: expected at most {MAX_ID} "
+            "characters of A-Z a-z 0-9 _ . - in segments joined by /"
+        )
     return sid
+
+
 _REQUIRES = {"arch": list, "modules": list}
 _PROBES = {"enabled": bool}
 _REQUIRED_TOP = ("id", "kernel", "expect")
@@ -274,23 +343,32 @@ def kernel_params_from_source(path: Path, entry: str, where: str) -> dict[str, A
         raw = path.read_bytes()
         encoding, _ = tokenize.detect_encoding(io.BytesIO(raw).readline)
         tree = ast.parse(raw.decode(encoding), filename=str(path))
-    except (SyntaxError, ValueError, LookupError) as e:   # UnicodeDecodeError is a ValueError
+    except (SyntaxError, ValueError, LookupError) as e:  # UnicodeDecodeError is a ValueError
         raise ScenarioError(f"{where}: kernel file {path} does not parse: {e}") from None
     except OSError as e:
         raise ScenarioError(f"{where}: kernel file {path} cannot be read: {e.strerror}") from None
     classes = [n for n in tree.body if isinstance(n, ast.ClassDef)]
     cls = next((c for c in classes if c.name == entry), None)
     if cls is None:
-        if any(isinstance(n, (ast.Assign, ast.ImportFrom, ast.Import)) and entry in
-               ast.dump(n) for n in tree.body):
-            return None     # defined by assignment or import: only the worker can tell
-        raise ScenarioError(f"{where}: field kernel.entry = {entry!r}: no such class in {path}; "
-                            f"classes there: {[c.name for c in classes]}")
+        if any(
+            isinstance(n, (ast.Assign, ast.ImportFrom, ast.Import)) and entry in ast.dump(n)
+            for n in tree.body
+        ):
+            return None  # defined by assignment or import: only the worker can tell
+        raise ScenarioError(
+            f"{where}: field kernel.entry = {entry!r}: no such class in {path}; "
+            f"classes there: {[c.name for c in classes]}"
+        )
     params: dict[str, Any] | None = None
     switches: list[str] = []
     for stmt in cls.body:
-        target = (stmt.targets[0] if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
-                  else stmt.target if isinstance(stmt, ast.AnnAssign) and stmt.value else None)
+        target = (
+            stmt.targets[0]
+            if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
+            else stmt.target
+            if isinstance(stmt, ast.AnnAssign) and stmt.value
+            else None
+        )
         if isinstance(target, ast.Name):
             name = target.id
             try:
@@ -311,9 +389,14 @@ def kernel_params_from_source(path: Path, entry: str, where: str) -> dict[str, A
     return params
 
 
-_BINOPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b,
-           ast.Mult: lambda a, b: a * b, ast.FloorDiv: lambda a, b: a // b,
-           ast.LShift: lambda a, b: a << b, ast.Pow: lambda a, b: a ** b}
+_BINOPS = {
+    ast.Add: lambda a, b: a + b,
+    ast.Sub: lambda a, b: a - b,
+    ast.Mult: lambda a, b: a * b,
+    ast.FloorDiv: lambda a, b: a // b,
+    ast.LShift: lambda a, b: a << b,
+    ast.Pow: lambda a, b: a**b,
+}
 
 
 def _const_eval(node: ast.AST) -> Any:
@@ -339,12 +422,16 @@ def _check_params(where: str, given: dict[str, Any], declared: dict[str, Any] | 
         return
     for name, value in given.items():
         if name not in declared or name == "__switches__":
-            raise ScenarioError(f"{where}: unknown field params.{name}; the kernel's "
-                                f"parameters: {sorted(k for k in declared if k[0] != '_')}")
+            raise ScenarioError(
+                f"{where}: unknown field params.{name}; the kernel's "
+                f"parameters: {sorted(k for k in declared if k[0] != '_')}"
+            )
         default = declared[name]
         if not _type_ok(value, type(default)):
-            raise ScenarioError(f"{where}: field params.{name} = {value!r}: expected "
-                                f"{type(default).__name__} (default {default!r})")
+            raise ScenarioError(
+                f"{where}: field params.{name} = {value!r}: expected "
+                f"{type(default).__name__} (default {default!r})"
+            )
 
 
 def _check_fault(where: str, table: dict[str, Any], declared: dict[str, Any] | None):
@@ -358,8 +445,10 @@ def _check_fault(where: str, table: dict[str, Any], declared: dict[str, Any] | N
     args = {k: v for k, v in table.items() if k != "kind"}
     if isinstance(kind, str) and kind not in faults.FAULTS and kind in switches:
         if args:
-            raise ScenarioError(f"{where}: fault {kind} is a kernel-level switch and takes no "
-                                f"arguments; got {sorted(args)} (set params instead)")
+            raise ScenarioError(
+                f"{where}: fault {kind} is a kernel-level switch and takes no "
+                f"arguments; got {sorted(args)} (set params instead)"
+            )
         return kind, {}
     if not isinstance(kind, str) or kind not in faults.FAULTS:
         raise ScenarioError(f"{where}: field fault.kind = {kind!r}: allowed values {allowed}")
@@ -368,8 +457,10 @@ def _check_fault(where: str, table: dict[str, Any], declared: dict[str, Any] | N
     except faults.FaultSpecError as e:
         raise ScenarioError(f"{where}: fault {kind}: {e}") from None
     if faults.FAULTS[kind].kind == "switch" and declared is not None and kind not in switches:
-        raise ScenarioError(f"{where}: field fault.kind = {kind!r}: a kernel-level switch that "
-                            f"this kernel does not declare in SWITCHES (it declares {switches})")
+        raise ScenarioError(
+            f"{where}: field fault.kind = {kind!r}: a kernel-level switch that "
+            f"this kernel does not declare in SWITCHES (it declares {switches})"
+        )
     return kind, args
 
 
@@ -391,8 +482,9 @@ def build(data: dict[str, Any], where: str, base_dir: Path, source: str | None) 
     if not kfile.is_absolute():
         kfile = (base_dir / kfile).resolve()
     if not kfile.is_file():
-        raise ScenarioError(f"{where}: field kernel.file = {kernel['file']!r}: no such file "
-                            f"({kfile})")
+        raise ScenarioError(
+            f"{where}: field kernel.file = {kernel['file']!r}: no such file ({kfile})"
+        )
     declared = kernel_params_from_source(kfile, kernel["entry"], where)
 
     params = data.get("params", {})
@@ -405,8 +497,9 @@ def build(data: dict[str, Any], where: str, base_dir: Path, source: str | None) 
     expect_t = data["expect"]
     _check_table(where, expect_t, _EXPECT, "expect.")
     if "verdict" not in expect_t:
-        raise ScenarioError(f"{where}: required field expect.verdict is missing; allowed: "
-                            f"{list(VERDICTS)}")
+        raise ScenarioError(
+            f"{where}: required field expect.verdict is missing; allowed: {list(VERDICTS)}"
+        )
     _choice(where, "expect.verdict", expect_t["verdict"], VERDICTS)
     if "role" in expect_t:
         _choice(where, "expect.role", expect_t["role"], ROLES)
@@ -421,14 +514,16 @@ def build(data: dict[str, Any], where: str, base_dir: Path, source: str | None) 
     for v in expect_t.get("also", []):
         _choice(where, "expect.also", v, tuple(x for x in VERDICTS if x != expect_t["verdict"]))
     if len(set(expect_t.get("also", []))) != len(expect_t.get("also", [])):
-        raise ScenarioError(f"{where}: field expect.also = {expect_t['also']!r}: names a "
-                            "verdict twice")
+        raise ScenarioError(
+            f"{where}: field expect.also = {expect_t['also']!r}: names a verdict twice"
+        )
     expect = Expect(**(expect_t | {"also": tuple(expect_t.get("also", []))}))
 
     limits_t = data.get("limits", {})
     _check_table(where, limits_t, _LIMITS, "limits.")
-    limits = Limits(**{k: check_limit(k, v, where, f"field limits.{k}")
-                       for k, v in limits_t.items()})
+    limits = Limits(
+        **{k: check_limit(k, v, where, f"field limits.{k}") for k, v in limits_t.items()}
+    )
 
     requires = data.get("requires", {})
     _check_table(where, requires, _REQUIRES, "requires.")
@@ -440,16 +535,29 @@ def build(data: dict[str, Any], where: str, base_dir: Path, source: str | None) 
     modules = tuple(requires.get("modules", []))
     for m in modules:
         if not isinstance(m, str) or not all(part.isidentifier() for part in m.split(".")):
-            raise ScenarioError(f"{where}: field requires.modules: {m!r} is not a Python module "
-                                "name (e.g. \"quack\" or \"flash_attn.cute\")")
+            raise ScenarioError(
+                f"{where}: field requires.modules: {m!r} is not a Python module "
+                'name (e.g. "quack" or "flash_attn.cute")'
+            )
 
     probes_t = data.get("probes", {})
     _check_table(where, probes_t, _PROBES, "probes.")
 
-    return Scenario(id=sid, description=data.get("description", ""), kernel_file=str(kfile),
-                    kernel_entry=kernel["entry"], params=dict(params), fault=fault,
-                    fault_args=fault_args, expect=expect, limits=limits, archs=archs,
-                    probes=probes_t.get("enabled", False), source=source, modules=modules)
+    return Scenario(
+        id=sid,
+        description=data.get("description", ""),
+        kernel_file=str(kfile),
+        kernel_entry=kernel["entry"],
+        params=dict(params),
+        fault=fault,
+        fault_args=fault_args,
+        expect=expect,
+        limits=limits,
+        archs=archs,
+        probes=probes_t.get("enabled", False),
+        source=source,
+        modules=modules,
+    )
 
 
 def load(path: str | Path) -> Scenario:
@@ -490,17 +598,26 @@ def parse_value(text: str) -> Any:
         return text
 
 
-def adhoc(target: str, params: dict[str, Any], fault: str | None, fault_args: dict[str, Any],
-          expect: str, archs: tuple[str, ...] = ("sm_90a",)) -> Scenario:
+def adhoc(
+    target: str,
+    params: dict[str, Any],
+    fault: str | None,
+    fault_args: dict[str, Any],
+    expect: str,
+    archs: tuple[str, ...] = ("sm_90a",),
+) -> Scenario:
     """A scenario from `cutedebug run path/to/kernel.py:ENTRY --param k=v --fault name:a=v`."""
     where = "command line"
     if ":" not in target:
         raise ScenarioError(f"{where}: {target!r}: expected a scenario .toml or FILE.py:ENTRY")
     file, entry = target.rsplit(":", 1)
-    data: dict[str, Any] = {"id": f"adhoc/{Path(file).stem}.{entry}",
-                            "kernel": {"file": str(Path(file).resolve()), "entry": entry},
-                            "params": params, "expect": {"verdict": expect},
-                            "requires": {"arch": list(archs)}}
+    data: dict[str, Any] = {
+        "id": f"adhoc/{Path(file).stem}.{entry}",
+        "kernel": {"file": str(Path(file).resolve()), "entry": entry},
+        "params": params,
+        "expect": {"verdict": expect},
+        "requires": {"arch": list(archs)},
+    }
     if fault:
         data["fault"] = {"kind": fault, **fault_args}
     return build(data, where, Path.cwd(), None)

@@ -42,8 +42,8 @@ CUDA_ERRORS = (
     ("trap", "cudaErrorAssert"),
 )
 
-MAX_FIELD_CHARS = 16_000      # one string field of an event (messages, tracebacks)
-MAX_LINE_CHARS = 900_000      # one event line (the runner reads lines up to 1 MiB)
+MAX_FIELD_CHARS = 16_000  # one string field of an event (messages, tracebacks)
+MAX_LINE_CHARS = 900_000  # one event line (the runner reads lines up to 1 MiB)
 
 
 def cap_text(text: str, limit: int = MAX_FIELD_CHARS) -> str:
@@ -76,8 +76,11 @@ class Events:
         rec = {"event": event, "t": round(time.monotonic() - self.t0, 6), **_capped(fields)}
         line = json.dumps(rec, default=str)
         if len(line) > MAX_LINE_CHARS:
-            keep = {k: v for k, v in rec.items() if isinstance(v, (int, float, bool))
-                    or (isinstance(v, str) and len(v) < 2000)}
+            keep = {
+                k: v
+                for k, v in rec.items()
+                if isinstance(v, (int, float, bool)) or (isinstance(v, str) and len(v) < 2000)
+            }
             keep["cut_by_cutedebug"] = f"event of {len(line)} characters cut to its scalars"
             line = json.dumps(keep, default=str)
         with self._lock:
@@ -143,9 +146,14 @@ def detect_device() -> dict[str, Any]:
         if not torch.cuda.is_available():
             return {"present": False, "reason": "no CUDA GPU visible to torch"}
         cc = torch.cuda.get_device_capability(0)
-        return {"present": True, "name": torch.cuda.get_device_name(0), "cc": list(cc),
-                "arch": ARCH_BY_CC.get(tuple(cc), f"sm_{cc[0]}{cc[1]}"),
-                "torch": torch.__version__, "cuda": torch.version.cuda}
+        return {
+            "present": True,
+            "name": torch.cuda.get_device_name(0),
+            "cc": list(cc),
+            "arch": ARCH_BY_CC.get(tuple(cc), f"sm_{cc[0]}{cc[1]}"),
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+        }
     except Exception as e:  # a broken driver is a fact about the machine, not a crash
         return {"present": False, "reason": f"CUDA unusable: {e}"}
 
@@ -156,10 +164,16 @@ def compare(out, ref, atol: float, rtol: float) -> dict[str, Any]:
     out = out.detach().float().cpu()
     ref = ref.detach().float().cpu()
     if out.shape != ref.shape:
-        return {"ok": False, "numel": ref.numel(), "n_bad": ref.numel(), "frac_bad": 1.0,
-                "max_abs_err": float("inf"), "max_rel_err": float("inf"),
-                "first_bad_index": None,
-                "shape_mismatch": [list(out.shape), list(ref.shape)]}
+        return {
+            "ok": False,
+            "numel": ref.numel(),
+            "n_bad": ref.numel(),
+            "frac_bad": 1.0,
+            "max_abs_err": float("inf"),
+            "max_rel_err": float("inf"),
+            "first_bad_index": None,
+            "shape_mismatch": [list(out.shape), list(ref.shape)],
+        }
     good = torch.isclose(out, ref, atol=atol, rtol=rtol)
     n_bad = int((~good).sum())
     diff = (out - ref).abs()
@@ -169,12 +183,18 @@ def compare(out, ref, atol: float, rtol: float) -> dict[str, Any]:
     if n_bad:
         flat = int((~good).flatten().nonzero()[0])
         first = [int(i) for i in torch.unravel_index(torch.tensor(flat), ref.shape)]
-    return {"ok": n_bad == 0, "numel": ref.numel(), "n_bad": n_bad,
-            "frac_bad": n_bad / max(ref.numel(), 1),
-            "max_abs_err": float(diff.max()) if diff.numel() else 0.0,
-            "max_rel_err": float(rel.max()) if rel.numel() else 0.0,
-            "first_bad_index": first, "n_nan": int(torch.isnan(out).sum()),
-            "atol": atol, "rtol": rtol}
+    return {
+        "ok": n_bad == 0,
+        "numel": ref.numel(),
+        "n_bad": n_bad,
+        "frac_bad": n_bad / max(ref.numel(), 1),
+        "max_abs_err": float(diff.max()) if diff.numel() else 0.0,
+        "max_rel_err": float(rel.max()) if rel.numel() else 0.0,
+        "first_bad_index": first,
+        "n_nan": int(torch.isnan(out).sum()),
+        "atol": atol,
+        "rtol": rtol,
+    }
 
 
 def digest(t) -> str:
@@ -192,8 +212,9 @@ class ProbeMonitor:
     that also carries the per-warp picture, so a kernel that never exits still leaves one.
     """
 
-    def __init__(self, events: Events, buf, cfg, sites, interval_s: float = 0.05,
-                 picture_s: float = 0.25):
+    def __init__(
+        self, events: Events, buf, cfg, sites, interval_s: float = 0.05, picture_s: float = 0.25
+    ):
         self.events, self.buf, self.cfg, self.sites = events, buf, cfg, sites
         self.interval_s, self.picture_s = interval_s, picture_s
         self._stop = threading.Event()
@@ -205,8 +226,10 @@ class ProbeMonitor:
         last_picture_t, last_sig = 0.0, None
         while not self._stop.wait(self.interval_s):
             snap = probes.decode(self.buf.numpy().tobytes(), self.cfg, self.sites)
-            fields: dict[str, Any] = {"counter": snap.progress_counter_total,
-                                      "stuck": len(snap.stuck)}
+            fields: dict[str, Any] = {
+                "counter": snap.progress_counter_total,
+                "stuck": len(snap.stuck),
+            }
             sig = probes.progress_signature(snap)
             now = time.monotonic()
             if sig != last_sig and now - last_picture_t >= self.picture_s:
@@ -239,8 +262,10 @@ def required_modules_missing(modules: list[str]) -> str | None:
         try:
             importlib.import_module(name)
         except Exception as e:  # a missing optional dependency is a fact about this machine
-            return (f"needs the Python module {name!r} (scenario requires.modules), not "
-                    f"importable here: {type(e).__name__}: {e}")
+            return (
+                f"needs the Python module {name!r} (scenario requires.modules), not "
+                f"importable here: {type(e).__name__}: {e}"
+            )
     return None
 
 
@@ -251,8 +276,9 @@ def run(request: dict[str, Any], events: Events) -> None:
     os.environ.update({str(k): str(v) for k, v in (request.get("env") or {}).items()})
     # mono0: this process's t = 0 on the system-wide monotonic clock, so the runner can place
     # the worker's event times on its own clock (the time breakdown in report.json)
-    events.emit("started", pid=os.getpid(), python=sys.version.split()[0],
-                mono0=round(events.t0, 6))
+    events.emit(
+        "started", pid=os.getpid(), python=sys.version.split()[0], mono0=round(events.t0, 6)
+    )
 
     device = detect_device()
     events.emit("device", **device)
@@ -278,7 +304,8 @@ def run(request: dict[str, Any], events: Events) -> None:
         raise
     except Exception as e:  # the user's file failed to import: their input, not our bug
         raise kernel_api.KernelLoadError(
-            f"{where}: importing the kernel file failed: {type(e).__name__}: {e}") from e
+            f"{where}: importing the kernel file failed: {type(e).__name__}: {e}"
+        ) from e
     given = dict(sc["params"])
     fault, fault_args = sc.get("fault"), sc.get("fault_args") or {}
     patch_fault = fault
@@ -288,7 +315,8 @@ def run(request: dict[str, Any], events: Events) -> None:
         if fault not in getattr(cls, "SWITCHES", {}):
             raise kernel_api.KernelLoadError(
                 f"{where}: fault {fault!r} is a kernel-level switch this kernel does not declare "
-                f"(its SWITCHES: {sorted(getattr(cls, 'SWITCHES', {}))})")
+                f"(its SWITCHES: {sorted(getattr(cls, 'SWITCHES', {}))})"
+            )
         given[fault] = True
         patch_fault = None
     params = kernel_api.resolve_params(cls, given, where)
@@ -339,9 +367,11 @@ def run(request: dict[str, Any], events: Events) -> None:
             from cutedebug.instrument import waitsites
 
             wait_sites = stack.enter_context(
-                waitsites.record(markers=bool(request.get("wait_site_markers"))))
-        applied = stack.enter_context(faults.inject(patch_fault, fault_args)
-                                      if patch_fault else nullcontext())
+                waitsites.record(markers=bool(request.get("wait_site_markers")))
+            )
+        applied = stack.enter_context(
+            faults.inject(patch_fault, fault_args) if patch_fault else nullcontext()
+        )
         if probe_cfg is not None:
             from cutedebug.instrument import probes
 
@@ -351,8 +381,11 @@ def run(request: dict[str, Any], events: Events) -> None:
 
             stack.enter_context(checkpoint.session(request["bisect"], events, runnable))
         try:
-            options = [cute.GPUArch(target), cute.KeepPTX(),
-                       DumpDir(request.get("dump_dir") or tempfile.gettempdir())]
+            options = [
+                cute.GPUArch(target),
+                cute.KeepPTX(),
+                DumpDir(request.get("dump_dir") or tempfile.gettempdir()),
+            ]
             if request.get("cubin_path"):
                 options.append(cute.KeepCUBIN())
             if request.get("line_table"):
@@ -363,15 +396,24 @@ def run(request: dict[str, Any], events: Events) -> None:
                 options.append(GenerateLineInfo(True))
             compiled = cute.compile[tuple(options)](kernel, *args)
         except Exception as e:
-            if (frame := our_frame(e)) is not None:    # our patch broke, not the kernel
-                events.emit("harness_error", type=type(e).__name__, frame=frame,
-                            message=f"{type(e).__name__} raised by cutedebug at {frame} "
-                                    f"while compiling: {e}",
-                            traceback=traceback.format_exc()[-4000:])
+            if (frame := our_frame(e)) is not None:  # our patch broke, not the kernel
+                events.emit(
+                    "harness_error",
+                    type=type(e).__name__,
+                    frame=frame,
+                    message=f"{type(e).__name__} raised by cutedebug at {frame} "
+                    f"while compiling: {e}",
+                    traceback=traceback.format_exc()[-4000:],
+                )
                 return
             tb = traceback.format_exc()[-4000:]
-            events.emit("compile_error", type=type(e).__name__, message=str(e), traceback=tb,
-                        **alignment_copy_sites(e, copy_sites))
+            events.emit(
+                "compile_error",
+                type=type(e).__name__,
+                message=str(e),
+                traceback=tb,
+                **alignment_copy_sites(e, copy_sites),
+            )
             return
     compile_s = time.monotonic() - t0
     ptx = getattr(compiled, "__ptx__", None) or ""
@@ -380,22 +422,31 @@ def run(request: dict[str, Any], events: Events) -> None:
     cubin = getattr(compiled, "__cubin__", None)
     if request.get("cubin_path") and cubin:
         # The SASS a coredump's PCs point into (cutedebug.analyses.coredump).
-        Path(request["cubin_path"]).write_bytes(cubin if isinstance(cubin, bytes)
-                                                else cubin.encode("latin-1"))
-    events.emit("compiled", secs=round(compile_s, 3), arch=target, ptx_bytes=len(ptx),
-                kernel_names=ptx_entries(ptx),
-                compile_key=json.dumps([fault, fault_args, target, params], sort_keys=True),
-                fault_sites=getattr(applied, "sites", None) if patch_fault else None,
-                fault_count=getattr(applied, "count", None) if patch_fault else None,
-                # instrument/faults: a fault at 0 sites says so on the verdict line
-                fault_not_applied=applied.not_applied() if patch_fault else None,
-                probe_sites=site_table.to_json() if site_table is not None else None,
-                wait_sites=[w.to_json() for w in wait_sites] if wait_sites is not None else None,
-                static_findings=lint.static_findings(protocol))
+        Path(request["cubin_path"]).write_bytes(
+            cubin if isinstance(cubin, bytes) else cubin.encode("latin-1")
+        )
+    events.emit(
+        "compiled",
+        secs=round(compile_s, 3),
+        arch=target,
+        ptx_bytes=len(ptx),
+        kernel_names=ptx_entries(ptx),
+        compile_key=json.dumps([fault, fault_args, target, params], sort_keys=True),
+        fault_sites=getattr(applied, "sites", None) if patch_fault else None,
+        fault_count=getattr(applied, "count", None) if patch_fault else None,
+        # instrument/faults: a fault at 0 sites says so on the verdict line
+        fault_not_applied=applied.not_applied() if patch_fault else None,
+        probe_sites=site_table.to_json() if site_table is not None else None,
+        wait_sites=[w.to_json() for w in wait_sites] if wait_sites is not None else None,
+        static_findings=lint.static_findings(protocol),
+    )
     from cutedebug.engine import valuemap  # the lines a wrong-value diagnosis can point at
 
-    events.emit("protocol_sites", sites=valuemap.protocol_sites(protocol),
-                stores=valuemap.store_sites(copy_sites))
+    events.emit(
+        "protocol_sites",
+        sites=valuemap.protocol_sites(protocol),
+        stores=valuemap.store_sites(copy_sites),
+    )
 
     if not runnable:
         if mode == "compile":
@@ -403,8 +454,10 @@ def run(request: dict[str, Any], events: Events) -> None:
         elif not device["present"]:
             reason = f"execution skipped: {device['reason']}"
         else:
-            reason = (f"execution skipped: needs {' or '.join(archs)}, this GPU is "
-                      f"{device['arch']} ({device['name']})")
+            reason = (
+                f"execution skipped: needs {' or '.join(archs)}, this GPU is "
+                f"{device['arch']} ({device['name']})"
+            )
         events.emit("unsupported", reason=reason)
         return
 
@@ -412,8 +465,7 @@ def run(request: dict[str, Any], events: Events) -> None:
 
     atol, rtol = getattr(kernel, "TOLERANCE", (1e-5, 1e-5))
     launch = getattr(kernel, "launch", None)
-    monitor = (ProbeMonitor(events, probe_buf, probe_cfg, site_table) if probe_cfg
-               else nullcontext())
+    monitor = ProbeMonitor(events, probe_buf, probe_cfg, site_table) if probe_cfg else nullcontext()
     events.emit("launched")
     t0 = time.monotonic()
     with monitor:
@@ -433,10 +485,14 @@ def run(request: dict[str, Any], events: Events) -> None:
 
                 snap = probes.decode(probe_buf.numpy().tobytes(), probe_cfg, site_table)
                 if snap.stuck or snap.beacons:
-                    events.emit("probe_report", **probes.snapshot_to_json(snap, site_table),
-                                after_cuda_error=True)
-            events.emit("cuda_error", name=cuda_error_name(msg) or type(e).__name__,
-                        message=msg[:2000])
+                    events.emit(
+                        "probe_report",
+                        **probes.snapshot_to_json(snap, site_table),
+                        after_cuda_error=True,
+                    )
+            events.emit(
+                "cuda_error", name=cuda_error_name(msg) or type(e).__name__, message=msg[:2000]
+            )
             return
     events.emit("synced", kernel_s=round(time.monotonic() - t0, 6))
 
@@ -459,8 +515,9 @@ def run(request: dict[str, Any], events: Events) -> None:
     events.emit("checked", **stats)
 
 
-def mismatch_map(kernel, out, ref, atol: float, rtol: float, dump_dir: str | None
-                 ) -> dict[str, Any]:
+def mismatch_map(
+    kernel, out, ref, atol: float, rtol: float, dump_dir: str | None
+) -> dict[str, Any]:
     """Where the wrong values are, over the kernel's tiling (cutedebug.engine.valuemap), and
     the mask itself as mismatch_mask.gz in the run directory. Never fails the run."""
     try:
@@ -471,8 +528,7 @@ def mismatch_map(kernel, out, ref, atol: float, rtol: float, dump_dir: str | Non
         o, r = out.detach().float().cpu(), ref.detach().float().cpu()
         good = torch.isclose(o, r, atol=atol, rtol=rtol)
         tiling = kernel.tiling() if callable(getattr(kernel, "tiling", None)) else None
-        fields: dict[str, Any] = {
-            "mismatch_map": valuemap.collect(o, r, good, tiling, atol, rtol)}
+        fields: dict[str, Any] = {"mismatch_map": valuemap.collect(o, r, good, tiling, atol, rtol)}
         if dump_dir:
             path = Path(dump_dir) / "mismatch_mask.gz"
             valuemap.save_mask(path, good, tiling, {"digest": digest(out)})
@@ -506,9 +562,13 @@ def main(argv: list[str] | None = None) -> int:
 
         kind = "kernel_error" if isinstance(e, KernelLoadError) else "harness_error"
         frame = our_frame(e) if kind == "harness_error" else None
-        events.emit(kind, type=getattr(e, "user_type", type(e).__name__),
-                    message=str(e) + (f" (raised by cutedebug at {frame})" if frame else ""),
-                    frame=frame, traceback=traceback.format_exc()[-4000:])
+        events.emit(
+            kind,
+            type=getattr(e, "user_type", type(e).__name__),
+            message=str(e) + (f" (raised by cutedebug at {frame})" if frame else ""),
+            frame=frame,
+            traceback=traceback.format_exc()[-4000:],
+        )
         if kind == "kernel_error":
             events.emit("done")
         return 1
@@ -535,6 +595,6 @@ def fast_exit(rc: int) -> None:
 
 if __name__ == "__main__":
     code = main()
-    if os.environ.get(FAST_EXIT_VAR) == "1":   # set by the runner; never under a sanitizer
+    if os.environ.get(FAST_EXIT_VAR) == "1":  # set by the runner; never under a sanitizer
         fast_exit(code)
     sys.exit(code)
