@@ -1,4 +1,9 @@
-"""cutedebug: hang/race debugging harness with fault injection for CuTe DSL kernels."""
+"""cutedebug: hang/race debugging harness with fault injection for CuTe DSL kernels.
+
+PYTEST_DONT_REWRITE: `cutedebug exec -- pytest ...` imports this package (its sitecustomize)
+before pytest loads the cutedebug plugin; this line keeps pytest from warning that it could not
+rewrite the package (it holds no asserts; the plugin module itself is still rewritten).
+"""
 
 __version__ = "0.1.0"
 

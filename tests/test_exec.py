@@ -328,3 +328,27 @@ def test_the_deadline_clock_stops_while_the_command_waits_for_the_gpu(tmp_path):
     assert res.verdict.value == "PASS" and res.killed_by is None, res.reason
     assert "got the GPU after" in res.log_tail
     assert 3.5 <= res.gpu_wait_s <= res.elapsed_s
+
+
+def test_a_pytest_command_fails_on_the_test_that_sees_the_fault(tmp_path):
+    """`python -m pytest` as the command: the fault changes the barrier init count, so exactly
+    the test that checks init counts fails; clean, every test passes and pytest prints no
+    warning caused by the instrumentation."""
+    pytest_cmd = [
+        "--",
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        str(TARGETS / "ptx_checks.py"),
+    ]
+    rc, text, rep = cutedebug(*pytest_cmd, runs=tmp_path)
+    assert rc == 0 and rep["verdict"] == "PASS", text
+    assert "2 passed" in rep["log_tail"] and "Warning" not in rep["log_tail"]
+    rc, text, rep = cutedebug("--fault", "wrong_arrive_count:delta=1", *pytest_cmd, runs=tmp_path)
+    assert rc == 1 and rep["verdict"] == "FAIL", text
+    assert "FAILED" in rep["evidence"]["last_lines"]
+    assert "test_barrier_init_counts" in rep["evidence"]["last_lines"]
+    assert "1 failed, 1 passed" in rep["reason"] and rep["fault_count"] == 1
