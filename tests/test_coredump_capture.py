@@ -109,3 +109,29 @@ def test_exec_dumps_every_cuda_process_before_the_kill(tmp_path, monkeypatch):
     assert res.evidence["coredump"]["error"].startswith("reading the core failed: cuda-gdb not")
     assert "stuck_sites" not in res.evidence
     assert res.left == []
+
+
+def test_worker_removes_its_own_coredump_pipe(tmp_path, monkeypatch):
+    """A run that did not hang leaves no FIFO in its folder (a FIFO blocks file-by-file
+    copies of the folder)."""
+    import json
+    import os
+
+    from cutedebug.engine import worker
+
+    for k in coredump.worker_env(tmp_path):
+        monkeypatch.delenv(k, raising=False)  # worker.run sets them; undone after the test
+    pipe = tmp_path / f"coredump.pipe.{os.getpid()}"
+    os.mkfifo(pipe)
+    req = tmp_path / "request.json"
+    req.write_text(
+        json.dumps(
+            {
+                "events": str(tmp_path / "events.jsonl"),
+                "scenario": {},
+                "env": coredump.worker_env(tmp_path),
+            }
+        )
+    )
+    assert worker.main([str(req)]) == 1  # a broken request: the pipe goes all the same
+    assert not pipe.exists()

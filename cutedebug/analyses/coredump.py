@@ -417,6 +417,8 @@ def analyse(
     run's report; {"coredump": {"error": ...}} when there is none or it cannot be read."""
     d = Path(run_dir)
     dump = next((f["coredump"] for f in facts.get("before_kill", []) if "coredump" in f), None)
+    for pipe in d.glob(f"{PIPE_NAME}.*"):  # the killed worker's FIFO: copies would block on it
+        pipe.unlink(missing_ok=True)
     found = cores(d)
     info: dict[str, Any] = {"dump": dump}
     if not found:

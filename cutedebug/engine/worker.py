@@ -11,6 +11,7 @@ the GPU.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -572,8 +573,19 @@ def main(argv: list[str] | None = None) -> int:
         if kind == "kernel_error":
             events.emit("done")
         return 1
+    finally:
+        _remove_coredump_pipe(request)
     events.emit("done")
     return 0
+
+
+def _remove_coredump_pipe(request: dict[str, Any]) -> None:
+    """The driver's coredump FIFO (request env CUDA_COREDUMP_PIPE, %p = this pid) outlives
+    the process; a FIFO left in a run folder blocks whatever copies the folder file by file."""
+    pattern = (request.get("env") or {}).get("CUDA_COREDUMP_PIPE")
+    if pattern:
+        with contextlib.suppress(OSError):
+            os.unlink(pattern.replace("%p", str(os.getpid())))
 
 
 FAST_EXIT_VAR = "CUTEDEBUG_FAST_EXIT"
