@@ -427,6 +427,18 @@ def test_unwritable_output_paths_are_exit_2_with_path_and_reason(tmp_path, capsy
     assert target in err and "Not a directory" in err and "Traceback" not in err
 
 
+def test_an_unwritable_path_anywhere_is_exit_2_not_a_traceback(tmp_path, capsys, monkeypatch):
+    """Whatever command hits it: an OSError about a path is the user's to fix (exit 2)."""
+
+    def unwritable(args):
+        raise PermissionError(13, "Permission denied", str(tmp_path / "ro" / "x.json"))
+
+    monkeypatch.setattr(cli, "cmd_list", unwritable)
+    assert cli.main(["list"]) == exits.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "ro/x.json: Permission denied" in err and "Traceback" not in err
+
+
 # ---- record identity ----------------------------------------------------------------------------------
 def test_record_names_are_injective_and_short():
     ids = ["c/a", "c__a", "c_/_a", "a" * 120, "a" * 119 + "b"]

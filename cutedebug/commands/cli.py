@@ -369,6 +369,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("cutedebug: interrupted", file=sys.stderr)
         return exits.EXIT_INTERRUPTED
+    except OSError as e:
+        if e.filename is None:
+            raise
+        # a path given or implied by the command line that cannot be read or written
+        where = e.filename + (f" -> {e.filename2}" if e.filename2 else "")
+        print(f"cutedebug: error: {where}: {e.strerror or e}", file=sys.stderr)
+        return EXIT_USAGE
     except Exception:  # noqa: BLE001  (a bug of ours: say so, never as the user's error)
         import traceback
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cutedebug.engine import lifeline, watchdog
+from cutedebug.engine import health, lifeline, watchdog
 from cutedebug.engine import verdict as V
 from cutedebug.engine.scenario import Limits, Scenario, ScenarioError
 
@@ -124,81 +124,12 @@ MAX_EVENT_LINE = watchdog.MAX_EVENT_LINE
 # None), e.g. a GPU coredump (cutedebug.analyses.coredump.before_kill): the watchdog's list.
 BEFORE_KILL = watchdog.BEFORE_KILL
 POLL_S = watchdog.POLL_S
+# The GPU health check lives with the rest of the health code (engine/health.py); named here
+# too, where callers (and tests) reach it.
+health_check = health.health_check
+_health_result = health._health_result
 
 
-def health_check(
-    timeout_s: float = 60.0, *, forkserver=None, run_dir: Path | None = None
-) -> dict[str, Any]:
-    """A tiny GPU job in a new process: is the GPU usable after a kill or a crash?
-
-    Forked from the fork server when one is alive (torch already imported: ~1 s instead of
-    ~4 s), otherwise a fresh interpreter. Either way a new process with its own CUDA context,
-    watched like any run (killed with its group and swept if it does not finish in
-    ``timeout_s``).
-    """
-    t0 = time.monotonic()
-    tmp = None
-    if run_dir is None:
-        tmp = lifeline.make_tempdir("cutedebug-health-")
-        dir_ = Path(tmp)
-    else:
-        dir_ = Path(run_dir) / "health"
-    try:
-        dir_.mkdir(parents=True, exist_ok=True)
-        log = dir_ / "health.log"
-        log.write_bytes(b"")
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            [str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
-        )
-        env.update(bound_env(forkserver))
-        use_fork = (
-            forkserver is not None
-            and run_dir is not None
-            and not getattr(forkserver, "closed", False)
-        )
-        outcome, facts = watchdog.watch(
-            [sys.executable, "-m", "cutedebug.engine.health", str(dir_ / "health.json")],
-            None,
-            log,
-            Limits(import_s=timeout_s),
-            env=env,
-            total_s=timeout_s,
-            forkserver=forkserver if use_fork else None,
-            fork_job="health",
-        )
-        if outcome.killed_by_watchdog:
-            res = {"healthy": False, "error": f"health check did not finish in {timeout_s:g}s"}
-        else:
-            text = log.read_text(errors="replace")
-            res = _health_result(text, text)
-        if facts.get("forked"):
-            res["forked"] = True
-    finally:
-        if tmp is not None:
-            lifeline.remove_tempdir(tmp)
-    res["secs"] = round(time.monotonic() - t0, 3)
-    return res
-
-
-def _health_result(stdout: str, stderr: str) -> dict[str, Any]:
-    """The last line of cutedebug.engine.health's output, which is one JSON object."""
-    lines = stdout.strip().splitlines()
-    if not lines:
-        return {"healthy": False, "error": stderr[-500:] or "the health check printed nothing"}
-    try:
-        res = json.loads(lines[-1])
-        if not isinstance(res, dict):
-            raise ValueError("not a JSON object")
-        return res
-    except ValueError as e:
-        return {
-            "healthy": False,
-            "error": f"unreadable health check output: {e}: {lines[-1][:200]!r}",
-        }
-
-
-# ---- one scenario ---------------------------------------------------------------------
 def new_run_dir(scenario: Scenario, root: Path | str = "runs") -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     name = scenario.id.replace("/", "__") + f"-{stamp}-{uuid.uuid4().hex[:6]}"
