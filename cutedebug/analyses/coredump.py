@@ -119,6 +119,12 @@ def trigger(
     return facts
 
 
+def remove_pipes(run_dir: Path | str) -> None:
+    """The FIFOs of processes that are gone (a FIFO blocks file-by-file copies of a folder)."""
+    for pipe in Path(run_dir).glob(f"{PIPE_NAME}.*"):
+        pipe.unlink(missing_ok=True)
+
+
 def dump_all(run_dir: Path | str, limit_s: float = DUMP_LIMIT_S) -> list[dict[str, Any]]:
     """Dump every live process whose coredump pipe is in run_dir (``cutedebug exec``: the
     command may have started several CUDA processes), each bounded, all within ``limit_s``."""
@@ -417,8 +423,7 @@ def analyse(
     run's report; {"coredump": {"error": ...}} when there is none or it cannot be read."""
     d = Path(run_dir)
     dump = next((f["coredump"] for f in facts.get("before_kill", []) if "coredump" in f), None)
-    for pipe in d.glob(f"{PIPE_NAME}.*"):  # the killed worker's FIFO: copies would block on it
-        pipe.unlink(missing_ok=True)
+    remove_pipes(d)
     found = cores(d)
     info: dict[str, Any] = {"dump": dump}
     if not found:

@@ -323,6 +323,8 @@ def watch_command(s: Settings, run_dir: Path) -> ExecResult:
         res.evidence.update(coredump.analyse(run_dir, None, {"before_kill": [
             {"coredump": d} for d in dumps]}))
         res.evidence["coredump_s"] = round(time.monotonic() - t_core, 3)
+    if s.coredump:
+        coredump.remove_pipes(run_dir)
     return res
 
 
