@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 from cutedebug.commands import sanitize as cmd
 from cutedebug.analyses import sanitizer as san
 from cutedebug.analyses.sanitizer import Finding, Site
+from cutedebug.reporting import sanitize as sanitize_report
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data" / "sanitizer"
@@ -375,7 +376,7 @@ def test_real_api_noise_filtered_with_reason():
     result = san.make_result("memcheck", ["cs"], found)
     assert result["verdict"] == "CLEAN"
     assert result["filtered"] == [{"reason": san.NOISE_PROC_ADDRESS, "count": 34}]
-    assert cmd.noise_cell(result) == "34 api-probing"
+    assert sanitize_report.noise_cell(result) == "34 api-probing"
 
 
 def test_synthetic_real_api_error_is_kept():
@@ -627,9 +628,9 @@ def test_tma_hazard_filtered_by_source_line(tmp_path):
     assert kept == [tma, plain] and filtered == []
     on = san.make_result("racecheck", ["cs"], [tma, plain])
     off = san.make_result("racecheck", ["cs"], [tma, plain], tma_filter=False)
-    assert [g["kind"] for g in on["groups"]] == ["RAW_HAZARD"] and cmd.noise_cell(on) == "1 tma"
+    assert [g["kind"] for g in on["groups"]] == ["RAW_HAZARD"] and sanitize_report.noise_cell(on) == "1 tma"
     assert [g["kind"] for g in off["groups"]] == ["WAR_HAZARD", "RAW_HAZARD"]
-    assert (off["tma_filter"], cmd.noise_cell(off)) == (False, "0")
+    assert (off["tma_filter"], sanitize_report.noise_cell(off)) == (False, "0")
 
 
 def test_real_race_is_not_taken_for_tma():
@@ -747,7 +748,7 @@ def test_make_result_and_markdown():
     assert g["lines"][1]["source"] == "y[tid] = buf[(tid + 32) % THREADS]  # RACE_READ"
     assert result["reproduce"].startswith("CUTE_DSL_LINEINFO=1 compute-sanitizer --tool racecheck")
 
-    md = san.render_markdown(result)
+    md = sanitize_report.render_markdown(result)
     tldr = next(ln for ln in md.splitlines() if ln.startswith("**TL;DR**"))
     assert "racecheck → **RACE**" in tldr
     assert "RAW_HAZARD at race_smem.py:28 / race_smem.py:31" in tldr
@@ -762,7 +763,7 @@ def test_make_result_and_markdown():
 
 def test_markdown_clean_run():
     result = san.make_result("memcheck", ["cs", "w"], [], sanitizer_seconds=3.0)
-    md = san.render_markdown(result)
+    md = sanitize_report.render_markdown(result)
     assert result["verdict"] == "CLEAN"
     assert "no findings after noise filtering" in md and "- none" in md
 
@@ -881,7 +882,7 @@ def test_markdown_reports_shrink_sizes_and_times():
     res = san.shrink({"n": 4096}, ("n",), FakeRun(threshold=129), clock=lambda: next(ticks))
     result = san.make_result("memcheck", ["cs", "w"], [oob_at()], shrink_result=res)
     assert result["shrink"]["shrunk"] == {"n": 129}
-    md = san.render_markdown(result)
+    md = sanitize_report.render_markdown(result)
     section = md[md.index("## Shrunk"):md.index("## Reproduce")]
     assert "original {'n': 4096} (3.0 s)" in section
     assert "shrunk {'n': 129} (3.0 s)" in section

@@ -26,6 +26,7 @@ from test_sanitizer import (
 
 from cutedebug.analyses import sanitizer as san
 from cutedebug.engine.worker import ptx_entries
+from cutedebug.reporting import sanitize as sanitize_report
 
 MIXED = DATA / "synthetic_mixed_kernels.xml"
 TORCH_FLASH = "void pytorch_flash::flash_fwd_kernel<"
@@ -96,7 +97,7 @@ def test_mixed_capture_clean_kernel_is_clean_with_the_others_shown():
     assert res["verdict"] == san.CLEAN and res["groups"] == []
     counts = {k["kernel"][:24]: k["count"] for k in res["other_kernels"]}
     assert counts == {RACE_KERNEL[:24]: 1, TORCH_FLASH[:24]: 3}
-    md = san.render_markdown(res)
+    md = sanitize_report.render_markdown(res)
     assert "**TL;DR** racecheck → **CLEAN**" in md
     assert "Other kernels of the process: 4 finding(s) in 2 kernel(s)" in md
     assert "## Other kernels of the process (not the kernel under test; not the verdict)" in md

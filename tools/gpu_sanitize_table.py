@@ -32,6 +32,7 @@ from cutedebug.analyses import sanitizer as san
 from cutedebug.commands import sanitize as cmd
 from cutedebug.commands.triage import detect_gpu
 from cutedebug.engine import scenario as S
+from cutedebug.reporting import sanitize as sanitize_report
 
 SCEN = ROOT / "scenarios"
 # scenario -> tools that can see its fault (clean cases: every tool, for false alarms)
@@ -71,8 +72,8 @@ def row(sc_id: str, tool: str, res: dict | None, plain: dict | None) -> dict:
                 "kernel_slowdown": None, "worker_said": "-"}
     kernel = (res.get("kernel_seconds") or {}).get("slowdown")
     return {"scenario": sc_id, "tool": tool, "verdict": res["verdict"],
-            "findings": cmd.findings_cell(res), "other_kernels": cmd.others_cell(res),
-            "noise_filtered": cmd.noise_cell(res),
+            "findings": sanitize_report.findings_cell(res), "other_kernels": sanitize_report.others_cell(res),
+            "noise_filtered": sanitize_report.noise_cell(res),
             "sanitizer_s": res["sanitizer_seconds"], "plain_s": res["plain_seconds"],
             "slowdown": round(res["slowdown"], 1) if res.get("slowdown") else None,
             "kernel_slowdown": round(kernel, 1) if kernel else None,
@@ -126,7 +127,7 @@ def main() -> int:
                               deadline_scale=args.deadline_scale, plain=plain,
                               tma_filter=args.tma_filter)
             run_s.append(time.monotonic() - t0)
-            (sc_dir / tool / "report.md").write_text(san.render_markdown(tr.result))
+            (sc_dir / tool / "report.md").write_text(sanitize_report.render_markdown(tr.result))
             rows.append(row(sc.id, tool, tr.result, plain))
             print(json.dumps(rows[-1]), flush=True)
     lines = ["| " + " | ".join(COLS) + " |", "|" + "---|" * len(COLS)]

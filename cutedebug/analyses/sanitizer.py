@@ -903,114 +903,6 @@ def _reason_of(g: Group, filtered: Sequence[Finding]) -> str | None:
     return None
 
 
-def _where(lines: Sequence[Mapping[str, Any]]) -> str:
-    parts = []
-    for ln in lines:
-        if ln.get("file"):
-            parts.append(f"{os.path.basename(ln['file'])}:{ln.get('line')}")
-    return " / ".join(parts) or "(no line info)"
-
-
-def _triples(ts: Sequence[Sequence[int]]) -> str:
-    return ", ".join("(" + ",".join(str(v) for v in t) + ")" for t in ts)
-
-
-def render_markdown(result: Mapping[str, Any]) -> str:
-    """Triage report: TL;DR, grouped findings with source, noise and why, reproduce."""
-    tool, verdict = result["tool"], result["verdict"]
-    groups = result.get("groups", [])
-    out = [f"# compute-sanitizer {tool}: {verdict}", ""]
-    from_findings = verdict == result.get("sanitizer_class", verdict) and verdict != CLEAN
-    if groups and from_findings:
-        g = groups[0]
-        src = next((ln.get("source") for ln in g["lines"] if ln.get("source")), None)
-        tldr = (f"**TL;DR** {tool} → **{verdict}**: {g['kind']} at {_where(g['lines'])}"
-                f" ({g['count']}× in kernel `{g.get('kernel') or '?'}`)")
-        out.append(tldr + (f": `{src}`" if src else "") + ".")
-        more = len(groups) - 1
-        if more:
-            out.append(f"{more} more distinct finding(s) below.")
-    else:
-        why = result.get("reason") or "no findings after noise filtering"
-        out.append(f"**TL;DR** {tool} → **{verdict}**: {why}.")
-    if result.get("other_kernels"):
-        n = sum(k["count"] for k in result["other_kernels"])
-        out.append(f"Other kernels of the process: {n} finding(s) in "
-                   f"{len(result['other_kernels'])} kernel(s), counted apart below.")
-    if result.get("kernel_verdict"):
-        out.append("")
-        out.append(f"The worker under the sanitizer said: {result['kernel_verdict']} "
-                   f"({result.get('kernel_reason') or ''}).")
-    out.append("")
-    if groups:
-        out += ["## Findings", ""]
-        for i, g in enumerate(groups, 1):
-            out.append(f"{i}. **{g['kind']}** ({g['severity']}) ×{g['count']} "
-                       f"({g['records']} record(s)) in `{g.get('kernel') or '?'}`")
-            for ln, acc in zip(g["lines"], list(g.get("accesses") or []) + [None] * 9):
-                label = f"{acc} " if acc else ""
-                loc = f"{ln.get('file')}:{ln.get('line')}" if ln.get("file") else "(no line)"
-                out.append(f"   - {label}at `{loc}`")
-                if ln.get("source"):
-                    out.append(f"     `{ln['source']}`")
-            extra = []
-            if g.get("address_space"):
-                extra.append(f"space {g['address_space']}")
-            if g.get("size"):
-                extra.append(f"size {g['size']} B")
-            if g.get("threads"):
-                extra.append(f"threads {_triples(g['threads'])}")
-            if g.get("blocks"):
-                extra.append(f"blocks {_triples(g['blocks'])}")
-            if extra:
-                out.append("   - " + "; ".join(extra))
-            first_line = (g.get("text") or "").splitlines()[:1]
-            if first_line:
-                out.append(f"   - message: {first_line[0]}")
-        out.append("")
-    if result.get("other_kernels"):
-        out += ["## Other kernels of the process (not the kernel under test; not the verdict)",
-                ""]
-        for k in result["other_kernels"]:
-            name = k["kernel"] if len(k["kernel"]) <= 100 else k["kernel"][:97] + "..."
-            top = k["groups"][0] if k.get("groups") else None
-            where = f": {top['kind']} at {_where(top['lines'])}" if top else ""
-            out.append(f"- `{name}`: {k['class']}, {k['count']} ({k['records']} record(s))"
-                       f"{where}")
-        out.append("")
-    out += ["## Noise filtered", ""]
-    if result.get("filtered"):
-        for item in result["filtered"]:
-            out.append(f"- {item['count']} × {item['reason']}")
-    else:
-        out.append("- none")
-    out.append("")
-    shrink_info = result.get("shrink")
-    if shrink_info:
-        sig_lines = [{"file": f, "line": ln} for f, ln in shrink_info["signature"][1]]
-        out += ["## Shrunk", "",
-                (f"- original {shrink_info['original']} "
-                 f"({_secs(shrink_info.get('original_seconds'))})"),
-                (f"- shrunk {shrink_info['shrunk']} "
-                 f"({_secs(shrink_info.get('shrunk_seconds'))}), same finding "
-                 f"{shrink_info['signature'][0]} at {_where(sig_lines)}"),
-                f"- {len(shrink_info['runs'])} candidate run(s), none repeated", ""]
-    out += ["## Reproduce", "", "```", result.get("reproduce", ""), "```", ""]
-    timing = [f"sanitizer run {_secs(result.get('sanitizer_seconds'))}"]
-    if result.get("plain_seconds"):
-        timing.append(f"plain run {_secs(result['plain_seconds'])}")
-    if result.get("slowdown"):
-        timing.append(f"slowdown {result['slowdown']:.1f}×")
-    if result.get("exit_code") is not None:
-        timing.append(f"exit code {result['exit_code']}")
-    out.append("; ".join(timing) + ".")
-    return "\n".join(out) + "\n"
-
-
-def _secs(s: float | None) -> str:
-    return f"{s:.1f} s" if isinstance(s, (int, float)) else "? s"
-
-
 # ---- shrinking ---------------------------------------------------------------------------
 Signature = tuple[str, tuple[tuple[str | None, int | None], ...]]
 
@@ -1133,8 +1025,8 @@ def _main(argv: Sequence[str]) -> int:
     command TOOL XML|- [--api-errors] -- ARGV...   the sanitizer argv, one per line
                                                   (XML "-": text report only)
     env TOOL                                      child_env(TOOL) as KEY=VALUE lines
-    report TOOL XML [STDOUT_FILE]                 the triage report (Markdown)
-    json TOOL XML [STDOUT_FILE]                   the same as JSON
+    json TOOL XML [STDOUT_FILE]                   the triage result as JSON (its Markdown:
+                                                  cutedebug.reporting.sanitize.render_markdown)
     """
     if len(argv) >= 3 and argv[0] == "command":
         tool, xml = argv[1], argv[2]
@@ -1151,12 +1043,11 @@ def _main(argv: Sequence[str]) -> int:
     if len(argv) == 2 and argv[0] == "env":
         print("\n".join(f"{k}={v}" for k, v in child_env(argv[1]).items()))
         return 0
-    if len(argv) >= 3 and argv[0] in ("report", "json"):
+    if len(argv) >= 3 and argv[0] == "json":
         tool, xml = argv[1], argv[2]
         stdout = Path(argv[3]).read_text(errors="replace") if len(argv) > 3 else ""
         result = make_result(tool, [], analyze(tool, xml, stdout), xml_path=xml)
-        print(render_markdown(result) if argv[0] == "report"
-              else json.dumps(result, indent=2, default=str))
+        print(json.dumps(result, indent=2, default=str))
         return 0
     print(_main.__doc__, file=sys.stderr)
     return 2

@@ -21,15 +21,10 @@ from cutedebug.analyses.sanitizer import (
     CLEAN,
     DEFAULT_PRINT_LIMIT,
     ERROR_EXITCODE,
-    NOISE_ANALYSIS_DUP,
-    NOISE_PROC_ADDRESS,
-    NOISE_TMA,
     PARSE_FAILURE,
     TOOLS,
     Finding,
     ShrinkResult,
-    _secs,
-    _where,
     analyze,
     attribute,
     build_command,
@@ -38,11 +33,15 @@ from cutedebug.analyses.sanitizer import (
     find_sanitizer,
     group,
     make_result,
-    render_markdown,
     shrink,
     source_line,
 )
 from cutedebug.engine.verdict import values
+from cutedebug.reporting.sanitize import (
+    render_summary_markdown,
+    secs,
+    top_line,
+)
 
 FINDING_VERDICTS = values(lambda v: v.is_sanitizer_finding)
 # Sanitized kernels run 10-100x slower; every phase deadline of the scenario is scaled by
@@ -319,76 +318,6 @@ def judge(expected: str, verdicts: Mapping[str, str],
                 f"{'as expected' if ok else 'NOT as expected'}")
 
 
-def _top(result: Mapping[str, Any]) -> str:
-    groups = result.get("groups") or []
-    if not groups or result["verdict"] not in FINDING_VERDICTS:
-        return result.get("reason") or ""
-    g = groups[0]
-    src = next((ln.get("source") for ln in g["lines"] if ln.get("source")), None)
-    return (f"{g['kind']} at {_where(g['lines'])} ×{g['count']}"
-            + (f": `{src}`" if src else ""))
-
-
-NOISE_LABELS = {NOISE_PROC_ADDRESS: "api-probing", NOISE_TMA: "tma",
-                NOISE_ANALYSIS_DUP: "analysis-dup"}
-
-
-def noise_cell(result: Mapping[str, Any]) -> str:
-    """Filtered records by reason, short (a table cell): ``34 api-probing; 1 analysis-dup``."""
-    cells = [f"{item['count']} {NOISE_LABELS.get(item['reason'], item['reason'])}"
-             for item in result.get("filtered") or []]
-    return "; ".join(cells) or "0"
-
-
-def others_cell(result: Mapping[str, Any]) -> str:
-    """Other kernels' findings, short (a table cell): ``RACE ×1000 in 1 kernel(s)``."""
-    kernels = result.get("other_kernels") or []
-    if not kernels:
-        return "0"
-    classes = sorted({k["class"] for k in kernels})
-    return (f"{'/'.join(classes)} ×{sum(k['count'] for k in kernels)} in {len(kernels)} "
-            "kernel(s)")
-
-
-def findings_cell(result: Mapping[str, Any]) -> str:
-    """``KIND@file:line ×N`` per kept group (a table cell)."""
-    cells = [f"{g['kind']}@{_where(g['lines'])} ×{g['count']}"
-             for g in result.get("groups") or []]
-    return "; ".join(cells) or "-"
-
-
-def render_summary_markdown(summary: Mapping[str, Any]) -> str:
-    sc = summary["scenario"]
-    tools = summary["tools"]
-    plain = summary.get("plain") or {}
-    _, verdict_line = judge(summary["expected_verdict"],
-                            {t: r["verdict"] for t, r in tools.items()}, plain.get("verdict"))
-    out = [f"# cutedebug sanitize: {sc['id']}", ""]
-    for tool, r in tools.items():
-        out.append(f"- **{tool} → {r['verdict']}**: {_top(r)}")
-    out += ["", verdict_line[0].upper() + verdict_line[1:] + "."]
-    if plain:
-        out.append(f"Plain run (no sanitizer): {plain['verdict']} in "
-                   f"{_secs(plain.get('seconds'))} ({plain.get('reason')}).")
-    out += ["", "| tool | verdict | findings | other kernels (not the verdict) | noise filtered "
-            "| sanitized | plain | slowdown (process) | slowdown (kernel) |",
-            "|---|---|---|---|---|---|---|---|---|"]
-    for tool, r in tools.items():
-        slow = f"{r['slowdown']:.1f}×" if r.get("slowdown") else "-"
-        k = (r.get("kernel_seconds") or {}).get("slowdown")
-        out.append(f"| {tool} | {r['verdict']} | {findings_cell(r)} | {others_cell(r)} | "
-                   f"{noise_cell(r)} | {_secs(r.get('sanitizer_seconds'))} | "
-                   f"{_secs(r.get('plain_seconds'))} | {slow} | "
-                   f"{f'{k:.1f}×' if k else '-'} |")
-    if summary.get("reproduce"):
-        out += ["", "Reproduce all of it: `" + summary["reproduce"] + "`"]
-    out.append("")
-    for r in tools.values():
-        body = render_markdown(r).replace("\n## ", "\n### ").replace("# compute", "## compute", 1)
-        out += [body]
-    return "\n".join(out)
-
-
 def _command_line(args: Any) -> str:
     parts = ["cutedebug", "sanitize", args.scenario, "--tool", ",".join(args.tools)]
     for p in args.param:
@@ -438,8 +367,8 @@ def cmd_sanitize(args: Any) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
 
     def progress(r: Mapping[str, Any]) -> None:
-        print(f"{r['tool']}: {r['verdict']} — {_top(r)} "
-              f"({_secs(r.get('sanitizer_seconds'))})", flush=True)
+        print(f"{r['tool']}: {r['verdict']} — {top_line(r)} "
+              f"({secs(r.get('sanitizer_seconds'))})", flush=True)
 
     summary = sanitize_scenario(
         sc, args.tools, run_dir, sanitizer=sanitizer, plain=args.plain,
@@ -453,14 +382,17 @@ def cmd_sanitize(args: Any) -> int:
     summary["as_expected"] = ok
     json_path, md_path = run_dir / "sanitize.json", run_dir / "sanitize.md"
     json_path.write_text(json.dumps(summary, indent=1, default=str))
-    md_path.write_text(render_summary_markdown(summary))
+    _, verdict_line = judge(summary["expected_verdict"],
+                            {t: r["verdict"] for t, r in summary["tools"].items()},
+                            (summary.get("plain") or {}).get("verdict"))
+    md_path.write_text(render_summary_markdown(summary, verdict_line))
     for r in summary["tools"].values():
         if r.get("shrink"):
             s = r["shrink"]
             print(f"  shrunk {s['original']} → {s['shrunk']} in {len(s['runs'])} run(s)")
     plain = summary.get("plain")
     if plain:
-        print(f"plain run: {plain['verdict']} ({_secs(plain['seconds'])})")
+        print(f"plain run: {plain['verdict']} ({secs(plain['seconds'])})")
     print(verdict_line)
     print(f"report: {md_path}")
     return EXIT_NOT_AS_EXPECTED if ok is False else EXIT_OK
