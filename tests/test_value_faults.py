@@ -246,3 +246,20 @@ def test_copy_recorder_is_an_observer_and_finds_the_stores(stream, cute_mod, tmp
     assert [(s["line"]) for s in valuemap.store_sites(sites)] == [
         line_of(gemm, "cute.copy(tma_c, bsg_sc[(None, buf)]")
     ]
+
+
+def test_shrink_tma_bounds_cuts_the_store_atoms_tensor_to_whole_tiles(cute_mod, tmp_path):
+    from cutedebug import kernel_api
+
+    gemm = ROOT / "kernels/sm90_gemm.py"
+    obj = kernel_api.load_entry(gemm, "Sm90Gemm")(m=1000, n=1000, k=128, ctas=2, cluster_m=1)
+    with faults.inject("shrink_tma_bounds", {"copies": "store"}) as applied:
+        compile_ptx(cute_mod, obj, *obj.fake_args(), dump=tmp_path)
+    # one TMA store atom (C, epilogue tile 128 x 32); m is a run-time extent, n = 1000 -> 992
+    assert [(s["line"], s["copy"]) for s in applied.sites] == [
+        (line_of(gemm, "tma_c, mc = cpasync.make_tiled_tma_atom("), "store")
+    ]
+    assert "[128, 32]: [None, 1000] -> [None, 992]" in applied.sites[0]["detail"]
+    with faults.inject("shrink_tma_bounds", {"copies": "load"}) as loads:
+        compile_ptx(cute_mod, obj, *obj.fake_args(), dump=tmp_path)
+    assert [s["copy"] for s in loads.sites] == ["load", "load"]  # A and B

@@ -4,7 +4,8 @@
 |----------------|--------------------------------------|-------------------------------------------|
 | alignment      | copy-alignment verifier error        | switches ``unassumed_align``,             |
 |                | (or a misaligned address at run time)| ``overclaimed_align``                     |
-| tile_edges     | wrong values at tile edges           | patch ``drop_copy_pred``, switch          |
+| tile_edges     | wrong values at tile edges           | patches ``drop_copy_pred``,               |
+|                |                                      | ``shrink_tma_bounds``, switch             |
 |                |                                      | ``edge_pred_whole_tiles``                 |
 | stale_smem     | stale shared-memory reads            | patches ``skip_consumer_wait``,           |
 |                |                                      | ``release_before_read``                   |
@@ -168,6 +169,49 @@ def _apply_drop_copy_pred(p: F._Patcher, args: dict[str, Any], applied: F.Applie
     p.replace_everywhere(original, copy)
 
 
+def _apply_shrink_tma_bounds(p: F._Patcher, args: dict[str, Any], applied: F.Applied) -> None:
+    """A TMA copy's bounds are its predicate: the global tensor a TMA atom is made from gets
+    each tiled mode rounded down to a whole number of tiles (``copies``: stores, loads or
+    both), so the partial tiles at the edges are clipped away (stores) or zero-filled (loads)."""
+    from cutlass import cute
+    from cutlass.cute.nvgpu import cpasync
+
+    which = args["copies"]
+    original = cpasync.make_tiled_tma_atom
+
+    def make_tiled_tma_atom(op, gmem_tensor, smem_layout, cta_tiler, *rest, **kw):
+        store = "S2G" in type(op).__name__
+        if which == "all" or (which == "store") == store:
+            shape, tiler = gmem_tensor.shape, cta_tiler
+            if isinstance(shape, tuple) and isinstance(tiler, tuple):
+                new = []
+                for k, extent in enumerate(shape):
+                    tile = tiler[k] if k < len(tiler) else None
+                    if not isinstance(tile, int) or isinstance(extent, tuple):
+                        new.append(extent)
+                        continue
+                    static = F._static_value(extent)
+                    if static is not None and static < tile:
+                        raise F.FaultApplyError(
+                            f"shrink_tma_bounds: mode {k} extent {static} < tile {tile}"
+                        )
+                    new.append(extent // tile * tile)
+                before = [F._static_value(x) for x in shape]
+                after = [F._static_value(x) for x in new]
+                gmem_tensor = cute.make_tensor(
+                    gmem_tensor.iterator, cute.make_layout(tuple(new), stride=gmem_tensor.stride)
+                )
+                applied.add_site(
+                    "make_tiled_tma_atom",
+                    f"{'store' if store else 'load'} bounds rounded down to whole tiles "
+                    f"{list(tiler)}: {before} -> {after} (None: run-time extent)",
+                    copy="store" if store else "load",
+                )
+        return original(op, gmem_tensor, smem_layout, cta_tiler, *rest, **kw)
+
+    p.replace_everywhere(original, make_tiled_tma_atom)
+
+
 # ---- the registry entries --------------------------------------------------------------------
 
 
@@ -221,6 +265,19 @@ def entries() -> list[F.Fault]:
             "with pred= (not the `if` predicates of kernels/*.py)",
             patches=("cute.copy (pred=)",),
             apply=_apply_drop_copy_pred,
+        ),
+        F.Fault(
+            "shrink_tma_bounds",
+            "the global tensor of each TMA atom has its tiled modes rounded down to whole "
+            "tiles (a TMA copy's bounds are its predicate)",
+            {"copies": F.Param(str, "store", "which TMA atoms", choices=("store", "load", "all"))},
+            F.DEPENDS,
+            expected_note="row tile_edges. store: the partial tiles' elements past the last "
+            "whole tile are never written (MISMATCH in edge tiles only); load: they are "
+            "zero-filled (MISMATCH at the edges, or everywhere when a reduction mode such as "
+            "K is cut)",
+            patches=("cute.nvgpu.cpasync.make_tiled_tma_atom",),
+            apply=_apply_shrink_tma_bounds,
         ),
         F.Fault(
             "edge_pred_whole_tiles",
