@@ -17,8 +17,11 @@ program imports cutlass (cutedebug/instrument/launch.py). The verdict comes from
 - PASS: exit status 0.
 
 A HANG without probes is rerun once with probes on to localize it (when the first run traced
-a CuTe DSL kernel), as `run` does. Whatever the command leaves behind (grandchildren that
-outlived it included) is swept by its tag; a GPU health check follows a kill.
+a CuTe DSL kernel), as `run` does. The command is launched and watched by the harness's one
+watchdog (engine/watchdog.py: its own session, the lifeline tags and PR_SET_PDEATHSIG, so it
+dies with cutedebug; killed with its group, then whatever carries its tag is swept, grandchildren
+in sessions of their own included); exec adds its kill rules (settled stuck records, a stall, the
+deadline) and a faulthandler dump before the kill. A GPU health check follows a kill.
 Exit codes as `run`: 0 the verdict is the expected one (--expect, default PASS), 1 it is not,
 2 usage error.
 """
@@ -31,7 +34,6 @@ import os
 import re
 import shlex
 import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -39,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cutedebug.engine import runner
+from cutedebug.engine import lifeline, runner, watchdog
 from cutedebug.engine import verdict as V
 from cutedebug.instrument import launch
 
@@ -188,17 +190,11 @@ class _Tree:
         return sum(p["stuck"] for p in self.procs.values())
 
 
-def _signal_tree(proc: subprocess.Popen, tag: str, sig: int) -> None:
-    pids = {proc.pid} | {p.pid for p in runner.tagged_processes(tag)}
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
 def watch_command(s: Settings, run_dir: Path) -> ExecResult:
-    """Run the command once under the watchdog; classify what happened."""
+    """Run the command once under the harness's watchdog (its own session, the lifeline tags,
+    killed with its group and swept by its tag); classify what happened."""
+    from cutedebug.engine.scenario import Limits
+
     run_dir.mkdir(parents=True, exist_ok=True)
     events_path, log_path = run_dir / "events.jsonl", run_dir / "command.log"
     events_path.write_text("")
@@ -214,95 +210,106 @@ def watch_command(s: Settings, run_dir: Path) -> ExecResult:
         "record": s.record,
         "stall_s": s.stall_s if s.probes else None,
     }
-    tag = uuid.uuid4().hex
     env = launch.child_env(config, dict(os.environ))
     env.update(s.extra_env)
-    env[runner.TAG_VAR] = tag
     dumps: list[dict[str, Any]] = []
     if s.coredump:
         from cutedebug.analyses import coredump
 
         env.update(coredump.worker_env(run_dir))
-    reader, tree = runner.EventReader(events_path), _Tree()
-    malformed: list[str] = []
+    live = _Tree()
     t0 = time.monotonic()
-    killed_by, first_stuck_t, last_stuck_change, last_stuck = None, None, None, 0
-    kill_t = None
-    paused, pause_start = 0.0, None
-    swept: list[int] = []
-    with open(log_path, "ab") as log:
-        try:
-            proc = subprocess.Popen(
-                s.argv,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                cwd=s.cwd,
-                start_new_session=True,
-            )
-        except OSError as e:
-            raise UsageError(f"cannot start {s.argv[0]!r}: {e}") from e
+    clock = {
+        "first_stuck": None,
+        "stuck_change": None,
+        "stuck": 0,
+        "paused": 0.0,
+        "pause_start": None,
+        "kill": None,
+    }
+
+    def kill_when(_elapsed: float) -> str | None:
+        """exec's rules, asked at every poll: stuck records settled, a stall, the deadline
+        (its clock stopped while a process of the command waits for the GPU token)."""
+        now = time.monotonic()
+        waiting = any(p.get("gpu_waiting") for p in live.procs.values())
+        if waiting and clock["pause_start"] is None:
+            clock["pause_start"] = now
+        elif not waiting and clock["pause_start"] is not None:
+            clock["paused"] += now - clock["pause_start"]
+            clock["pause_start"] = None
+        if live.stuck != clock["stuck"]:
+            clock["stuck"], clock["stuck_change"] = live.stuck, now
+            clock["first_stuck"] = clock["first_stuck"] or now
+        why = None
+        if clock["first_stuck"] is not None and (
+            now - clock["stuck_change"] >= STUCK_SETTLE_S
+            or now - clock["first_stuck"] >= STUCK_MAX_WAIT_S
+        ):
+            why = "stuck records"
+        elif any(p.get("stall") for p in live.procs.values()):
+            why = "stall"
+        else:
+            pause = clock["paused"] + (now - clock["pause_start"] if clock["pause_start"] else 0)
+            if now - t0 - pause > s.deadline_s:
+                why = f"deadline:{s.deadline_s:g}s"
+        if why:
+            clock["kill"] = now
+        return why
+
+    def before_kill(ctx: dict[str, Any]) -> dict[str, Any] | None:
+        nonlocal dumps
+        if s.coredump:  # every CUDA process's GPU state first (bounded)
+            dumps = coredump.dump_all(run_dir)
+        # Where every process waits, from faulthandler, then the watchdog kills.
+        watchdog.signal_tree(ctx["pid"], ctx["tag"], signal.SIGUSR1)
+        _wait_for_stacks(stacks, live.procs, STACK_DUMP_WAIT_S)
+        return None
+
+    never = 1e9  # the command writes no worker phases: exec's own rules decide (kill_when)
+    limits = Limits(compile_s=never, deadline_s=never, import_s=never, check_s=never)
     try:
-        while True:
-            exited = proc.poll() is not None
-            evs, bad = reader.poll()
-            for ev in evs:
-                tree.add(ev)
-            malformed.extend(bad)
-            now = time.monotonic()
-            # The deadline clock stops while a process of the command waits for the GPU token.
-            waiting = any(p.get("gpu_waiting") for p in tree.procs.values())
-            if waiting and pause_start is None:
-                pause_start = now
-            elif not waiting and pause_start is not None:
-                paused, pause_start = paused + now - pause_start, None
-            if tree.stuck != last_stuck:
-                last_stuck, last_stuck_change = tree.stuck, now
-                first_stuck_t = first_stuck_t or now
-            if exited:
-                break
-            if first_stuck_t is not None and (
-                now - last_stuck_change >= STUCK_SETTLE_S or now - first_stuck_t >= STUCK_MAX_WAIT_S
-            ):
-                killed_by = "stuck records"
-            elif any(p.get("stall") for p in tree.procs.values()):
-                killed_by = "stall"
-            elif now - t0 - paused - (now - pause_start if pause_start else 0) > s.deadline_s:
-                killed_by = f"deadline:{s.deadline_s:g}s"
-            if killed_by:
-                if s.coredump:  # every CUDA process's GPU state first (bounded)
-                    dumps = coredump.dump_all(run_dir)
-                # Where every process waits, from faulthandler, then the kill.
-                _signal_tree(proc, tag, signal.SIGUSR1)
-                _wait_for_stacks(stacks, tree.procs, STACK_DUMP_WAIT_S)
-                kill_t = now
-                swept = runner.kill_tree(proc, tag)
-                break
-            time.sleep(runner.POLL_S)
-    finally:
-        if proc.poll() is None:
-            swept += runner.kill_tree(proc, tag)
-        swept += runner.sweep(tag)  # grandchildren that outlived the command
-    evs, bad = reader.poll()
-    for ev in evs:
+        outcome, facts = watchdog.watch(
+            list(s.argv),
+            events_path,
+            log_path,
+            limits,
+            env=env,
+            cwd=s.cwd or os.getcwd(),
+            on_event=live.add,
+            kill_when=kill_when,
+            before_kill=before_kill,
+        )
+    except OSError as e:
+        raise UsageError(f"cannot start {s.argv[0]!r}: {e}") from e
+    tree = _Tree()  # every event, those read after the kill included
+    events, malformed = watchdog.EventReader(events_path).poll()
+    for ev in events:
         tree.add(ev)
-    malformed.extend(bad)
+    malformed = malformed or outcome.malformed_lines
+    tag = facts["tag"]
+    killed_by = outcome.killed_by_watchdog
+    kill_t, first_stuck_t = clock["kill"], clock["first_stuck"]
+    pause = clock["paused"] + (
+        time.monotonic() - clock["pause_start"] if clock["pause_start"] else 0
+    )
     res = ExecResult(
         settings=s,
         verdict=V.Verdict.HARNESS_ERROR,
         reason="",
         run_dir=run_dir,
-        returncode=proc.returncode,
+        returncode=outcome.returncode,
         killed_by=killed_by,
-        elapsed_s=round(time.monotonic() - t0, 3),
+        elapsed_s=outcome.elapsed_s,
         processes=tree.procs,
-        log_tail=runner._tail(log_path, 8000),
-        swept=sorted(set(swept)),
-        left=[p.pid for p in runner.tagged_processes(tag)],  # after the sweep: should be none
+        log_tail=watchdog.tail(log_path, 8000),
+        swept=sorted(set(facts.get("swept", []) + facts.get("swept_after_exit", []))),
+        left=[p.pid for p in lifeline.processes(tag)],  # after the sweep: should be none
         tag=tag,
-        gpu_wait_s=round(paused + (time.monotonic() - pause_start if pause_start else 0), 3),
+        gpu_wait_s=round(pause, 3),
     )
+    if facts.get("before_kill"):
+        res.evidence["before_kill"] = facts["before_kill"]
     res.evidence["stacks"] = _read_stacks(stacks) if killed_by else {}
     if first_stuck_t is not None:
         # The waits that wrote the records had been stuck for the budget already.
@@ -320,8 +327,9 @@ def watch_command(s: Settings, run_dir: Path) -> ExecResult:
     if s.coredump and res.verdict in (V.Verdict.HANG, V.Verdict.CRASH):
         # no trace-time tables here: the SASS (cuda-gdb's disassembly) and lines alone
         t_core = time.monotonic()
-        res.evidence.update(coredump.analyse(run_dir, None, {"before_kill": [
-            {"coredump": d} for d in dumps]}))
+        res.evidence.update(
+            coredump.analyse(run_dir, None, {"before_kill": [{"coredump": d} for d in dumps]})
+        )
         res.evidence["coredump_s"] = round(time.monotonic() - t_core, 3)
     if s.coredump:
         coredump.remove_pipes(run_dir)
@@ -509,8 +517,13 @@ def run_exec(
 ) -> ExecResult:
     """The command once; a HANG without probes is rerun with them, as `run` does."""
     res = watch_command(s, run_dir)
-    if (res.verdict is V.Verdict.HANG and s.probes is None and probes_asked is None and res.traced
-            and not res.evidence.get("stuck_sites")):  # a core already said where
+    if (
+        res.verdict is V.Verdict.HANG
+        and s.probes is None
+        and probes_asked is None
+        and res.traced
+        and not res.evidence.get("stuck_sites")
+    ):  # a core already said where
         first = res
         s2 = Settings(**{**vars(s), "probes": probe_config(budget_ms)})
         res = watch_command(s2, run_dir / "with_probes")
