@@ -33,6 +33,7 @@ OVER_LIMIT = {
     "cutedebug/instrument/launch.py": "exec: the launch interposer",
     "cutedebug/engine/runner.py": "trust: the watchdog and the sweep into their own modules",
     "cutedebug/engine/scenario.py": "trust: limits validation into its own module",
+    "cutedebug/engine/worker.py": "trust: the worker's phases (load, compile, run, check)",
 }
 
 # The flow, top to bottom: a module may import its own layer and the layers below it. "base"
