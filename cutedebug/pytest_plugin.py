@@ -118,13 +118,13 @@ def _to_bool(text: str) -> bool:
 
 
 def _limit(name: str):
-    """The one limit check (cutedebug.engine.scenario.check_limit): finite, positive,
+    """The one limit check (cutedebug.engine.limits.check_limit): finite, positive,
     bounded; NaN or inf would switch the watchdog off."""
 
     def conv(value: Any):
         try:
             return S.check_limit(name, value)
-        except S.ScenarioError as e:
+        except S.LimitError as e:
             raise ValueError(str(e).split(": ", 1)[-1]) from None
 
     conv.__name__ = name

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import ast
 import io
-import math
 import re
 import tokenize
 import tomllib
@@ -55,6 +54,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from cutedebug.engine.limits import LIMIT_RANGES, LimitError, check_limit, limit_arg  # noqa: F401
 from cutedebug.engine.verdict import ALL as VERDICTS
 
 ARCHS = ("sm_90a", "sm_100a")
@@ -225,56 +225,8 @@ _LIMITS = {
     "import_s": float,
     "check_s": float,
 }
-# Every limit, wherever it comes from (TOML, command line, pytest option, env, ini), goes
-# through check_limit: finite, positive, within these bounds. An unbounded or NaN limit would
-# switch the watchdog off; zero would kill every run at once.
-LIMIT_RANGES: dict[str, tuple[type, float, float]] = {
-    "compile_s": (float, 1, 3600),
-    "deadline_s": (float, 0.1, 3600),
-    "stall_s": (float, 0.05, 600),
-    "wait_budget_ms": (int, 1, 600_000),
-    "import_s": (float, 1, 3600),
-    "check_s": (float, 1, 3600),
-    "repeat": (int, 1, 1000),
-    "jobs": (int, 1, 256),
-    "timeout_margin": (float, 1, 3600),
-}
 ID_RE = re.compile(r"[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+)*")
 MAX_ID = 120
-
-
-def check_limit(name: str, value: Any, where: str = "", label: str | None = None) -> float | int:
-    """``value`` (a number or its text) as limit ``name``, or ScenarioError saying why not
-    (``where``: the file or option it came from; ``label``: the name to show, e.g. the field)."""
-    kind, lo, hi = LIMIT_RANGES[name]
-    prefix = f"{where}: " if where else ""
-    bad = (
-        f"{prefix}{label or name} = {value!r}: expected a finite {'whole ' if kind is int else ''}"
-        f"number within [{lo:g}, {hi:g}]"
-    )
-    if isinstance(value, bool):
-        raise ScenarioError(bad)
-    try:
-        num = float(value.strip()) if isinstance(value, str) else float(value)
-    except (TypeError, ValueError, OverflowError):
-        raise ScenarioError(bad) from None
-    if not math.isfinite(num) or not lo <= num <= hi or (kind is int and num != int(num)):
-        raise ScenarioError(bad)
-    return int(num) if kind is int else num
-
-
-def limit_arg(name: str):
-    """An argparse ``type`` for limit ``name``: the same check, reported by argparse (exit 2)."""
-    import argparse
-
-    def convert(text: str) -> float | int:
-        try:
-            return check_limit(name, text)
-        except ScenarioError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-
-    convert.__name__ = name
-    return convert
 
 
 def check_id(sid: Any, where: str) -> str:
@@ -521,9 +473,12 @@ def build(data: dict[str, Any], where: str, base_dir: Path, source: str | None) 
 
     limits_t = data.get("limits", {})
     _check_table(where, limits_t, _LIMITS, "limits.")
-    limits = Limits(
-        **{k: check_limit(k, v, where, f"field limits.{k}") for k, v in limits_t.items()}
-    )
+    try:
+        limits = Limits(
+            **{k: check_limit(k, v, where, f"field limits.{k}") for k, v in limits_t.items()}
+        )
+    except LimitError as e:
+        raise ScenarioError(str(e)) from None
 
     requires = data.get("requires", {})
     _check_table(where, requires, _REQUIRES, "requires.")

@@ -161,13 +161,11 @@ def _spawn(
     job: str = "worker",
 ):
     if forkserver is not None:
-        from cutedebug.engine.forkserver import ForkServerError
-
         try:
             child = forkserver.spawn(Path(argv[-1]), log_path, {lifeline.RUN_TAG_VAR: tag}, job=job)
             facts["forked"] = True
             return child
-        except ForkServerError as e:  # could not be restarted: a fresh interpreter then
+        except RuntimeError as e:  # ForkServerError: not restartable; a fresh interpreter then
             facts["forkserver_error"] = str(e)[:500]
     facts["forked"] = False
     with open(log_path, "ab") as log:
