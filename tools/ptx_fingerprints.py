@@ -40,8 +40,7 @@ def compile_variant(sc, workdir: Path, *, probes=None, bisect=None) -> tuple[str
     from cutedebug.engine import runner, worker
 
     extra = {} if bisect is None else {"bisect": bisect}
-    req, events_path, _ = runner.write_request(workdir, sc, mode="compile", probes=probes,
-                                               **extra)
+    req, events_path, _ = runner.write_request(workdir, sc, mode="compile", probes=probes, **extra)
     request = json.loads(req.read_text())
     events = worker.Events(str(events_path))
     try:
@@ -72,8 +71,12 @@ def variants(sc, clean: bool):
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("targets", nargs="*", default=[str(ROOT / "scenarios")],
-                   help="scenario files or directories (default: scenarios/)")
+    p.add_argument(
+        "targets",
+        nargs="*",
+        default=[str(ROOT / "scenarios")],
+        help="scenario files or directories (default: scenarios/)",
+    )
     p.add_argument("-k", dest="filter", default="", help="only scenario ids containing this")
     p.add_argument("--no-checkpoints", action="store_true", help="skip the checkpoint variants")
     args = p.parse_args(argv)
@@ -102,10 +105,10 @@ def main(argv: list[str] | None = None) -> int:
             _, evs = compile_variant(sc, Path(tmp) / f"{n}-sites", bisect={"site": None})
             table = next((e["sites"] for e in evs if e["event"] == "checkpoint_sites"), [])
             for site in table[:CHECKPOINT_SITES]:
-                fp, _ = compile_variant(sc, Path(tmp) / f"{n}-cp{site['id']}",
-                                        bisect={"site": site["id"]})
-                print(f"{sc.id:<52} {'checkpoint site ' + str(site['id']):<24} {fp}",
-                      flush=True)
+                fp, _ = compile_variant(
+                    sc, Path(tmp) / f"{n}-cp{site['id']}", bisect={"site": site["id"]}
+                )
+                print(f"{sc.id:<52} {'checkpoint site ' + str(site['id']):<24} {fp}", flush=True)
     return 0
 
 
