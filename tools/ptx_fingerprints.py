@@ -24,6 +24,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -58,6 +59,7 @@ def compile_variant(sc, workdir: Path, *, probes=None, bisect=None) -> tuple[str
         if name in by_name:
             e = by_name[name]
             why = e.get("reason") or f"{e.get('type')}: {e.get('message', '')}"
+            why = re.sub(r"\x1b\[[0-9;]*m", "", str(why))  # the DSL colors its errors
             return f"{name}: {' '.join(str(why).split())[:120]}", evs
     return "no PTX: " + ",".join(e["event"] for e in evs), evs
 
