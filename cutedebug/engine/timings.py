@@ -1,0 +1,80 @@
+"""Where a run's seconds go: the work (compile, kernel, reference check) and the harness's
+overhead, and one attempt's wall time placed phase by phase on the runner's clock
+(``report.json`` timings, ``report.md``'s breakdown, a triage's overhead column).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cutedebug.engine import verdict as V
+
+
+def timings(o: V.Outcome, facts: dict[str, Any]) -> dict[str, float]:
+    t: dict[str, float] = {"total_s": o.elapsed_s}
+    if (c := o.event("compiled")) is not None:
+        t["compile_s"] = c.get("secs", 0.0)
+    if (s := o.event("synced")) is not None:
+        t["kernel_s"] = s.get("kernel_s", 0.0)
+        if (ck := o.event("checked")) is not None and "t" in ck and "t" in s:
+            t["check_s"] = round(max(0.0, ck["t"] - s["t"]), 3)  # the reference + comparison
+    if "stall_detected_after_s" in facts:
+        t["stall_to_verdict_s"] = facts["stall_detected_after_s"]
+    for key, secs in breakdown(o, facts).items():
+        t.setdefault(key, secs)  # compile_s and check_s as the worker measured them
+    if (launched := o.event("launched")) is not None and "kill_t" in facts:
+        # kill_t counts from spawn, event times from the worker's start: close enough to
+        # report how long the kernel ran before the watchdog ended it.
+        t["launch_to_kill_s"] = round(facts["kill_t"] - launched["t"], 3)
+    return t
+
+
+# Where one attempt's wall time went, in order (seconds; report.json "timings"):
+BREAKDOWN = (
+    ("spawn_s", "the runner's spawn (fork or fresh interpreter) until the worker started"),
+    ("imports_s", "torch import and CUDA init, cutlass import, the kernel file and its class"),
+    ("inputs_s", "make_inputs (or fake args) and the probe buffer"),
+    ("compile_s", "cute.compile with the instrumentation (trace, MLIR, PTX, cubin)"),
+    ("launch_s", "launch until the kernel ended: synchronized, faulted or killed"),
+    ("check_s", "the reference and the comparison"),
+    ("exit_s", "the worker's exit (CUDA context teardown) and the sweep for leftovers"),
+)
+
+
+def breakdown(o: V.Outcome, facts: dict[str, Any]) -> dict[str, float]:
+    """The BREAKDOWN fields of one attempt that its events let us place on the runner's clock
+    (the worker's "started" event carries its own t = 0 as mono0); {} for older workers."""
+    st = o.event("started")
+    if not st or "mono0" not in st or "t_call" not in facts:
+        return {}
+    mono0 = float(st["mono0"])
+
+    def at(name: str) -> float | None:
+        e = o.event(name)
+        return None if e is None or "t" not in e else mono0 + float(e["t"])
+
+    out: dict[str, float] = {"spawn_s": at("started") - facts["t_call"]}
+    pairs = (("imports_s", "started", "imported"), ("inputs_s", "imported", "compiling"))
+    for key, a, b in pairs:
+        if at(a) is not None and at(b) is not None:
+            out[key] = at(b) - at(a)
+    kill = facts["t_call"] + facts["kill_t"] if "kill_t" in facts else None
+    if (launched := at("launched")) is not None:
+        end = at("synced") or at("cuda_error") or kill
+        if end is not None:
+            out["launch_s"] = end - launched
+    last = (
+        kill
+        if kill is not None
+        else max((mono0 + float(e["t"]) for e in o.events if "t" in e), default=None)
+    )
+    if last is not None and "t_return" in facts:
+        out["exit_s"] = facts["t_return"] - last
+    return {k: round(max(0.0, v), 3) for k, v in out.items()}
+
+
+def work_s(t: dict[str, float]) -> float:
+    """Seconds one attempt spent on the work itself: compile, the kernel (until the kill, for
+    a hang) and the reference check. The rest of its wall time is the harness's."""
+    kernel = t.get("kernel_s") or t.get("launch_to_kill_s") or 0.0
+    return t.get("compile_s", 0.0) + kernel + t.get("check_s", 0.0)
