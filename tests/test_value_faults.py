@@ -169,12 +169,12 @@ class _TiledKernel:
 
 def test_worker_maps_a_mismatch_and_keeps_the_mask(tmp_path):
     torch = pytest.importorskip("torch")
-    from cutedebug.engine import valuemap, worker
+    from cutedebug.engine import valuemap
 
     ref = torch.arange(48, dtype=torch.float32).reshape(6, 8)
     out = ref.clone()
     out[4:, :] = float("nan")  # the partial tile row (rows 4-5)
-    fields = worker.mismatch_map(_TiledKernel(), out, ref, 1e-5, 1e-5, str(tmp_path))
+    fields = valuemap.mismatch_fields(_TiledKernel(), out, ref, 1e-5, 1e-5, str(tmp_path))
     m = fields["mismatch_map"]
     assert m["tile_bad"] == [[0, 0], [8, 8]] and m["partial_rows"] == 2
     assert m["bad_values"]["nan"] == 16
@@ -182,7 +182,9 @@ def test_worker_maps_a_mismatch_and_keeps_the_mask(tmp_path):
     assert header["tiling"]["tile"] == [4, 4] and int(flat.sum()) == 16
     # a kernel without tiling() still gets counts, and a failing tiling() is reported, not fatal
     assert (
-        worker.mismatch_map(object(), out, ref, 1e-5, 1e-5, None)["mismatch_map"]["tiling_problem"]
+        valuemap.mismatch_fields(object(), out, ref, 1e-5, 1e-5, None)["mismatch_map"][
+            "tiling_problem"
+        ]
         == "the kernel has no tiling()"
     )
 
@@ -190,7 +192,10 @@ def test_worker_maps_a_mismatch_and_keeps_the_mask(tmp_path):
         def tiling(self):
             raise RuntimeError("boom")
 
-    assert "boom" in worker.mismatch_map(Broken(), out, ref, 1e-5, 1e-5, None)["mismatch_map_error"]
+    assert (
+        "boom"
+        in valuemap.mismatch_fields(Broken(), out, ref, 1e-5, 1e-5, None)["mismatch_map_error"]
+    )
 
 
 # ---- end to end on the CPU: the verifier error becomes a diagnosis ----------------------------

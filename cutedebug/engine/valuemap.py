@@ -254,3 +254,35 @@ def store_sites(copy_sites: list[dict[str, Any]] | None) -> list[dict[str, Any]]
                     {"op": "store", "file": s["file"], "line": s["line"], "atom": s.get("atom")}
                 )
     return out[:32]
+
+
+def mismatch_fields(
+    kernel, out, ref, atol: float, rtol: float, dump_dir: str | None, digest: str | None = None
+) -> dict[str, Any]:
+    """The worker's ``checked`` fields for a mismatch: the map over the kernel's tiling and the
+    mask itself as mismatch_mask.gz in the run directory. Never raises: a failure is reported
+    as ``mismatch_map_error`` (the map is extra evidence, the verdict stands without it)."""
+    try:
+        import torch
+
+        o, r = out.detach().float().cpu(), ref.detach().float().cpu()
+        good = torch.isclose(o, r, atol=atol, rtol=rtol)
+        tiling = kernel.tiling() if callable(getattr(kernel, "tiling", None)) else None
+        fields: dict[str, Any] = {"mismatch_map": collect(o, r, good, tiling, atol, rtol)}
+        if dump_dir:
+            path = Path(dump_dir) / "mismatch_mask.gz"
+            save_mask(path, good, tiling, {"digest": digest})
+            fields["mismatch_mask"] = path.name
+        return fields
+    except Exception as e:
+        return {"mismatch_map_error": f"{type(e).__name__}: {e}"[:500]}
+
+
+def alignment_fields(error: Exception, copy_sites: list[dict[str, Any]]) -> dict[str, Any]:
+    """For a copy-alignment verifier error (it carries no source line): the cute.copy calls
+    traced before it (file:line, atom, provable alignment), so the diagnosis can point at the
+    copy. {} for other errors."""
+    text = " ".join(str(error).split())  # the DSL wraps its message over lines
+    if "alignment" not in text or "does not meet requirement" not in text:
+        return {}
+    return {"copy_sites": [s for s in copy_sites if s.get("atom") != "autovec"][:64]}

@@ -317,6 +317,7 @@ def run(request: dict[str, Any], events: Events) -> None:
 
         protocol = stack.enter_context(lint.record())
         # observer: every copy's line and provable alignment (wrong-value diagnoses)
+        from cutedebug.engine import valuemap
         from cutedebug.instrument import value_faults
 
         copy_sites = stack.enter_context(value_faults.record_copy_sites())
@@ -372,7 +373,7 @@ def run(request: dict[str, Any], events: Events) -> None:
                 type=type(e).__name__,
                 message=str(e),
                 traceback=tb,
-                **alignment_copy_sites(e, copy_sites),
+                **valuemap.alignment_fields(e, copy_sites),
             )
             return
     compile_s = time.monotonic() - t0
@@ -400,8 +401,7 @@ def run(request: dict[str, Any], events: Events) -> None:
         wait_sites=[w.to_json() for w in wait_sites] if wait_sites is not None else None,
         static_findings=lint.static_findings(protocol),
     )
-    from cutedebug.engine import valuemap  # the lines a wrong-value diagnosis can point at
-
+    # the lines a wrong-value diagnosis can point at
     events.emit(
         "protocol_sites",
         sites=valuemap.protocol_sites(protocol),
@@ -471,41 +471,10 @@ def run(request: dict[str, Any], events: Events) -> None:
     stats = compare(out, ref, atol, rtol)
     stats["digest"] = digest(out)
     if stats["ok"] is False and "shape_mismatch" not in stats:
-        stats.update(mismatch_map(kernel, out, ref, atol, rtol, request.get("dump_dir")))
+        # where the wrong values are (never raises)
+        stats.update(valuemap.mismatch_fields(kernel, out, ref, atol, rtol,
+                                              request.get("dump_dir"), stats["digest"]))
     events.emit("checked", **stats)
-
-
-def mismatch_map(
-    kernel, out, ref, atol: float, rtol: float, dump_dir: str | None
-) -> dict[str, Any]:
-    """Where the wrong values are, over the kernel's tiling (cutedebug.engine.valuemap), and
-    the mask itself as mismatch_mask.gz in the run directory. Never fails the run."""
-    try:
-        import torch
-
-        from cutedebug.engine import valuemap
-
-        o, r = out.detach().float().cpu(), ref.detach().float().cpu()
-        good = torch.isclose(o, r, atol=atol, rtol=rtol)
-        tiling = kernel.tiling() if callable(getattr(kernel, "tiling", None)) else None
-        fields: dict[str, Any] = {"mismatch_map": valuemap.collect(o, r, good, tiling, atol, rtol)}
-        if dump_dir:
-            path = Path(dump_dir) / "mismatch_mask.gz"
-            valuemap.save_mask(path, good, tiling, {"digest": digest(out)})
-            fields["mismatch_mask"] = path.name
-        return fields
-    except Exception as e:  # the map is extra evidence: its failure is reported, not fatal
-        return {"mismatch_map_error": f"{type(e).__name__}: {e}"[:500]}
-
-
-def alignment_copy_sites(error: Exception, copy_sites: list[dict[str, Any]]) -> dict[str, Any]:
-    """For a copy-alignment verifier error (it carries no source line): the cute.copy calls
-    traced before it (file:line, atom, provable alignment), so the diagnosis can point at the
-    copy. {} for other errors."""
-    text = " ".join(str(error).split())  # the DSL wraps its message over lines
-    if "alignment" not in text or "does not meet requirement" not in text:
-        return {}
-    return {"copy_sites": [s for s in copy_sites if s.get("atom") != "autovec"][:64]}
 
 
 def main(argv: list[str] | None = None) -> int:
