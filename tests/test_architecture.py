@@ -24,7 +24,6 @@ OVER_LIMIT = {
     "cutedebug/instrument/faults.py": "instr: splitting the fault registry by kind",
     "cutedebug/instrument/probes.py": "instr: device helpers / host decoding / diagnosis",
     "cutedebug/analyses/sanitizer.py": "field: parsing / classification / running",
-    "cutedebug/commands/triage.py": "trust: the triage front end and its records",
     "cutedebug/commands/exec.py": "exec: cutedebug exec",
     "cutedebug/commands/mutate.py": "exec: cutedebug mutate",
     "cutedebug/pytest_plugin.py": "trust: plugin hooks / settings / fixtures",
