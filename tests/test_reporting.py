@@ -326,3 +326,11 @@ def test_rendered_wide_matrix_scrolls_in_its_box_not_the_page(tmp_path):
     for cls in ("ok", "miss", "harness"):
         color = {"ok": "#c8f0c8", "miss": "#f6b8b8", "harness": "#f9d29b"}[cls]
         assert (abs(img - _rgb(color)).sum(axis=2) == 0).sum() > 1000, cls
+
+
+def test_the_record_interface_matches_what_triage_writes():
+    # every field the renderers declare is one the triage's records carry
+    rec = wide_record("k", "wrong_expect_tx", 0)
+    assert set(matrix.TriageRecord.__annotations__) - {"bisect"} <= set(rec)
+    assert set(matrix.Expected.__annotations__) == set(rec["expected"])
+    assert set(matrix.CallRecord.__annotations__) <= set(rec["run"])

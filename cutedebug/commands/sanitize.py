@@ -37,6 +37,7 @@ from cutedebug.analyses.sanitizer import (
     source_line,
 )
 from cutedebug.engine.verdict import values
+from cutedebug.reporting.files import write_text
 from cutedebug.reporting.sanitize import (
     render_summary_markdown,
     secs,
@@ -381,11 +382,11 @@ def cmd_sanitize(args: Any) -> int:
                              (summary.get("plain") or {}).get("verdict"))
     summary["as_expected"] = ok
     json_path, md_path = run_dir / "sanitize.json", run_dir / "sanitize.md"
-    json_path.write_text(json.dumps(summary, indent=1, default=str))
+    write_text(json_path, json.dumps(summary, indent=1, default=str))
     _, verdict_line = judge(summary["expected_verdict"],
                             {t: r["verdict"] for t, r in summary["tools"].items()},
                             (summary.get("plain") or {}).get("verdict"))
-    md_path.write_text(render_summary_markdown(summary, verdict_line))
+    write_text(md_path, render_summary_markdown(summary, verdict_line))
     for r in summary["tools"].values():
         if r.get("shrink"):
             s = r["shrink"]

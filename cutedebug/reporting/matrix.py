@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from cutedebug.engine import scenario as S
 from cutedebug.reporting.escape import html_link, md_code, md_link, md_text, xml_attr, xml_text
@@ -24,7 +24,53 @@ from cutedebug.reporting.files import atomic_write
 RATE_KEYS = ("detection", "classification", "localization", "false_alarms")
 
 
-def actual_text(r: dict[str, Any]) -> str:
+# ---- the records this module reads (written by cutedebug.commands.triage_records as JSON) ----
+class Expected(TypedDict, total=False):
+    verdict: str  # a Verdict name
+    also: list[str]  # further accepted verdicts (timing-dependent scenarios)
+    localization: dict[str, Any]  # role / op / barrier / stage the run is graded on
+
+
+class CallRecord(TypedDict, total=False):
+    """One compile or run call of a scenario."""
+
+    mode: str  # "compile" | "run"
+    verdict: str
+    reason: str
+    report: str  # the run's report.md, relative to the triage's output folder
+    wall_s: float
+    overhead_s: float
+
+
+class TriageRecord(TypedDict, total=False):
+    """One scenario of a triage (OUT/results/<id>.json): what the renderers read."""
+
+    id: str
+    kernel: str  # FILE.py:ENTRY
+    fault: str | None
+    fault_args: dict[str, Any]
+    expected: Expected
+    status: str  # "done" once final
+    invalid: str | None  # why the scenario file is invalid
+    not_run: str | None  # why it could only be compiled here
+    verdict: str | None
+    verdict_ok: bool | None
+    localization_ok: bool | None
+    caught_statically: bool | None
+    frequencies: dict[str, int]  # verdict -> count over the repeats
+    timing_dependent: bool
+    harness_errors: int
+    time_to_verdict_s: float | None
+    overhead_s: float | None
+    bisect: dict[str, Any] | None
+    compile: CallRecord | None
+    run: CallRecord | None
+
+
+Record = TriageRecord
+
+
+def actual_text(r: Record) -> str:
     if r.get("invalid"):
         return "invalid scenario"
     if r.get("status") != "done":
@@ -39,7 +85,7 @@ def actual_text(r: dict[str, Any]) -> str:
     return r["verdict"]
 
 
-def state(r: dict[str, Any]) -> str:
+def state(r: Record) -> str:
     """ok / miss / notrun / harness / timing / invalid / pending: one color per state."""
     if r.get("invalid"):
         return "invalid"
@@ -70,18 +116,18 @@ MARK = {
 }
 
 
-def loc_text(r: dict[str, Any]) -> str:
+def loc_text(r: Record) -> str:
     ok = r.get("localization_ok")
     text = "n.a." if ok is None else ("right" if ok else "wrong")
     return text + (" (bisect)" if r.get("bisect") else "")
 
 
-def _static_text(r: dict[str, Any]) -> str:
+def _static_text(r: Record) -> str:
     c = r.get("caught_statically")
     return "n.a." if c is None else ("yes" if c else "no")
 
 
-def _fault_text(r: dict[str, Any]) -> str:
+def _fault_text(r: Record) -> str:
     if not r.get("fault"):
         return "none"
     args = ",".join(f"{k}={v}" for k, v in (r.get("fault_args") or {}).items())
@@ -92,12 +138,12 @@ def _secs(x: float | None) -> str:
     return "" if x is None else f"{x:.1f}"
 
 
-def expect_of(r: dict[str, Any]) -> S.Expect:
+def expect_of(r: Record) -> S.Expect:
     """A record's expected verdicts as the scenario's Expect (records are plain JSON)."""
     return S.Expect(verdict=r["expected"]["verdict"], also=tuple(r["expected"].get("also") or ()))
 
 
-def expected_text(r: dict[str, Any]) -> str:
+def expected_text(r: Record) -> str:
     """The expected verdict, with the ones a timing-dependent scenario also accepts."""
     return " or ".join(expect_of(r).verdicts)
 
@@ -106,7 +152,7 @@ def short_id(sid: str) -> str:
     return sid.rsplit("/", 1)[-1]
 
 
-def detail_rows(records: list[dict[str, Any]]) -> list[list[str]]:
+def detail_rows(records: list[Record]) -> list[list[str]]:
     rows = []
     for r in sorted(records, key=lambda r: (r.get("kernel", ""), r.get("fault") or "", r["id"])):
         rows.append(
@@ -140,7 +186,7 @@ DETAIL_HEAD = [
 ]
 
 
-def pivot(records: list[dict[str, Any]]) -> tuple[list[str], list[str], dict]:
+def pivot(records: list[Record]) -> tuple[list[str], list[str], dict]:
     """kernel × fault: rows are faults (clean first), columns kernels, cells the records.
     Invalid scenarios have no kernel or fault: they are listed, not placed."""
     records = [r for r in records if not r.get("invalid")]
@@ -180,7 +226,7 @@ def _summary(c: dict[str, Any]) -> str:
     )
 
 
-def not_as_expected(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def not_as_expected(recs: list[Record]) -> list[dict[str, Any]]:
     return [
         r
         for r in recs
@@ -189,7 +235,7 @@ def not_as_expected(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
-def _final(r: dict[str, Any]) -> dict[str, Any]:
+def _final(r: Record) -> dict[str, Any]:
     return r.get("run") or r.get("compile") or {}
 
 
