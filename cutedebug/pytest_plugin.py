@@ -421,9 +421,10 @@ class ScenarioItem(_Item):
         except S.ScenarioError as e:  # the kernel could not be loaded in the child
             raise ScenarioFailure(f"{sc.id}: {e}") from None
         from cutedebug.analyses import mismatch
+        from cutedebug.reporting import mismatch_map
 
         mismatch.attach(res)  # failure-table diagnosis of wrong values (no-op for other verdicts)
-        _, md = report.write(res, mismatch.report_sections(res))
+        _, md = report.write(res, mismatch_map.report_sections(res))
         return res, md
 
     def _run(self, s: Settings):

@@ -27,7 +27,6 @@ OVER_LIMIT = {
     "cutedebug/commands/exec.py": "exec: cutedebug exec",
     "cutedebug/commands/mutate.py": "exec: cutedebug mutate",
     "cutedebug/pytest_plugin.py": "trust: plugin hooks / settings / fixtures",
-    "cutedebug/analyses/mismatch.py": "owner of issue 26 (mismatch explanations)",
     "cutedebug/analyses/bisect.py": "trust: its worker runs go through the one launch path",
     "cutedebug/instrument/launch.py": "exec: the launch interposer",
 }

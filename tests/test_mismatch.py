@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 
 from cutedebug.analyses import mismatch  # noqa: E402
 from cutedebug.engine import valuemap  # noqa: E402
+from cutedebug.reporting import mismatch_map  # noqa: E402
 
 R, C, TM, TN, GRID, STAGES = 200, 260, 32, 64, 6, 4  # 7 x 5 tiles, last row and column partial
 TR, TC = -(-R // TM), -(-C // TN)
@@ -169,7 +170,7 @@ def test_other_compile_errors_and_passes_have_no_row():
 def test_picture_marks_the_wrong_tiles():
     bad = tile_mask(lambda ti, tj, r, c, cta, seq: (ti == 1) & (tj == 2))
     m = valuemap.collect(None, None, ~bad, stream_tiling())
-    pic = mismatch.picture(m).splitlines()
+    pic = mismatch_map.picture(m).splitlines()
     assert pic[2] == "    @ | "  # tile row 1: only its third tile, fully wrong
     assert pic[1] == "      | "
     assert pic[TR].startswith("  ------  (below")  # the partial tile row follows
@@ -309,3 +310,22 @@ def test_edge_and_register_rows_point_at_the_stores():
     ]
     d = mismatch.diagnose("MISMATCH", {"checked": {"mismatch_map": m}}, protocol=protocol)
     assert d["row"] == "tile_edges" and d["lines"] == ["store at k.py:31"]
+
+
+def test_report_section_draws_the_map_that_attach_keeps(tmp_path):
+    bad = tile_mask(lambda ti, tj, r, c, cta, seq: seq == 0)
+    m = valuemap.collect(None, None, ~bad, stream_tiling())
+
+    class Result:
+        verdict = type("V", (), {"value": "MISMATCH"})()
+        evidence = {"checked": {"mismatch_map": m}}
+        repeats, run_dir, outcome = [], tmp_path, None
+
+    res = Result()
+    d = mismatch.attach(res)
+    assert d["row"] == "stale_smem" and res.evidence["diagnosis"][0].startswith("failure table")
+    kept = res.evidence["value_diagnosis"]["map"]
+    assert "tile_cta" not in kept["tiling"] and kept["tile_bad"] == m["tile_bad"]
+    (section,) = mismatch_map.report_sections(res)
+    assert "**stale shared-memory reads**" in section
+    assert mismatch_map.picture(kept) in section

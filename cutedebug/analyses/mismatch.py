@@ -21,7 +21,7 @@ Input: a run's evidence (the worker's ``checked`` event with its ``mismatch_map`
 ``cutedebug.engine.valuemap``, a ``compile_error`` or ``cuda_error`` event) and, for repeated
 runs, every repeat's map. ``diagnose_*`` functions are pure (dicts in, dict out); ``attach``
 adds the diagnosis to a RunResult's evidence (and its line to ``evidence["diagnosis"]``, which
-the report's TL;DR shows); ``report_sections`` renders the map for report.md.
+the report's TL;DR shows); ``cutedebug.reporting.mismatch_map`` draws the map in report.md.
 
 Patterns over the tiling (first match wins): edge tiles only -> tile_edges; everywhere, or the
 same rows / columns of every tile, reproducible -> register_smem (not reproducible ->
@@ -36,6 +36,8 @@ import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+from cutedebug.engine import valuemap
 
 ROWS = {
     "alignment": (
@@ -89,14 +91,6 @@ def _ranges(xs: list[int]) -> str:
     return ",".join(out)
 
 
-def _tile_sizes(m: dict[str, Any]) -> list[list[int]]:
-    """Elements of each tile that lie inside the output."""
-    rows, cols = m["tiling"]["shape"]
-    tm, tn = m["tiling"]["tile"]
-    tr, tc = m["tiles"]
-    return [[min(tm, rows - i * tm) * min(tn, cols - j * tn) for j in range(tc)] for i in range(tr)]
-
-
 def _band(hist: list[int], share: float = BAND_SHARE) -> tuple[list[int], float] | None:
     """The in-tile positions holding the bad elements, if they are a proper subset."""
     total = sum(hist)
@@ -117,7 +111,7 @@ def patterns(m: dict[str, Any]) -> dict[str, Any]:
         return f
     f["tiled"] = True
     tb = m["tile_bad"]
-    sizes = _tile_sizes(m)
+    sizes = valuemap.tile_sizes(m)
     tr, tc = m["tiles"]
     partial_r, partial_c = m.get("partial_rows", 0) > 0, m.get("partial_cols", 0) > 0
     edge = [
@@ -571,92 +565,7 @@ def _attach(result) -> dict[str, Any] | None:
     result.evidence["value_diagnosis"] = {k: v for k, v in d.items() if k not in ("map", "facts")}
     result.evidence.setdefault("diagnosis", [])
     result.evidence["diagnosis"] = [one_line(d)] + list(result.evidence["diagnosis"] or [])
-    result.evidence["value_diagnosis"]["picture"] = picture(d.get("map")) if d.get("map") else None
+    if d.get("map"):  # what reporting/mismatch_map.py draws (the per-tile grids left out)
+        t = {k: v for k, v in d["map"]["tiling"].items() if k not in ("tile_cta", "tile_seq")}
+        result.evidence["value_diagnosis"]["map"] = {**d["map"], "tiling": t}
     return d
-
-
-# ---- the picture -----------------------------------------------------------------------------
-
-SHADES = " .:-=+*#%@"
-
-
-def picture(m: dict[str, Any] | None, max_cols: int = 64, max_rows: int = 40) -> str | None:
-    """A text map of the bad fraction per tile (rows = tile rows), the edge tiles framed by
-    '|' / '-', plus the in-tile row and column profiles."""
-    if not m or "tile_bad" not in m or m.get("tiling_problem"):
-        return None
-    tb = m["tile_bad"]
-    sizes = _tile_sizes(m)
-    tr, tc = m["tiles"]
-    sr, sc = -(-tr // max_rows), -(-tc // max_cols)
-    lines = [
-        f"wrong elements per tile ({tr} x {tc} tiles of "
-        f"{m['tiling']['tile'][0]}x{m['tiling']['tile'][1]}"
-        + (f", {sr}x{sc} tiles per character" if sr * sc > 1 else "")
-        + "; ' ' none, '@' all"
-        + ("; right of '|': the partial tile column" if m.get("partial_cols") else "")
-        + ")"
-    ]
-    for i0 in range(0, tr, sr):
-        row = []
-        for j0 in range(0, tc, sc):
-            bad = sum(
-                tb[i][j] for i in range(i0, min(tr, i0 + sr)) for j in range(j0, min(tc, j0 + sc))
-            )
-            size = sum(
-                sizes[i][j]
-                for i in range(i0, min(tr, i0 + sr))
-                for j in range(j0, min(tc, j0 + sc))
-            )
-            frac = bad / size if size else 0.0
-            row.append(" " if bad == 0 else SHADES[max(1, min(9, round(frac * 9)))])
-        if m.get("partial_rows") and i0 + sr >= tr and tr > 1:
-            lines.append(
-                "  "
-                + "-" * (len(row) + (1 if m.get("partial_cols") else 0))
-                + "  (below: the partial tile row)"
-            )
-        edge_c = "|" if m.get("partial_cols") and len(row) > 1 else ""
-        lines.append("  " + "".join(row[:-1]) + edge_c + row[-1])
-    for name, key in (("in-tile rows", "in_tile_row_bad"), ("in-tile columns", "in_tile_col_bad")):
-        hist = m.get(key) or []
-        if len(hist) > 1:
-            top = max(hist) or 1
-            step = -(-len(hist) // 64)
-            cells = [max(hist[k : k + step]) for k in range(0, len(hist), step)]
-            lines.append(
-                f"{name:16s}"
-                + "".join(" " if v == 0 else SHADES[max(1, round(9 * v / top))] for v in cells)
-                + (f"  ({step} per character)" if step > 1 else "")
-            )
-    return "\n".join(lines)
-
-
-def report_sections(result) -> list[str]:
-    """report.md sections for a run that has a value diagnosis (attach() first)."""
-    from cutedebug.reporting.escape import md_block, md_text
-
-    d = result.evidence.get("value_diagnosis")
-    if not d:
-        return []
-    lines = ["## Wrong values: failure-table diagnosis", ""]
-    if d.get("row"):
-        lines += [
-            f"- row: **{md_text(d['row_title'])}** ({md_text(d['row'])}), pattern "
-            f"{md_text(d['pattern'])}",
-            f"- {md_text(d['summary'])}",
-            f"- what to check: {md_text(d['check'])}",
-        ]
-    else:
-        lines += [f"- no row: {md_text(d['summary'])}"]
-    lines += [f"- evidence: {md_text(e)}" for e in d.get("evidence", [])]
-    if d.get("lines"):
-        lines.append("- kernel line(s): " + md_text("; ".join(d["lines"][:6])))
-    if d.get("injected_fault_lines"):
-        lines.append(
-            "- injected fault's site(s) (this scenario's fault, not part of the "
-            "diagnosis): " + md_text("; ".join(d["injected_fault_lines"][:4]))
-        )
-    if d.get("picture"):
-        lines += ["", *md_block(d["picture"])]
-    return ["\n".join(lines)]

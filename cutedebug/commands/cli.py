@@ -157,9 +157,10 @@ def _run_one(args, sc, mode, fs, single: bool):
         **({"core": core} if core else {}),
     )
     from cutedebug.analyses import mismatch
+    from cutedebug.reporting import mismatch_map
 
     mismatch.attach(res)  # failure-table diagnosis of wrong values (no-op for other verdicts)
-    _, md = report.write(res, mismatch.report_sections(res))
+    _, md = report.write(res, mismatch_map.report_sections(res))
     print(report.tldr(res)[:2000])
     loc = res.localization
     if (

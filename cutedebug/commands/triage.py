@@ -138,9 +138,10 @@ def _call(sc: S.Scenario, mode: str, opts: Options, runs_dir: Path, forkserver=N
     )
     wall = time.monotonic() - t0
     from cutedebug.analyses import mismatch
+    from cutedebug.reporting import mismatch_map
 
     mismatch.attach(res)  # failure-table diagnosis of wrong values (no-op for other verdicts)
-    report.write(res, mismatch.report_sections(res))
+    report.write(res, mismatch_map.report_sections(res))
     return res, wall
 
 

@@ -286,3 +286,11 @@ def alignment_fields(error: Exception, copy_sites: list[dict[str, Any]]) -> dict
     if "alignment" not in text or "does not meet requirement" not in text:
         return {}
     return {"copy_sites": [s for s in copy_sites if s.get("atom") != "autovec"][:64]}
+
+
+def tile_sizes(m: dict[str, Any]) -> list[list[int]]:
+    """Elements of each tile of a map that lie inside the output."""
+    rows, cols = m["tiling"]["shape"]
+    tm, tn = m["tiling"]["tile"]
+    tr, tc = m["tiles"]
+    return [[min(tm, rows - i * tm) * min(tn, cols - j * tn) for j in range(tc)] for i in range(tr)]
