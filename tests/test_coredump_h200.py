@@ -265,3 +265,35 @@ def test_report_of_a_run_localized_from_its_core(tmp_path, monkeypatch):
         "## Stuck sites" in md and "| 0-15 | 4 | producer | producer_acquire | empty | 0 |" in md
     )  # no stage from a core: the barrier alone
     assert "## Stuck map" in md and "Source: coredump (cuda-gdb on the GPU core" in md
+
+
+def test_crash_core_names_the_faulting_instruction_and_its_line(monkeypatch):
+    """A core written on a GPU exception opens with the lines the cuda-gdb manual shows
+    ("CUDA Exception: ...", "The exception was triggered at PC ...", the focus on the faulting
+    thread). Here they are put in front of a real pass 1 (tma_stream's core), the PC being a
+    real STG of its SASS: the record names that instruction and its line."""
+    d = DATA / "tma_stream__wrong_expect_tx_plus"
+    facts = json.loads((d / "facts.json").read_text())
+    base = int(re.match(r"\s*(0x[0-9a-f]+)", facts["function_base_line"]).group(1), 16)
+    sass_text = gzip.open(d / "sass.txt.gz", "rt").read()
+    from cutedebug.analyses import sass as SA
+
+    stg = next(i for i in SA.parse(sass_text).instrs if i.opcode.startswith("STG"))
+    pass1 = gzip.open(d / "pass1.txt.gz", "rt").read()
+    header = (
+        f"CUDA Exception: Warp Illegal Address\n"
+        f"The exception was triggered at PC {base + stg.offset:#x}\n\n"
+        f"Thread 1 received signal CUDA_EXCEPTION_14, Warp Illegal Address.\n"
+        f"[Current focus set to CUDA kernel 0, grid 1, block (8,0,0), thread (0,0,0), "
+        f"device 0, sm 0, warp 0, lane 0]\n"
+    )
+    regs = {tuple(int(x) for x in k.split()): v for k, v in facts["registers"].items()}
+    monkeypatch.setattr(coredump, "run_gdb", ReplayGdb(header + pass1, base, regs))
+    rep = coredump.read_core(
+        "core", sass_text=sass_text, wait_sites=waitsites.sites_from_json(facts["wait_sites"])
+    )
+    crash = E.crash_evidence(rep)
+    assert crash["exception"] == "Warp Illegal Address"
+    assert (crash["block"], crash["sm"], crash["hw_warp"], crash["lane"]) == ((8, 0, 0), 0, 0, 0)
+    assert crash["fault_offset"] == f"{stg.offset:#x}" and crash["instruction"] == stg.text
+    assert crash["where"] == f"tma_stream.py:{stg.line}" and (crash["cta"], crash["warp"]) == (8, 0)

@@ -265,6 +265,7 @@ def read_core(
             sass_text = "\n".join(sec.get("disassemble", []))
             code = S.parse(sass_text)
             smap = S.map_sites(code, wait_sites or []) if code.instrs else None
+    rep.base, rep.sass = base, code
     if smap is None:
         rep.site_map_notes.append("no SASS: PCs not classified")
         return rep

@@ -233,18 +233,31 @@ def grade(
 
 
 def crash_evidence(rep: CoreReport) -> dict[str, Any]:
-    """The faulting warp, PC and line of a core written on a GPU exception."""
+    """The faulting warp, PC and line of a core written on a GPU exception: the PC cuda-gdb
+    says the exception was triggered at, its instruction in the SASS and that instruction's
+    line (a memory instruction keeps its own line: compare memcheck's)."""
     ex = dict(rep.exception or {})
     w = next((x for x in rep.warps if (x.sm, x.hw_warp) == (ex.get("sm"), ex.get("hw_warp"))), None)
     if w is not None:
         ex.update(
             cta=w.cta,
             warp=w.warp,
-            pc_offset=f"{w.pc:#x}",
-            instruction=w.construct.anchor.text if w.construct and w.construct.anchor else None,
             frames=w.frames,
+            pc_offset=f"{w.offset:#x}" if w.offset is not None else None,
         )
-        if not ex.get("line") and w.file:
+    base = rep.base.get(ex.get("kernel", w.kernel if w is not None else -1))
+    if ex.get("pc") and base is not None and rep.sass is not None:
+        off = int(ex["pc"], 16) - base
+        n = rep.sass.index_at(off)
+        if n is not None and rep.sass.instrs[n].offset == off:
+            i = rep.sass.instrs[n]
+            ex.update(fault_offset=f"{off:#x}", instruction=i.text)
+            if i.line:
+                ex["sass_file"], ex["sass_line"] = i.file, i.line
+    if not ex.get("line"):
+        if ex.get("sass_line"):
+            ex["file"], ex["line"] = ex["sass_file"], ex["sass_line"]
+        elif w is not None and w.file:
             ex["file"], ex["line"] = w.file, w.line
     if ex.get("file"):
         ex["where"] = f"{os.path.basename(ex['file'])}:{ex['line']}"

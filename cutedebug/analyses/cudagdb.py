@@ -288,3 +288,5 @@ class CoreReport:
     passes: int = 0
     sass_source: str = ""
     raw: dict[str, str] = field(default_factory=dict)  # each pass's output (kept in the run)
+    base: dict[int, int] = field(default_factory=dict)  # kernel id -> its function's address
+    sass: Any = None  # sass.Sass of the kernel, when there was SASS

@@ -160,8 +160,9 @@ def _md_coredump(ev: dict[str, Any]) -> list[str]:
     if (crash := ev.get("crash")) is not None:
         out.append(f"- faulting warp (from the core): {md_text(crash.get('exception'))} at "
                    f"{md_text(crash.get('where'))}, CTA {crash.get('block')} warp "
-                   f"{crash.get('warp')} lane {crash.get('lane')}, PC offset "
-                   f"{md_text(crash.get('pc_offset'))}: {md_code(crash.get('instruction') or '')}")
+                   f"{crash.get('warp')} lane {crash.get('lane')}, faulting instruction at "
+                   f"offset {md_text(crash.get('fault_offset'))}: "
+                   f"{md_code(crash.get('instruction') or '?')}")
     for role, a in (ev.get("role_answers") or {}).items():
         out.append(f"- {md_text(role)} (from the core): {md_text(a.get('how'))}")
     if (g := ev.get("coredump_grade")) is not None:
