@@ -4,10 +4,13 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from cutedebug.engine import runner
 from cutedebug.engine import scenario as S
 from cutedebug.engine.verdict import Verdict
+
+pytestmark = pytest.mark.slow  # tens of seconds on the 2-core CI machine
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -267,6 +267,7 @@ def test_protocol_and_findings_round_trip_through_json():
 
 # ---- command line (the parent never imports cutlass) -------------------------------------------
 
+@pytest.mark.slow
 def test_cli_lint_scenarios_exit_codes():
     code = ("import sys, cutedebug.analyses.lint, cutedebug.commands.cli; "
             "print(sorted(m for m in ('cutlass', 'torch') if m in sys.modules))")

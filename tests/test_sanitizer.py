@@ -1125,6 +1125,7 @@ def test_sanitize_without_output_is_unreadable_not_clean(fake_sanitizer, tmp_pat
 
 @pytest.mark.skipif(__import__("shutil").which("nvidia-smi") is not None,
                     reason="checks the no-GPU path")
+@pytest.mark.slow
 def test_sanitize_real_worker_without_gpu_is_not_clean(fake_sanitizer, tmp_path):
     """The fake runs the real worker, which compiles and reports UNSUPPORTED here: the kernel
     never ran, so the verdict is UNSUPPORTED although the replayed XML holds findings."""

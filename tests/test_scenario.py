@@ -165,6 +165,7 @@ tables = st.recursive(scalars, lambda inner: st.dictionaries(keys, inner, max_si
                       max_leaves=20)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.dictionaries(keys, tables, max_size=8))
 def test_fuzzed_tables_never_traceback(tmp_path_factory, data):

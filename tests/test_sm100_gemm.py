@@ -398,6 +398,7 @@ def test_worker_detects_blackwell_as_sm_100a(monkeypatch):
     assert "sm_100a" in Sm100Gemm.ARCHS
 
 
+@pytest.mark.slow
 def test_on_an_h200_a_blackwell_scenario_compiles_for_sm_100a_and_is_unsupported(tmp_path):
     sc = scenario.load(SCENARIOS / "expect_tx_no_2cta_doubling.toml")
     shim = ROOT / "tests" / "helpers" / "fake_gpu_worker.py"

@@ -15,6 +15,8 @@ from helpers.ptx import expect_tx_bytes, init_counts
 from cutedebug.instrument import faults
 from cutedebug.kernel_api import load_entry
 
+pytestmark = pytest.mark.slow  # tens of seconds on the 2-core CI machine
+
 ROOT = Path(__file__).resolve().parent.parent
 Sm90Attention = load_entry(ROOT / "kernels" / "sm90_attention.py", "Sm90Attention")
 SCENARIO = {"batch": 1, "heads": 2, "seqlen": 1000, "head_dim": 64}

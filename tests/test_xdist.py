@@ -15,6 +15,7 @@ import pytest
 
 pytest.importorskip("xdist")
 pytest_plugins = ["pytester"]
+pytestmark = pytest.mark.slow  # pytest runs in subprocesses: tens of seconds
 
 KERNEL = "class K:\n    PARAMS = {'n': 4}\n"
 
