@@ -785,13 +785,14 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     )
 
 
-def add_common(p: argparse.ArgumentParser) -> None:
+def add_common(p: argparse.ArgumentParser, *, mutate: bool = False) -> None:
+    """The options exec and mutate share (mutate runs with probes unless --no-probes)."""
     p.add_argument(
         "--probes",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="bounded waits + beacons in every traced kernel (default: off, and on "
-        "for one rerun when the command hangs)",
+        help="bounded waits + beacons in every traced kernel (default: "
+        + ("on" if mutate else "off, and on for one rerun when the command hangs") + ")",
     )
     p.add_argument(
         "--wait-budget-ms",
@@ -802,17 +803,19 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--deadline",
         type=float,
-        help=f"seconds the whole command may take (default {DEFAULT_DEADLINE_S:g})",
+        help="seconds the whole command may take (default "
+        + ("2 x the clean run + 10, at least 30, per mutant" if mutate
+           else f"{DEFAULT_DEADLINE_S:g}") + ")",
     )
     p.add_argument(
         "--stall",
         type=float,
         default=DEFAULT_STALL_S,
-        help="with probes: HANG when "
-        "an instrumented kernel is in flight and no beacon moves for this long "
-        "(default %(default)s s)",
+        help="with probes: HANG when an instrumented kernel is in flight and no beacon moves "
+        "for this long (default %(default)s s)",
     )
-    p.add_argument("--runs-dir", default="runs", help="where run directories go")
+    if not mutate:
+        p.add_argument("--runs-dir", default="runs", help="where run directories go")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
 
 

@@ -634,7 +634,7 @@ def add_parser(sub: Any) -> None:
         "their kernels one at a time",
     )
     p.add_argument("--min-score", type=float, help="exit 1 below this mutation score (0-1)")
-    X.add_common(p)
+    X.add_common(p, mutate=True)
     p.set_defaults(func=cmd_mutate)
 
 
