@@ -24,11 +24,8 @@ OVER_LIMIT = {
     "cutedebug/instrument/faults.py": "instr: splitting the fault registry by kind",
     "cutedebug/instrument/probes.py": "instr: device helpers / host decoding / diagnosis",
     "cutedebug/analyses/sanitizer.py": "field: parsing / classification / running",
-    "cutedebug/commands/exec.py": "exec: cutedebug exec",
-    "cutedebug/commands/mutate.py": "exec: cutedebug mutate",
     "cutedebug/pytest_plugin.py": "trust: plugin hooks / settings / fixtures",
     "cutedebug/analyses/bisect.py": "trust: its worker runs go through the one launch path",
-    "cutedebug/instrument/launch.py": "exec: the launch interposer",
 }
 
 # The flow, top to bottom: a module may import its own layer and the layers below it. "base"

@@ -62,7 +62,7 @@ def test_python_hang_is_killed_at_the_deadline_with_its_stack(tmp_path):
     assert rep["verdict"] == "HANG" and rep["killed_by_watchdog"] == "deadline:3s"
     # faulthandler's dump, taken just before the kill, names the line the loop waits on
     assert "hang_python.py:8 in wait_forever" in rep["reason"]
-    assert 3.0 <= rep["elapsed_s"] < 8.0
+    assert 2.9 <= rep["elapsed_s"] < 8.0  # the watchdog starts its clock at the spawn
     pids = [p["pid"] for p in rep["processes"]]
     assert pids and not any(alive(p) for p in pids)
     # no CuTe DSL kernel was traced: nothing to rerun with probes

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from cutedebug.commands import exec as X
-from cutedebug.commands import mutate as M
+from cutedebug.analyses import mutate as M
 from cutedebug.engine import verdict as V
 
 ROOT = Path(__file__).resolve().parents[1]

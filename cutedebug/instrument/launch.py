@@ -36,7 +36,6 @@ import time: the parent imports it for ``child_env``.
 from __future__ import annotations
 
 import atexit
-import collections
 import contextlib
 import faulthandler
 import importlib.abc
@@ -49,6 +48,20 @@ import time
 import traceback
 from pathlib import Path
 from typing import Any
+
+from cutedebug.instrument.launch_gpu import (  # noqa: F401  (part of this interface)
+    _WAITS_ATTR,
+    InFlight,
+    _guard_launches,
+    _tag_compiled,
+    acquire_gpu_token,
+    stalled,
+)
+from cutedebug.instrument.launch_record import (  # noqa: F401  (part of this interface)
+    _enter_recorder,
+    current_kernel,
+    recorded_summary,
+)
 
 ENV_CONFIG = "CUTEDEBUG_EXEC"
 SITE_DIR = Path(__file__).resolve().parent / "site"
@@ -254,28 +267,6 @@ def _attribute_fault_sites(applied: Any) -> None:
     applied.add_site = add_site_with_kernel
 
 
-def current_kernel() -> dict[str, Any]:
-    """The @cute.kernel function being traced (its qualified name and generated symbol), from
-    the DSL's kernel-generation frame on the stack; {} outside a kernel body."""
-    f = sys._getframe(1)
-    while f is not None:
-        loc = f.f_locals
-        if (
-            "funcBody" in loc
-            and "kernel_name" in loc
-            and f.f_code.co_filename.endswith(os.path.join("base_dsl", "dsl.py"))
-        ):
-            body = loc["funcBody"]
-            return {
-                "kernel": getattr(body, "__qualname__", str(body)),
-                "module": getattr(body, "__module__", None),
-                "file": getattr(getattr(body, "__code__", None), "co_filename", None),
-                "symbol": str(loc["kernel_name"]),
-            }
-        f = f.f_back
-    return {}
-
-
 def _module_kernels(module: Any) -> list[str]:
     """Symbol names of the GPU kernels in a traced MLIR module."""
     names: list[str] = []
@@ -422,305 +413,6 @@ def _emit_compiled(state: _State, cur: dict[str, Any], error: str | None) -> Non
                     p["kernel"] = names[0]
         fields["protocol"] = summary
     state.events.emit("compiled", **fields)
-
-
-PIPELINE_OPS = (
-    "producer_acquire",
-    "producer_commit",
-    "consumer_wait",
-    "consumer_release",
-    "producer_tail",
-)
-ARCH_OPS = (
-    "sync_threads",
-    "sync_warp",
-    "barrier",
-    "barrier_arrive",
-    "cluster_arrive",
-    "cluster_arrive_relaxed",
-    "fence_acq_rel_cluster",
-    "mbarrier_init_fence",
-)
-_PIPELINE_INDEX = "_cutedebug_recorded_index"
-
-
-# The layer recorder's event kinds -> the names mutate plans kernel-wide faults by.
-_RECORDER_ARCH = {
-    "sync_threads": "sync_threads",
-    "sync_warp": "sync_warp",
-    "named_barrier_sync": "barrier",
-    "named_barrier_arrive": "barrier_arrive",
-    "cluster_arrive": "cluster_arrive",
-    "init_fence": "mbarrier_init_fence",
-}
-
-
-def _enter_recorder(stack: contextlib.ExitStack) -> Any:
-    """The pipelines and ops of one trace: the instrumentation layer's recorder when this
-    cutedebug has it (its pipeline identity is what faults select), else our own."""
-    try:
-        from cutedebug.instrument import recorder
-    except ImportError:
-        return _enter_own_recorder(stack)
-    return stack.enter_context(recorder.record())
-
-
-def recorded_summary(proto: Any) -> dict[str, Any]:
-    """What mutate plans by, from either recorder: pipelines in creation order with their ops,
-    and the kernel-wide synchronization calls."""
-    if isinstance(proto, dict):
-        return proto
-    pipes = []
-    for row in proto.pipeline_table():
-        ops: dict[str, int] = {}
-        for ev in proto.events:
-            if ev.pipeline == row["key"] and ev.kind in PIPELINE_OPS:
-                ops[ev.kind] = ops.get(ev.kind, 0) + 1
-        pipes.append(
-            {
-                "index": row["index"],
-                "class": row["class"],
-                "file": row["file"],
-                "line": row["line"],
-                "kernel": None,
-                "stages": row.get("stages"),
-                "via": row.get("via"),
-                "ops": ops,
-            }
-        )
-    arch: dict[str, int] = {}
-    for ev in proto.events:
-        name = _RECORDER_ARCH.get(ev.kind)
-        if name is not None and ev.pipeline is None:
-            arch[name] = arch.get(name, 0) + 1
-    return {"pipelines": pipes, "arch_ops": arch, "untagged_ops": {}, "kernel_names": []}
-
-
-def _enter_own_recorder(stack: contextlib.ExitStack) -> dict[str, Any]:
-    """Observe what the traced kernels have: pipelines numbered in create() order exactly as the
-    faults' ``pipeline`` argument numbers them (outermost create() of a cutlass.pipeline class
-    with mbarriers, PipelineTmaStore left out), the ops traced on each, and the kernel-wide
-    synchronization calls (outside pipeline init) the other faults act on."""
-    from cutedebug.instrument import faults, frames
-
-    recorded: dict[str, Any] = {
-        "pipelines": [],
-        "arch_ops": {},
-        "untagged_ops": {},
-        "kernel_names": [],
-    }
-
-    def note_kernel() -> str | None:
-        name = current_kernel().get("kernel")
-        if name and name not in recorded["kernel_names"]:
-            recorded["kernel_names"].append(name)
-        return name
-
-    patcher = faults._Patcher(faults.Applied(None, {}))
-    stack.callback(patcher.restore)
-    depth = faults._Depth()
-    for cls in faults._pipeline_classes("create", exclude=("PipelineTmaStore",)):
-
-        def create(*a, _orig=cls.create, _cls=cls, **kw):
-            with depth.enter() as outermost:
-                if not outermost:
-                    return _orig(*a, **kw)
-                file, line, _ = frames.kernel_frame()
-                rec = {
-                    "index": len(recorded["pipelines"]),
-                    "class": _cls.__name__,
-                    "file": file,
-                    "line": line,
-                    "kernel": note_kernel(),
-                    "stages": kw.get("num_stages")
-                    if isinstance(kw.get("num_stages"), int)
-                    else None,
-                    "ops": {},
-                }
-                recorded["pipelines"].append(rec)
-                pipe = _orig(*a, **kw)
-                with contextlib.suppress(AttributeError, TypeError):
-                    object.__setattr__(pipe, _PIPELINE_INDEX, rec["index"])
-                return pipe
-
-        patcher.set_attr(cls, "create", staticmethod(create))
-    for op in PIPELINE_OPS:
-        op_depth = faults._Depth()
-        for cls in faults._pipeline_classes(op):
-
-            def wrapper(self, *a, _orig=vars(cls)[op], _op=op, _d=op_depth, **kw):
-                with _d.enter() as outermost:
-                    if outermost:
-                        idx = getattr(self, _PIPELINE_INDEX, None)
-                        ops = (
-                            recorded["pipelines"][idx]["ops"]
-                            if idx is not None
-                            else recorded["untagged_ops"].setdefault(type(self).__name__, {})
-                        )
-                        ops[_op] = ops.get(_op, 0) + 1
-                    return _orig(self, *a, **kw)
-
-            wrapper.__name__ = op
-            patcher.set_attr(cls, op, faults._user_op(wrapper))
-    import cutlass.cute as cute
-
-    for name in ARCH_OPS:
-        original = getattr(cute.arch, name, None)
-        if original is None:
-            continue
-
-        def arch_wrapper(*a, _orig=original, _name=name, **kw):
-            if _name == "mbarrier_init_fence" or not faults._called_from(faults._INIT_FUNCTIONS):
-                note_kernel()
-                ops = recorded["arch_ops"]
-                ops[_name] = ops.get(_name, 0) + 1
-            return _orig(*a, **kw)
-
-        patcher.replace_everywhere(original, faults._user_op(arch_wrapper))
-    return recorded
-
-
-_WAITS_ATTR = "_cutedebug_wait_sites"
-_GUARDED = "_cutedebug_gpu_guarded"
-TOKEN_POLL_S = 0.02
-
-
-def acquire_gpu_token(path: str, tag: str, emit: Any = None) -> float:
-    """Block until this command (its run tag) holds the GPU token file; returns the seconds
-    waited. The token is a file holding the owner's tag, created with O_EXCL; every process of
-    the owning command may go on, the others wait. The parent removes it when the owner ended."""
-    t0, announced = time.monotonic(), False
-    while True:
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            try:
-                with open(path) as f:
-                    owner = f.read()
-            except FileNotFoundError:
-                continue
-            if owner == tag:
-                break
-            if not announced and emit is not None:
-                emit("gpu_wait", owner=owner[:12])
-                announced = True
-            time.sleep(TOKEN_POLL_S)
-            continue
-        with os.fdopen(fd, "w") as f:
-            f.write(tag)
-        break
-    waited = time.monotonic() - t0
-    if emit is not None and announced:
-        emit("gpu_acquired", waited_s=round(waited, 3))
-    return waited
-
-
-def _ensure_gpu(state: _State) -> None:
-    if not state.cfg.get("gpu_token") or state.gpu_granted:
-        return
-    tag = os.environ.get("CUTEDEBUG_RUN_TAG", str(os.getpid()))
-    acquire_gpu_token(state.cfg["gpu_token"], tag, state.events.emit)
-    state.gpu_granted = True
-
-
-def _guard_launches(state: _State) -> None:
-    """Before the first launch of a compiled CuTe DSL kernel, take the GPU token (mutants that
-    compile at once still run their kernels one at a time)."""
-    from cutlass.base_dsl import jit_executor
-
-    todo, seen = [jit_executor.JitCompiledFunction], set()
-    executor = getattr(jit_executor, "JitExecutor", None)
-    if executor is not None:
-        todo.append(executor)
-    while todo:
-        cls = todo.pop()
-        if cls in seen:
-            continue
-        seen.add(cls)
-        todo.extend(cls.__subclasses__())
-        for name in ("__call__", "run_compiled_program"):
-            fn = vars(cls).get(name)
-            if fn is None or getattr(fn, _GUARDED, False):
-                continue
-
-            def guarded(self, *a, _orig=fn, **kw):
-                _ensure_gpu(state)
-                return _orig(self, *a, **kw)
-
-            setattr(guarded, _GUARDED, True)
-            guarded.__name__ = name
-            setattr(cls, name, guarded)
-
-
-def _tag_compiled(state: _State, compiled: Any, n_sites: int) -> None:
-    """Mark a compiled function whose kernels have bounded waits, and make its launches
-    tracked (CUDA events around them), so the monitor can tell a kernel in flight."""
-    if not n_sites or state.monitor is None or state.cfg.get("stall_s") is None:
-        return
-    try:
-        setattr(compiled, _WAITS_ATTR, n_sites)
-    except (AttributeError, TypeError):
-        return  # not ours to mark: its launches are not tracked (the deadline still applies)
-    cls = type(compiled)
-    if "_cutedebug_tracked" in vars(cls):
-        return
-    for klass in cls.__mro__:
-        if "__call__" in vars(klass) and klass is not object:
-            original = vars(klass)["__call__"]
-            break
-    else:
-        return
-
-    def __call__(self, *a, _orig=original, **kw):
-        if getattr(self, _WAITS_ATTR, 0):
-            _ensure_gpu(state)  # before the first event: waiting for the GPU is no stall
-            return state.monitor.launches.around(lambda: _orig(self, *a, **kw))
-        return _orig(self, *a, **kw)
-
-    cls.__call__ = __call__
-    cls._cutedebug_tracked = True
-
-
-class InFlight:
-    """Launches of instrumented kernels, each between two CUDA events on the current stream.
-    ``running_since(now)``: when the oldest unfinished launch started (its first event
-    completed: it may have waited behind other work), None when none is in flight."""
-
-    def __init__(self, new_event: Any = None, maxlen: int = 256):
-        self.new_event = new_event
-        self.queue: collections.deque = collections.deque(maxlen=maxlen)
-        self.started: float | None = None
-        self.lock = threading.Lock()
-
-    def around(self, launch: Any) -> Any:
-        before = self.new_event()
-        before.record()
-        out = launch()
-        after = self.new_event()
-        after.record()
-        with self.lock:
-            self.queue.append((before, after))
-        return out
-
-    def running_since(self, now: float) -> float | None:
-        with self.lock:
-            while self.queue and self.queue[0][1].query():
-                self.queue.popleft()
-                self.started = None
-            if not self.queue:
-                return None
-            if self.started is None and self.queue[0][0].query():
-                self.started = now
-            return self.started
-
-
-def stalled(
-    now: float, running_since: float | None, last_change: float, stall_s: float | None
-) -> bool:
-    """An instrumented kernel has been running, with no beacon moving, for stall_s."""
-    if stall_s is None or running_since is None:
-        return False
-    return now - max(running_since, last_change) >= stall_s
 
 
 class _Monitor(threading.Thread):

@@ -1,0 +1,420 @@
+"""Mutation testing of a command's own checks (`cutedebug mutate`): which mutants apply, running
+one, what it says, the score.
+
+The clean run's recorder lists, per trace (the function name and occurrence of a top-level
+``cute.compile`` / ``@cute.jit`` trace in its process), the pipelines in create() order (what a
+fault's ``pipeline=`` selects), the ops traced on each and the kernel-wide syncs. ``plan`` makes
+one mutant per applicable fault x pipeline x role (x trace); ``run_mutant`` runs the command
+with that one fault in that one trace; ``status_of`` says CAUGHT (HANG / CRASH / FAIL),
+SURVIVED (the command passed although the fault changed a traced call), NOT_APPLIED (nothing
+changed: not scored) or HARNESS_ERROR (ours: not scored).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cutedebug.engine import command as X
+from cutedebug.engine import verdict as V
+
+MATRIX_SCHEMA = 1
+CAUGHT, SURVIVED, NOT_APPLIED, HARNESS = "CAUGHT", "SURVIVED", "NOT_APPLIED", "HARNESS_ERROR"
+CAUGHT_BY = ("HANG", "CRASH", "FAIL")
+KERNEL_WIDE = "kernel-wide"
+TMA_CLASSES = ("PipelineTmaAsync", "PipelineTmaUmma", "PipelineTmaMultiConsumersAsync")
+
+
+@dataclass(frozen=True)
+class Mutant:
+    id: str
+    fault: str
+    args: dict[str, Any]
+    trace: dict[str, Any]  # {"function", "occurrence"}: the one trace the fault applies in
+    target: str  # "t0.p1" (trace 0, pipeline 1) or "t0.kernel-wide"
+    variant: str  # the column: fault kind, role / barrier, delta (also a folder name)
+    why: str  # what made it applicable
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "fault": self.fault,
+            "args": self.args,
+            "trace": self.trace,
+            "target": self.target,
+            "variant": self.variant,
+            "why": self.why,
+        }
+
+
+# ---- which mutants apply -----------------------------------------------------------------------
+def _pipeline_mutants(p: dict[str, Any]) -> list[tuple[str, dict[str, Any], str, str]]:
+    """(fault, args, variant, why) for one recorded pipeline."""
+    ops, cls, i = p.get("ops") or {}, p.get("class", ""), p["index"]
+    out = []
+    if ops.get("producer_acquire") and (cls in TMA_CLASSES or "Tma" in cls):
+        out.append(
+            (
+                "wrong_expect_tx",
+                {"delta_bytes": 16},
+                "wrong_expect_tx+16",
+                f"{cls} is a TMA pipeline with producer_acquire",
+            )
+        )
+    for role, op in (("consumer", "consumer_wait"), ("producer", "producer_acquire")):
+        if ops.get(op):
+            out.append(
+                ("missing_phase_flip", {"role": role}, f"missing_phase_flip.{role}", f"{op} traced")
+            )
+    if ops.get("producer_tail"):
+        out.append(("skip_producer_tail", {}, "skip_producer_tail", "producer_tail traced"))
+    if ops.get("consumer_release"):
+        out.append(
+            ("skip_consumer_release", {}, "skip_consumer_release", "consumer_release traced")
+        )
+        out.append(
+            ("extra_consumer_release", {}, "extra_consumer_release", "consumer_release traced")
+        )
+    if ops.get("consumer_wait"):
+        out.append(("skip_consumer_wait", {}, "skip_consumer_wait", "consumer_wait traced"))
+    if ops.get("consumer_release") and ops.get("consumer_wait"):
+        out.append(
+            (
+                "release_before_read",
+                {},
+                "release_before_read",
+                "consumer_wait and consumer_release traced",
+            )
+        )
+    for barrier in ("empty", "full"):
+        out.append(
+            (
+                "wrong_arrive_count",
+                {"delta": 1, "barrier": barrier},
+                f"wrong_arrive_count.{barrier}+1",
+                "barriers initialized by create()",
+            )
+        )
+    for role, op in (("consumer", "consumer_release"), ("producer", "producer_commit")):
+        if ops.get(op):
+            out.append(("early_exit", {"role": role}, f"early_exit.{role}", f"{op} traced"))
+    out = [(f, {**a, "pipeline": i}, v, w) for f, a, v, w in out]
+    if cls == "PipelineTmaUmma" and ops.get("producer_acquire"):  # no pipeline argument
+        out.append(
+            (
+                "expect_tx_no_2cta_doubling",
+                {},
+                "expect_tx_no_2cta_doubling",
+                "PipelineTmaUmma traced (changes 2-CTA kernels only)",
+            )
+        )
+    return out
+
+
+def _kernel_wide_mutants(
+    arch: dict[str, int], any_pipeline: bool
+) -> list[tuple[str, dict[str, Any], str, str]]:
+    out = []
+    if arch.get("mbarrier_init_fence") or any_pipeline:
+        out.append(
+            ("missing_init_fence", {"drop": "both"}, "missing_init_fence", "mbarrier init traced")
+        )
+    if arch.get("sync_threads") or arch.get("barrier"):
+        out.append(
+            (
+                "drop_sync",
+                {"which": -1, "sync": "cta"},
+                "drop_sync.cta",
+                f"{arch.get('sync_threads', 0)} sync_threads, {arch.get('barrier', 0)} "
+                "named barrier call(s) outside pipeline init",
+            )
+        )
+    if arch.get("sync_warp"):
+        out.append(
+            (
+                "drop_sync",
+                {"which": -1, "sync": "warp"},
+                "drop_sync.warp",
+                f"{arch['sync_warp']} sync_warp call(s)",
+            )
+        )
+    if arch.get("barrier") or arch.get("barrier_arrive"):
+        out.append(
+            (
+                "wrong_barrier_threads",
+                {"delta": 32},
+                "wrong_barrier_threads+32",
+                "named barriers traced",
+            )
+        )
+    if (
+        arch.get("cluster_arrive")
+        or arch.get("cluster_arrive_relaxed")
+        or arch.get("fence_acq_rel_cluster")
+    ):
+        out.append(
+            ("cta_scope_sync", {"what": "all"}, "cta_scope_sync", "cluster synchronization traced")
+        )
+    return out
+
+
+def recorded(clean: dict[str, Any]) -> list[dict[str, Any]]:
+    """The traces of the clean run, each with what the recorder saw: its pipelines (numbered
+    from 0 in the trace, as a fault's ``pipeline`` argument counts them), their ops and the
+    kernel-wide syncs. A trace is its function name and occurrence (the n-th trace of that
+    function in its process); the same trace in several processes (pytest-xdist) counts once."""
+    out: list[dict[str, Any]] = []
+    seen = set()
+    for p in clean.get("processes", []):
+        for tr in p.get("traces") or []:
+            key = (tr.get("function"), tr.get("occurrence", 0))
+            if key in seen or not tr.get("protocol") or tr.get("error"):
+                continue
+            seen.add(key)
+            proto = tr["protocol"]
+            out.append(
+                {
+                    "t": len(out),
+                    "function": key[0],
+                    "occurrence": key[1],
+                    "kernels": tr.get("kernels") or [],
+                    "kernel": ", ".join(proto.get("kernel_names") or []) or None,
+                    "pipelines": proto.get("pipelines") or [],
+                    "arch_ops": proto.get("arch_ops") or {},
+                    "pid": p.get("pid"),
+                }
+            )
+    return out
+
+
+def plan(
+    traces: list[dict[str, Any]],
+    faults_wanted: list[str] | None,
+    pipelines_wanted: list[int] | None,
+) -> list[Mutant]:
+    out: list[Mutant] = []
+    for tr in traces:
+        trace = {"function": tr["function"], "occurrence": tr["occurrence"]}
+        t = f"t{tr['t']}"
+        for p in tr["pipelines"]:
+            if pipelines_wanted is not None and p["index"] not in pipelines_wanted:
+                continue
+            target = f"{t}.p{p['index']}"
+            for fault, args, variant, why in _pipeline_mutants(p):
+                out.append(Mutant(f"{target}.{variant}", fault, args, trace, target, variant, why))
+        target = f"{t}.{KERNEL_WIDE}"
+        for fault, args, variant, why in _kernel_wide_mutants(
+            tr["arch_ops"], bool(tr["pipelines"])
+        ):
+            out.append(Mutant(f"{target}.{variant}", fault, args, trace, target, variant, why))
+    from cutedebug.instrument.faults import FAULTS
+
+    out = [m for m in out if m.fault in FAULTS]  # a registry without one of them: left out
+    if faults_wanted is not None:
+        out = [m for m in out if m.fault in faults_wanted]
+    return out
+
+
+def _kernel_of(tr: dict[str, Any]) -> str:
+    if tr.get("kernel"):
+        return tr["kernel"]
+    k = (tr.get("kernels") or ["?"])[0]
+    return k if len(k) <= 60 else k[:57] + "..."
+
+
+def targets(traces: list[dict[str, Any]]) -> dict[str, str]:
+    """Target id -> label: each pipeline of each trace, then the trace's kernel-wide row."""
+    out = {}
+    for tr in traces:
+        t = f"t{tr['t']}"
+        for p in tr["pipelines"]:
+            out[f"{t}.p{p['index']}"] = (
+                f"{t}.p{p['index']}: {p['class']} @{os.path.basename(p.get('file') or '?')}:"
+                f"{p.get('line')} in {p.get('kernel') or _kernel_of(tr)}"
+            )
+        out[f"{t}.{KERNEL_WIDE}"] = f"{t}: kernel-wide in {_kernel_of(tr)}"
+    return out
+
+
+# ---- running -----------------------------------------------------------------------------------
+def status_of(res: X.ExecResult) -> str:
+    if res.verdict is V.Verdict.HARNESS_ERROR:
+        return HARNESS
+    if not res.fault_count:
+        return NOT_APPLIED
+    if res.verdict.value in CAUGHT_BY:
+        return CAUGHT
+    if res.verdict is V.Verdict.PASS:
+        return SURVIVED
+    return HARNESS  # a verdict exec does not give: ours to explain
+
+
+def mutant_record(m: Mutant, res: X.ExecResult, out: Path) -> dict[str, Any]:
+    from cutedebug.instrument import faults
+
+    sites = []
+    for p in res.processes.values():
+        for s in p.get("fault_sites") or []:
+            sites.append(
+                {k: s.get(k) for k in ("kernel", "file", "line", "function", "op", "detail")}
+                | {"pid": p["pid"]}
+            )
+    expected, note = faults.expected_verdict(m.fault, m.args)
+    status = status_of(res)
+    reason = res.reason.splitlines()[0] if res.reason else ""
+    if status == NOT_APPLIED:
+        looked = [
+            t.get("fault_not_applied")
+            for p in res.processes.values()
+            for t in p["traces"]
+            if t.get("fault_not_applied")
+        ]
+        traced = [
+            t
+            for p in res.processes.values()
+            for t in p["traces"]
+            if t.get("function") == m.trace.get("function")
+        ]
+        reason = (
+            looked[0]
+            if looked
+            else f"trace {m.target.split('.')[0]} ({m.trace.get('function', '')[:60]}, "
+            f"occurrence {m.trace.get('occurrence')}) was "
+            + (
+                "traced, but the fault changed nothing"
+                if traced
+                else "not traced in this run: the command traced in another order"
+            )
+        )
+    return {
+        **m.to_json(),
+        "status": status,
+        "verdict": res.verdict.value,
+        "reason": reason,
+        "where": X.where(res),
+        "fault_count": res.fault_count or 0,
+        "sites": sites[:20],
+        "changes": faults.FAULTS[m.fault].description,
+        "registry_expects": expected,
+        "registry_note": note,
+        "elapsed_s": res.elapsed_s,
+        "gpu_wait_s": res.gpu_wait_s,
+        "killed_by": res.killed_by,
+        "used_gpu": X.used_gpu(res),
+        "left_pids": res.left,
+        "swept_pids": res.swept,
+        "report": os.path.relpath(res.run_dir / "report.md", out),
+    }
+
+
+def run_mutant(
+    m: Mutant, clean: X.Settings, deadline_s: float, out: Path
+) -> tuple[dict[str, Any], X.ExecResult]:
+    """The command with this mutant's fault in its trace; its record and the run (whose report
+    the caller writes)."""
+    s = X.Settings(
+        **{
+            **vars(clean),
+            "fault": m.fault,
+            "fault_args": m.args,
+            "record": False,
+            "deadline_s": deadline_s,
+            "fault_trace": m.trace,
+        }
+    )
+    run_dir = out / "mutants" / m.id.replace("/", "_")
+    # The DSL names its dump files (KeepPTX, ...) after the traced function: mutants that run
+    # at once must not read each other's.
+    s.extra_env = {**s.extra_env, "CUTE_DSL_DUMP_DIR": str(run_dir / "dsl_dump")}
+    (run_dir / "dsl_dump").mkdir(parents=True, exist_ok=True)
+    res = X.watch_command(s, run_dir)
+    if s.gpu_token:  # the mutant and everything it started are gone: the GPU is free
+        release_gpu_token(Path(s.gpu_token), res.tag)
+    return mutant_record(m, res, out), res
+
+
+def release_gpu_token(path: Path, tag: str) -> None:
+    try:
+        if path.read_text() == tag:
+            path.unlink()
+    except FileNotFoundError:
+        pass
+
+
+def load_results(path: Path) -> dict[str, dict[str, Any]]:
+    done: dict[str, dict[str, Any]] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                r = json.loads(line)
+                done[r["id"]] = r
+            except (ValueError, KeyError):
+                continue  # a line cut by a kill: that mutant runs again
+    return done
+
+
+# ---- matrix --------------------------------------------------------------------------------------
+def score(results: list[dict[str, Any]]) -> dict[str, Any]:
+    n = {
+        k: sum(r["status"] == k for r in results) for k in (CAUGHT, SURVIVED, NOT_APPLIED, HARNESS)
+    }
+    scored = n[CAUGHT] + n[SURVIVED]
+    by = {v: sum(r["status"] == CAUGHT and r["verdict"] == v for r in results) for v in CAUGHT_BY}
+    return {
+        "counts": n,
+        "caught_by": by,
+        "score": round(n[CAUGHT] / scored, 4) if scored else None,
+        "scored": scored,
+        "mutants": len(results),
+    }
+
+
+def build_matrix(
+    clean: dict[str, Any],
+    traces: list[dict[str, Any]],
+    results: list[dict[str, Any]],
+    planned: list[Mutant],
+    command: str,
+) -> dict[str, Any]:
+    order = {m.id: i for i, m in enumerate(planned)}
+    results = sorted(results, key=lambda r: order.get(r["id"], len(order)))
+    return {
+        "schema": MATRIX_SCHEMA,
+        "command": command,
+        "argv": clean["argv"],
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "clean": {
+            k: clean.get(k) for k in ("verdict", "reason", "elapsed_s", "run_dir", "kernels_traced")
+        },
+        "targets": targets(traces),
+        "traces": traces,
+        "score": score(results),
+        "planned": len(planned),
+        "mutants": results,
+    }
+
+
+def run_facts(
+    clean: dict[str, Any], results: list[dict[str, Any]], wall_s: float
+) -> dict[str, Any]:
+    """Leftover processes, GPU health after the kills, each mutant's time against the clean
+    run's (interpreter start + compile + run; a mutant may take 2 s more)."""
+    from cutedebug.engine import runner
+
+    killed_gpu = [r for r in results if r.get("killed_by") and r.get("used_gpu")]
+    limit = clean["elapsed_s"] + 2.0
+    # A mutant's own time: what it spent waiting for the GPU token is the others'.
+    over = [r["id"] for r in results if r["elapsed_s"] - r.get("gpu_wait_s", 0.0) > limit]
+    return {
+        "clean_s": clean["elapsed_s"],
+        "wall_s": round(wall_s, 1),
+        "max_mutant_s": max((r["elapsed_s"] for r in results), default=None),
+        "over_clean_plus_2s": over,
+        "processes_left": sorted({p for r in results for p in r.get("left_pids") or []}),
+        "gpu_health": runner.health_check() if killed_gpu else None,
+        "killed_on_gpu": len(killed_gpu),
+    }

@@ -1,0 +1,154 @@
+"""Kernel launches of a watched command: which instrumented kernel is in flight (CUDA events
+around each launch, for the stall rule), and the GPU token that lets one command at a time run
+kernels while several compile (``mutate --jobs``).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import time
+from typing import Any
+
+_WAITS_ATTR = "_cutedebug_wait_sites"
+_GUARDED = "_cutedebug_gpu_guarded"
+TOKEN_POLL_S = 0.02
+
+
+def acquire_gpu_token(path: str, tag: str, emit: Any = None) -> float:
+    """Block until this command (its run tag) holds the GPU token file; returns the seconds
+    waited. The token is a file holding the owner's tag, created with O_EXCL; every process of
+    the owning command may go on, the others wait. The parent removes it when the owner ended."""
+    t0, announced = time.monotonic(), False
+    while True:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            try:
+                with open(path) as f:
+                    owner = f.read()
+            except FileNotFoundError:
+                continue
+            if owner == tag:
+                break
+            if not announced and emit is not None:
+                emit("gpu_wait", owner=owner[:12])
+                announced = True
+            time.sleep(TOKEN_POLL_S)
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(tag)
+        break
+    waited = time.monotonic() - t0
+    if emit is not None and announced:
+        emit("gpu_acquired", waited_s=round(waited, 3))
+    return waited
+
+
+def _ensure_gpu(state: Any) -> None:
+    if not state.cfg.get("gpu_token") or state.gpu_granted:
+        return
+    tag = os.environ.get("CUTEDEBUG_RUN_TAG", str(os.getpid()))
+    acquire_gpu_token(state.cfg["gpu_token"], tag, state.events.emit)
+    state.gpu_granted = True
+
+
+def _guard_launches(state: Any) -> None:
+    """Before the first launch of a compiled CuTe DSL kernel, take the GPU token (mutants that
+    compile at once still run their kernels one at a time)."""
+    from cutlass.base_dsl import jit_executor
+
+    todo, seen = [jit_executor.JitCompiledFunction], set()
+    executor = getattr(jit_executor, "JitExecutor", None)
+    if executor is not None:
+        todo.append(executor)
+    while todo:
+        cls = todo.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        todo.extend(cls.__subclasses__())
+        for name in ("__call__", "run_compiled_program"):
+            fn = vars(cls).get(name)
+            if fn is None or getattr(fn, _GUARDED, False):
+                continue
+
+            def guarded(self, *a, _orig=fn, **kw):
+                _ensure_gpu(state)
+                return _orig(self, *a, **kw)
+
+            setattr(guarded, _GUARDED, True)
+            guarded.__name__ = name
+            setattr(cls, name, guarded)
+
+
+def _tag_compiled(state: Any, compiled: Any, n_sites: int) -> None:
+    """Mark a compiled function whose kernels have bounded waits, and make its launches
+    tracked (CUDA events around them), so the monitor can tell a kernel in flight."""
+    if not n_sites or state.monitor is None or state.cfg.get("stall_s") is None:
+        return
+    try:
+        setattr(compiled, _WAITS_ATTR, n_sites)
+    except (AttributeError, TypeError):
+        return  # not ours to mark: its launches are not tracked (the deadline still applies)
+    cls = type(compiled)
+    if "_cutedebug_tracked" in vars(cls):
+        return
+    for klass in cls.__mro__:
+        if "__call__" in vars(klass) and klass is not object:
+            original = vars(klass)["__call__"]
+            break
+    else:
+        return
+
+    def __call__(self, *a, _orig=original, **kw):
+        if getattr(self, _WAITS_ATTR, 0):
+            _ensure_gpu(state)  # before the first event: waiting for the GPU is no stall
+            return state.monitor.launches.around(lambda: _orig(self, *a, **kw))
+        return _orig(self, *a, **kw)
+
+    cls.__call__ = __call__
+    cls._cutedebug_tracked = True
+
+
+class InFlight:
+    """Launches of instrumented kernels, each between two CUDA events on the current stream.
+    ``running_since(now)``: when the oldest unfinished launch started (its first event
+    completed: it may have waited behind other work), None when none is in flight."""
+
+    def __init__(self, new_event: Any = None, maxlen: int = 256):
+        self.new_event = new_event
+        self.queue: collections.deque = collections.deque(maxlen=maxlen)
+        self.started: float | None = None
+        self.lock = threading.Lock()
+
+    def around(self, launch: Any) -> Any:
+        before = self.new_event()
+        before.record()
+        out = launch()
+        after = self.new_event()
+        after.record()
+        with self.lock:
+            self.queue.append((before, after))
+        return out
+
+    def running_since(self, now: float) -> float | None:
+        with self.lock:
+            while self.queue and self.queue[0][1].query():
+                self.queue.popleft()
+                self.started = None
+            if not self.queue:
+                return None
+            if self.started is None and self.queue[0][0].query():
+                self.started = now
+            return self.started
+
+
+def stalled(
+    now: float, running_since: float | None, last_change: float, stall_s: float | None
+) -> bool:
+    """An instrumented kernel has been running, with no beacon moving, for stall_s."""
+    if stall_s is None or running_since is None:
+        return False
+    return now - max(running_since, last_change) >= stall_s
