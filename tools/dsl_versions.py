@@ -10,6 +10,9 @@ that nvidia-cutlass-dsl installed and this repository's main venv appended for t
 ``--make-venvs`` creates them with pip) compiles every scenario in-process exactly as its
 worker does for ``cutedebug run --compile-only`` (``tools/ptx_fingerprints.compile_variant``:
 kernel params, the trace-time fault patches, the lint recorder), with the probes off and on.
+The repository's kernels import two 4.8 module paths (``cutlass.memory``,
+``cutlass.tensor_utils``); on 4.7 ``tools/dsl_compat/sitecustomize.py`` aliases them to the
+4.7 objects, so what is compared is cutedebug itself (the installed package has no kernels).
 Per scenario and variant it records: compiled or what the worker said instead, at how many
 sites the fault applied, the static protocol findings (severity + check), the PTX's sha1.
 
@@ -99,7 +102,8 @@ def child(filter_: str, quick: bool) -> int:
 def run_version(
     python: str, filter_: str, timeout_s: float, quick: bool = False
 ) -> tuple[dict, list[dict], str]:
-    env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", PYTHONPATH=str(ROOT))
+    compat = ROOT / "tools" / "dsl_compat"  # 4.7 aliases for the kernels' 4.8 imports
+    env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", PYTHONPATH=f"{compat}{os.pathsep}{ROOT}")
     argv = [python, __file__, "--child", "-k", filter_] + (["--quick"] if quick else [])
     proc = subprocess.run(
         argv,
