@@ -1,0 +1,72 @@
+"""`cutedebug exec` on the GPU (skipped without one): a plain repro script, no adapter, hung by a
+fault, must come back as a HANG in its kernel, localized by the probes within 2 s of the stall,
+with the GPU healthy afterwards and nothing left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGET = ROOT / "tests" / "exec_targets" / "gpu_tma_stream.py"
+
+pytestmark = pytest.mark.gpu
+
+
+def line_of(code: str) -> int:
+    lines = (ROOT / "kernels" / "tma_stream.py").read_text().splitlines()
+    hits = [i for i, ln in enumerate(lines, 1) if code in ln]
+    assert len(hits) == 1, (code, hits)
+    return hits[0]
+
+
+def test_exec_localizes_a_hang_in_a_plain_script(tmp_path):
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(
+            [str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
+        ),
+    )
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cutedebug",
+            "exec",
+            "--runs-dir",
+            str(tmp_path),
+            "--probes",
+            "--fault",
+            "wrong_expect_tx:delta_bytes=16",
+            "--deadline",
+            "60",
+            "--",
+            sys.executable,
+            str(TARGET),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+        cwd=str(ROOT),
+    )
+    report = re.search(r"report: (\S+)", out.stdout).group(1)
+    rep = json.loads((Path(report).parent / "report.json").read_text())
+    assert out.returncode == 1 and rep["verdict"] == "HANG", out.stdout + out.stderr
+    ev = rep["evidence"]
+    assert ev["kernel"] == "TmaStream.kernel"
+    consumers = {
+        (s["op"], s["barrier"], s["location"]) for s in ev["stuck_sites"] if s["role"] == "consumer"
+    }
+    assert consumers == {
+        ("consumer_wait", "full", f"tma_stream.py:{line_of('ring.consumer_wait(state)')}")
+    }
+    assert ev["timeline"]["stall_to_verdict_s"] <= 2.0
+    assert rep["health"]["healthy"] is True
+    assert rep["left_pids"] == [] and rep["fault_count"] == 1
