@@ -352,3 +352,22 @@ def test_a_pytest_command_fails_on_the_test_that_sees_the_fault(tmp_path):
     assert "FAILED" in rep["evidence"]["last_lines"]
     assert "test_barrier_init_counts" in rep["evidence"]["last_lines"]
     assert "1 failed, 1 passed" in rep["reason"] and rep["fault_count"] == 1
+
+
+def test_a_fault_with_nothing_to_act_on_is_said_first(tmp_path):
+    """A command that never imports cutlass: the fault asked for cannot apply; the PASS says
+    so in front, never as a plain PASS."""
+    rc, text, rep = cutedebug(
+        "--fault",
+        "skip_consumer_release",
+        "--",
+        sys.executable,
+        "-c",
+        "print('no kernels here')",
+        runs=tmp_path,
+    )
+    assert rep["verdict"] == "PASS" and rep["fault_count"] == 0
+    assert rep["reason"].startswith(
+        "nothing was instrumented: no Python process of the command imported cutlass"
+    )
+    assert rep["tldr"].startswith("PASS (as expected)") and "nothing was instrumented" in text

@@ -370,7 +370,40 @@ def _harness_problem(res: ExecResult) -> str | None:
 
 
 def classify(res: ExecResult) -> None:
-    """Set res.verdict / res.reason / res.evidence from what was observed (first rule wins)."""
+    """Set res.verdict / res.reason / res.evidence from what was observed (first rule wins);
+    a fault that changed nothing, or instrumentation asked for and never active, is said first
+    in the reason (such a PASS says nothing about the fault)."""
+    _classify(res)
+    notes = []
+    s = res.settings
+    if (s.fault or s.probes) and not any(p.get("instrumented") for p in res.processes.values()):
+        notes.append(
+            "nothing was instrumented: no Python process of the command imported cutlass"
+            + (
+                ""
+                if res.processes
+                else " (none ran cutedebug's sitecustomize: not Python, or python -I / -S)"
+            )
+        )
+    elif s.fault and not res.fault_count and res.verdict is not V.Verdict.HARNESS_ERROR:
+        looked = [
+            t.get("fault_not_applied")
+            for p in res.processes.values()
+            for t in p["traces"]
+            if t.get("fault_not_applied")
+        ]
+        notes.append(
+            looked[0]
+            if looked
+            else f"fault {s.fault} NOT APPLIED: no traced kernel "
+            "called what it patches; the kernels ran unmodified"
+        )
+    if notes:
+        res.evidence["not_applied"] = notes
+        res.reason = "; ".join(notes) + "; " + res.reason
+
+
+def _classify(res: ExecResult) -> None:
     rc, tail = res.returncode, res.log_tail
     if (why := _harness_problem(res)) is not None:
         res.verdict, res.reason = V.Verdict.HARNESS_ERROR, why
