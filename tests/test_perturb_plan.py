@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import struct
 
 import pytest
@@ -90,3 +91,72 @@ def test_shrink_narrows_windows_to_the_one_cta_and_k_tile_that_matter():
     rules = [P.Rule(0, 1000), P.Rule(1, 2000), P.Rule(3, 20_000), P.Rule(2, 5000, 0, 7)]
     out = P.shrink(rules, fails, ctas=16, iterations=32)
     assert out == [P.Rule(3, 20_000, 5, 5, -1, 3, 3, -1)]
+
+
+# ---- the worker's seed loop (engine/perturb_runs.drive) with a fake launch -----------------
+
+
+def _drive(spec, verdict_of, deterministic=False, digest_of=None):
+    import struct as _s
+
+    from cutedebug.engine import perturb_runs as R
+
+    table = {}
+    events = []
+
+    def write(raw):
+        table["rows"] = [_s.unpack_from("<8i", raw, i * 32) for i in range(len(raw) // 32)]
+
+    def launch():
+        rows = table["rows"]
+        outcome = verdict_of(rows)
+        d = digest_of(rows) if digest_of else "d0"
+        evs = [("checked", {"ok": outcome == "PASS", "digest": d})]
+        if outcome == "HANG":
+            evs = [("probe_report", {"stuck": [{"site": 3}]})]
+        return R.OneRun(outcome, evs, d)
+
+    R.drive(R.spec_from_request(spec), POS, write, launch,
+            lambda name, **f: events.append((name, f)), ctas=16, iterations=32,
+            deterministic=deterministic)
+    return events
+
+
+def _bug(rows):  # position 3 delayed for CTA 5 at k-tile 3 -> the stale read shows
+    d, clo, chi, st, ilo, ihi, w, _ = rows[3]
+    return "MISMATCH" if d and clo <= 5 <= chi and ilo <= 3 <= ihi else "PASS"
+
+
+def test_seeds_run_until_one_exposes_and_its_events_are_the_reported_run():
+    ev = _drive({"n": 64, "seed": 0}, _bug)
+    names = [n for n, _ in ev]
+    summary = dict(ev)["perturb_summary"]
+    assert summary["exposed_by"] is not None and summary["exposing_outcome"] == "MISMATCH"
+    seeds = [f["seed"] for n, f in ev if n == "perturb_seed"]
+    assert seeds == list(range(summary["exposed_by"] + 1))  # stopped at the first
+    assert names[-1] == "checked" and ev[-1][1]["ok"] is False  # the verdict rules see it
+    # replay: the same seed alone gives the same rules and the same outcome
+    again = _drive({"n": 1, "replay": summary["exposed_by"]}, _bug)
+    assert dict(again)["perturb_summary"]["exposing_rules"] == summary["exposing_rules"]
+
+
+def test_shrink_states_the_one_delay_that_matters():
+    ev = _drive({"n": 64, "seed": 0, "shrink": True}, _bug)
+    shrunk = dict(ev)["perturb_shrunk"]
+    assert shrunk["reproduced"] is True
+    (words,) = shrunk["described"]
+    assert re.fullmatch(r"a \d+ us delay before consumer_release of pipeline 0 "
+                        r"\(tma_stream.py:279\) \(consumer\) at k-tile 3 of CTA 5", words)
+    assert len(shrunk["rules"]) == 1 and shrunk["rules"][0]["position"] == 3
+
+
+def test_all_pass_is_no_exposure_and_differing_bits_are_nondeterministic_if_declared():
+    ev = _drive({"n": 8}, lambda rows: "PASS")
+    s = dict(ev)["perturb_summary"]
+    assert s["exposed_by"] is None and s["runs"] == 8 and s["nondeterministic"] is False
+    ev = _drive({"n": 8}, lambda rows: "PASS", deterministic=True,
+                digest_of=lambda rows: "a" if rows[2][0] else "b")
+    assert dict(ev)["perturb_summary"]["nondeterministic"] is True
+    ev = _drive({"n": 8}, lambda rows: "PASS", deterministic=False,
+                digest_of=lambda rows: "a" if rows[2][0] else "b")
+    assert dict(ev)["perturb_summary"]["nondeterministic"] is False

@@ -136,6 +136,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _run_one(args, sc, mode, fs, single: bool):
     """Run one scenario, write its report and print its lines; returns the RunResult."""
+    from cutedebug.commands import perturb_args
     from cutedebug.engine import runner
     from cutedebug.reporting import report
 
@@ -155,13 +156,17 @@ def _run_one(args, sc, mode, fs, single: bool):
         command=report.command_line() if single else "",
         forkserver=fs,
         **({"core": core} if core else {}),
+        perturb=perturb_args.request_field(args),
     )
     from cutedebug.analyses import mismatch
-    from cutedebug.reporting import mismatch_map
+    from cutedebug.reporting import mismatch_map, perturbation
 
     mismatch.attach(res)  # failure-table diagnosis of wrong values (no-op for other verdicts)
-    _, md = report.write(res, mismatch_map.report_sections(res))
+    _, md = report.write(
+        res, mismatch_map.report_sections(res) + perturbation.report_sections(res))
     print(report.tldr(res)[:2000])
+    if (line := perturbation.summary_line(res)) is not None:
+        print(line)
     loc = res.localization
     if (
         loc.get("ok") is None
@@ -301,6 +306,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--compile-deadline", type=S.limit_arg("compile_s"), help="compile deadline in seconds"
     )
     r.add_argument("--runs-dir", default="runs", help="where run directories go")
+    from cutedebug.commands import perturb_args  # --perturb N [--policy ...] [--replay S]
+
+    perturb_args.add_arguments(r)
     r.set_defaults(func=cmd_run)
 
     ls = sub.add_parser("list", help="list scenarios")

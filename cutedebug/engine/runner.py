@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cutedebug.engine import health, lifeline, watchdog
+from cutedebug.engine import health, lifeline, perturb_runs, watchdog
 from cutedebug.engine import timings as timings_mod
 from cutedebug.engine import verdict as V
 from cutedebug.engine.scenario import Limits, Scenario, ScenarioError
@@ -200,6 +200,7 @@ def _evidence(o: V.Outcome, facts: dict[str, Any]) -> dict[str, Any]:
     pe = probe_evidence(o)
     if pe:
         ev.update(pe)
+    ev.update(perturb_runs.evidence(o))
     if facts.get("swept") or facts.get("swept_after_exit"):
         ev["swept_pids"] = sorted(set(facts.get("swept", []) + facts.get("swept_after_exit", [])))
     if o.malformed_lines:
@@ -399,8 +400,12 @@ def run_scenario(
     command: str = "",
     forkserver=None,
     core: Any = None,
+    perturb: dict[str, Any] | None = None,
 ) -> RunResult:
     """Run a scenario (``repeat`` times) and return its classified result.
+
+    ``perturb``: the request's perturbation field (engine/perturb_runs.py: seeds, policy,
+    replay, shrink); the worker then runs the seeds after one compile.
 
     ``core``: a hang (or crash) without probes is localized from its GPU coredump instead of a
     rerun with probes: an object with ``request_fields(run_dir) -> dict`` (the worker's extra
@@ -425,7 +430,8 @@ def run_scenario(
             probes=probe_cfg,
             index=i,
             forkserver=forkserver,
-            request_extra=core.request_fields(run_dir) if use_core else None,
+            request_extra={**(core.request_fields(run_dir) if use_core else {}),
+                           **({"perturb": perturb} if perturb else {})} or None,
         )
         # The GPU is checked right after the run that was killed or crashed (before any
         # rerun), so the health recorded is that run's.

@@ -310,6 +310,16 @@ def _rules():
             lambda o: f"worker {_died(o)} in phase {o.phase!r} before reporting a result",
         ),
         (
+            "perturb_nondeterministic",
+            lambda o: (o.event("perturb_summary") or {}).get("nondeterministic") is True,
+            Verdict.NONDETERMINISTIC,
+            lambda o: (
+                f"outputs differ bit for bit across perturbation seeds "
+                f"({o.event('perturb_summary').get('distinct_outputs')} distinct outputs) for "
+                f"a kernel that declares DETERMINISTIC"
+            ),
+        ),
+        (
             "mismatch",
             lambda o: (o.event("checked") or {}).get("ok") is False,
             Verdict.MISMATCH,

@@ -308,6 +308,7 @@ def run(request: dict[str, Any], events: Events) -> None:
         # On a CPU-only machine the address only has to be a plausible constant.
         addr = probe_buf.data_ptr() if runnable else 0x7F0000000000
 
+    perturb_sess = perturb_table = None
     events.emit("compiling", arch=target, fault=fault, fault_args=fault_args)
     t0 = time.monotonic()
     with ExitStack() as stack:
@@ -337,6 +338,11 @@ def run(request: dict[str, Any], events: Events) -> None:
             from cutedebug.instrument import probes
 
             site_table = stack.enter_context(probes.instrument(probe_cfg, addr))
+        if request.get("perturb"):  # delay positions reading a rule table (perturb_runs.py)
+            from cutedebug.instrument import perturb
+
+            perturb_table, table_addr = perturb.make_table(runnable)
+            perturb_sess = stack.enter_context(perturb.instrument(table_addr))
         if request.get("bisect") is not None:  # printf-bisection: one checkpoint (bisect.py)
             from cutedebug.instrument import checkpoint
 
@@ -421,60 +427,97 @@ def run(request: dict[str, Any], events: Events) -> None:
         events.emit("unsupported", reason=reason)
         return
 
-    import torch
+    run = Launch(kernel, compiled, args, tensors, where, request, probe_buf, probe_cfg,
+                 site_table)
+    if perturb_sess is not None:  # N seeds, replay, shrinking: one compile, many launches
+        from cutedebug.engine import perturb_runs
 
-    atol, rtol = getattr(kernel, "TOLERANCE", (1e-5, 1e-5))
-    launch = getattr(kernel, "launch", None)
-    monitor = ProbeMonitor(events, probe_buf, probe_cfg, site_table) if probe_cfg else nullcontext()
-    events.emit("launched")
-    t0 = time.monotonic()
-    with monitor:
-        try:
-            if launch is not None:
-                launch(compiled, args)
-            else:
-                compiled(*args)
-            torch.cuda.synchronize()
-        except Exception as e:
-            msg = str(e)
+        perturb_runs.run_in_worker(request["perturb"], perturb_sess, perturb_table, run, events)
+        return
+    run.once(events.emit, live=events)
+
+
+class Launch:
+    """One launch of the compiled kernel and its check, reporting through ``emit``.
+
+    The plain run calls ``once`` once; perturbation (engine/perturb_runs.py) calls it per seed
+    with fresh inputs (``fresh=True``) and an ``emit`` that collects the events, so every seed is
+    judged exactly as a plain run is."""
+
+    def __init__(self, kernel, compiled, args, tensors, where, request, probe_buf, probe_cfg,
+                 site_table):
+        self.kernel, self.compiled, self.args, self.tensors = kernel, compiled, args, tensors
+        self.where, self.request = where, request
+        self.probe_buf, self.probe_cfg, self.site_table = probe_buf, probe_cfg, site_table
+
+    def once(self, emit, live=None, fresh: bool = False) -> None:
+        import torch
+
+        kernel, compiled, where, request = self.kernel, self.compiled, self.where, self.request
+        probe_buf, probe_cfg, site_table = self.probe_buf, self.probe_cfg, self.site_table
+        if fresh:  # a later launch: new inputs and outputs, an empty probe buffer
+            self.tensors = kernel.make_inputs("cuda")
+            self.args = kernel.cute_args(self.tensors)
             if probe_cfg is not None:
-                # Pinned host memory stays readable after the context died. Stuck records
-                # written before the fault mean the waits timed out first: warps that leave a
-                # timed-out wait can fault the CTA (e.g. TMA still landing in its smem).
                 from cutedebug.instrument import probes
 
-                snap = probes.decode(probe_buf.numpy().tobytes(), probe_cfg, site_table)
-                if snap.stuck or snap.beacons:
-                    events.emit(
-                        "probe_report",
-                        **probes.snapshot_to_json(snap, site_table),
-                        after_cuda_error=True,
-                    )
-            events.emit(
-                "cuda_error", name=cuda_error_name(msg) or type(e).__name__, message=msg[:2000]
-            )
-            return
-    events.emit("synced", kernel_s=round(time.monotonic() - t0, 6))
+                probes.init_buffer(probe_buf.numpy(), probe_cfg)
+        args, tensors = self.args, self.tensors
+        atol, rtol = getattr(kernel, "TOLERANCE", (1e-5, 1e-5))
+        launch = getattr(kernel, "launch", None)
+        monitor = (ProbeMonitor(live, probe_buf, probe_cfg, site_table) if probe_cfg and live
+                   else nullcontext())
+        emit("launched")
+        t0 = time.monotonic()
+        with monitor:
+            try:
+                if launch is not None:
+                    launch(compiled, args)
+                else:
+                    compiled(*args)
+                torch.cuda.synchronize()
+            except Exception as e:
+                msg = str(e)
+                if probe_cfg is not None:
+                    # Pinned host memory stays readable after the context died. Stuck records
+                    # written before the fault mean the waits timed out first: warps that leave
+                    # a timed-out wait can fault the CTA (e.g. TMA still landing in its smem).
+                    from cutedebug.instrument import probes
 
-    if probe_cfg is not None:
-        from cutedebug.instrument import probes
+                    snap = probes.decode(probe_buf.numpy().tobytes(), probe_cfg, site_table)
+                    if snap.stuck or snap.beacons:
+                        emit(
+                            "probe_report",
+                            **probes.snapshot_to_json(snap, site_table),
+                            after_cuda_error=True,
+                        )
+                emit("cuda_error", name=cuda_error_name(msg) or type(e).__name__,
+                     message=msg[:2000])
+                return
+        emit("synced", kernel_s=round(time.monotonic() - t0, 6))
 
-        snap = probes.decode(probe_buf.numpy().tobytes(), probe_cfg, site_table)
-        events.emit("probe_report", **probes.snapshot_to_json(snap, site_table))
-        if snap.stuck:
-            # The waits were bounded: the output is garbage by construction, not a MISMATCH.
-            events.emit("checked", skipped="bounded waits timed out", ok=None)
-            return
+        if probe_cfg is not None:
+            from cutedebug.instrument import probes
 
-    out = user_call(where, "output", kernel.output, tensors)
-    ref = user_call(where, "reference", kernel.reference, tensors)
-    stats = compare(out, ref, atol, rtol)
-    stats["digest"] = digest(out)
-    if stats["ok"] is False and "shape_mismatch" not in stats:
-        # where the wrong values are (never raises)
-        stats.update(valuemap.mismatch_fields(kernel, out, ref, atol, rtol,
-                                              request.get("dump_dir"), stats["digest"]))
-    events.emit("checked", **stats)
+            snap = probes.decode(probe_buf.numpy().tobytes(), probe_cfg, site_table)
+            emit("probe_report", **probes.snapshot_to_json(snap, site_table))
+            if snap.stuck:
+                # The waits were bounded: the output is garbage by construction, not a
+                # MISMATCH.
+                emit("checked", skipped="bounded waits timed out", ok=None)
+                return
+
+        from cutedebug.engine import valuemap
+
+        out = user_call(where, "output", kernel.output, tensors)
+        ref = user_call(where, "reference", kernel.reference, tensors)
+        stats = compare(out, ref, atol, rtol)
+        stats["digest"] = digest(out)
+        if stats["ok"] is False and "shape_mismatch" not in stats:
+            # where the wrong values are (never raises)
+            stats.update(valuemap.mismatch_fields(kernel, out, ref, atol, rtol,
+                                                  request.get("dump_dir"), stats["digest"]))
+        emit("checked", **stats)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -84,8 +84,16 @@ class Rule:
     warp: int = ANY
 
     def row(self) -> tuple[int, ...]:
-        return (self.delay_ns, self.cta_lo, self.cta_hi, self.stage, self.it_lo, self.it_hi,
-                self.warp, 0)
+        return (
+            self.delay_ns,
+            self.cta_lo,
+            self.cta_hi,
+            self.stage,
+            self.it_lo,
+            self.it_hi,
+            self.warp,
+            0,
+        )
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -130,8 +138,9 @@ def table_bytes(rules: Sequence[Rule], n_positions: int) -> bytes:
     rows = [(0, 0, MAX_INT, ANY, 0, MAX_INT, ANY, 0)] * max(n_positions, 1)
     for r in rules:
         if not 0 <= r.position < n_positions:
-            raise PerturbError(f"rule for position {r.position}: the kernel has positions "
-                               f"0..{n_positions - 1}")
+            raise PerturbError(
+                f"rule for position {r.position}: the kernel has positions 0..{n_positions - 1}"
+            )
         rows[r.position] = r.row()
     return b"".join(struct.pack("<8i", *row) for row in rows)
 
@@ -173,8 +182,13 @@ class Policy:
         return dataclasses.asdict(self)
 
 
-def rules_for(policy: Policy, seed: int, positions: Sequence[Position],
-              ctas: int | None = None, iterations: int | None = None) -> list[Rule]:
+def rules_for(
+    policy: Policy,
+    seed: int,
+    positions: Sequence[Position],
+    ctas: int | None = None,
+    iterations: int | None = None,
+) -> list[Rule]:
     """The rules a seed gives under a policy; the same (policy, seed, positions) -> same rules.
 
     ``ctas`` / ``iterations`` (when known) bound the random windows so that they hit.
@@ -187,8 +201,9 @@ def rules_for(policy: Policy, seed: int, positions: Sequence[Position],
     if policy.name == "targeted":
         target = policy.target if policy.target is not None else seed % len(positions)
         if not 0 <= target < len(positions):
-            raise PerturbError(f"targeted position {target}: the kernel has positions "
-                               f"0..{len(positions) - 1}")
+            raise PerturbError(
+                f"targeted position {target}: the kernel has positions 0..{len(positions) - 1}"
+            )
         us = policy.delay_us or SWEEP_US[seed % len(SWEEP_US)]
         return [Rule(positions[target].id, int(us * 1000))]
     if policy.name == "role":
@@ -233,7 +248,7 @@ def ddmin(items: list[Any], fails: Callable[[list[Any]], bool]) -> list[Any]:
     n = 2
     while len(current) >= 2:
         chunk = max(len(current) // n, 1)
-        subsets = [current[i:i + chunk] for i in range(0, len(current), chunk)]
+        subsets = [current[i : i + chunk] for i in range(0, len(current), chunk)]
         reduced = False
         for s in subsets:
             if test(s):
@@ -252,8 +267,9 @@ def ddmin(items: list[Any], fails: Callable[[list[Any]], bool]) -> list[Any]:
     return [items[i] for i in current]
 
 
-def narrow(rule: Rule, fails: Callable[[Rule], bool], ctas: int | None,
-           iterations: int | None) -> Rule:
+def narrow(
+    rule: Rule, fails: Callable[[Rule], bool], ctas: int | None, iterations: int | None
+) -> Rule:
     """Halve a failing rule's CTA and iteration windows while it keeps failing."""
     cache: dict[Rule, bool] = {}
 
@@ -279,14 +295,19 @@ def narrow(rule: Rule, fails: Callable[[Rule], bool], ctas: int | None,
     return rule
 
 
-def shrink(rules: list[Rule], fails: Callable[[list[Rule]], bool], ctas: int | None = None,
-           iterations: int | None = None) -> list[Rule]:
+def shrink(
+    rules: list[Rule],
+    fails: Callable[[list[Rule]], bool],
+    ctas: int | None = None,
+    iterations: int | None = None,
+) -> list[Rule]:
     """A minimal failing rule set: ddmin over the rules, then each rule's windows narrowed."""
     minimal = ddmin(list(rules), fails)
     out = list(minimal)
     for i, r in enumerate(minimal):
+
         def one(candidate: Rule, i: int = i) -> bool:
-            return fails(out[:i] + [candidate] + out[i + 1:])
+            return fails(out[:i] + [candidate] + out[i + 1 :])
 
         out[i] = narrow(r, one, ctas, iterations)
     return out
