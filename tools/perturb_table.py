@@ -1,0 +1,105 @@
+"""Schedule perturbation over many scenarios, one table (the H200 evidence for issue 20).
+
+    python3 tools/perturb_table.py --seeds 32 --replays 5 scenarios/tma_stream/drop_sync.toml ...
+    python3 tools/perturb_table.py --seeds 64 --clean scenarios/tma_stream/clean.toml ...
+
+For each scenario: ``--seeds`` seeded schedules (random policy) after one compile; for one that
+exposes a failure, ``--replays`` fresh runs of the exposing seed alone (the replay rate) and,
+with ``--shrink``, the minimal delay set. ``--clean``: the scenarios are fault-free and any
+non-PASS is a false alarm. Every run goes through the same fork server as a triage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from cutedebug.engine import runner  # noqa: E402
+from cutedebug.engine import scenario as S  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("scenarios", nargs="+")
+    ap.add_argument("--seeds", type=int, default=32)
+    ap.add_argument("--replays", type=int, default=5)
+    ap.add_argument("--shrink", action="store_true")
+    ap.add_argument(
+        "--clean", action="store_true", help="fault-free: any non-PASS is a false alarm"
+    )
+    ap.add_argument("--budget-s", type=float, default=1e9, help="stop starting new scenarios after")
+    ap.add_argument("--runs-dir", default="/tmp/perturb-runs")
+    ap.add_argument("--json", help="write the rows here")
+    args = ap.parse_args(argv)
+    t_start = time.monotonic()
+    fs = runner.start_forkserver(args.runs_dir)
+    rows = []
+    try:
+        for path in args.scenarios:
+            if time.monotonic() - t_start > args.budget_s:
+                rows.append({"scenario": path, "verdict": "skipped (budget)"})
+                continue
+            sc = S.load(path)
+            spec = {"n": args.seeds, "seed": 0, "shrink": args.shrink, "policy": {"name": "random"}}
+            t0 = time.monotonic()
+            res = runner.run_scenario(sc, runs_root=args.runs_dir, forkserver=fs, perturb=spec)
+            p = res.evidence.get("perturbation") or {}
+            row = {
+                "scenario": sc.id,
+                "verdict": res.verdict.value,
+                "runs": p.get("runs"),
+                "positions": p.get("positions"),
+                "exposed_by": p.get("exposed_by"),
+                "outcome": p.get("exposing_outcome") or p.get("killed_during"),
+                "delays": (p.get("shrunk") or {}).get("described") or p.get("described"),
+                "secs": round(time.monotonic() - t0, 2),
+                "health": res.health,
+            }
+            if p.get("exposed_by") is not None and args.replays:
+                same = 0
+                for _ in range(args.replays):
+                    rep = runner.run_scenario(
+                        sc,
+                        runs_root=args.runs_dir,
+                        forkserver=fs,
+                        perturb={**spec, "replay": p["exposed_by"], "shrink": False},
+                    )
+                    same += rep.verdict == res.verdict
+                row["replay"] = f"{same}/{args.replays}"
+            rows.append(row)
+            print(json.dumps(row, default=str), flush=True)
+    finally:
+        fs.close(timeout=5.0)
+    print()
+    print(
+        "| scenario | verdict | seeds run | positions | exposed by seed | outcome | replay | "
+        "delays (shrunk when asked) | s |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        delays = "; ".join(r.get("delays") or [])[:160]
+        print(
+            f"| {r['scenario']} | {r['verdict']} | {r.get('runs', '-')} | "
+            f"{r.get('positions', '-')} | {r.get('exposed_by', '-')} | {r.get('outcome') or '-'} | "
+            f"{r.get('replay', '-')} | {delays or '-'} | {r.get('secs', '-')} |"
+        )
+    ran = [r for r in rows if r.get("runs")]
+    exposed = [r for r in ran if r.get("exposed_by") is not None or r["verdict"] != "PASS"]
+    what = "false alarms" if args.clean else "exposed"
+    print(
+        f"\n{what}: {len(exposed)}/{len(ran)} scenarios ({args.seeds} seeds each); "
+        f"{time.monotonic() - t_start:.1f} s"
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
