@@ -42,6 +42,7 @@ LABEL_TARGET = re.compile(r"`\((\.L_\w+)\)")
 ADDR_TARGET = re.compile(r"\b(0x[0-9a-f]+)\b")
 MEM_OPERAND = re.compile(r"\[([^\]]+)\]")
 SMALL_LOOP = 24  # instructions: a wait or spin loop is a handful; a working loop is more
+DEFER_WINDOW = 24  # instructions a warp may issue past a BAR.SYNC.DEFER_BLOCKING
 
 
 def b_len(sass: Sass, loop: tuple[int, int]) -> int:
@@ -242,13 +243,8 @@ class Sass:
                         i for i in self.span(head, branch) if i.opcode.startswith("SYNCS.PHASECHK")
                     ]
                     return _wait_construct(here_try[0] if here_try else waits[k], k, head, branch)
-        # A warp blocked at a barrier has issued it: cuda-gdb shows the PC after it (seen on
-        # the H200: sm90_gemm's BAR.SYNC 0x1,0x120 at +6480, its warps at +6496).
-        for cand in (here, self.instrs[n - 1] if n > 0 else None):
-            if cand is not None and cand.opcode.startswith("BAR.SYNC"):
-                return _bar_construct(cand, self.bar_syncs.index(cand))
-            if cand is not None and cand.opcode.startswith("UCGABAR_WAIT"):
-                return Construct("cluster_barrier", start=cand.offset, end=cand.offset, anchor=cand)
+        if (c := self._barrier(here)) is not None:
+            return c
         for head, branch in self.loops():
             if not head <= pc_offset <= branch:
                 continue
@@ -274,7 +270,28 @@ class Sass:
             return Construct("exit", start=here.offset, end=here.offset, anchor=here)
         if here.base == "NANOSLEEP":
             return Construct("nanosleep", start=here.offset, end=here.offset, anchor=here)
+        # A BAR.SYNC.DEFER_BLOCKING lets its warp issue independent instructions before it
+        # blocks: the stuck PC can be several instructions past the barrier (H200: sm90_gemm's
+        # warps 1 instruction after theirs, sm90_attention's 7). In a hung kernel a warp on
+        # plain ALU work is blocked on the last barrier it issued.
+        for k in range(n - 1, max(-1, n - DEFER_WINDOW), -1):
+            prev = self.instrs[k]
+            if (c := self._barrier(prev)) is not None:
+                return c
+            if (
+                prev.base in ("EXIT", "RET", "JMP")
+                or (prev.base == "BRA" and not prev.pred)
+                or prev.opcode.startswith("SYNCS.PHASECHK")
+            ):
+                break  # control cannot fall through from above, or a wait came after it
         return Construct("other", start=here.offset, end=here.offset, anchor=here)
+
+    def _barrier(self, i: Instr) -> Construct | None:
+        if i.opcode.startswith("BAR.SYNC"):
+            return _bar_construct(i, self.bar_syncs.index(i))
+        if i.opcode.startswith("UCGABAR_WAIT"):
+            return Construct("cluster_barrier", start=i.offset, end=i.offset, anchor=i)
+        return None
 
     def _entering_wait(self, head: int, branch: int) -> Instr | None:
         waits = self.waits

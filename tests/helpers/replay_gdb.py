@@ -79,3 +79,19 @@ class ReplayGdb:
                 v = self.registers.get(cur, {}).get(m.group(1))
                 out.append(f"${n} = {v:#x}" if v is not None else f"${n} = <unavailable>")
         return "\n".join(out) + "\n", 0.0
+
+
+class PassReplay:
+    """cuda-gdb's output of a real run of read_core, returned call by call (the run folder's
+    coredump_gdb_pass1.txt, pass2, ...). A command the recorded run did not give (e.g. a
+    register read after a change of the reader) finds no output: its value stays unknown."""
+
+    def __init__(self, outputs: list[str]):
+        self.outputs, self.calls = list(outputs), []
+
+    def __call__(self, core, commands, timeout_s=None, cuda_gdb=None):
+        self.calls.append(list(commands))
+        if len(self.calls) > len(self.outputs):
+            raise AssertionError(f"read_core asked for cuda-gdb run {len(self.calls)}, the "
+                                 f"recorded run had {len(self.outputs)}")
+        return self.outputs[len(self.calls) - 1], 0.0
