@@ -1,0 +1,47 @@
+"""`cutedebug run --coredump` on a GPU: a named-barrier hang that only bisection could grade,
+localized from the core taken before the kill (needs cuda-gdb; skipped without a GPU)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cutedebug.analyses import cudagdb
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.gpu
+
+
+def test_named_barrier_hang_localized_from_the_core(tmp_path):
+    if cudagdb.find_cuda_gdb() is None:
+        pytest.skip("no cuda-gdb")
+    # sm90_attention's consumers are held by a deferred BAR.SYNC several instructions back
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cutedebug",
+            "run",
+            "--coredump",
+            "--deadline",
+            "1",
+            "--runs-dir",
+            str(tmp_path),
+            str(ROOT / "scenarios/sm90_attention/wrong_barrier_threads_plus.toml"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    rep = json.loads(next(tmp_path.glob("*/report.json")).read_text())
+    ev = rep["evidence"]
+    assert rep["verdict"] == "HANG" and ev["coredump_grade"]["ok"] is True, ev["coredump_grade"]
+    assert ev["role_answers"]["consumer"]["op"] == "named_barrier"
+    assert ev["coredump"]["dump"]["dump_s"] < 5 and rep["health"]["healthy"] is True
+    assert not ev.get("rerun_with_probes")
