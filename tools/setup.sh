@@ -12,8 +12,11 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 stamp=.venv/.cutedebug-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]"
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ tools/ci-constraints.txt -nt "$stamp" ]; then
+  # CI compiles on one DSL version of the range (tools/ci-constraints.txt: 4.8.1, the GPU
+  # bundle's); tools/dsl_versions.py checks the others
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]" \
+    -c tools/ci-constraints.txt
   if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     # A CPU build is enough here (compile-level work and CPU references); GPU machines bring
     # their own CUDA build of torch.
