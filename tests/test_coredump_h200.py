@@ -297,3 +297,27 @@ def test_crash_core_names_the_faulting_instruction_and_its_line(monkeypatch):
     assert (crash["block"], crash["sm"], crash["hw_warp"], crash["lane"]) == ((8, 0, 0), 0, 0, 0)
     assert crash["fault_offset"] == f"{stg.offset:#x}" and crash["instruction"] == stg.text
     assert crash["where"] == f"tma_stream.py:{stg.line}" and (crash["cta"], crash["warp"]) == (8, 0)
+
+
+def test_warps_of_another_kernel_are_not_placed_in_this_kernels_sass(monkeypatch):
+    """The SASS is the run's own kernel's: a core whose kernel is another one (a library's
+    kernel in flight, say) keeps its warps unplaced and says so."""
+    d = DATA / "tma_stream__wrong_expect_tx_plus"
+    facts = json.loads((d / "facts.json").read_text())
+    base = int(re.match(r"\s*(0x[0-9a-f]+)", facts["function_base_line"]).group(1), 16)
+    sass_text = (
+        gzip.open(d / "sass.txt.gz", "rt")
+        .read()
+        .replace(
+            ".text.kernel_cutlass_kernel_cutedebug_kernel_tma_stream", ".text.some_other_kernel"
+        )
+    )
+    regs = {tuple(int(x) for x in k.split()): v for k, v in facts["registers"].items()}
+    monkeypatch.setattr(
+        coredump, "run_gdb", ReplayGdb(gzip.open(d / "pass1.txt.gz", "rt").read(), base, regs)
+    )
+    rep = coredump.read_core(
+        "core", sass_text=sass_text, wait_sites=waitsites.sites_from_json(facts["wait_sites"])
+    )
+    assert all(w.construct is None for w in rep.warps) and E.stuck_sites(rep, []) == []
+    assert rep.site_map_notes[-1].startswith("80 warp(s) of other kernels (kernel_cutlass_")

@@ -229,10 +229,18 @@ def read_core(
     base = _focus_base(text, rep.warps)
     code = S.parse(sass_text) if sass_text else None
     smap = S.map_sites(code, wait_sites or []) if code is not None and code.instrs else None
-    early = smap is not None and all(w.kernel in base for w in rep.warps)
+    # the cubin's SASS describes one kernel: warps of another (e.g. a library's kernel in
+    # flight) are listed but not placed in it
+    foreign = {
+        k.id
+        for k in rep.kernels
+        if code is not None and code.function and not _same_function(k.name, code.function)
+    }
+    mine = [w for w in rep.warps if w.kernel not in foreign]
+    early = smap is not None and all(w.kernel in base for w in mine)
     if early:  # place the PCs now, so the second run reads the registers too
         _offsets(rep.warps, base)
-        for w in rep.warps:
+        for w in mine:
             _place(w, code, smap, checkpoint_sites or [])
     reps = _one_per_pc(rep.warps)
     cmds: list[str] = []
@@ -269,8 +277,15 @@ def read_core(
     if smap is None:
         rep.site_map_notes.append("no SASS: PCs not classified")
         return rep
-    rep.site_map_notes = smap.notes
-    for w in rep.warps:  # again: the frames (lines) came with the second run
+    rep.site_map_notes = list(smap.notes)
+    if foreign:
+        names = sorted({k.name[:60] for k in rep.kernels if k.id in foreign})
+        rep.site_map_notes.append(
+            f"{len(rep.warps) - len(mine)} warp(s) of other kernels "
+            f"({', '.join(names)}) not placed: the SASS is the run's "
+            "kernel's"
+        )
+    for w in mine:  # again: the frames (lines) came with the second run
         _place(w, code, smap, checkpoint_sites or [])
     if not early:
         cmds = _register_commands(rep.warps)
@@ -279,6 +294,13 @@ def read_core(
             rep.raw["pass3"], rep.gdb_s, rep.passes = text3, rep.gdb_s + secs3, 3
             _parse_registers(rep, sections(text3))
     return rep
+
+
+def _same_function(kernel: str, function: str) -> bool:
+    """cuda-gdb's kernel name against the SASS's (either may be cut short)."""
+    return bool(kernel and function) and (
+        kernel.startswith(function) or function.startswith(kernel)
+    )
 
 
 def _focus_base(text: str, warps: list[WarpRecord]) -> dict[int, int]:

@@ -387,6 +387,9 @@ def _parse_nvdisasm(text: str, function: str | None) -> Sass:
             continue
         if not active:
             continue
+        if raw.lstrip().startswith(".section") and ".text." in raw:
+            fname = raw.split(".text.", 1)[1].split(",")[0].strip()  # uncut, unlike the header
+            continue
         m = LINE_MARK.search(raw)
         if m:
             file, line = m.group(1), int(m.group(2))
