@@ -21,7 +21,8 @@ def test_rule_in_words_names_delay_op_iteration_and_cta():
     r = P.Rule(3, 20_000, cta_lo=5, cta_hi=5, it_lo=3, it_hi=3)
     assert r.describe({p.id: p for p in POS}) == (
         "a 20 us delay before consumer_release of pipeline 0 (tma_stream.py:279) (consumer) "
-        "at k-tile 3 of CTA 5")
+        "at k-tile 3 of CTA 5"
+    )
     assert P.Rule(1, 5_000).describe({p.id: p for p in POS}).endswith("in every CTA")
 
 
@@ -55,16 +56,21 @@ def test_targeted_sweeps_delays_on_one_position_and_role_slows_one_role():
     assert {tuple(r.position for r in rs) for rs in t} == {(2,)}
     assert [rs[0].delay_ns for rs in t] == [us * 1000 for us in P.SWEEP_US]
     role = P.rules_for(P.Policy("role", role="consumer", delay_us=3), 0, POS)
-    assert [(r.position, r.delay_ns, r.cta_lo, r.cta_hi) for r in role] == \
-        [(2, 3000, 0, P.MAX_INT), (3, 3000, 0, P.MAX_INT)]
+    assert [(r.position, r.delay_ns, r.cta_lo, r.cta_hi) for r in role] == [
+        (2, 3000, 0, P.MAX_INT),
+        (3, 3000, 0, P.MAX_INT),
+    ]
 
 
-@pytest.mark.parametrize("bad, match", [
-    ({"name": "chaos"}, "allowed random, targeted, role"),
-    ({"density": 0}, "allowed \\(0, 1\\]"),
-    ({"name": "role", "role": "warp"}, "role=producer\\|consumer"),
-    ({"delay_us": -1}, "allowed \\(0, 10000\\]"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        ({"name": "chaos"}, "allowed random, targeted, role"),
+        ({"density": 0}, "allowed \\(0, 1\\]"),
+        ({"name": "role", "role": "warp"}, "role=producer\\|consumer"),
+        ({"delay_us": -1}, "allowed \\(0, 10000\\]"),
+    ],
+)
 def test_bad_policies_say_what_is_allowed(bad, match):
     with pytest.raises(P.PerturbError, match=match):
         P.Policy(**bad)
@@ -85,8 +91,9 @@ def test_ddmin_finds_the_minimal_pair_and_never_repeats_a_candidate():
 def test_shrink_narrows_windows_to_the_one_cta_and_k_tile_that_matter():
     # the "bug": a delay at position 3 reaching CTA 5 at k-tile 3 exposes it
     def fails(rules):
-        return any(r.position == 3 and r.cta_lo <= 5 <= r.cta_hi and r.it_lo <= 3 <= r.it_hi
-                   for r in rules)
+        return any(
+            r.position == 3 and r.cta_lo <= 5 <= r.cta_hi and r.it_lo <= 3 <= r.it_hi for r in rules
+        )
 
     rules = [P.Rule(0, 1000), P.Rule(1, 2000), P.Rule(3, 20_000), P.Rule(2, 5000, 0, 7)]
     out = P.shrink(rules, fails, ctas=16, iterations=32)
@@ -116,9 +123,16 @@ def _drive(spec, verdict_of, deterministic=False, digest_of=None):
             evs = [("probe_report", {"stuck": [{"site": 3}]})]
         return R.OneRun(outcome, evs, d)
 
-    R.drive(R.spec_from_request(spec), POS, write, launch,
-            lambda name, **f: events.append((name, f)), ctas=16, iterations=32,
-            deterministic=deterministic)
+    R.drive(
+        R.spec_from_request(spec),
+        POS,
+        write,
+        launch,
+        lambda name, **f: events.append((name, f)),
+        ctas=16,
+        iterations=32,
+        deterministic=deterministic,
+    )
     return events
 
 
@@ -145,8 +159,11 @@ def test_shrink_states_the_one_delay_that_matters():
     shrunk = dict(ev)["perturb_shrunk"]
     assert shrunk["reproduced"] is True
     (words,) = shrunk["described"]
-    assert re.fullmatch(r"a \d+ us delay before consumer_release of pipeline 0 "
-                        r"\(tma_stream.py:279\) \(consumer\) at k-tile 3 of CTA 5", words)
+    assert re.fullmatch(
+        r"a \d+ us delay before consumer_release of pipeline 0 "
+        r"\(tma_stream.py:279\) \(consumer\) at k-tile 3 of CTA 5",
+        words,
+    )
     assert len(shrunk["rules"]) == 1 and shrunk["rules"][0]["position"] == 3
 
 
@@ -154,9 +171,17 @@ def test_all_pass_is_no_exposure_and_differing_bits_are_nondeterministic_if_decl
     ev = _drive({"n": 8}, lambda rows: "PASS")
     s = dict(ev)["perturb_summary"]
     assert s["exposed_by"] is None and s["runs"] == 8 and s["nondeterministic"] is False
-    ev = _drive({"n": 8}, lambda rows: "PASS", deterministic=True,
-                digest_of=lambda rows: "a" if rows[2][0] else "b")
+    ev = _drive(
+        {"n": 8},
+        lambda rows: "PASS",
+        deterministic=True,
+        digest_of=lambda rows: "a" if rows[2][0] else "b",
+    )
     assert dict(ev)["perturb_summary"]["nondeterministic"] is True
-    ev = _drive({"n": 8}, lambda rows: "PASS", deterministic=False,
-                digest_of=lambda rows: "a" if rows[2][0] else "b")
+    ev = _drive(
+        {"n": 8},
+        lambda rows: "PASS",
+        deterministic=False,
+        digest_of=lambda rows: "a" if rows[2][0] else "b",
+    )
     assert dict(ev)["perturb_summary"]["nondeterministic"] is False

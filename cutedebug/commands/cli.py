@@ -156,7 +156,7 @@ def _run_one(args, sc, mode, fs, single: bool):
         command=report.command_line() if single else "",
         forkserver=fs,
         **({"core": core} if core else {}),
-        perturb=perturb_args.request_field(args),
+        **({"perturb": pert} if (pert := perturb_args.request_field(args)) else {}),
     )
     from cutedebug.analyses import mismatch
     from cutedebug.reporting import mismatch_map, perturbation

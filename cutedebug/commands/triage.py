@@ -106,6 +106,7 @@ class Options:
     gpus: list[str] | None = None  # --gpus: one lane per GPU (None: no binding, one lane)
     shard: tuple[int, int] | None = None
     durations: dict[str, float] | None = None
+    perturb: dict[str, Any] | None = None  # --perturb N: the worker request's perturb field
 
 
 @dataclass
@@ -135,6 +136,7 @@ def _call(sc: S.Scenario, mode: str, opts: Options, runs_dir: Path, forkserver=N
         repeat=1 if mode == "compile" else opts.repeat,
         forkserver=forkserver,
         **({"core": core} if core else {}),
+        **({"perturb": opts.perturb} if opts.perturb and mode == "run" else {}),
     )
     wall = time.monotonic() - t0
     from cutedebug.analyses import mismatch
@@ -536,6 +538,9 @@ def add_parser(sub) -> None:
         help="balance --shard by the seconds an earlier triage "
         "recorded (its matrix.json or output folder)",
     )
+    from cutedebug.commands import perturb_args  # --perturb N: the "exposed by" column
+
+    perturb_args.add_arguments(t)
     t.set_defaults(func=cmd_triage)
 
 
@@ -552,7 +557,10 @@ def cmd_triage(args: argparse.Namespace) -> int:
         durations = shard.durations_from(args.durations) if args.durations else None
     except (gpus.GpuSpecError, shard.ShardError) as e:
         raise TriageInputError(str(e)) from None
+    from cutedebug.commands import perturb_args
+
     opts = Options(
+        perturb=perturb_args.request_field(args),
         dir=Path(args.dir),
         out=Path(args.out),
         resume=args.resume,

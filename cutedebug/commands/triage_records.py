@@ -207,6 +207,7 @@ def call_record(res, wall_s: float, out_dir: Path) -> dict[str, Any]:
         "overhead_s": round(wall_s / attempts - work, 3),
         "device": res.evidence.get("device"),
         "report": _relative(Path(res.run_dir) / "report.md", out_dir),
+        "perturbation": _perturbation(res.evidence.get("perturbation")),
         "value_diagnosis": {
             k: (res.evidence.get("value_diagnosis") or {}).get(k)
             for k in ("row", "pattern", "summary", "lines")
@@ -214,6 +215,16 @@ def call_record(res, wall_s: float, out_dir: Path) -> dict[str, Any]:
         if res.evidence.get("value_diagnosis")
         else None,
     }
+
+
+def _perturbation(p: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What the matrix shows of a perturbed run: the exposing seed, its outcome, its delays."""
+    if not p:
+        return None
+    shrunk = p.get("shrunk") or {}
+    return {"runs": p.get("runs"), "exposed_by": p.get("exposed_by"),
+            "outcome": p.get("exposing_outcome") or p.get("killed_during"),
+            "delays": (shrunk.get("described") or p.get("described") or [])[:3]}
 
 
 def _relative(path: Path, out_dir: Path) -> str:
@@ -364,6 +375,11 @@ def rates(records: list[dict[str, Any]]) -> dict[str, Any]:
             "not_run_reasons": dict(Counter(r["not_run"] for r in done if r.get("not_run"))),
             "harness_errors": sum(r.get("harness_errors", 0) for r in records),
             "timing_dependent": sum(bool(r.get("timing_dependent")) for r in records),
+            # faulted scenarios whose failure only a perturbed schedule showed (--perturb)
+            "exposed_by_perturbation": sum(
+                ((r.get("run") or {}).get("perturbation") or {}).get("exposed_by") is not None
+                for r in faulted
+            ),
         },
     }
 

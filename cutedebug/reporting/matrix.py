@@ -167,9 +167,20 @@ def detail_rows(records: list[Record]) -> list[list[str]]:
                 _static_text(r),
                 _secs(r.get("time_to_verdict_s")),
                 _secs(r.get("overhead_s")),
+                _perturb_text(_final(r).get("perturbation")),
             ]
         )
     return rows
+
+
+def _perturb_text(p: dict[str, Any] | None) -> str:
+    """The "exposed by perturbation" cell: the seed and what it gave, or how many did not."""
+    if not p:
+        return "-"
+    if p.get("exposed_by") is None:
+        return f"none of {p.get('runs')} seeds"
+    return f"seed {p['exposed_by']}: {p.get('outcome')}"
+
 
 
 DETAIL_HEAD = [
@@ -183,6 +194,7 @@ DETAIL_HEAD = [
     "caught statically",
     "time to verdict (s)",
     "overhead (s)",
+    "exposed by perturbation",
 ]
 
 
@@ -222,7 +234,9 @@ def _summary(c: dict[str, Any]) -> str:
     return (
         f"{c['scenarios']} scenarios: {c['with_verdict']} with a verdict, {c['not_run']} "
         f"not run (left out of the rates), {c['invalid']} invalid, {c['pending']} pending; "
-        f"{c['harness_errors']} HARNESS_ERROR; {c['timing_dependent']} timing-dependent."
+        f"{c['harness_errors']} HARNESS_ERROR; {c['timing_dependent']} timing-dependent"
+        + (f"; {c['exposed_by_perturbation']} exposed by perturbation (counted in detection)."
+           if c.get("exposed_by_perturbation") else ".")
     )
 
 
