@@ -271,7 +271,9 @@ def to_markdown(
         "",
     ]
     loc = result.localization
-    if loc["ok"] is not None:
+    if result.mode == "compile":
+        lines += ["- localization: not graded (compile-only: the kernel was not run)", ""]
+    elif loc["ok"] is not None:
         lines += [
             f"- localization: {'right' if loc['ok'] else 'WRONG'} "
             f"(expected {md_text(loc['expected'])}, matched {md_text(loc.get('matched'))})",
