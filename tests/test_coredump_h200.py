@@ -265,6 +265,13 @@ def test_report_of_a_run_localized_from_its_core(tmp_path, monkeypatch):
         "## Stuck sites" in md and "| 0-15 | 4 | producer | producer_acquire | empty | 0 |" in md
     )  # no stage from a core: the barrier alone
     assert "## Stuck map" in md and "Source: coredump (cuda-gdb on the GPU core" in md
+    # the footnote says what a core knows (no wait time, no item number)
+    assert (
+        "  CTAs 0-15 warp 4: producer_acquire empty, parity 0, smem 0x420 (tma_stream.py:238)"
+        ", 16 warp(s) in the core"
+        in md
+        and "waiting for item" not in md
+    )
 
 
 def test_crash_core_names_the_faulting_instruction_and_its_line(monkeypatch):

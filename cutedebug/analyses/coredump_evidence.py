@@ -391,7 +391,62 @@ def picture(rep: CoreReport) -> dict[str, Any]:
         "beacons": [],
         "n_stuck_reported": len(stuck),
         "sites": table.to_json(),
+        "lines": picture_lines(rep),
     }
+
+
+def picture_lines(rep: CoreReport, limit: int = 16) -> list[str]:
+    """The stuck map's footnote for a core: identical places on one line with their CTAs and
+    warps (a core has no wait time or item number, unlike a probe's stuck record)."""
+    groups: dict[tuple, list[WarpRecord]] = {}
+    for w in rep.warps:
+        c = w.construct
+        if c is None or c.kind in ("other", "exit"):
+            continue
+        where = f"{os.path.basename(w.file)}:{w.line}" if w.file else "?"
+        bar = f" bar.sync {c.barrier_id}, {c.threads}" if c.kind == "named_barrier" else ""
+        key = (
+            w.op or c.kind,
+            w.barrier,
+            parity(w),
+            barrier_offset(w) if c.kind == "mbarrier_wait" else None,
+            bar,
+            where,
+        )
+        groups.setdefault(key, []).append(w)
+    out = []
+    for (op, barrier, p, off, bar, where), ws in sorted(groups.items(), key=lambda kv: -len(kv[1]))[
+        :limit
+    ]:
+        ctas, warps = {w.cta for w in ws}, {w.warp for w in ws}
+        detail = "".join(
+            [
+                f" {barrier}" if barrier else "",
+                bar,
+                f", parity {p}" if p is not None else "",
+                f", smem {off:#x}" if off is not None else "",
+            ]
+        )
+        out.append(
+            f"  {'CTA' if len(ctas) == 1 else 'CTAs'} {_ranges(ctas)} "
+            f"{'warp' if len(warps) == 1 else 'warps'} {_ranges(warps)}: "
+            f"{op}{detail} ({where}), {len(ws)} warp(s) in the core"
+        )
+    return out
+
+
+def _ranges(xs: set[int]) -> str:
+    """ "0-3, 7" for {0, 1, 2, 3, 7}."""
+    out, xs_sorted = [], sorted(xs)
+    start = prev = xs_sorted[0]
+    for x in xs_sorted[1:] + [None]:
+        if x is not None and x == prev + 1:
+            prev = x
+            continue
+        out.append(f"{start}" if start == prev else f"{start}-{prev}")
+        if x is not None:
+            start = prev = x
+    return ", ".join(out)
 
 
 def _next_site(file: str, line: int, cp_sites: list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -52,7 +52,9 @@ def stuck_map(result: RunResult) -> tuple[SM.StuckMap, str] | None:
         return None
     snap = snapshot_from_json(picture)
     m = SM.build(snap, sites)
-    return m, SM.render_text(m, records=SM.record_lines(snap, sites))
+    lines = picture.get("lines")  # a core's own footnote: no wait time, no item number
+    return m, SM.render_text(m, records=lines if lines is not None else
+                             SM.record_lines(snap, sites))
 
 
 def where(result: RunResult) -> str:
