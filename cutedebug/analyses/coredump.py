@@ -1,22 +1,23 @@
 """GPU coredumps: where every warp of a hung or crashed kernel is, with no probes and no recompile.
 
-A run that asks for it (request field ``coredump``) gets, before CUDA initializes in the worker,
-the driver's coredump settings (:func:`worker_env`): a user-triggered dump through a named pipe
-in the run folder, a dump on a GPU exception, memory sections skipped (a core of ~0.6 MB), no
-abort on an exception (the worker still reports the CUDA error).
+A run localized this way (``runner.run_scenario(core=Localizer())``: ``cutedebug run/triage
+--coredump``) gets, before CUDA initializes in its worker (request ``env``), the driver's coredump
+settings (:func:`worker_env`): a user-triggered dump through a named pipe in the run folder, a
+dump on a GPU exception, memory sections skipped (1-6 MB cores for this repository's kernels on the
+H200), no abort (the worker still reports a CUDA error). The worker also keeps its cubin and
+records, observe-only, the wait table (cutedebug.instrument.waitsites) and the bisection sites.
 
 - On a hang, the watchdog's before-kill hook (:func:`before_kill`) writes the pipe and waits,
-  bounded, for the core; then the child is killed as usual.
-- :func:`read_core` runs ``cuda-gdb -batch`` on the core (bounded) and parses it into per-warp
-  records (:class:`WarpRecord`): CTA, warp, lanes, PC, what the SASS there is
-  (cutedebug.analyses.sass), the barrier register values, the trace-time site
-  (cutedebug.instrument.waitsites) and the bisection site (role, op) it belongs to.
-- :func:`evidence` turns them into the HANG evidence the probes give (stuck sites, per-role
-  answer, diagnosis, the stuck map), with "coredump" as the source; :func:`crash_evidence`
-  gives the faulting warp, PC and line of a crash.
-
-cuda-gdb's output formats are parsed by the regexes below, each next to a sample captured on the
-H200 (tests/data/coredump/).
+  bounded (:data:`DUMP_LIMIT_S`), until the core stops growing; then the child is killed as
+  usual, and falls back to the plain kill when no core comes.
+- :func:`read_core` runs ``cuda-gdb -batch`` on the core (bounded, two runs; parsers in
+  cutedebug.analyses.cudagdb) and makes a record per warp: CTA, warp, lanes, PC and its offset,
+  what the SASS there is (cutedebug.analyses.sass), the barrier / flag registers, the traced
+  site it belongs to and that site's bisection role.
+- :func:`analyse` turns a run folder's core into the HANG evidence the probes give (stuck sites,
+  per-role answers, diagnosis, the stuck map; cutedebug.analyses.coredump_evidence) with
+  "coredump" as the source, or a crash's faulting warp, instruction and line.
+- ``cutedebug exec --coredump``: :func:`dump_all` dumps every CUDA process of the command.
 """
 
 from __future__ import annotations
