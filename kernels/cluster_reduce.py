@@ -80,8 +80,9 @@ Kernel-level switches (SWITCHES):
   run-time value with no ``cute.assume(pitch, divby=V)``: the DSL's verifier cannot prove
   16-byte alignment and rejects the copy (COMPILE_ERROR). Needs 128-bit loads (V > 1).
 - ``overclaimed_align`` (same table row): x is a view one element into its buffer (like
-  ``buf[1:]``) while ``from_dlpack(..., assumed_align=16)`` claims 16: the 128-bit loads fault
-  at run time (misaligned address: CRASH). Host side only: the PTX is the clean kernel's.
+  ``buf[1:]``) while ``from_dlpack(..., assumed_align=16)`` claims 16: the DSL checks the
+  pointer when it converts the real arguments and rejects it (COMPILE_ERROR "Tensor data
+  pointer is not aligned to 16 bytes", measured on the H200). Host side only.
 
 Tiling (``tiling()``, for cutedebug's mismatch map): rmsnorm output [M, N] in tiles of one row
 x one CTA slice (V * S columns); the tile's CTA is (row's cluster, slice rank); sum output [M]

@@ -70,8 +70,9 @@ Wrong-value switches (rows of the failure table; off = the PTX above, byte for b
   verifier cannot prove 16-byte alignment and rejects the copy (COMPILE_ERROR).
 - ``overclaimed_align``: the output is a view one element into its buffer (4 / 2 bytes past a
   16-byte boundary, like ``buf[1:]``) while ``from_dlpack(..., assumed_align=16)`` claims 16:
-  the 128-bit stores fault at run time (misaligned address: CRASH). Host side only: the PTX
-  is the clean kernel's even when on.
+  the DSL checks the pointer when it converts the real arguments and rejects it
+  (COMPILE_ERROR "Tensor data pointer is not aligned to 16 bytes", measured on the H200).
+  Host side only: the kernel's code is the clean one's.
 
 Tiling (``tiling()``, for cutedebug's mismatch map): output tiles tile_m x tile_n in row-major
 tile order, CTA b takes tiles b, b + grid, ...; a tile's sequence number on its CTA picks its

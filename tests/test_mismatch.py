@@ -210,6 +210,9 @@ RECORDED = {  # scenario -> (verdict the run gave, row the diagnosis must name)
     "sm90_gemm__drop_sync": ("NONDETERMINISTIC", "stale_smem"),
     "sm90_gemm__release_before_read": ("NONDETERMINISTIC", "stale_smem"),
     "sm90_attention__skip_rescale": ("MISMATCH", None),  # no tiling(): no row
+    # diag-3 (reports/2026-12-01-h200/diag)
+    "tma_stream__release_before_read": ("NONDETERMINISTIC", "stale_smem"),
+    "sm90_gemm__shrink_tma_bounds": ("MISMATCH", "tile_edges"),
 }
 
 
@@ -263,7 +266,7 @@ def test_tiles_stored_one_tile_row_low_are_misplaced_not_a_row():
     }
     d = mismatch.classify_map(m, reproducible=True)
     assert (d["pattern"], d["row"]) == ("misplaced", None)
-    assert f"({-TM}, 0) away" in d["summary"]
+    assert f"element {TM} rows above" in d["summary"]
 
 
 def test_a_misaligned_address_at_run_time_is_the_alignment_row():
@@ -329,3 +332,15 @@ def test_report_section_draws_the_map_that_attach_keeps(tmp_path):
     (section,) = mismatch_map.report_sections(res)
     assert "**stale shared-memory reads**" in section
     assert mismatch_map.picture(kept) in section
+
+
+def test_recorded_oob_store_maps_are_misplaced_not_a_row():
+    """The two runs' maps as the H200 worker recorded them (diag-3), values check included."""
+    import gzip
+    import json
+
+    runs = json.loads(gzip.open(DATA / "tma_stream__oob_store.maps.json.gz", "rt").read())
+    repeats = [{"verdict": "MISMATCH", "digest": r["digest"]} for r in runs]
+    d = mismatch.diagnose("MISMATCH", {}, repeats, [r["mismatch_map"] for r in runs])
+    assert (d["pattern"], d["row"]) == ("misplaced", None)
+    assert "32 rows above" in d["summary"]

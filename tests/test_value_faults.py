@@ -268,3 +268,31 @@ def test_shrink_tma_bounds_cuts_the_store_atoms_tensor_to_whole_tiles(cute_mod, 
     with faults.inject("shrink_tma_bounds", {"copies": "load"}) as loads:
         compile_ptx(cute_mod, obj, *obj.fake_args(), dump=tmp_path)
     assert [s["copy"] for s in loads.sites] == ["load", "load"]  # A and B
+
+
+def test_overclaimed_align_is_rejected_with_the_real_pointer_and_classified(cute_mod):
+    """The DSL checks a tensor argument's pointer against its assumed_align when it converts
+    the real arguments (CPU tensors do here what the H200 run did with CUDA ones)."""
+    from cutlass.cute.runtime import from_dlpack, make_fake_stream
+
+    from cutedebug import kernel_api
+    from cutedebug.analyses import mismatch
+    from cutedebug.engine import valuemap
+
+    obj = kernel_api.load_entry(STREAM, "TmaStream")(m=64, n=256, ctas=2, overclaimed_align=True)
+    t = obj.make_inputs("cpu")
+    args = (
+        *(from_dlpack(t[k], assumed_align=16) for k in ("x", "scale", "bias", "out")),
+        make_fake_stream(),
+    )
+    with pytest.raises(Exception, match="not aligned to 16 bytes") as err:
+        cute_mod.compile[cute_mod.GPUArch("sm_90a")](obj, *args)
+    fields = valuemap.alignment_fields(err.value, [], obj, args)
+    assert fields["misaligned_args"] == [
+        {"arg": 3, "name": "out", "assumed_align": 16, "pointer_align": 4}
+    ]
+    claims = [line_of(STREAM, "args = tuple(from_dlpack(tensors[k], assumed_align=16)")]
+    assert fields["claim_lines"] == [f"{STREAM}:{n}" for n in claims]
+    d = mismatch.diagnose("COMPILE_ERROR", {"compile_error": {"message": str(err.value), **fields}})
+    assert (d["row"], d["pattern"], d["view"]) == ("alignment", "assumed_align", "out")
+    assert "out (claims 16 bytes, its pointer is 4-byte aligned)" in d["summary"]

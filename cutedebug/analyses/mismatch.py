@@ -1,21 +1,7 @@
 """Wrong values that explain themselves: the failure table's correctness rows, diagnosed.
 
-| row            | symptom                              | what to check                            |
-|----------------|--------------------------------------|------------------------------------------|
-| alignment      | copy-alignment verifier error        | the source view's alignment (offsets and |
-|                |                                      | slices weaken it), assumed_align         |
-|                |                                      | truthfulness, cute.assume on dynamic     |
-|                |                                      | offsets                                  |
-| tile_edges     | wrong values at tile edges           | the predicate's shape against the copy   |
-|                |                                      | atom's value modes; a predicate built    |
-|                |                                      | from the identity tensor partitioned     |
-|                |                                      | like the data                            |
-| stale_smem     | stale shared-memory reads            | a missing wait / sync before the reads;  |
-|                |                                      | a stage reused before its consumers are  |
-|                |                                      | done (release/acquire order, phase flip) |
-| register_smem  | wrong stores after a register update | which copy is authoritative: smem re-read|
-|                |                                      | after only registers changed (or the     |
-|                |                                      | reverse)                                 |
+Rows (``ROWS`` below: symptom and what to check): alignment, tile_edges, stale_smem,
+register_smem.
 
 Input: a run's evidence (the worker's ``checked`` event with its ``mismatch_map`` from
 ``cutedebug.engine.valuemap``, a ``compile_error`` or ``cuda_error`` event) and, for repeated
@@ -23,10 +9,12 @@ runs, every repeat's map. ``diagnose_*`` functions are pure (dicts in, dict out)
 adds the diagnosis to a RunResult's evidence (and its line to ``evidence["diagnosis"]``, which
 the report's TL;DR shows); ``cutedebug.reporting.mismatch_map`` draws the map in report.md.
 
-Patterns over the tiling (first match wins): edge tiles only -> tile_edges; everywhere, or the
-same rows / columns of every tile, reproducible -> register_smem (not reproducible ->
-stale_smem); the tiles at one position of every CTA's work order, periodic by ring slot, some
-CTAs only, or scattered tiles -> stale_smem. A map without a tiling gives no row.
+Patterns over the tiling (first match wins): edge tiles only -> tile_edges (changing between
+runs -> stale_smem); wrong values that are right values one tile away -> misplaced, no row;
+the same rows / columns of every tile, or everywhere, reproducible -> register_smem (not
+reproducible -> stale_smem); the tiles at one position of every CTA's work order, periodic by
+ring slot, some CTAs only, or scattered tiles -> stale_smem. No tiling: no row. Compile
+errors: the verifier's copy alignment, or an argument's assumed_align above its pointer's.
 """
 
 from __future__ import annotations
@@ -162,6 +150,14 @@ def _where_tiles(f: dict[str, Any], m: dict[str, Any]) -> str:
     return f"{f['tiles_hit']} of {f['tiles_total']} tiles of {tm}x{tn}"
 
 
+def _offset(shift: dict[str, Any]) -> str:
+    """Where out[i, j]'s value belongs: ref[i - rows, j - cols], in words."""
+    dr, dc = shift["rows"], shift["cols"]
+    if dr:
+        return f"{abs(dr)} rows {'above' if dr > 0 else 'below'}"
+    return f"{abs(dc)} columns to the {'left' if dc > 0 else 'right'}"
+
+
 def classify_map(m: dict[str, Any], *, reproducible: bool | None = None) -> dict[str, Any]:
     """{pattern, row (or None), summary, evidence[]} for one map (or a union of repeats').
     ``reproducible``: True when repeated runs gave the same bits, False when they did not."""
@@ -243,9 +239,8 @@ def classify_map(m: dict[str, Any], *, reproducible: bool | None = None) -> dict
                 f"{shift['matched']} of {shift['of']} wrong values (not NaN or 0) equal the "
                 f"reference {shift['rows']} rows / {shift['cols']} columns away"
             ],
-            "summary": f"the wrong values are right values of the element "
-            f"({-shift['rows']}, {-shift['cols']}) away: tiles stored at the "
-            "wrong place (an index or offset error), not a row of the table",
+            "summary": f"the wrong values are the right values of the element {_offset(shift)}:"
+            " tiles stored at the wrong place (an index or offset error), not a row of the table",
         }
     every = f["full_tiles"] and f["full_tiles_hit"] >= EVERY_TILE * f["full_tiles"]
     for axis, band, size in (("rows", f["row_band"], tm), ("columns", f["col_band"], tn)):
@@ -381,7 +376,7 @@ def diagnose_compile_error(ce: dict[str, Any]) -> dict[str, Any] | None:
     msg = ce.get("message", "") or ""
     mt = ALIGN_RE.search(" ".join(msg.split()))
     if not mt:
-        return None
+        return _diagnose_pointer_claim(ce)
     side = "source" if mt["side"] == "S" else "destination"
     have, need = int(mt["have"]), int(mt["need"])
     key = "src_align_bits" if mt["side"] == "S" else "dst_align_bits"
@@ -419,6 +414,38 @@ def diagnose_compile_error(ce: dict[str, Any]) -> dict[str, Any] | None:
         "have_bits": have,
         "need_bits": need,
         "atom": mt["atom"],
+    }
+
+
+POINTER_RE = re.compile(r"pointer is not aligned to (?P<need>\d+) bytes")
+
+
+def _diagnose_pointer_claim(ce: dict[str, Any]) -> dict[str, Any] | None:
+    """ "Tensor data pointer is not aligned to 16 bytes": an assumed_align larger than the truth,
+    caught by the DSL when it converts the launch arguments."""
+    mt = POINTER_RE.search(ce.get("message", "") or "")
+    if not mt:
+        return None
+    need = int(mt["need"])
+    bad = ce.get("misaligned_args") or []
+    what = ", ".join(
+        f"{b.get('name') or 'argument ' + str(b.get('arg'))} (claims {b['assumed_align']} bytes, "
+        f"its pointer is {b['pointer_align']}-byte aligned)"
+        for b in bad
+    )
+    ev = [f"the DSL: {' '.join(ce['message'].split())}"]
+    ev += [f"misaligned: {what}"] if bad else ["which argument: not recorded"]
+    return {
+        "row": "alignment",
+        "pattern": "assumed_align",
+        "lines": [f"assumed_align claimed at {c}" for c in ce.get("claim_lines") or []],
+        "evidence": ev,
+        "summary": f"an argument's assumed_align ({need} bytes) is larger than its data pointer's "
+        "alignment (an offset view or slice): the DSL rejects it when it converts the arguments"
+        + (f": {what}" if bad else ""),
+        "view": (bad[0].get("name") if bad else None),
+        "have_bits": 8 * bad[0]["pointer_align"] if bad else None,
+        "need_bits": 8 * need,
     }
 
 

@@ -21,7 +21,9 @@ element each: the map then only says how much is wrong, not where in the tiling.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import inspect
 import json
 import math
 from pathlib import Path
@@ -278,14 +280,47 @@ def mismatch_fields(
         return {"mismatch_map_error": f"{type(e).__name__}: {e}"[:500]}
 
 
-def alignment_fields(error: Exception, copy_sites: list[dict[str, Any]]) -> dict[str, Any]:
-    """For a copy-alignment verifier error (it carries no source line): the cute.copy calls
-    traced before it (file:line, atom, provable alignment), so the diagnosis can point at the
-    copy. {} for other errors."""
+def alignment_fields(
+    error: Exception, copy_sites: list[dict[str, Any]], kernel: Any = None, args: tuple = ()
+) -> dict[str, Any]:
+    """Evidence for the two alignment errors the DSL raises while compiling ({} for others):
+    - the verifier's "'cute.copy' op ... ptr alignment (32 bits) does not meet requirement
+      (128 bits)", which carries no source line: the cute.copy calls traced before it (file:line,
+      atom, provable alignment), so the diagnosis can point at the copy;
+    - "Tensor data pointer is not aligned to 16 bytes" (an argument's assumed_align is larger
+      than its pointer's alignment): which arguments, their names in the kernel's __call__,
+      the alignment each pointer really has, and the lines of the kernel's cute_args that make
+      the claim (from_dlpack / make_ptr)."""
     text = " ".join(str(error).split())  # the DSL wraps its message over lines
-    if "alignment" not in text or "does not meet requirement" not in text:
+    if "alignment" in text and "does not meet requirement" in text:
+        return {"copy_sites": [s for s in copy_sites if s.get("atom") != "autovec"][:64]}
+    if "pointer is not aligned to" not in text:
         return {}
-    return {"copy_sites": [s for s in copy_sites if s.get("atom") != "autovec"][:64]}
+    names: list[str] = []
+    with contextlib.suppress(TypeError, ValueError):
+        names = [n for n in inspect.signature(type(kernel).__call__).parameters if n != "self"]
+    bad = []
+    for i, a in enumerate(args):
+        claim, ptr = getattr(a, "_assumed_align", None), getattr(a, "data_ptr", None)
+        if isinstance(claim, int) and isinstance(ptr, int) and claim > 1 and ptr % claim:
+            bad.append(
+                {
+                    "arg": i,
+                    "name": names[i] if i < len(names) else None,
+                    "assumed_align": claim,
+                    "pointer_align": ptr & -ptr,
+                }
+            )
+    claims = []
+    with contextlib.suppress(OSError, TypeError):
+        src, first = inspect.getsourcelines(type(kernel).cute_args)
+        path = inspect.getsourcefile(type(kernel).cute_args)
+        claims = [
+            f"{path}:{first + k}"
+            for k, ln in enumerate(src)
+            if "from_dlpack" in ln or "make_ptr" in ln or "assumed_align" in ln
+        ]
+    return {"misaligned_args": bad, "claim_lines": claims[:8]}
 
 
 def tile_sizes(m: dict[str, Any]) -> list[list[int]]:

@@ -379,7 +379,7 @@ def run(request: dict[str, Any], events: Events) -> None:
                 type=type(e).__name__,
                 message=str(e),
                 traceback=tb,
-                **valuemap.alignment_fields(e, copy_sites),
+                **valuemap.alignment_fields(e, copy_sites, kernel, args),
             )
             return
     compile_s = time.monotonic() - t0

@@ -316,10 +316,12 @@ def entries() -> list[F.Fault]:
             "kernel switch: a tensor argument is an offset view (one element into its buffer) "
             "while from_dlpack(..., assumed_align=16) claims 16-byte alignment",
             {},
-            "CRASH",
+            "COMPILE_ERROR",
             kind="switch",
-            expected_note="row alignment: the vector accesses fault at run time "
-            "(cudaErrorMisalignedAddress); host side only, the PTX is unchanged",
+            expected_note="row alignment: the DSL checks each tensor argument's pointer against "
+            "its assumed_align when it converts the real arguments ('Tensor data pointer is not "
+            "aligned to 16 bytes'; a CPU compile with fake tensors does not see it); host side "
+            "only, the kernel's code is unchanged",
         ),
     ]
 
