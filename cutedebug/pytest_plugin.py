@@ -43,7 +43,7 @@ Options (precedence: marker > command line > environment > ini)
       ``CUDA_VISIBLE_DEVICES`` is set to that one GPU before it starts any child, and its own
       fork server, workers and health checks run there. Without xdist the first one is used.
     - ``shard`` (``I/N``; session-wide): run only shard I of N, chosen by scenario id (other
-      tests by node id) so that every machine agrees; see ``cutedebug.commands.shard``.
+      tests by node id) so that every machine agrees; see ``cutedebug.engine.shards``.
     - ``durations`` (a matrix.json of an earlier triage, or its folder; session-wide):
       balance the shards by the seconds it recorded instead.
 
@@ -580,7 +580,7 @@ def shard_key(item: pytest.Item) -> str:
 
 
 def _select_shard(config: pytest.Config, items: list[pytest.Item]) -> None:
-    from cutedebug.commands import shard
+    from cutedebug.engine import shards as shard
 
     s = resolve(config)
     if not s.shard:

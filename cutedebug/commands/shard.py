@@ -4,15 +4,9 @@
     pytest scenarios --cutedebug-shard 1/4 [--cutedebug-durations old/matrix.json]
     cutedebug merge out/all out/shard1 out/shard2 out/shard3 out/shard4
 
-Assignment (``--shard i/n``, i from 1 to n):
-
-- by scenario id alone (default): shard = sha1(id) mod n. A scenario stays on its shard on
-  every machine, in every run, whatever else is added or removed; shard sizes vary like a
-  fair coin's counts.
-- by recorded durations (``--durations`` an earlier matrix.json or a triage output folder):
-  the scenarios, longest first (ties by id), each go to the shard with the least total so
-  far (ties: the lowest shard). Scenarios the file does not know get the median of those it
-  knows. Same file and same scenarios: same assignment everywhere.
+Assignment (``--shard i/n``, i from 1 to n; cutedebug/engine/shards.py): by scenario id alone
+(a scenario never moves when others are added), or, with ``--durations`` (an earlier
+matrix.json or a triage output folder), balanced longest first by the seconds it recorded.
 
 ``merge`` reads each shard's output folder (its results/*.json records, the source of truth),
 refuses a scenario that two shards both ran (the message names both), and writes one
@@ -24,91 +18,21 @@ shard, the wall time of the slowest shard).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
-
-class ShardError(ValueError):
-    """Bad --shard / --durations / merge input; the message names the file or value."""
-
-
-# ---- assignment ------------------------------------------------------------------------------
-def parse_shard(text: str) -> tuple[int, int]:
-    """``"2/4"`` -> (2, 4); i counts from 1."""
-    try:
-        i_text, n_text = text.split("/")
-        i, n = int(i_text), int(n_text)
-    except ValueError:
-        raise ShardError(f"--shard {text!r}: expected I/N with 1 <= I <= N, e.g. 1/4") from None
-    if n < 1 or not 1 <= i <= n:
-        raise ShardError(f"--shard {text!r}: expected I/N with 1 <= I <= N, e.g. 1/4")
-    return i, n
-
-
-def stable_shard(key: str, n: int) -> int:
-    """The shard (1..n) of ``key`` by its id alone."""
-    return int(hashlib.sha1(key.encode("utf-8")).hexdigest()[:12], 16) % n + 1
-
-
-def assign(keys: list[str], n: int, durations: dict[str, float] | None = None) -> dict[str, int]:
-    """Shard (1..n) of every key: by id alone, or balanced by ``durations`` (see module doc)."""
-    if not durations:
-        return {k: stable_shard(k, n) for k in keys}
-    known = [durations[k] for k in keys if k in durations]
-    default = statistics.median(known) if known else 1.0
-    load = [0.0] * n
-    out: dict[str, int] = {}
-    for k in sorted(set(keys), key=lambda k: (-durations.get(k, default), k)):
-        s = min(range(n), key=lambda j: (load[j], j))
-        load[s] += durations.get(k, default)
-        out[k] = s + 1
-    return out
-
-
-def select(
-    keys: list[str], shard: tuple[int, int], durations: dict[str, float] | None = None
-) -> set[str]:
-    """The keys shard ``(i, n)`` runs."""
-    i, n = shard
-    table = assign(keys, n, durations)
-    return {k for k in keys if table[k] == i}
-
-
-def record_seconds(rec: dict[str, Any]) -> float | None:
-    """Wall seconds a triage record took: its compile, its run and its bisection."""
-    parts = [(rec.get(k) or {}).get("wall_s") for k in ("compile", "run", "bisect")]
-    secs = [float(p) for p in parts if isinstance(p, (int, float))]
-    return sum(secs) if secs else None
-
-
-def durations_from(path: Path | str) -> dict[str, float]:
-    """Seconds per scenario id from an earlier matrix.json, or a triage output folder (its
-    matrix.json). Raises ShardError naming the file when it cannot be read."""
-    p = Path(path)
-    if p.is_dir():
-        p = p / "matrix.json"
-    try:
-        m = json.loads(p.read_text(encoding="utf-8"))
-        recs = m["scenarios"]
-        if not isinstance(recs, list):
-            raise TypeError("scenarios is not a list")
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ShardError(
-            f"--durations {path}: {p} is not a readable cutedebug matrix.json "
-            f"({type(e).__name__}: {e})"
-        ) from None
-    out = {}
-    for r in recs:
-        if isinstance(r, dict) and isinstance(r.get("id"), str):
-            secs = record_seconds(r)
-            if secs is not None:
-                out[r["id"]] = secs
-    return out
+from cutedebug.engine.shards import (  # noqa: F401  (the shard logic, re-exported here)
+    ShardError,
+    assign,
+    durations_from,
+    parse_shard,
+    record_seconds,
+    select,
+    stable_shard,
+)
 
 
 # ---- merge -----------------------------------------------------------------------------------

@@ -189,7 +189,7 @@ def plan(
         except S.ScenarioError as e:
             loaded.append((path, e))
     if opts.shard:
-        from cutedebug.commands import shard
+        from cutedebug.engine import shards as shard
 
         keys = [x.id if isinstance(x, S.Scenario) else str(p) for p, x in loaded]
         mine = shard.select(keys, opts.shard, opts.durations)
@@ -545,8 +545,8 @@ def add_parser(sub) -> None:
 
 
 def cmd_triage(args: argparse.Namespace) -> int:
-    from cutedebug.commands import shard
     from cutedebug.engine import gpus
+    from cutedebug.engine import shards as shard
     from cutedebug.reporting.report import command_line
 
     try:
