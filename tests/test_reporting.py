@@ -334,3 +334,46 @@ def test_the_record_interface_matches_what_triage_writes():
     assert set(matrix.TriageRecord.__annotations__) - {"bisect"} <= set(rec)
     assert set(matrix.Expected.__annotations__) == set(rec["expected"])
     assert set(matrix.CallRecord.__annotations__) <= set(rec["run"])
+
+
+def _pinned_band(page: str, tmp_path: Path, name: str) -> float:
+    """Share of the grid rows' left band (x 25-200) that is header grey, with the grid box
+    scrolled right to kernel 20 (a URL fragment scrolls the box, no script needed)."""
+    src = tmp_path / f"{name}.html"
+    src.write_text(page)
+    png = tmp_path / f"{name}.png"
+    exe = shot.find_chromium()
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as profile:
+        subprocess.run(
+            [
+                exe,
+                *shot.FLAGS,
+                f"--user-data-dir={profile}",
+                "--window-size=1000,900",
+                f"--screenshot={png}",
+                src.as_uri() + "#kernel-20",
+            ],
+            capture_output=True,
+            timeout=60,
+            start_new_session=True,
+        )
+    img = shot.read_png(png)[..., :3].astype(int)
+    colored = [
+        (abs(img[:, 250:] - _rgb(c)).sum(axis=2) == 0).any(axis=1) for c in ("#c8f0c8", "#f6b8b8")
+    ]
+    rows = (colored[0] | colored[1]).nonzero()[0]  # the grid's rows (and the table below)
+    band = img[rows[0] : rows[0] + 200, 25:200]
+    return float((abs(band - _rgb("#eeeeee")).sum(axis=2) == 0).mean())
+
+
+@needs_chromium
+def test_rendered_wide_matrix_keeps_the_fault_column_when_scrolled(tmp_path):
+    page = matrix.render_html(wide_matrix(kernels=24))
+    pinned = _pinned_band(page, tmp_path, "sticky")
+    unpinned = _pinned_band(page.replace("position:sticky", "position:static"), tmp_path, "off")
+    # the fault names stay at the left while the grid shows kernel 20; without the sticky
+    # column that band shows the scrolled cells instead
+    assert pinned > 0.5 > unpinned, (pinned, unpinned)

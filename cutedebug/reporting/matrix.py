@@ -383,7 +383,7 @@ def render_html(m: dict[str, Any]) -> str:
         f"<h2>Matrix (kernel × fault): {len(faults)} × {len(kernels)}</h2>",
         f"<p class='legend'>{legend}</p>",
         "<div class='scroll'><table class='grid'><thead><tr><th>fault \\ kernel</th>"
-        + "".join(f"<th>{e(k)}</th>" for k in kernels)
+        + "".join(f"<th id='kernel-{i}'>{e(k)}</th>" for i, k in enumerate(kernels))
         + "</tr></thead><tbody>",
     ]
     for f in faults:
