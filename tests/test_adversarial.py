@@ -179,6 +179,7 @@ def test_sigint_of_a_triage_ends_it_within_2s(tmp_path):
     assert left == [] and "Traceback" not in out and "interrupted" in out
 
 
+@pytest.mark.slow
 def test_sigterm_of_pytest_on_a_hung_item_ends_it_within_2s(tmp_path):
     pidfile = tmp_path / "pid"
     d = hostile_dir(tmp_path, pidfile)
@@ -593,6 +594,7 @@ def test_handler():
     assert "cutedebug: runs dir" not in res.stdout.str()
 
 
+@pytest.mark.slow
 def test_pytest_scenarios_works_from_a_source_checkout():
     """-p no:cutedebug hides the installed entry point: the root conftest registers it."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))

@@ -537,6 +537,7 @@ def _keys(table):
     return [(s["op"], s["line"], s["role"], s["name"]) for s in table]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "path,entry,params", [(TMA, "TmaStream", TMA_PARAMS), (FLAG, "FlagSpin", FLAG_PARAMS)]
 )

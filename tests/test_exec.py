@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import psutil
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGETS = ROOT / "tests" / "exec_targets"
@@ -122,6 +123,7 @@ def test_usage_errors_exit_2(tmp_path):
     assert rc == 2 and "cannot start" in text
 
 
+@pytest.mark.slow
 def test_compiled_kernel_gets_the_fault_and_the_probes(tmp_path):
     """The script compiles tma_stream for sm_90a and prints facts from its PTX; the clean
     kernel's expect_tx is 33024 B per stage (x 32768 + scale 128 + bias 128)."""

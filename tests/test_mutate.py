@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from cutedebug.commands import exec as X
 from cutedebug.analyses import mutate as M
 from cutedebug.engine import verdict as V
@@ -146,6 +148,7 @@ def test_status_of_a_mutant():
     assert M.status_of(_result(V.Verdict.HARNESS_ERROR, 3)) == M.HARNESS
 
 
+@pytest.mark.slow
 def test_mutate_over_a_compile_only_target_then_resume(tmp_path):
     out = tmp_path / "m"
     rc, text = mutate(
@@ -209,6 +212,7 @@ def test_a_command_that_fails_clean_is_not_scored(tmp_path):
     assert m["clean"]["verdict"] == "FAIL" and m["mutants"] == [] and m["score"]["score"] is None
 
 
+@pytest.mark.slow
 def test_each_mutant_changes_only_its_own_trace(tmp_path):
     """Two traces of tma_stream in one process: the mutant of trace t0 changes the first
     kernel's expect_tx only, the mutant of t1 the second's only (the script prints both)."""
