@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from cutedebug.analyses.mutate import CAUGHT, HARNESS, NOT_APPLIED, SURVIVED
+from cutedebug.reporting.escape import html_link, md_code, md_link, md_text
 
 
 def _cell(r: dict[str, Any]) -> str:
@@ -82,7 +83,9 @@ def render_markdown(m: dict[str, Any]) -> str:
     unapplied = [r for r in m["mutants"] if r["status"] in (NOT_APPLIED, HARNESS)]
     if unapplied:
         lines += ["", "## Not applied / harness errors", ""]
-        lines += [f"- `{r['id']}` {r['status']}: {r['reason'][:300]}" for r in unapplied]
+        lines += [
+            f"- {md_code(r['id'])} {r['status']}: {md_text(r['reason'][:300])}" for r in unapplied
+        ]
     lines += [
         "",
         "## Mutants",
@@ -95,9 +98,10 @@ def render_markdown(m: dict[str, Any]) -> str:
             f"{os.path.basename(s.get('file') or '?')}:{s.get('line')}" for s in r["sites"][:3]
         )
         lines.append(
-            f"| `{r['id']}` | {r['status']} | {r['verdict']} | "
-            f"{r['fault_count']} site(s) {sites} | {(r['where'] or r['reason'])[:160]}"
-            f" | {r['elapsed_s']} | [report]({r['report']}) |"
+            f"| {md_code(r['id'])} | {r['status']} | {r['verdict']} | "
+            f"{r['fault_count']} site(s) {md_text(sites)} | "
+            f"{md_text((r['where'] or r['reason'])[:160])}"
+            f" | {r['elapsed_s']} | {md_link(r['report'], 'report')} |"
         )
     lines += ["", f"{m['planned']} mutant(s) planned, {len(m['mutants'])} done."]
     if m.get("facts"):
@@ -135,7 +139,7 @@ def render_html(m: dict[str, Any]) -> str:
             tip = e((r["where"] or r["reason"])[:400])
             out.append(
                 f"<td class='{klass[r['status']]}' title='{tip}'>"
-                f"<a href='{e(r['report'])}'>{e(_cell(r))}</a></td>"
+                f"{html_link(r['report'], _cell(r))}</td>"
             )
         out.append("</tr>")
     out.append("</table><h2>Survivors</h2><ul>")
