@@ -11,6 +11,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cutedebug.engine import runner
 from cutedebug.instrument import probes
@@ -377,3 +379,22 @@ def test_rendered_wide_matrix_keeps_the_fault_column_when_scrolled(tmp_path):
     # the fault names stay at the left while the grid shows kernel 20; without the sticky
     # column that band shows the scrolled cells instead
     assert pinned > 0.5 > unpinned, (pinned, unpinned)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.text(
+        alphabet=st.sampled_from(list("<>&'\"`[]()|*_~#\\:/ \n\tjavascript!x\x00")), max_size=40
+    )
+)
+def test_escaping_never_lets_markup_through(s):
+    import re
+
+    for out in (escape.xml_text(s), escape.xml_attr(s), escape.md_text(s)):
+        assert "<" not in out and ">" not in out and "\x00" not in out
+    assert "'" not in escape.xml_attr(s) and '"' not in escape.xml_attr(s)
+    md = escape.md_text(s)
+    assert not re.search(r"(?<!\\)[\[\]`|*]", md.replace("\\\\", ""))  # all escaped
+    assert "\n" not in md and "\n" not in escape.md_code(s)
+    href = escape.safe_href(s)
+    assert href is None or not re.match(r"\s*[a-z]+:", href, re.I) or href.startswith("http")
