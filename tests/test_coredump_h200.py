@@ -49,6 +49,23 @@ def replay(name: str, monkeypatch, focus_pc: bool = True):
     return rep, cps, sc, fake
 
 
+def replay_named(name: str, monkeypatch):
+    """replay() for a fixture whose folder name is not a scenario file's."""
+    d = DATA / name
+    facts = json.loads((d / "facts.json").read_text())
+    base = int(re.match(r"\s*(0x[0-9a-f]+)", facts["function_base_line"]).group(1), 16)
+    regs = {tuple(int(x) for x in k.split()): v for k, v in facts["registers"].items()}
+    fake = ReplayGdb(gzip.open(d / "pass1.txt.gz", "rt").read(), base, regs)
+    monkeypatch.setattr(coredump, "run_gdb", fake)
+    rep = coredump.read_core(
+        "core",
+        sass_text=gzip.open(d / "sass.txt.gz", "rt").read(),
+        wait_sites=waitsites.sites_from_json(facts["wait_sites"]),
+        checkpoint_sites=facts["checkpoint_sites"],
+    )
+    return rep, facts["checkpoint_sites"], None, fake
+
+
 def summary(rep, cps) -> Counter:
     return Counter(
         (s["role"], s["op"], s["barrier"], s["location"], s["kind"])
@@ -328,3 +345,55 @@ def test_warps_of_another_kernel_are_not_placed_in_this_kernels_sass(monkeypatch
     )
     assert all(w.construct is None for w in rep.warps) and E.stuck_sites(rep, []) == []
     assert rep.site_map_notes[-1].startswith("80 warp(s) of other kernels (kernel_cutlass_")
+
+
+def test_a_real_crash_core_names_the_faulting_store_as_memcheck_does(monkeypatch):
+    """minimal/oob_store on the H200 (core-1): the driver wrote a core on the GPU exception
+    (8,448 warps, 128 MB, 4.2 s). cuda-gdb: "CUDA Exception: Warp Illegal Address", "The
+    exception was triggered at PC 0x7f72d77a1130 <kernel> (minimal.py:64)", focus on block
+    (272,0,0) thread (96,0,0). The PC is the kernel's STG.E at +0x230, line 64 — the line
+    memcheck gave for the same kernel file (INVALID_GLOBAL_WRITE@minimal.py:64 x1000,
+    reports/2026-11-30-h200-s2; kernels/minimal.py unchanged since). The pass 1 kept here is
+    cut to the warps of SMs 0-1."""
+    rep, _, _, _ = replay_named("minimal__oob_store", monkeypatch)
+    crash = E.crash_evidence(rep)
+    assert crash["exception"] == "Warp Illegal Address"
+    assert crash["where"] == "minimal.py:64" and crash["sass_line"] == 64
+    assert (crash["fault_offset"], crash["instruction"]) == ("0x230", "STG.E desc[UR4][R4.64], R7")
+    assert (crash["block"], crash["thread"], crash["cta"], crash["warp"], crash["lane"]) == (
+        (272, 0, 0),
+        (96, 0, 0),
+        272,
+        3,
+        0,
+    )
+
+
+def test_a_hang_verdict_with_an_exception_core_becomes_the_crash(tmp_path, monkeypatch):
+    """The watchdog killed the worker at its deadline while the driver was still writing the
+    exception's core (a big grid's takes seconds): the core says CRASH, and so does the run."""
+    from cutedebug.engine import runner
+    from cutedebug.engine import verdict as V
+
+    sc = S.load(ROOT / "scenarios" / "minimal" / "oob_store.toml")
+    outcome = V.Outcome()
+    outcome.add({"event": "launched"})
+    crash = {"exception": "Warp Illegal Address", "where": "minimal.py:64"}
+    monkeypatch.setattr(
+        runner,
+        "run_once",
+        lambda *a, **k: (V.Classified(V.Verdict.HANG, "killed at the deadline"), outcome, {}),
+    )
+    monkeypatch.setattr(runner, "after_run_health", lambda *a, **k: None)
+
+    class Core:
+        def request_fields(self, run_dir):
+            return {}
+
+        def evidence(self, run_dir, outcome, facts, scenario):
+            return {"crash": crash, "coredump": {"core": "coredump.1.nvcudmp"}}
+
+    res = runner.run_scenario(sc, run_dir=tmp_path, probes=False, core=Core())
+    assert res.verdict is V.Verdict.CRASH and res.expected
+    assert res.reason.startswith("GPU exception in the core: Warp Illegal Address at minimal.py:64")
+    assert res.evidence["crash"] == crash and not res.evidence.get("rerun_with_probes")

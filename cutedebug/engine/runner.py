@@ -440,6 +440,16 @@ def run_scenario(
             t_core = time.monotonic()
             core_evidence = core.evidence(run_dir, outcome, facts, scenario)
             facts["core_s"] = round(time.monotonic() - t_core, 3)
+            crash = core_evidence.get("crash")
+            if crash and classified.verdict is V.Verdict.HANG:
+                # the GPU faulted; the kill came while the driver was writing the fault's core
+                classified = V.Classified(
+                    V.Verdict.CRASH,
+                    f"GPU exception in the core: {crash.get('exception')} at "
+                    f"{crash.get('where', '?')} (killed at the deadline while the driver wrote "
+                    f"the exception's core)",
+                    classified.evidence,
+                )
         if (
             classified.verdict is V.Verdict.HANG
             and probe_cfg is None
