@@ -373,3 +373,36 @@ def test_a_fault_with_nothing_to_act_on_is_said_first(tmp_path):
         "nothing was instrumented: no Python process of the command imported cutlass"
     )
     assert rep["tldr"].startswith("PASS (as expected)") and "nothing was instrumented" in text
+
+
+TWO_KERNELS = """
+import os, sys, tempfile
+os.environ.setdefault("CUTE_DSL_DUMP_DIR", tempfile.gettempdir())
+sys.path.insert(0, os.path.join(sys.argv[1], "kernels"))
+import cutlass.cute as cute
+from minimal import Minimal
+from tma_stream import TmaStream
+for k in (TmaStream(m=256, n=512), Minimal(n=1024), TmaStream(m=512, n=512)):
+    cute.compile[cute.GPUArch("sm_90a")](k, *k.fake_args())
+"""
+
+
+def test_probe_site_ids_go_on_across_traces(tmp_path):
+    """Probes are entered per trace into one buffer: a second kernel's waits get new ids (the
+    earlier ones preloaded), a wait traced again keeps its id, so a stuck record names one
+    site of one kernel."""
+    from cutedebug.commands import exec as X
+
+    s = X.Settings(
+        argv=[sys.executable, "-c", TWO_KERNELS, str(ROOT)],
+        probes={"budget_ns": 500_000_000},
+        cwd=str(ROOT),
+    )
+    res = X.watch_command(s, tmp_path / "run")
+    assert res.verdict.value == "PASS", res.reason
+    (proc,) = [p for p in res.processes.values() if p["traces"]]
+    tables = [e["probe_sites"] for e in proc["events"] if e["event"] == "compiled"]
+    assert [[site["id"] for site in t] for t in tables] == [[0, 1, 2], [0, 1, 2, 3], [0, 1, 2, 3]]
+    by_id = {site["id"]: site for site in tables[-1]}
+    assert {by_id[i]["kernel"] for i in (0, 1, 2)} == {"TmaStream.kernel"}
+    assert by_id[3]["kernel"] == "Minimal.kernel" and by_id[3]["op"] == "raw_wait"

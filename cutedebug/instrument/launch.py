@@ -6,13 +6,13 @@ process tree (``python repro.py``, ``python -m pytest``, pytest-xdist workers, a
 subprocesses) then imports that folder's ``sitecustomize``, which calls ``activate()``:
 
 - an import hook waits for ``import cutlass`` (nothing is imported before the program does), then
-  enters the probes for the rest of the process (``probes.instrument``, with a pinned,
-  host-mapped buffer) and wraps the DSL's top-level trace (``BaseDSL.generate_mlir``: every
-  ``cute.compile`` and the first call of a ``@cute.jit`` function, in the program or in an
-  installed library);
-- around each trace, the recorder of pipelines and ops (mutate's clean run) and the fault
+  allocates the probe buffer (pinned, host-mapped; one per process) with its monitor thread, and
+  wraps the DSL's top-level trace (``BaseDSL.generate_mlir``: every ``cute.compile`` and the
+  first call of a ``@cute.jit`` function, in the program or in an installed library);
+- around each trace, the recorder of pipelines and ops (mutate's clean run), the fault
   (``faults.inject``; every trace, or only the one named by ``fault_trace``: its function name
-  and occurrence) are entered and left again, so pipeline subclasses a library defines after
+  and occurrence) and the probes (``probes.instrument`` into the one buffer, site ids going on
+  across traces) are entered and left again, so pipeline subclasses a library defines after
   cutlass was imported are patched too, and a fault's ``pipeline`` counts in that trace;
 - after each trace one ``compiled`` event: its index, function name and occurrence, the kernels
   of the module, the probe sites so far (each with the Python kernel it belongs to), the
@@ -112,7 +112,8 @@ class _State:
         self.cfg = cfg
         self.events = _Emitter(cfg["events"])
         self.stack = contextlib.ExitStack()
-        self.sites = None  # probes.SiteTable
+        self.sites = None  # probes.SiteTable of the latest trace (every site so far)
+        self.probe_addr = 0
         self.probe_cfg = None
         self.probe_buf = None
         self.kernel_of: dict[int, dict[str, Any]] = {}  # probe site id -> its kernel
@@ -230,6 +231,8 @@ def _gpu_present() -> bool | None:
 
 
 def _enter_probes(state: _State) -> None:
+    """The probe buffer (pinned, host-mapped; one for the whole process) and its monitor. The
+    probes themselves are entered around each trace (``_probe_trace``)."""
     import torch
 
     from cutedebug.instrument import probes
@@ -239,9 +242,24 @@ def _enter_probes(state: _State) -> None:
     on_gpu = torch.cuda.is_available()
     buf = torch.zeros(nbytes, dtype=torch.uint8, pin_memory=on_gpu)
     probes.init_buffer(buf.numpy(), pcfg)
-    addr = buf.data_ptr() if on_gpu else FAKE_PROBE_ADDR
+    state.probe_addr = buf.data_ptr() if on_gpu else FAKE_PROBE_ADDR
     state.probe_cfg, state.probe_buf = pcfg, buf
-    table = state.stack.enter_context(probes.instrument(pcfg, addr))
+    if on_gpu:
+        state.monitor = _Monitor(state)
+        state.monitor.start()
+
+
+def _probe_trace(state: _State, stack: contextlib.ExitStack) -> None:
+    """Bounded waits for one trace, into the process's one buffer. Entered per trace (so wait
+    methods a library defines after cutlass was imported are patched too), with the sites of
+    the earlier traces preloaded: ids go on across traces, the buffer's records stay
+    unambiguous, and the last table describes every site."""
+    from cutedebug.instrument import probes
+
+    table = stack.enter_context(probes.instrument(state.probe_cfg, state.probe_addr))
+    if state.sites is not None:
+        table.sites.extend(state.sites.sites)
+        table._by_key.update(state.sites._by_key)
     add = table.add
 
     def add_with_kernel(**kw):
@@ -251,9 +269,6 @@ def _enter_probes(state: _State) -> None:
 
     table.add = add_with_kernel
     state.sites = table
-    if on_gpu:
-        state.monitor = _Monitor(state)
-        state.monitor.start()
 
 
 def _attribute_fault_sites(applied: Any) -> None:
@@ -368,6 +383,8 @@ def _trace_scope(state: _State, cur: dict[str, Any]):
             applied = stack.enter_context(faults.inject(cfg["fault"], cfg.get("fault_args") or {}))
             _attribute_fault_sites(applied)
             cur["applied"] = applied
+        if state.probe_cfg is not None:
+            _probe_trace(state, stack)
         yield
 
 
