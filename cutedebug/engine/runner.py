@@ -81,8 +81,8 @@ class RunResult:
                 "ok": None,
                 "expected": expect.localization(),
                 "matched": None,
-                "why": "not graded: probes were off (--no-probes), so no stuck site "
-                "could be reported",
+                "why": "not graded: the run had no probes (--no-probes, or the scenario's "
+                "probes off and no hang to rerun), so no stuck site could be reported",
             }
         return grade_localization(expect.localization(), self.evidence.get("stuck_sites", []))
 
