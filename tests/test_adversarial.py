@@ -250,6 +250,30 @@ def test_forked_workers_carry_their_run_tag_and_leave_nothing(tmp_path, forkserv
     assert gone(pids, 0.5) and carrying(facts["tag"]) == []
 
 
+@pytest.mark.parametrize("behaviour", ["scrubbed", "scrubbed_then_return"])
+def test_an_untagged_daemon_of_the_kernel_does_not_outlive_the_worker(
+    tmp_path, forkserver, behaviour
+):
+    """Double fork, own session, empty environment: no tag, no group finds it; the worker is
+    a subreaper, so it is the worker's until the watchdog kills the tree or the worker ends."""
+    pidfile = tmp_path / "daemon"
+    sc = hostile(behaviour, tmp_path, pidfile=str(pidfile), import_s=1.0)
+    cls, outcome, facts = runner.run_once(
+        sc, tmp_path / "run", mode="compile", forkserver=forkserver
+    )
+    daemon = int(pidfile.read_text())
+    assert (
+        b"CUTEDEBUG" not in Path(f"/proc/{daemon}/environ").read_bytes()
+        if psutil.pid_exists(daemon) and psutil.Process(daemon).status() != "zombie"
+        else True
+    )
+    if behaviour == "scrubbed":
+        assert outcome.killed_by_watchdog.startswith("deadline:imported")
+    else:
+        assert cls.verdict is V.Verdict.COMPILE_ERROR  # the worker ended on its own
+    assert gone([daemon], 1.0)
+
+
 def test_a_dead_fork_server_is_a_harness_error_then_replaced(tmp_path, forkserver):
     sc = hostile("sleep", tmp_path, import_s=30.0)
     killer = threading.Timer(2.0, lambda: os.killpg(forkserver.proc.pid, signal.SIGKILL))

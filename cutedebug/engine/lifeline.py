@@ -42,6 +42,7 @@ RUN_TAG_VAR = "CUTEDEBUG_RUN_TAG"
 SESSION_VAR = "CUTEDEBUG_SESSION_TAGS"
 PLACEHOLDER_TAG = "0" * 32  # a fork server's own run tag, overwritten per worker
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 
 # The keeper runs with -I -S: stdlib only, no site, nothing of cutedebug (it must start in
 # milliseconds and work where cutedebug is not importable by a bare interpreter).
@@ -251,6 +252,41 @@ def adopt_run_tag(tag: str) -> bool:
             return f"{RUN_TAG_VAR}={tag}".encode() in f.read().split(b"\0")
     except OSError:
         return False
+
+
+def become_subreaper() -> bool:
+    """PR_SET_CHILD_SUBREAPER: orphans of our subtree (a daemon that double-forked, setsid'd
+    and scrubbed its environment, so no tag finds it) are re-parented to us, not to init, and
+    stay in our tree where :func:`kill_descendants` finds them. The worker sets it."""
+    try:
+        return _libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def kill_descendants(pid: int | None = None) -> list[int]:
+    """Freeze, then SIGKILL every descendant of ``pid`` (default: us), adopted orphans
+    included; reaps them when they are ours. Returns their pids."""
+    try:
+        kids = psutil.Process(pid or os.getpid()).children(recursive=True)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return []
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for k in kids:
+            try:
+                k.send_signal(sig)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                pass
+    if pid is None or pid == os.getpid():
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:
+            try:
+                done, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if done == 0:
+                time.sleep(0.005)
+    return [k.pid for k in kids]
 
 
 # ---- the sweep -------------------------------------------------------------------------------

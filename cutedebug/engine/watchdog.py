@@ -184,6 +184,9 @@ def _spawn(
 def kill_tree(proc: Any, tag: str, reap_s: float = 2.0) -> list[int]:
     """Kill the child's process group, then everything still carrying its tag. Returns the
     pids that had to be swept beyond the group."""
+    # Its descendants first, while they are still its (a subreaper worker holds the orphans
+    # it adopted, untagged ones included; killed first, they cannot be re-parented to init).
+    descendants = lifeline.kill_descendants(proc.pid)
     lifeline.kill_group(proc.pid)
     # Reap our own child before sweeping: psutil would reap it otherwise and Popen would then
     # report exit status 0 for a killed process.
@@ -191,7 +194,7 @@ def kill_tree(proc: Any, tag: str, reap_s: float = 2.0) -> list[int]:
         proc.wait(timeout=reap_s)
     except subprocess.TimeoutExpired:
         pass
-    return lifeline.sweep(tag)
+    return sorted(set(descendants) | set(lifeline.sweep(tag)))
 
 
 def signal_tree(pid: int, tag: str, sig: int) -> None:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from cutedebug.engine import events as events_mod
+from cutedebug.engine import lifeline
 from cutedebug.engine.health import ARCH_BY_CC  # stdlib only: the arch names by capability
 
 # CUDA error names by the message the driver/runtime gives them (torch and cuda-python both
@@ -427,8 +428,7 @@ def run(request: dict[str, Any], events: Events) -> None:
         events.emit("unsupported", reason=reason)
         return
 
-    run = Launch(kernel, compiled, args, tensors, where, request, probe_buf, probe_cfg,
-                 site_table)
+    run = Launch(kernel, compiled, args, tensors, where, request, probe_buf, probe_cfg, site_table)
     if perturb_sess is not None:  # N seeds, replay, shrinking: one compile, many launches
         from cutedebug.engine import perturb_runs
 
@@ -444,8 +444,9 @@ class Launch:
     with fresh inputs (``fresh=True``) and an ``emit`` that collects the events, so every seed is
     judged exactly as a plain run is."""
 
-    def __init__(self, kernel, compiled, args, tensors, where, request, probe_buf, probe_cfg,
-                 site_table):
+    def __init__(
+        self, kernel, compiled, args, tensors, where, request, probe_buf, probe_cfg, site_table
+    ):
         self.kernel, self.compiled, self.args, self.tensors = kernel, compiled, args, tensors
         self.where, self.request = where, request
         self.probe_buf, self.probe_cfg, self.site_table = probe_buf, probe_cfg, site_table
@@ -465,8 +466,11 @@ class Launch:
         args, tensors = self.args, self.tensors
         atol, rtol = getattr(kernel, "TOLERANCE", (1e-5, 1e-5))
         launch = getattr(kernel, "launch", None)
-        monitor = (ProbeMonitor(live, probe_buf, probe_cfg, site_table) if probe_cfg and live
-                   else nullcontext())
+        monitor = (
+            ProbeMonitor(live, probe_buf, probe_cfg, site_table)
+            if probe_cfg and live
+            else nullcontext()
+        )
         emit("launched")
         t0 = time.monotonic()
         with monitor:
@@ -491,8 +495,9 @@ class Launch:
                             **probes.snapshot_to_json(snap, site_table),
                             after_cuda_error=True,
                         )
-                emit("cuda_error", name=cuda_error_name(msg) or type(e).__name__,
-                     message=msg[:2000])
+                emit(
+                    "cuda_error", name=cuda_error_name(msg) or type(e).__name__, message=msg[:2000]
+                )
                 return
         emit("synced", kernel_s=round(time.monotonic() - t0, 6))
 
@@ -515,8 +520,11 @@ class Launch:
         stats["digest"] = digest(out)
         if stats["ok"] is False and "shape_mismatch" not in stats:
             # where the wrong values are (never raises)
-            stats.update(valuemap.mismatch_fields(kernel, out, ref, atol, rtol,
-                                                  request.get("dump_dir"), stats["digest"]))
+            stats.update(
+                valuemap.mismatch_fields(
+                    kernel, out, ref, atol, rtol, request.get("dump_dir"), stats["digest"]
+                )
+            )
         emit("checked", **stats)
 
 
@@ -527,6 +535,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     request = json.loads(Path(argv[0]).read_text())
     events = Events(request["events"])
+    lifeline.become_subreaper()  # the kernel's orphans stay ours, tagged or not
     try:
         run(request, events)
     except Exception as e:
@@ -546,6 +555,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         _remove_coredump_pipe(request)
+        lifeline.kill_descendants()  # what the kernel left running ends with the worker
     events.emit("done")
     return 0
 

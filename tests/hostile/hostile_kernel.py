@@ -54,6 +54,23 @@ class Hostile:
             with open(self.pidfile, "w") as f:
                 f.write(" ".join(map(str, kids)))
             time.sleep(10_000)
+        elif b in ("scrubbed", "scrubbed_then_return"):
+            # A daemon no tag can find: double fork, its own session, an empty environment.
+            code = (
+                "import os, signal, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); "
+                "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(10000)"
+            )
+            pid = os.fork()
+            if pid == 0:
+                os.setsid()
+                if os.fork() == 0:
+                    os.execve(sys.executable, [sys.executable, "-c", code, self.pidfile], {})
+                os._exit(0)
+            os.waitpid(pid, 0)
+            while not (os.path.exists(self.pidfile) and open(self.pidfile).read()):
+                time.sleep(0.01)
+            if b == "scrubbed":
+                time.sleep(10_000)
         elif b == "segfault":
             os.kill(os.getpid(), signal.SIGSEGV)
         elif b == "user_error":
