@@ -132,3 +132,23 @@ def test_no_process_of_ours_is_left():
     assert TAGS
     left = {tag: runner.tagged_processes(tag) for tag in TAGS}
     assert {t: p for t, p in left.items() if p} == {}
+
+
+def test_each_perturbed_launch_gets_its_own_kernel_deadline(tmp_path):
+    # five 0.6 s launches after one compile take 3 s, three times the 1 s kernel deadline
+    outcome, facts, secs = run_fake(tmp_path, "perturbed_seeds")
+    assert classify(outcome).verdict is Verdict.PASS and outcome.killed_by_watchdog is None
+    assert secs >= 3.0
+    assert_no_leftovers(facts)
+
+
+def test_a_perturbed_launch_that_hangs_is_a_hang_naming_its_seed(tmp_path):
+    from cutedebug.engine import perturb_runs
+
+    outcome, facts, secs = run_fake(tmp_path, "perturbed_hang")
+    assert classify(outcome).verdict is Verdict.HANG
+    assert outcome.killed_by_watchdog.startswith("deadline:launched")
+    assert secs < 1.0 + 1.0 + LIMITS.deadline_s + 4
+    ev = perturb_runs.evidence(outcome)["perturbation"]
+    assert ev["exposed_by"] == 2 and ev["killed_during"] == "seed" and ev["runs"] == 3
+    assert_no_leftovers(facts)

@@ -168,7 +168,14 @@ def run_in_worker(perturb: dict[str, Any], sess: Any, table: Any, launch: Any, e
 
     def one() -> OneRun:
         got: list[tuple[str, dict[str, Any]]] = []
-        launch.once(lambda name, **f: got.append((name, f)), live=events, fresh=not first[0])
+
+        def emit(name: str, **f: Any) -> None:
+            if name == "launched":  # live: the watchdog's phase and kernel deadline
+                events.emit(name, **f)
+            else:
+                got.append((name, f))
+
+        launch.once(emit, live=events, fresh=not first[0])
         first[0] = False
         return classify(got)
 

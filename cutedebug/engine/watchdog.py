@@ -263,6 +263,9 @@ def watch(
                 if name == "progress":
                     if ev.get("counter") != last_counter:
                         last_counter, counter_t = ev.get("counter"), now
+                if name == "perturb_seed":  # a new perturbed launch: its own deadline
+                    phase_t = counter_t = now
+                    last_counter = None
                 if on_event is not None:
                     on_event(ev)
             _keep_malformed(outcome, bad)

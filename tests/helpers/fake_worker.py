@@ -118,5 +118,20 @@ elif behaviour == "progressing":
     emit("synced")
     emit("checked", ok=True, digest="abc")
     emit("done")
+elif behaviour == "perturbed_seeds":  # 5 launches of 0.6 s each: 3 s, past a 1 s deadline
+    phases("started", "imported", "compiling", "compiled")
+    for seed in range(5):
+        emit("perturb_seed", seed=seed, tag="seed", rules=[])
+        emit("launched")
+        time.sleep(0.6)
+    emit("synced")
+    emit("checked", ok=True, digest="abc")
+    emit("done")
+elif behaviour == "perturbed_hang":  # the third seed hangs
+    phases("started", "imported", "compiling", "compiled")
+    for seed in range(3):
+        emit("perturb_seed", seed=seed, tag="seed", rules=[{"position": 1, "delay_ns": 1000}])
+        emit("launched")
+        time.sleep(0.5 if seed < 2 else 10_000)
 else:
     sys.exit(f"unknown behaviour {behaviour}")
