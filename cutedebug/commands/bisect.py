@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from cutedebug.analyses import bisect as B
+from cutedebug.commands import exits
 from cutedebug.engine import scenario as S
 from cutedebug.reporting import bisect as R
 from cutedebug.reporting import report
@@ -29,7 +30,9 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     else:
         print(R.tldr(res))
         print(f"  report: {md}")
-    return 0 if res.ok else 1
+    if res.status == "error":
+        return exits.EXIT_HARNESS  # the bisection itself failed: ours, not the kernel's
+    return exits.EXIT_OK if res.ok else exits.EXIT_UNEXPECTED
 
 
 def add_parser(sub: Any) -> None:

@@ -36,6 +36,7 @@ from cutedebug.analyses.sanitizer import (
     shrink,
     source_line,
 )
+from cutedebug.commands import exits
 from cutedebug.engine.verdict import values
 from cutedebug.reporting.files import write_text
 from cutedebug.reporting.sanitize import (
@@ -396,6 +397,9 @@ def cmd_sanitize(args: Any) -> int:
         print(f"plain run: {plain['verdict']} ({secs(plain['seconds'])})")
     print(verdict_line)
     print(f"report: {md_path}")
+    ours = [t for t, r in summary["tools"].items() if r["verdict"] == "HARNESS_ERROR"]
+    if ours or (plain or {}).get("verdict") == "HARNESS_ERROR":
+        return exits.EXIT_HARNESS  # a bug of ours, not the kernel's
     return EXIT_NOT_AS_EXPECTED if ok is False else EXIT_OK
 
 
