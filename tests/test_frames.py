@@ -19,8 +19,12 @@ def test_classify_installed_library_in_a_venv_is_kernel_code(tmp_path):
     cases = {
         lib / "site-packages" / "quack" / "gemm_sm90.py": "kernel",
         lib / "dist-packages" / "flash_attn" / "cute" / "flash_fwd_sm90.py": "kernel",
-        lib / "site-packages" / "nvidia_cutlass_dsl" / "python_packages" / "cutlass" / "x.py":
-            "dsl",
+        lib
+        / "site-packages"
+        / "nvidia_cutlass_dsl"
+        / "python_packages"
+        / "cutlass"
+        / "x.py": "dsl",
         lib / "functools.py": "stdlib",
         lib / "json" / "decoder.py": "stdlib",
         tmp_path / "checkout" / "cutedebug" / "instrument" / "faults.py": "cutedebug",

@@ -30,8 +30,13 @@ EMPTY = {"tma_stream": 4, "tma_copy": 4}
 
 def run(kernel, fault=None, args=None, **params):
     file, entry, base = kernel
-    sc = {"kernel": {"file": str(ROOT / file), "entry": entry}, "params": {**base, **params},
-          "fault": fault, "fault_args": args or {}, "archs": ["sm_90a"]}
+    sc = {
+        "kernel": {"file": str(ROOT / file), "entry": entry},
+        "params": {**base, **params},
+        "fault": fault,
+        "fault_args": args or {},
+        "archs": ["sm_90a"],
+    }
     res = lint.compile_and_check(sc)
     return [Finding.from_json(f) for f in res["findings"]], res["protocol"]
 
@@ -50,12 +55,26 @@ def only(findings, check, severity="error"):
 
 # ---- clean kernels: nothing at warning/error level --------------------------------------------
 
-@pytest.mark.parametrize("kernel,params", [
-    (MINIMAL, {}), (COPY, {}),
-    (STREAM, {"dtype": "fp32", "stages": 2}), (STREAM, {"dtype": "fp32", "stages": 4}),
-    (STREAM, {"dtype": "bf16", "stages": 2}), (STREAM, {"dtype": "bf16", "stages": 4}),
-], ids=["minimal", "tma_copy", "stream-fp32-s2", "stream-fp32-s4", "stream-bf16-s2",
-        "stream-bf16-s4"])
+
+@pytest.mark.parametrize(
+    "kernel,params",
+    [
+        (MINIMAL, {}),
+        (COPY, {}),
+        (STREAM, {"dtype": "fp32", "stages": 2}),
+        (STREAM, {"dtype": "fp32", "stages": 4}),
+        (STREAM, {"dtype": "bf16", "stages": 2}),
+        (STREAM, {"dtype": "bf16", "stages": 4}),
+    ],
+    ids=[
+        "minimal",
+        "tma_copy",
+        "stream-fp32-s2",
+        "stream-fp32-s4",
+        "stream-bf16-s2",
+        "stream-bf16-s4",
+    ],
+)
 def test_clean_kernels_have_no_findings(kernel, params):
     findings, proto = run(kernel, **params)
     assert serious(findings) == []
@@ -63,7 +82,10 @@ def test_clean_kernels_have_no_findings(kernel, params):
         (rec,) = proto["pipelines"].values()
         elem = 4 if params["dtype"] == "fp32" else 2
         assert (rec["cls"], rec["stages"], rec["tx_count"]) == (
-            "PipelineTmaAsync", params["stages"], 32 * 256 * elem + 256)
+            "PipelineTmaAsync",
+            params["stages"],
+            32 * 256 * elem + 256,
+        )
         assert (rec["full_init"], rec["empty_init"]) == (1, 4)
         assert proto["launch"]["block"] == [160, 1, 1]
         copies = [e["detail"] for e in proto["events"] if e["kind"] == "tma_copy"]
@@ -90,6 +112,7 @@ def test_protocol_of_tma_copy_records_roles_sites_and_named_barrier():
 
 # ---- faults with a static effect ----------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", sorted(KERNELS))
 @pytest.mark.parametrize("delta", [16, -16])
 def test_wrong_expect_tx_states_the_arithmetic(name, delta):
@@ -109,7 +132,7 @@ def test_wrong_arrive_count(name, barrier, delta):
     hits = [f for f in findings if f.check == "arrive_count" and f.severity == "error"]
     assert len(hits) == 1, findings
     want = EMPTY[name] if barrier == "empty" else 1
-    assert hits[0].message.startswith(f"{barrier} barriers of PipelineTmaAsync@")
+    assert hits[0].message.startswith(f"{barrier} barriers of PipelineTmaAsync#0@")
     assert f"mbarrier.init count {want + delta} != " in hits[0].arithmetic
     assert f"= {want}" in hits[0].arithmetic
     # full + 1 also leaves two expect_tx arrivals expected from one acquire site (a warning)
@@ -148,8 +171,10 @@ def test_extra_consumer_release(name, at):
 
 
 @pytest.mark.parametrize("name", sorted(KERNELS))
-@pytest.mark.parametrize("drop,checks", [("fence", {"init_fence"}), ("sync", {"init_sync"}),
-                                         ("both", {"init_fence", "init_sync"})])
+@pytest.mark.parametrize(
+    "drop,checks",
+    [("fence", {"init_fence"}), ("sync", {"init_sync"}), ("both", {"init_fence", "init_sync"})],
+)
 def test_missing_init_fence(name, drop, checks):
     findings, _ = run(KERNELS[name], "missing_init_fence", {"drop": drop})
     assert {f.check for f in serious(findings)} == checks
@@ -161,8 +186,13 @@ def test_missing_init_fence(name, drop, checks):
 def test_missing_phase_flip_by_a_shadow_advance(name, role):
     findings, _ = run(KERNELS[name], "missing_phase_flip", {"role": role})
     (f,) = only(findings, "phase_flip")
-    assert f.message.startswith(f"{role} pipeline state NoPhaseFlipState")
-    assert "gave (index 0, phase 0), expected (index 0, phase 1)" in f.arithmetic
+    # the kernel's own PipelineState lost the flip in its advance (the role's states only)
+    assert f.message.startswith(f"{role} pipeline state PipelineState does not flip")
+    start = 1 if role == "producer" else 0
+    assert (
+        f"from (index 0, phase {start}) gave (index 0, phase {start}), expected "
+        f"(index 0, phase {1 - start})"
+    ) in f.arithmetic
 
 
 def test_drop_sync_before_a_single_lane_release_is_reported_as_info():
@@ -183,12 +213,24 @@ def test_patches_are_restored():
     import cutlass.cutlass_dsl as cdsl
     from cutlass import pipeline as pl
 
-    before = (cute.copy, cute.arch.mbarrier_init, cute.arch.sync_threads, cdsl.if_generate,
-              vars(pl.PipelineTmaAsync)["consumer_release"], vars(pl.MbarrierArray)["arrive"])
+    before = (
+        cute.copy,
+        cute.arch.mbarrier_init,
+        cute.arch.sync_threads,
+        cdsl.if_generate,
+        vars(pl.PipelineTmaAsync)["consumer_release"],
+        vars(pl.MbarrierArray)["arrive"],
+    )
     with pytest.raises(RuntimeError), lint.record():
         raise RuntimeError("boom")
-    after = (cute.copy, cute.arch.mbarrier_init, cute.arch.sync_threads, cdsl.if_generate,
-             vars(pl.PipelineTmaAsync)["consumer_release"], vars(pl.MbarrierArray)["arrive"])
+    after = (
+        cute.copy,
+        cute.arch.mbarrier_init,
+        cute.arch.sync_threads,
+        cdsl.if_generate,
+        vars(pl.PipelineTmaAsync)["consumer_release"],
+        vars(pl.MbarrierArray)["arrive"],
+    )
     assert before == after
 
 
@@ -203,7 +245,8 @@ def test_recording_changes_neither_the_ptx_nor_the_fault_sites(monkeypatch):
 
     def ptx():
         return cute.compile[cute.GPUArch("sm_90a"), cute.KeepPTX()](
-            kernel, *kernel.fake_args()).__ptx__
+            kernel, *kernel.fake_args()
+        ).__ptx__
 
     plain = ptx()
     with lint.record():
@@ -212,10 +255,12 @@ def test_recording_changes_neither_the_ptx_nor_the_fault_sites(monkeypatch):
     with lint.record(), faults.inject("wrong_expect_tx", {}) as applied:
         ptx()
     assert {(Path(s["file"]).name, s["op"]) for s in applied.sites} == {
-        ("tma_copy.py", "mbarrier_arrive_and_expect_tx")}
+        ("tma_copy.py", "mbarrier_arrive_and_expect_tx")
+    }
 
 
 # ---- checks on synthetic protocols (no compile) -------------------------------------------------
+
 
 def _ev(seq, kind, **detail):
     return Event(seq, kind, None, "/k.py", 10 + seq, "kernel", (), detail)
@@ -229,32 +274,87 @@ def test_named_barrier_counts():
         _ev(2, "named_barrier_sync", barrier_id=2, threads=320, all_threads=False),
         _ev(3, "named_barrier_arrive", barrier_id=3, threads=40, all_threads=False),
     ]
-    msgs = [f.message for f in lint.check(proto) if f.check == "named_barrier"]
-    assert any("id 1 is used with different thread counts [96, 128]" in m for m in msgs)
+    found = [f for f in lint.check(proto) if f.check == "named_barrier"]
+    msgs = [f.message for f in found]
+    # bar.sync alone, 128 then 96 threads on one path: sequential reuse, legal
+    (reuse,) = [f for f in found if "id 1 is reused" in f.message]
+    assert reuse.severity == "info" and "counts ['128', '96']" in reuse.message
     assert any("waits for 320 threads, the CTA has 256" in m for m in msgs)
     assert any("counts 40 threads" in m for m in msgs)
+
+
+def test_named_barrier_arrive_whose_count_no_sync_shares_is_an_error():
+    proto = Protocol(launch={"block": (384, 1, 1)})
+    proto.events = [
+        _ev(0, "named_barrier_arrive", barrier_id=4, threads=288, all_threads=False),
+        _ev(1, "named_barrier_sync", barrier_id=4, threads=256, all_threads=False),
+        # id 5: arrive 128 pairs with a sync of 128; the later sync of 256 is another phase
+        _ev(2, "named_barrier_arrive", barrier_id=5, threads=128, all_threads=False),
+        _ev(3, "named_barrier_sync", barrier_id=5, threads=128, all_threads=False),
+        _ev(4, "named_barrier_sync", barrier_id=5, threads=256, all_threads=False),
+    ]
+    found = {f.message.split(" at ")[0]: f for f in lint.check(proto) if f.check == "named_barrier"}
+    assert found["bar.arrive on named barrier 4"].severity == "error"
+    assert (
+        "counts 288 threads, but every bar.sync of id 4 counts [256]"
+        in found["bar.arrive on named barrier 4"].message
+    )
+    (five,) = [f for f in found.values() if "id 5" in f.message]
+    assert five.severity == "info"
+
+
+def test_named_barrier_counts_under_different_conditions_warn():
+    proto = Protocol(launch={"block": (256, 1, 1)})
+    a = _ev(0, "named_barrier_sync", barrier_id=1, threads=128, all_threads=False)
+    b = _ev(1, "named_barrier_sync", barrier_id=1, threads=256, all_threads=False)
+    b.conds = ("if@k.py:40",)
+    proto.events = [a, b]
+    (f,) = [f for f in lint.check(proto) if f.check == "named_barrier"]
+    assert f.severity == "warning" and "different run-time conditions" in f.message
 
 
 def test_producer_tail_is_an_error_in_a_cluster():
     key = "PipelineTmaAsync@k.py:1"
     proto = Protocol(launch={"block": (384, 1, 1), "cluster": (2, 1, 1)})
-    proto.pipelines[key] = PipelineRecord(key, "PipelineTmaAsync", "/k.py", 1, stages=4,
-                                          cluster_shape=(1, 2, 1, 1))
-    proto.events = [Event(0, "producer_acquire", key, "/k.py", 5, "load", (),
-                          {"copies": [], "expect_tx": [], "arrives": 0,
-                           "conditional_arrives": []})]
+    proto.pipelines[key] = PipelineRecord(
+        key, "PipelineTmaAsync", "/k.py", 1, stages=4, cluster_shape=(1, 2, 1, 1)
+    )
+    proto.events = [
+        Event(
+            0,
+            "producer_acquire",
+            key,
+            "/k.py",
+            5,
+            "load",
+            (),
+            {"copies": [], "expect_tx": [], "arrives": 0, "conditional_arrives": []},
+            in_loop=True,
+        )
+    ]
     (f,) = [f for f in lint.check(proto) if f.check == "producer_tail"]
     assert f.severity == "error" and "remote arrive" in f.message
+    # acquired once outside any loop and never released: single-use stages, nothing to drain
+    proto.events[0].in_loop = False
+    assert [f for f in lint.check(proto) if f.check == "producer_tail"] == []
 
 
 def test_thread_count_where_warps_are_counted():
     key = "PipelineTmaAsync@k.py:1"
     proto = Protocol(launch={"block": (160, 1, 1)})
-    proto.pipelines[key] = PipelineRecord(key, "PipelineTmaAsync", "/k.py", 1, stages=2,
-                                          producer_group=("Thread", 1),
-                                          consumer_group=("Thread", 128),
-                                          cluster_shape=(1, 1, 1, 1), full_op="TmaLoad",
-                                          full_init=1, empty_init=128)
+    proto.pipelines[key] = PipelineRecord(
+        key,
+        "PipelineTmaAsync",
+        "/k.py",
+        1,
+        stages=2,
+        producer_group=("Thread", 1),
+        consumer_group=("Thread", 128),
+        cluster_shape=(1, 1, 1, 1),
+        full_op="TmaLoad",
+        full_init=1,
+        empty_init=128,
+    )
     (f,) = [f for f in lint.check(proto) if f.check == "arrive_count"]
     assert "128 > 5 warps x 1 multicast CTAs = 5" == f.arithmetic
 
@@ -269,18 +369,35 @@ def test_protocol_and_findings_round_trip_through_json():
 
 @pytest.mark.slow
 def test_cli_lint_scenarios_exit_codes():
-    code = ("import sys, cutedebug.analyses.lint, cutedebug.commands.cli; "
-            "print(sorted(m for m in ('cutlass', 'torch') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                         check=True)
+    code = (
+        "import sys, cutedebug.analyses.lint, cutedebug.commands.cli; "
+        "print(sorted(m for m in ('cutlass', 'torch') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
     assert out.stdout.strip() == "[]"
-    bad = subprocess.run([sys.executable, "-m", "cutedebug", "lint",
-                          "scenarios/tma_stream/wrong_expect_tx_plus.toml"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cutedebug",
+            "lint",
+            "scenarios/tma_stream/wrong_expect_tx_plus.toml",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert bad.returncode == 1, bad.stdout + bad.stderr
     assert "expect_tx 33040 B per stage, TMA copies deliver 33024 B" in bad.stdout
-    good = subprocess.run([sys.executable, "-m", "cutedebug", "lint", "--json",
-                           "kernels/minimal.py:Minimal"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+    good = subprocess.run(
+        [sys.executable, "-m", "cutedebug", "lint", "--json", "kernels/minimal.py:Minimal"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert good.returncode == 0, good.stdout + good.stderr
     assert json.loads(good.stdout)[0]["findings"] == []

@@ -462,7 +462,7 @@ def test_diagnose_missing_consumer_release_is_circular():
     buf.beacon(0, 0, PRODUCER, 3, 1, 4).stuck(0, 0, PRODUCER, 0, 0, 5)
     (line,) = probes.diagnose(buf.snap(), SITES)
     assert line.startswith(
-        "CTA 0: circular wait: consumers wait on full[0] phase 1 and the "
+        "CTA 0: circular wait: consumers wait on full[0] phase 1 (#5) and the "
         "producer waits on producer_acquire empty[0] phase 0"
     )
     assert "consumer_release missing" in line
@@ -510,8 +510,10 @@ def test_diagnose_raw_nobody_arrived():
     (line,) = probes.diagnose(snap, RAW_SITES)
     assert line.startswith(
         "3 CTAs (0-2): every waiting warp (4) waits on raw_wait mbarrier "
-        "phase 0 (minimal.py:60) and none passed it: nobody arrived"
+        "phase 0 (minimal.py:60) and none passed it; no raw arrive / expect_tx / "
+        "complete_tx on an mbarrier was traced"
     )
+    assert "nobody arrives on it" in line
 
 
 def test_diagnose_stall_without_stuck_records():
@@ -542,3 +544,149 @@ def test_snapshot_json_roundtrip_and_diagnose_from_json_sites():
     assert first["stuck"]["where"] == "tma_stream.py:258"
     producer = next(w for w in d["warps"] if w["warp"] == PRODUCER)
     assert producer["role"] == "producer" and producer["last"]["seq"] == 4
+
+
+# ---------------------------------------------------------------------------------------------
+# Diagnosis on records captured on the H200 (tests/data/runs), and what overflow changes
+# ---------------------------------------------------------------------------------------------
+
+RUNS = ROOT / "tests" / "data" / "runs"
+
+
+def recorded(name: str) -> tuple[ProbeSnapshot, list]:
+    import json
+
+    events = [json.loads(x) for x in (RUNS / name / "events.jsonl").read_text().splitlines()]
+    compiled = next(e for e in events if e["event"] == "compiled")
+    report = next(e for e in events if e["event"] == "probe_report")
+    return probes.snapshot_from_json(report), compiled["probe_sites"]
+
+
+def test_recorded_expect_tx_hang_producer_past_the_consumers():
+    snap, sites = recorded("wrong_expect_tx_plus")
+    (line,) = probes.diagnose(snap, sites)
+    assert line.startswith(
+        "16 CTAs (0-15): consumers wait on full[0] phase 0 while the "
+        "producer is past it (producer acquired #4, consumer waits for #1)"
+    )
+
+
+def test_a_stuck_producer_past_the_consumers_is_not_a_circular_wait():
+    """The producer's beacons lost (slots shared by CTAs): its stuck record still says it
+    completed 4 acquires, past the consumers' #1: not 'consumer_release missing'."""
+    snap, sites = recorded("wrong_expect_tx_plus")
+    by_id = {s["id"]: s for s in sites}
+    producer = {b.warp for b in snap.beacons if by_id[b.site_id]["op"] == "producer_acquire"}
+    assert producer and any(r.warp in producer for r in snap.stuck)
+    snap.beacons = [b for b in snap.beacons if b.warp not in producer]
+    (line,) = probes.diagnose(snap, sites)
+    assert "circular wait" not in line and "consumer_release missing" not in line
+    assert "while the producer is past it (producer acquired #4, consumer waits for #1)" in line
+
+
+def test_a_cta_whose_producer_records_overflowed_is_not_told_the_producer_never_ran():
+    snap, sites = recorded("wrong_expect_tx_plus")
+    by_id = {s["id"]: s for s in sites}
+    producer = {b.warp for b in snap.beacons if by_id[b.site_id]["op"] == "producer_acquire"}
+    kept = [r for r in snap.stuck if r.warp not in producer]
+    # what a full buffer leaves: the producer's reports were the ones that did not fit
+    lost = ProbeSnapshot(stuck=kept, beacons=[], n_stuck_reported=len(snap.stuck), max_ctas=1024)
+    assert lost.dropped_records == len(snap.stuck) - len(kept) > 0
+    lines = probes.diagnose(lost, sites)
+    assert not any("never ran" in x for x in lines)
+    assert any("the producer's state is unknown" in x for x in lines)
+    assert any("stuck reports did not fit the buffer" in x for x in lines)
+    # the same records with nothing lost: then the records do show that
+    whole = ProbeSnapshot(stuck=kept, beacons=[], n_stuck_reported=len(kept), max_ctas=1024)
+    assert any("the producer never ran" in x for x in probes.diagnose(whole, sites))
+
+
+def test_sized_from_the_grid_every_warp_has_a_record_and_a_slot():
+    cfg = probes.sized_for_grid(ProbeConfig(), (1320, 1, 1), (384, 1, 1))
+    assert (cfg.max_ctas, cfg.max_warps, cfg.max_records) == (1320, 12, 1320 * 12)
+    assert probes.sized_for_grid(
+        ProbeConfig(size_from_grid=False), (1320, 1, 1), (384, 1, 1)
+    ) == ProbeConfig(size_from_grid=False)
+    assert probes.sized_for_grid(ProbeConfig(), (None, 1, 1), (128, 1, 1)) == ProbeConfig()
+    # a grid of 4096 CTAs of 8 warps, every warp stuck: nothing dropped
+    cfg = probes.sized_for_grid(ProbeConfig(), (4096, 1, 1), (256, 1, 1))
+    buf = bytearray(probes.buffer_nbytes(cfg))
+    probes.init_buffer(buf, cfg)
+    n = 4096 * 8
+    struct.pack_into("<I", buf, 8, n)
+    off = probes.records_offset(cfg)
+    for i in range(n):
+        struct.pack_into(
+            RECORD_FMT,
+            buf,
+            off + i * 64,
+            RECORD_VALID,
+            2,
+            i // 8,
+            0,
+            0,
+            i % 8,
+            0,
+            0,
+            10,
+            20,
+            0,
+            0,
+            1,
+            i // 8,
+        )
+    snap = probes.decode(bytes(buf), cfg)
+    assert len(snap.stuck) == n and snap.dropped_records == 0 and snap.complete
+
+
+def test_worker_allocates_the_buffer_at_the_traced_launch(tmp_path, monkeypatch):
+    pytest.importorskip("cutlass")
+    from cutlass import cute
+
+    from cutedebug import kernel_api
+
+    monkeypatch.chdir(tmp_path)
+    obj = kernel_api.load_entry(PIPELINE_KERNELS[0][0], "TmaStream")(m=256, n=512, ctas=4)
+    asked = []
+
+    def allocate(cfg):
+        asked.append(cfg)
+        return bytearray(probes.buffer_nbytes(cfg)), ADDR
+
+    with probes.instrument(ProbeConfig(budget_ns=BUDGET), allocate=allocate) as table:
+        cute.compile[cute.GPUArch("sm_90a")](obj, *obj.fake_args())
+    (cfg,) = asked
+    assert table.config == cfg and (cfg.max_ctas, cfg.max_warps) == (4, 5)
+    assert cfg.max_records == 20
+
+
+def test_raw_barrier_diagnosis_names_who_arms_and_who_delivers(tmp_path, monkeypatch):
+    """cluster_reduce (raw mbarriers, no cutlass.pipeline): the site table of a real compile,
+    every warp stuck on the raw wait: the waiter is the consumer, the hypothesis is about the
+    expect_tx arm and the st.async senders, not 'nobody arrived'."""
+    path = ROOT / "kernels" / "cluster_reduce.py"
+    ptx, table = compile_ptx(
+        path, "ClusterReduce", {}, ProbeConfig(budget_ns=BUDGET), tmp_path, monkeypatch
+    )
+    (wait,) = [s for s in table.sites if s.kind == "raw"]
+    assert (
+        wait.role == "consumer"
+        and wait.line == lines_containing(path, "cute.arch.mbarrier_wait(bar, phase)")[0]
+    )
+    ops = {s.op: s for s in table.raw_ops}
+    arm = lines_containing(path, "cute.arch.mbarrier_arrive_and_expect_tx(bar,")[0]
+    assert ops["mbarrier_arrive_and_expect_tx"].line == arm
+    assert ops["store_async_dsmem"].line == lines_containing(path, "store_async_dsmem(")[0]
+    buf = Buf()
+    for c in range(2):
+        for w in range(4):
+            buf.stuck(wait.id, c, w, -1, 0, 0)
+    snap = probes.decode(bytes(buf.b), SMALL, None)
+    (line,) = probes.diagnose(snap, table)
+    assert "nobody arrived" not in line
+    assert "arms its raw barriers with arrive.expect_tx" in line
+    assert f"cluster_reduce.py:{arm}" in line and "complete_tx at cluster_reduce.py:" in line
+    assert "expect_tx larger than the bytes delivered" in line
+    # JSON round trip keeps the raw ops after the waits
+    again = probes.SiteTable.from_json(table.to_json())
+    assert [s.op for s in again.raw_ops] == [s.op for s in table.raw_ops]

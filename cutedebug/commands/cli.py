@@ -187,11 +187,19 @@ def _run_one(args, sc, mode, fs, single: bool):
             else ""
         )
         print(f"  static protocol checks: {len(static) or 'no'} finding(s){first}")
+    if comp and comp.get("pipelines"):
+        print("  " + pipelines_line(comp["pipelines"]))
     if res.verdict.value == "UNSUPPORTED":
         state = f"compiled for {comp['arch']} in {comp['secs']} s" if comp else "did not compile"
         print(f"  {state}; the kernel was not run")
     print(f"  report: {md}", flush=True)
     return res
+
+
+def pipelines_line(pipelines: list[dict[str, Any]]) -> str:
+    """The kernel's pipelines as `pipeline=N` selects them (instrument/recorder)."""
+    return "pipelines (fault arg pipeline=N): " + "; ".join(
+        f"{p['index']} {p['class']} {p['where']}" for p in pipelines)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -230,13 +238,16 @@ def cmd_faults(args: argparse.Namespace) -> int:
         print(json.dumps(entries, indent=1))
         return EXIT_OK
     for e in entries:
-        params = (
-            ", ".join(f"{p['name']}={p['default']!r}" for p in e.get("params", []))
-            if isinstance(e.get("params"), list)
-            else ", ".join(f"{k}={v}" for k, v in (e.get("params") or {}).items())
-        )
+        params = ", ".join(f"{k}={v['default']!r}" if isinstance(v, dict) else f"{k}={v}"
+                           for k, v in (e.get("params") or {}).items())
         print(f"{e['name']}({params})  [{e.get('kind', 'patch')}] -> {e.get('expected')}")
         print(f"    {e['description']}")
+        for name, p in (e.get("optional_params") or {}).items():
+            print(f"    optional {name}={p['default']!r}: {p['description']}")
+    if any("pipeline" in (e.get("optional_params") or {}) for e in entries):
+        print("\npipeline=N picks one pipeline of the kernel, numbered in the order the kernel "
+              "creates them;\n`cutedebug lint FILE.py:ENTRY` and `cutedebug run` list them "
+              "(index, class, file:line).")
     return EXIT_OK
 
 

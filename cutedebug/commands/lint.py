@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cutedebug.analyses.lint import HARNESS_CHECK, Finding, render
+from cutedebug.analyses.lint import HARNESS_CHECK, Finding, Protocol, render
 from cutedebug.commands.args import parse_fault, parse_kv
 from cutedebug.commands.exits import EXIT_HARNESS
 from cutedebug.engine import lifeline, watchdog
@@ -74,15 +74,20 @@ def cmd_lint(args: argparse.Namespace) -> int:
             results.append({"scenario": sc.id, **res})
             continue
         findings = [Finding.from_json(f) for f in res["findings"]]
+        pipelines = Protocol.from_json(res["protocol"]).pipeline_table()
         if not args.all:
             findings = [f for f in findings if f.severity != "info"] or findings
         if not args.json:
             print(render(findings, f"{sc.id}{fault}"))
+            if pipelines:
+                print("  pipelines (fault arg pipeline=N): " + "; ".join(
+                    f"{p['index']} {p['class']} {p['where']}" for p in pipelines))
         if any(f.check == HARNESS_CHECK for f in findings):
             status = max(status, EXIT_HARNESS)  # the checker crashed: nothing was checked
         elif any(f.severity == "error" for f in findings):
             status = max(status, 1)
         results.append({"scenario": sc.id, "findings": [f.to_json() for f in findings],
+                        "pipelines": pipelines,
                         "protocol": res["protocol"] if args.protocol else None})
     if args.json:
         print(json.dumps(results, indent=1))

@@ -51,7 +51,8 @@ Events, cap_text = events_mod.Events, events_mod.cap_text
 
 # Exceptions cutedebug raises on purpose about the user's input (a fault that cannot apply
 # to this kernel, an entry that does not load): the user's to fix, not a bug of ours.
-_USER_FACING = ("FaultApplyError", "FaultSpecError", "FaultNotTriggered", "KernelLoadError")
+_USER_FACING = ("FaultApplyError", "FaultSpecError", "FaultNotTriggered", "KernelLoadError",
+                "Unsupported")
 
 
 def our_frame(exc: BaseException) -> str | None:
@@ -303,19 +304,23 @@ def run(request: dict[str, Any], events: Events) -> None:
         from cutedebug.instrument import probes
 
         probe_cfg = probes.ProbeConfig(**request["probes"])
-        nbytes = probes.buffer_nbytes(probe_cfg)
-        probe_buf = torch.zeros(nbytes, dtype=torch.uint8, pin_memory=runnable)
-        probes.init_buffer(probe_buf.numpy(), probe_cfg)
-        # On a CPU-only machine the address only has to be a plausible constant.
-        addr = probe_buf.data_ptr() if runnable else 0x7F0000000000
+
+        def allocate(cfg):
+            """instrument/probes: called at the traced launch with the buffer sized from the
+            grid (one record per warp: no stuck report dropped)."""
+            buf = torch.zeros(probes.buffer_nbytes(cfg), dtype=torch.uint8,
+                              pin_memory=runnable)
+            probes.init_buffer(buf.numpy(), cfg)
+            # On a CPU-only machine the address only has to be a plausible constant.
+            return buf, buf.data_ptr() if runnable else 0x7F0000000000
 
     perturb_sess = perturb_table = None
     events.emit("compiling", arch=target, fault=fault, fault_args=fault_args)
     t0 = time.monotonic()
     with ExitStack() as stack:
-        from cutedebug.analyses import (
-            lint,  # outermost: faults and probes wrap the recorder's patches
-        )
+        # the instrumentation layer runs every observer in its fixed order (layer.ORDER),
+        # whatever order they are entered in
+        from cutedebug.analyses import lint
 
         protocol = stack.enter_context(lint.record())
         # observer: every copy's line and provable alignment (wrong-value diagnoses)
@@ -338,7 +343,7 @@ def run(request: dict[str, Any], events: Events) -> None:
         if probe_cfg is not None:
             from cutedebug.instrument import probes
 
-            site_table = stack.enter_context(probes.instrument(probe_cfg, addr))
+            site_table = stack.enter_context(probes.instrument(probe_cfg, allocate=allocate))
         if request.get("perturb"):  # delay positions reading a rule table (perturb_runs.py)
             from cutedebug.instrument import perturb
 
@@ -384,6 +389,8 @@ def run(request: dict[str, Any], events: Events) -> None:
             )
             return
     compile_s = time.monotonic() - t0
+    if site_table is not None:  # the layout the device code was built for
+        probe_cfg, probe_buf = site_table.config, site_table.buffer[0]
     ptx = getattr(compiled, "__ptx__", None) or ""
     if request.get("ptx_path") and ptx:
         Path(request["ptx_path"]).write_text(ptx)
@@ -407,6 +414,7 @@ def run(request: dict[str, Any], events: Events) -> None:
         probe_sites=site_table.to_json() if site_table is not None else None,
         wait_sites=[w.to_json() for w in wait_sites] if wait_sites is not None else None,
         static_findings=lint.static_findings(protocol),
+        pipelines=protocol.pipeline_table(),  # instrument/recorder: pipeline=N
     )
     # the lines a wrong-value diagnosis can point at
     events.emit(
@@ -539,7 +547,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run(request, events)
     except Exception as e:
+        from cutedebug.instrument.entry_points import Unsupported
         from cutedebug.kernel_api import KernelLoadError
+
+        if isinstance(e, Unsupported):  # the installed DSL lacks an entry point we hook
+            events.emit("unsupported", reason=str(e))
+            events.emit("done")
+            return 0
 
         kind = "kernel_error" if isinstance(e, KernelLoadError) else "harness_error"
         frame = our_frame(e) if kind == "harness_error" else None

@@ -75,19 +75,32 @@ SLOT_BYTES = 4
 BANNER = "cutedebug: CHECKPOINT"
 FAKE_ADDR = 0x7F0000000000  # compile-only: the address only has to be a plausible constant
 
-PIPELINE_OPS = {"producer_acquire": ("producer", "empty"), "producer_commit": ("producer", "full"),
-                "consumer_wait": ("consumer", "full"), "consumer_release": ("consumer", "empty"),
-                "producer_tail": ("producer", "empty")}
-MBARRIER_OPS = {"mbarrier_init": "mbarrier_init", "mbarrier_arrive": "mbarrier_arrive",
-                "mbarrier_arrive_and_expect_tx": "mbarrier_arrive_and_expect_tx",
-                "mbarrier_expect_tx": "mbarrier_expect_tx", "mbarrier_wait": "raw_wait",
-                "mbarrier_try_wait": "mbarrier_try_wait"}
-NAMED_BARRIER_OPS = {"barrier": "named_barrier", "sync_threads": "named_barrier",
-                     "barrier_arrive": "named_barrier_arrive"}
+PIPELINE_OPS = {
+    "producer_acquire": ("producer", "empty"),
+    "producer_commit": ("producer", "full"),
+    "consumer_wait": ("consumer", "full"),
+    "consumer_release": ("consumer", "empty"),
+    "producer_tail": ("producer", "empty"),
+}
+MBARRIER_OPS = {
+    "mbarrier_init": "mbarrier_init",
+    "mbarrier_arrive": "mbarrier_arrive",
+    "mbarrier_arrive_and_expect_tx": "mbarrier_arrive_and_expect_tx",
+    "mbarrier_expect_tx": "mbarrier_expect_tx",
+    "mbarrier_wait": "raw_wait",
+    "mbarrier_try_wait": "mbarrier_try_wait",
+}
+NAMED_BARRIER_OPS = {
+    "barrier": "named_barrier",
+    "sync_threads": "named_barrier",
+    "barrier_arrive": "named_barrier_arrive",
+}
 _INIT_FUNCTIONS = frozenset({"create", "pipeline_init_wait", "pipeline_init_arrive"})
 # Functions the DSL preprocessor synthesizes for loop bodies and if/while arms.
-_SYNTH = re.compile(r"^(loop_body|while_region|while_before_block|while_after_block|if_region|"
-                    r"then_block|else_block|elif_region|ifexp_then_block|ifexp_else_block)_\d+$")
+_SYNTH = re.compile(
+    r"^(loop_body|while_region|while_before_block|while_after_block|if_region|"
+    r"then_block|else_block|elif_region|ifexp_then_block|ifexp_else_block)_\d+$"
+)
 _LOOP = re.compile(r"^(loop_body|while_region)_\d+$")
 _ARM = re.compile(r"^(then_block|else_block|elif_region|ifexp_then_block|ifexp_else_block)_\d+$")
 
@@ -108,8 +121,9 @@ def buffer_nbytes(cfg: MarkConfig) -> int:
 
 def init_buffer(buf: Any, cfg: MarkConfig, site: int | None) -> None:
     mv = memoryview(buf).cast("B")
-    struct.pack_into(HEADER_FMT, mv, 0, MAGIC, VERSION, -1 if site is None else site,
-                     cfg.max_ctas, cfg.max_warps)
+    struct.pack_into(
+        HEADER_FMT, mv, 0, MAGIC, VERSION, -1 if site is None else site, cfg.max_ctas, cfg.max_warps
+    )
 
 
 def decode(buf: bytes | memoryview, cfg: MarkConfig, limit: int = 64) -> dict[str, Any]:
@@ -120,14 +134,17 @@ def decode(buf: bytes | memoryview, cfg: MarkConfig, limit: int = 64) -> dict[st
         raise ValueError(f"marks buffer has {len(mv)} bytes, layout needs {buffer_nbytes(cfg)}")
     magic, version, site, _, _ = struct.unpack_from(HEADER_FMT, mv, 0)
     if magic != MAGIC or version != VERSION:
-        raise ValueError(f"marks buffer header {magic:#x} v{version} is not {MAGIC:#x} "
-                         f"v{VERSION}")
+        raise ValueError(f"marks buffer header {magic:#x} v{version} is not {MAGIC:#x} v{VERSION}")
     n = cfg.max_ctas * cfg.max_warps
     words = struct.unpack_from(f"<{n}I", mv, slots_offset(cfg))
     hit = [(i // cfg.max_warps, i % cfg.max_warps, w) for i, w in enumerate(words) if w]
-    return {"site": None if site < 0 else site, "hits": sum(w for _, _, w in hit),
-            "n_warps": len(hit), "warps": [list(h) for h in hit[:limit]],
-            "ctas": len({c for c, _, _ in hit})}
+    return {
+        "site": None if site < 0 else site,
+        "hits": sum(w for _, _, w in hit),
+        "n_warps": len(hit),
+        "warps": [list(h) for h in hit[:limit]],
+        "ctas": len({c for c, _, _ in hit}),
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -214,10 +231,10 @@ def assign_roles(sites: list[CheckpointSite]) -> None:
             s.role = names[g]
         else:
             arms = body_arms(s)
-            named = [next(iter(arm_names[a])) for a in reversed(arms)
-                     if len(arm_names.get(a, ())) == 1]
-            s.role = (named[0] if named else
-                      f"{s.function}@{arms[-1][2]}" if arms else "all")
+            named = [
+                next(iter(arm_names[a])) for a in reversed(arms) if len(arm_names.get(a, ())) == 1
+            ]
+            s.role = named[0] if named else f"{s.function}@{arms[-1][2]}" if arms else "all"
 
 
 def roles_of(sites: list[CheckpointSite]) -> dict[str, list[int]]:
@@ -237,17 +254,19 @@ def _module_of(frame: Any) -> str:
     return frame.f_globals.get("__name__", "") or ""
 
 
+_OWN = ("cutedebug.instrument.layer", "cutedebug.instrument.checkpoint", "cutlass._mlir_helpers")
+
+
 def _caller_kind(skip: int) -> str:
-    """Who called the intercepted op: "user", "ours" (cutedebug instrumentation), "init" (a
-    pipeline's create / init sync) or "pipeline" (other cutlass.pipeline code)."""
+    """Who called the intercepted op: "user" (kernel code, installed libraries included),
+    "init" (a pipeline's create / init sync in the DSL) or "pipeline" (other cutlass.pipeline
+    code). The layer's and this module's own frames are skipped."""
     f = sys._getframe(skip + 1)
     kind = None
     while f is not None:
         mod = _module_of(f)
-        if f.f_code.co_filename == __file__:
+        if mod.startswith(_OWN):
             pass
-        elif mod.startswith("cutedebug."):
-            return "ours"
         elif mod.startswith("cutlass.pipeline"):
             if f.f_code.co_name in _INIT_FUNCTIONS:
                 return "init"
@@ -261,10 +280,12 @@ def _caller_kind(skip: int) -> str:
 def _stack_fields(skip: int) -> dict[str, Any]:
     """file/line/function/code of the innermost user frame; role frames, dynamic loops and the
     dynamic ``if`` arms the site is traced in."""
+    from cutedebug.instrument.layer import is_pipeline_code
+
     f = sys._getframe(skip + 1)
     user = []
-    while f is not None:
-        if frames.is_user_frame(f):
+    while f is not None:  # kernel code; a library's pipeline wrapper is not the site
+        if frames.is_user_frame(f) and not is_pipeline_code(f):
             user.append(f)
         f = f.f_back
     if not user:
@@ -285,10 +306,15 @@ def _stack_fields(skip: int) -> dict[str, Any]:
             elif _ARM.match(name):
                 arms.append([*parent[:1], name, parent[1], len(fn_frames) - 1])
     fn = inner.f_code.co_filename
-    return {"file": fn, "line": inner.f_lineno,
-            "function": fn_frames[-1][1] if fn_frames else inner.f_code.co_name,
-            "code": linecache.getline(fn, inner.f_lineno).strip(),
-            "loops": loops, "frames": fn_frames, "arms": arms}
+    return {
+        "file": fn,
+        "line": inner.f_lineno,
+        "function": fn_frames[-1][1] if fn_frames else inner.f_code.co_name,
+        "code": linecache.getline(fn, inner.f_lineno).strip(),
+        "loops": loops,
+        "frames": fn_frames,
+        "arms": arms,
+    }
 
 
 def _static(v: Any) -> Any:
@@ -327,13 +353,19 @@ def _device() -> Any:
             warp = ids.warp_id()
             linear = Uint32(ids.linear_block_id())
             slot = ids.warp_slot(linear, warp, plan.max_ctas, plan.max_warps)
-            ptr = cute.make_ptr(Uint32, Int64(plan.addr + plan.slots_off) + Int64(slot) * 4,
-                                gmem, assumed_align=4)
+            ptr = cute.make_ptr(
+                Uint32, Int64(plan.addr + plan.slots_off) + Int64(slot) * 4, gmem, assumed_align=4
+            )
             hits = cute.arch.load(ptr, Uint32, sem="relaxed", scope="sys") + Uint32(1)
             cute.arch.store(ptr, hits, sem="relaxed", scope="sys")
             if hits == Uint32(1) and linear == Uint32(0):
-                cute.printf(banner + " block=(%d,%d,%d) warp=%d", Int32(bx), Int32(by),
-                            Int32(bz), Int32(warp))
+                cute.printf(
+                    banner + " block=(%d,%d,%d) warp=%d",
+                    Int32(bx),
+                    Int32(by),
+                    Int32(bz),
+                    Int32(warp),
+                )
 
     return mark
 
@@ -355,18 +387,38 @@ class Session:
     def __init__(self, enabled: int | None, addr: int, cfg: MarkConfig):
         self.enabled = enabled
         self.cfg = cfg
-        self.plan = _Plan(addr=int(addr), max_ctas=cfg.max_ctas, max_warps=cfg.max_warps,
-                          slots_off=slots_offset(cfg))
+        self.plan = _Plan(
+            addr=int(addr),
+            max_ctas=cfg.max_ctas,
+            max_warps=cfg.max_warps,
+            slots_off=slots_offset(cfg),
+        )
         self.sites: list[CheckpointSite] = []
         self.emitted = 0
-        self.depth = 0
         self.buffer: Any = None
 
-    def add(self, op: str, kind: str, barrier: str = "", *, detail: str = "", name: str = "",
-            role: str | None = None, skip: int = 1) -> CheckpointSite:
+    def add(
+        self,
+        op: str,
+        kind: str,
+        barrier: str = "",
+        *,
+        detail: str = "",
+        name: str = "",
+        role: str | None = None,
+        skip: int = 1,
+    ) -> CheckpointSite:
         fields = _stack_fields(skip + 1)
-        site = CheckpointSite(id=len(self.sites), op=op, kind=kind, barrier=barrier, name=name,
-                              detail=detail, explicit_role=role, **fields)
+        site = CheckpointSite(
+            id=len(self.sites),
+            op=op,
+            kind=kind,
+            barrier=barrier,
+            name=name,
+            detail=detail,
+            explicit_role=role,
+            **fields,
+        )
         self.sites.append(site)
         return site
 
@@ -377,15 +429,6 @@ class Session:
         with ip if ip is not None else contextlib.nullcontext():
             mark(self.plan, _banner(site))
         self.emitted += 1
-
-    @contextlib.contextmanager
-    def inside(self) -> Iterator[bool]:
-        """True for the outermost intercepted op; nested ones are part of it."""
-        self.depth += 1
-        try:
-            yield self.depth == 1
-        finally:
-            self.depth -= 1
 
     def table(self) -> list[dict[str, Any]]:
         assign_roles(self.sites)
@@ -402,8 +445,11 @@ def checkpoint(name: str, *, role: str | None = None) -> None:
     if not _ACTIVE:
         return
     sess = _ACTIVE[-1]
-    if sess.depth:
-        return
+    from cutedebug.instrument import layer
+
+    active = layer.current()
+    if active is not None and any(o.op != "create" for o in active.open):
+        return  # inside a pipeline op: part of it
     site = sess.add("checkpoint", "checkpoint", name=str(name), role=role, skip=1)
     sess.after(site)
 
@@ -418,55 +464,59 @@ class _CallableModule(types.ModuleType):
 sys.modules[__name__].__class__ = _CallableModule
 
 
-def _patch(sess: Session, patcher: Any) -> None:
-    from cutlass import cute
-    from cutlass.cutlass_dsl import dsl_user_op
+def _handlers(sess: Session) -> dict[str, Any]:
+    """The layer handlers that number the sites and mark the enabled one."""
 
-    from cutedebug.instrument import faults
+    def pipeline_op(call: Any) -> Any:
+        if not call.outermost:
+            return call.proceed()
+        barrier = PIPELINE_OPS[call.name][1]
+        pipe = call.self_obj
+        site = sess.add(
+            call.name,
+            "pipeline",
+            barrier if type(pipe).__name__ != "PipelineTmaStore" else "",
+            detail=type(pipe).__name__,
+            skip=1,
+        )
+        out = call.proceed()
+        sess.after(site, call.ip)
+        return out
 
-    for op, (_, barrier) in PIPELINE_OPS.items():
-        for cls in faults._pipeline_classes(op):
+    def arch_op(call: Any, kind: str) -> Any:
+        nested = call.parent is not None and call.parent.op != "create"
+        who = "nested" if nested else _caller_kind(1)
+        if who == "nested" or (kind == "mbarrier" and who != "user"):
+            return call.proceed()
+        op = MBARRIER_OPS.get(call.name) or NAMED_BARRIER_OPS[call.name]
+        if kind == "named_barrier":
+            bid = _static(call.kwargs.get("barrier_id"))
+            n = _static(call.kwargs.get("number_of_threads"))
+            detail = (
+                "pipeline init sync (CTA)"
+                if who == "init"
+                else "sync_threads"
+                if call.name == "sync_threads"
+                else f"{call.name}(barrier_id={bid}, number_of_threads={n})"
+            )
+            site = sess.add(op, kind, "named", detail=detail, skip=1)
+        else:
+            site = sess.add(op, kind, "", detail=call.name, skip=1)
+        out = call.proceed()
+        sess.after(site, call.ip)
+        return out
 
-            def pipeline_op(self, *a, _orig=vars(cls)[op], _op=op, _bar=barrier, loc=None,
-                            ip=None, **kw):
-                with sess.inside() as outermost:
-                    if not outermost:
-                        return _orig(self, *a, loc=loc, ip=ip, **kw)
-                    site = sess.add(_op, "pipeline", _bar if type(self).__name__ !=
-                                    "PipelineTmaStore" else "", detail=type(self).__name__,
-                                    skip=2)
-                    out = _orig(self, *a, loc=loc, ip=ip, **kw)
-                    sess.after(site, ip)
-                    return out
+    def mbarrier(call: Any) -> Any:
+        return arch_op(call, "mbarrier")
 
-            patcher.set_attr(cls, op, dsl_user_op(pipeline_op))
+    def named(call: Any) -> Any:
+        return arch_op(call, "named_barrier")
 
-    def wrap(fname: str, op: str, kind: str) -> None:
-        original = getattr(cute.arch, fname)
-
-        def arch_op(*a, _orig=original, _f=fname, loc=None, ip=None, **kw):
-            with sess.inside() as outermost:
-                who = _caller_kind(2) if outermost else "nested"
-                if who in ("nested", "ours") or (kind == "mbarrier" and who != "user"):
-                    return _orig(*a, loc=loc, ip=ip, **kw)
-                if kind == "named_barrier":
-                    bid, n = _static(kw.get("barrier_id")), _static(kw.get("number_of_threads"))
-                    detail = ("pipeline init sync (CTA)" if who == "init" else
-                              "sync_threads" if _f == "sync_threads" else
-                              f"{_f}(barrier_id={bid}, number_of_threads={n})")
-                    site = sess.add(op, kind, "named", detail=detail, skip=2)
-                else:
-                    site = sess.add(op, kind, "", detail=_f, skip=2)
-                out = _orig(*a, loc=loc, ip=ip, **kw)
-                sess.after(site, ip)
-                return out
-
-        patcher.replace_everywhere(original, dsl_user_op(arch_op))
-
-    for fname, op in MBARRIER_OPS.items():
-        wrap(fname, op, "mbarrier")
-    for fname, op in NAMED_BARRIER_OPS.items():
-        wrap(fname, op, "named_barrier")
+    return {
+        **{op: pipeline_op for op in PIPELINE_OPS},
+        **{f: mbarrier for f in MBARRIER_OPS},
+        **{f: named for f in NAMED_BARRIER_OPS},
+    }
 
 
 def _pinned_buffer(nbytes: int, runnable: bool) -> tuple[Any, Any, int]:
@@ -517,8 +567,9 @@ class _Monitor:
 
 
 @contextlib.contextmanager
-def session(spec: dict[str, Any] | None = None, events: Any = None,
-            runnable: bool = False) -> Iterator[Session]:
+def session(
+    spec: dict[str, Any] | None = None, events: Any = None, runnable: bool = False
+) -> Iterator[Session]:
     """Number checkpoint sites while a kernel is traced inside; enable ``spec["site"]``.
 
     ``spec``: {"site": int | None, "max_ctas": ..., "max_warps": ...} (the request's
@@ -534,18 +585,21 @@ def session(spec: dict[str, Any] | None = None, events: Any = None,
     init_buffer(view, cfg, enabled)
     sess = Session(None if enabled is None else int(enabled), addr, cfg)
     sess.buffer = holder
-    from cutedebug.instrument import faults
+    from cutedebug.instrument import layer
 
-    patcher = faults._Patcher(faults.Applied(None, {}))
     _ACTIVE.append(sess)
     try:
-        _patch(sess, patcher)
-        yield sess
+        with layer.observe("checkpoint", _handlers(sess)):
+            yield sess
     finally:
         _ACTIVE.clear()
-        patcher.restore()
         if events is not None:
-            events.emit("checkpoint_sites", sites=sess.table(), enabled=sess.enabled,
-                        emitted=sess.emitted, roles=roles_of(sess.sites))
+            events.emit(
+                "checkpoint_sites",
+                sites=sess.table(),
+                enabled=sess.enabled,
+                emitted=sess.emitted,
+                roles=roles_of(sess.sites),
+            )
             if runnable and sess.enabled is not None:
                 _Monitor(events, view, cfg).start()

@@ -44,14 +44,14 @@ def library_prefixes() -> tuple[str, ...]:
 
 
 def classify(path: str, dsl: str, stdlib: tuple[str, ...], own: str = PACKAGE_DIR) -> str:
-    """"dsl", "stdlib", "cutedebug" or "kernel" for an absolute path (the frame rule, pure)."""
+    """ "dsl", "stdlib", "cutedebug" or "kernel" for an absolute path (the frame rule, pure)."""
     if path.startswith(own):
         return "cutedebug"
     if path.startswith(dsl):
         return "dsl"
     for prefix in stdlib:
         if path.startswith(prefix):
-            parts = path[len(prefix):].split(os.sep)
+            parts = path[len(prefix) :].split(os.sep)
             return "kernel" if any(p in INSTALL_DIRS for p in parts[:-1]) else "stdlib"
     return "kernel"
 

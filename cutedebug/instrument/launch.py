@@ -367,6 +367,11 @@ def _wrap_traces(state: _State) -> None:
 @contextlib.contextmanager
 def _trace_scope(state: _State, cur: dict[str, Any]):
     cfg = state.cfg
+    from cutedebug.instrument import layer
+
+    active = layer.current()
+    if active is not None:  # the probes keep the layer for the process: pipelines of this
+        active.new_trace()  # trace are numbered from 0, as `pipeline=N` counts them
     with contextlib.ExitStack() as stack:
         if cfg.get("record"):
             cur["protocol"] = _enter_recorder(stack)

@@ -28,158 +28,145 @@ from collections.abc import Iterator
 from typing import Any
 
 from cutedebug.instrument import faults as F
-from cutedebug.instrument import frames
 
 ROWS = ("alignment", "tile_edges", "stale_smem", "register_smem")
 
 
-# ---- patch faults ----------------------------------------------------------------------------
+# ---- patch faults (handlers registered with the instrumentation layer) ---------------------
 
 
-def _apply_skip_consumer_wait(p: F._Patcher, args: dict[str, Any], applied: F.Applied) -> None:
+def _apply_skip_consumer_wait(fx: Any) -> dict[str, Any]:
     """consumer_wait is not performed when the state's count == at_iteration (-1: never)."""
     from cutlass.cutlass_dsl import if_generate
 
-    k = args["at_iteration"]
-    select = F._PipelineSelector(p, args.get("pipeline", -1))
-    depth = F._Depth()
-    for cls in F._pipeline_classes("consumer_wait", exclude=("PipelineTmaStore",)):
+    k = fx.args["at_iteration"]
 
-        def consumer_wait(
-            self, state, *rest, _orig=vars(cls)["consumer_wait"], loc=None, ip=None, **kw
-        ):
-            with depth.enter() as outermost:
-                if not outermost or not select.selects(self):
-                    return _orig(self, state, *rest, loc=loc, ip=ip, **kw)
-                pname = type(self).__name__
-                count = getattr(state, "count", None)
-                static = F._static_value(count)
-                if k == -1 or count is None or static is not None:
-                    if k == -1 or count is None or static == k:
-                        applied.add_site(
-                            "consumer_wait",
-                            "consumer_wait skipped"
-                            + (
-                                " at every iteration"
-                                if k == -1
-                                else f" (the state has {'no' if count is None else 'a static'}"
-                                " count)"
-                            ),
-                            pipeline=pname,
-                            at_iteration=k,
-                            **select.extra(),
-                        )
-                        return None
-                    return _orig(self, state, *rest, loc=loc, ip=ip, **kw)
-                if_generate(
-                    count != k,
-                    lambda: _orig(self, state, *rest, loc=loc, ip=None, **kw),
-                    loc=loc,
-                    ip=ip,
-                )
-                applied.add_site(
+    def consumer_wait(call: Any) -> Any:
+        pipe = call.self_obj
+        if not call.outermost or not _has_empty(pipe) or not fx.selects(call):
+            return call.proceed()
+        pname = type(pipe).__name__
+        count = getattr(call.state(), "count", None)
+        static = _static_value(count)
+        if k == -1 or count is None or static is not None:
+            if k == -1 or count is None or static == k:
+                fx.site(
+                    call,
                     "consumer_wait",
-                    f"consumer_wait skipped when state.count == {k}"
-                    " (run-time test): the stage is read before its data landed",
+                    "consumer_wait skipped"
+                    + (
+                        " at every iteration"
+                        if k == -1
+                        else f" (the state has {'no' if count is None else 'a static'} count)"
+                    ),
                     pipeline=pname,
                     at_iteration=k,
-                    **select.extra(),
+                    **fx.extra(),
                 )
                 return None
+            return call.proceed()
+        if_generate(count != k, lambda: call.proceed(ip=None), loc=call.loc, ip=call.ip)
+        fx.site(
+            call,
+            "consumer_wait",
+            f"consumer_wait skipped when state.count == {k} (run-time test)",
+            pipeline=pname,
+            at_iteration=k,
+            **fx.extra(),
+        )
+        return None
 
-        p.set_attr(cls, "consumer_wait", F._user_op(consumer_wait))
+    return {"consumer_wait": consumer_wait}
 
 
-def _apply_release_before_read(p: F._Patcher, args: dict[str, Any], applied: F.Applied) -> None:
+def _apply_release_before_read(fx: Any) -> dict[str, Any]:
     """Each consumer_release happens right after the consumer_wait of the same stage (before
     the consumers read it); the kernel's own release call sites do nothing. The arrive count
     per stage is unchanged, only its position moves."""
-    select = F._PipelineSelector(p, args.get("pipeline", -1))
-    wait_depth, release_depth = F._Depth(), F._Depth()
-    originals = {}
-    for cls in F._pipeline_classes("consumer_release", exclude=("PipelineTmaStore",)):
-        originals[cls] = vars(cls)["consumer_release"]
+    moving = [False]  # the release this fault makes: not removed by its own handler
 
-    def original_release(pipe: Any):
-        for klass in type(pipe).__mro__:
-            if klass in originals:
-                return originals[klass]
+    def consumer_wait(call: Any) -> Any:
+        out = call.proceed()
+        pipe = call.self_obj
+        if call.outermost and _has_empty(pipe) and fx.selects(call):
+            moving[0] = True
+            try:  # as the kernel would call it: the observers below see the release
+                call.layer.call_as_kernel(
+                    pipe.consumer_release, call.state(), loc=call.loc, ip=call.ip
+                )
+            finally:
+                moving[0] = False
+            fx.site(
+                call,
+                "consumer_wait",
+                "consumer_release moved to right after this wait: the producer may refill "
+                "the stage while it is read",
+                pipeline=type(pipe).__name__,
+                **fx.extra(),
+            )
+        return out
+
+    def consumer_release(call: Any) -> Any:
+        pipe = call.self_obj
+        if moving[0] or not call.outermost or not _has_empty(pipe) or not fx.selects(call):
+            return call.proceed()
+        fx.site(
+            call,
+            "consumer_release",
+            "release removed here (done after the wait instead)",
+            pipeline=type(pipe).__name__,
+            **fx.extra(),
+        )
         return None
 
-    for cls in F._pipeline_classes("consumer_wait", exclude=("PipelineTmaStore",)):
-
-        def consumer_wait(
-            self, state, *rest, _orig=vars(cls)["consumer_wait"], loc=None, ip=None, **kw
-        ):
-            with wait_depth.enter() as outermost:
-                out = _orig(self, state, *rest, loc=loc, ip=ip, **kw)
-                release = original_release(self)
-                if outermost and select.selects(self) and release is not None:
-                    release(self, state, loc=loc, ip=ip)
-                    applied.add_site(
-                        "consumer_wait",
-                        "consumer_release moved to right after "
-                        "this wait: the producer may refill the stage while it "
-                        "is read",
-                        pipeline=type(self).__name__,
-                        **select.extra(),
-                    )
-                return out
-
-        p.set_attr(cls, "consumer_wait", F._user_op(consumer_wait))
-    for cls, original in originals.items():
-
-        def consumer_release(self, state, *rest, _orig=original, loc=None, ip=None, **kw):
-            with release_depth.enter() as outermost:
-                if outermost and select.selects(self):
-                    applied.add_site(
-                        "consumer_release",
-                        "release removed here (done after the wait instead)",
-                        pipeline=type(self).__name__,
-                        **select.extra(),
-                    )
-                    return None
-                return _orig(self, state, *rest, loc=loc, ip=ip, **kw)
-
-        p.set_attr(cls, "consumer_release", F._user_op(consumer_release))
+    return {"consumer_wait": consumer_wait, "consumer_release": consumer_release}
 
 
-def _apply_drop_copy_pred(p: F._Patcher, args: dict[str, Any], applied: F.Applied) -> None:
+def _apply_drop_copy_pred(fx: Any) -> dict[str, Any]:
     """``cute.copy(atom, src, dst, pred=...)``: the predicate is dropped (every element is
     copied, in bounds or not) at the ``which``-th predicated call site (-1: all)."""
-    from cutlass import cute
-
-    which = args["which"]
+    which = fx.args["which"]
     traced = [0]
-    original = cute.copy
 
-    def copy(atom, src, dst, *rest, pred=None, loc=None, ip=None, **kw):
-        if pred is not None:
+    def copy(call: Any) -> Any:
+        if call.kwargs.get("pred") is not None:
             index, traced[0] = traced[0], traced[0] + 1
             if which in (-1, index):
-                applied.add_site(
+                fx.site(
+                    call,
                     "copy",
                     f"pred= dropped at predicated copy {index}: "
                     "out-of-bounds elements of edge tiles are copied",
                     copy_index=index,
                 )
-                pred = None
-        return original(atom, src, dst, *rest, pred=pred, loc=loc, ip=ip, **kw)
+                call.kwargs["pred"] = None
+        return call.proceed()
 
-    p.replace_everywhere(original, copy)
+    return {"copy": copy}
 
 
-def _apply_shrink_tma_bounds(p: F._Patcher, args: dict[str, Any], applied: F.Applied) -> None:
+def _has_empty(pipe: Any) -> bool:
+    return getattr(pipe, "sync_object_empty", None) is not None
+
+
+def _static_value(x: Any) -> Any:
+    return x if isinstance(x, int) and not isinstance(x, bool) else None
+
+
+def _apply_shrink_tma_bounds(fx: Any) -> dict[str, Any]:
     """A TMA copy's bounds are its predicate: the global tensor a TMA atom is made from gets
     each tiled mode rounded down to a whole number of tiles (``copies``: stores, loads or
     both), so the partial tiles at the edges are clipped away (stores) or zero-filled (loads)."""
     from cutlass import cute
-    from cutlass.cute.nvgpu import cpasync
 
-    which = args["copies"]
-    original = cpasync.make_tiled_tma_atom
+    which = fx.args["copies"]
 
-    def make_tiled_tma_atom(op, gmem_tensor, smem_layout, cta_tiler, *rest, **kw):
+    def make_tiled_tma_atom(call: Any) -> Any:
+        op, gmem_tensor, cta_tiler = (
+            call.arg(0, "op"),
+            call.arg(1, "gmem_tensor"),
+            call.arg(3, "cta_tiler"),
+        )
         store = "S2G" in type(op).__name__
         if which == "all" or (which == "store") == store:
             shape, tiler = gmem_tensor.shape, cta_tiler
@@ -190,26 +177,30 @@ def _apply_shrink_tma_bounds(p: F._Patcher, args: dict[str, Any], applied: F.App
                     if not isinstance(tile, int) or isinstance(extent, tuple):
                         new.append(extent)
                         continue
-                    static = F._static_value(extent)
+                    static = _static_value(extent)
                     if static is not None and static < tile:
-                        raise F.FaultApplyError(
-                            f"shrink_tma_bounds: mode {k} extent {static} < tile {tile}"
-                        )
+                        raise fx.error(f"shrink_tma_bounds: mode {k} extent {static} < tile {tile}")
                     new.append(extent // tile * tile)
-                before = [F._static_value(x) for x in shape]
-                after = [F._static_value(x) for x in new]
-                gmem_tensor = cute.make_tensor(
-                    gmem_tensor.iterator, cute.make_layout(tuple(new), stride=gmem_tensor.stride)
+                before = [_static_value(x) for x in shape]
+                after = [_static_value(x) for x in new]
+                call.set_arg(
+                    1,
+                    "gmem_tensor",
+                    cute.make_tensor(
+                        gmem_tensor.iterator,
+                        cute.make_layout(tuple(new), stride=gmem_tensor.stride),
+                    ),
                 )
-                applied.add_site(
+                fx.site(
+                    call,
                     "make_tiled_tma_atom",
                     f"{'store' if store else 'load'} bounds rounded down to whole tiles "
                     f"{list(tiler)}: {before} -> {after} (None: run-time extent)",
                     copy="store" if store else "load",
                 )
-        return original(op, gmem_tensor, smem_layout, cta_tiler, *rest, **kw)
+        return call.proceed()
 
-    p.replace_everywhere(original, make_tiled_tma_atom)
+    return {"make_tiled_tma_atom": make_tiled_tma_atom}
 
 
 # ---- the registry entries --------------------------------------------------------------------
@@ -222,7 +213,8 @@ def entries() -> list[F.Fault]:
         "consumer state count at which the wait is skipped (run-time test); -1 = every iteration",
         minimum=-1,
     )
-    pipeline = F._PIPELINE
+    from cutedebug.instrument.fault_catalog import _PIPELINE as pipeline
+
     return [
         F.Fault(
             "skip_consumer_wait",
@@ -354,19 +346,19 @@ def _space(tensor: Any) -> str:
 def record_copy_sites() -> Iterator[list[dict[str, Any]]]:
     """While active, every ``cute.copy`` / ``cute.autovec_copy`` call site appends {file, line,
     function, atom, src_align_bits, dst_align_bits, src_space, dst_space} once (alignment:
-    what the DSL can prove about the view; atom "autovec" for autovec_copy). An observer: the
-    traced code is the same with and without it."""
-    from cutlass import cute
+    what the DSL can prove about the view; atom "autovec" for autovec_copy). A "recorder"
+    observer of the instrumentation layer: the traced code is the same with and without it."""
+    from cutedebug.instrument import layer
 
     sites: list[dict[str, Any]] = []
 
-    def note(atom: Any, src: Any, dst: Any) -> None:
-        where = frames.kernel_frame(2)
+    def note(call: Any, atom: Any, src: Any, dst: Any) -> None:
+        where = call.site
         with contextlib.suppress(Exception):  # recording never changes what is traced
             site = {
-                "file": where[0],
-                "line": where[1],
-                "function": where[2],
+                "file": where.file,
+                "line": where.line,
+                "function": where.function,
                 "atom": atom if isinstance(atom, str) else str(getattr(atom, "type", atom))[:200],
                 "src_align_bits": _alignment_bits(src),
                 "dst_align_bits": _alignment_bits(dst),
@@ -376,20 +368,13 @@ def record_copy_sites() -> Iterator[list[dict[str, Any]]]:
             if site not in sites:  # unrolled loops trace one call many times
                 sites.append(site)
 
-    original_copy, original_autovec = cute.copy, cute.autovec_copy
+    def copy(call: Any) -> Any:
+        note(call, call.arg(0, "atom"), call.arg(1, "src"), call.arg(2, "dst"))
+        return call.proceed()
 
-    def copy(atom, src, dst, *rest, **kw):
-        note(atom, src, dst)
-        return original_copy(atom, src, dst, *rest, **kw)
+    def autovec_copy(call: Any) -> Any:
+        note(call, "autovec", call.arg(0, "src"), call.arg(1, "dst"))
+        return call.proceed()
 
-    def autovec_copy(src, dst, *rest, **kw):
-        note("autovec", src, dst)
-        return original_autovec(src, dst, *rest, **kw)
-
-    patcher = F._Patcher(F.Applied(None, {}))
-    try:
-        patcher.replace_everywhere(original_copy, copy)
-        patcher.replace_everywhere(original_autovec, autovec_copy)
+    with layer.observe("recorder", {"copy": copy, "autovec_copy": autovec_copy}):
         yield sites
-    finally:
-        patcher.restore()

@@ -8,7 +8,7 @@ barrier call. Each entry says what the probes' site says (op, full/empty, pipeli
 file:line) without bounding anything: the compiled kernel is byte-identical to an uninstrumented
 one.
 
-Recorded (wrapped, then the original called with the same arguments):
+Recorded (a layer observer: the call proceeds unchanged):
 - ``MbarrierArray.wait`` (under every producer_acquire / consumer_wait / producer_tail) and raw
   ``cute.arch.mbarrier_wait`` / ``mbarrier_try_wait`` wherever those names were imported;
 - ``cute.arch.barrier`` (named barrier sync, its id and thread count), ``barrier_arrive``,
@@ -43,6 +43,8 @@ class WaitSite:
     line: int = 0
     function: str = ""
     code: str = ""
+    pipeline_index: int | None = None  # the layer's identity (creation order)
+    via: str = ""  # a library wrapper line between the kernel's call and the wait
 
     @property
     def role(self) -> str:
@@ -70,95 +72,71 @@ MARKER_BASE = 0x5A000  # markers=True: "nanosleep.u32 MARKER_BASE + seq" before 
 def record(markers: bool = False) -> Iterator[list[WaitSite]]:
     """Record the waits of every kernel traced inside; yields the list it fills.
 
-    ``markers=True`` (validation only, it changes the code): a ``nanosleep.u32`` whose
-    immediate is MARKER_BASE + seq is emitted before each recorded wait, so the SASS shows
-    which traced wait each wait loop came from (tools/waitsite_markers.py)."""
+    An observer of the instrumentation layer ("waitsites": inside the faults, so it records
+    what they make the kernel emit; outside the probes). ``markers=True`` (validation only, it
+    changes the code): a ``nanosleep.u32`` whose immediate is MARKER_BASE + seq is emitted
+    before each recorded wait, so the SASS shows which traced wait each wait loop came from
+    (tools/waitsite_markers.py)."""
     import cutlass.cute as cute
-    from cutlass._mlir_helpers import op as op_mod
-    from cutlass.pipeline import helpers
 
-    from cutedebug.instrument import faults
+    from cutedebug.instrument import layer
 
     sites: list[WaitSite] = []
-    patcher = faults._Patcher(faults.Applied(fault=None, args={}))
-    user_op = faults._user_op
-
     inside: list[str] = []  # a recorded call in progress: what it calls is the same wait
 
-    def add(kind: str, loc: Any = None, ip: Any = None, **fields: Any) -> None:
+    def recorded(kind: str, fields: dict[str, Any], call: Any) -> Any:
         fields.pop("state", None)
         if not inside:
             if markers:
-                cute.arch.inline_ptx(f"nanosleep.u32 {MARKER_BASE + len(sites)};", loc=loc,
-                                     ip=ip)
+                cute.arch.inline_ptx(
+                    f"nanosleep.u32 {MARKER_BASE + len(sites)};", loc=call.loc, ip=call.ip
+                )
             sites.append(WaitSite(seq=len(sites), kind=kind, **fields))
-
-    @contextlib.contextmanager
-    def recorded(kind: str, fields: dict[str, Any], loc: Any = None,
-                 ip: Any = None) -> Iterator[None]:
-        add(kind, loc, ip, **fields)
         inside.append(kind)
         try:
-            yield
+            return call.proceed()
         finally:
             inside.pop()
 
-    orig_array_wait = vars(helpers.MbarrierArray)["wait"]
+    def array_wait(call: Any) -> Any:
+        return recorded("mbarrier_wait", probes.pipeline_wait_fields(call), call)
 
-    def array_wait(self, index, phase, *, loc=None, ip=None):
-        with recorded("mbarrier_wait", probes.pipeline_wait_fields(self), loc, ip):
-            return orig_array_wait(self, index, phase, loc=loc, ip=ip)
+    def raw(kind: str) -> Any:
+        def handler(call: Any) -> Any:
+            return recorded(kind, probes.raw_wait_fields(call), call)
 
-    def raw(kind: str, orig: Any) -> Any:
-        def wrapper(*a, loc=None, ip=None, **kw):
-            with recorded(kind, probes.raw_wait_fields(), loc, ip):
-                return orig(*a, loc=loc, ip=ip, **kw)
+        return handler
 
-        wrapper.__name__ = orig.__name__
-        return user_op(wrapper)
-
-    def barrier(kind: str, orig: Any) -> Any:
-        def wrapper(*a, loc=None, ip=None, **kw):
-            bid = kw.get("barrier_id", a[0] if a else None)
-            nthreads = kw.get("number_of_threads", a[1] if len(a) > 1 else None)
-            fields = probes.raw_wait_fields()
+    def barrier(kind: str) -> Any:
+        def handler(call: Any) -> Any:
+            bid = call.kwargs.get("barrier_id")
+            nthreads = call.kwargs.get("number_of_threads")
+            fields = probes.raw_wait_fields(call)
             fields.update(
                 op=kind,
                 barrier="cluster" if kind == "cluster_wait" else "named",
                 pipeline_class="",
+                pipeline_index=None,
                 barrier_id=(
                     _STATIC(bid) if bid is not None else (0 if kind == "sync_threads" else None)
                 ),
                 threads=_STATIC(nthreads),
             )
-            with recorded(kind, fields, loc, ip):
-                return orig(*a, loc=loc, ip=ip, **kw)
+            return recorded(kind, fields, call)
 
-        wrapper.__name__ = orig.__name__
-        return user_op(wrapper)
+        return handler
 
-    try:
-        # Our wrappers must not be the frame the DSL takes a missing loc from.
-        op_mod._is_framework_frame(__file__)
-        patcher.set_attr(
-            op_mod, "_FRAMEWORK_MODULE_PREFIXES", (*op_mod._FRAMEWORK_MODULE_PREFIXES, __name__)
-        )
-        patcher.set_attr(helpers.MbarrierArray, "wait", array_wait)
-        arch = cute.arch
-        for name, make, kind in (
-            ("mbarrier_wait", raw, "mbarrier_wait"),
-            ("mbarrier_try_wait", raw, "mbarrier_try_wait"),
-            ("barrier", barrier, "named_barrier_sync"),
-            ("barrier_arrive", barrier, "named_barrier_arrive"),
-            ("sync_threads", barrier, "sync_threads"),
-            ("cluster_wait", barrier, "cluster_wait"),
-        ):
-            orig = getattr(arch, name, None)
-            if orig is not None:
-                patcher.replace_everywhere(orig, make(kind, orig))
+    handlers = {
+        "array.wait": array_wait,
+        "mbarrier_wait": raw("mbarrier_wait"),
+        "mbarrier_try_wait": raw("mbarrier_try_wait"),
+        "barrier": barrier("named_barrier_sync"),
+        "barrier_arrive": barrier("named_barrier_arrive"),
+        "sync_threads": barrier("sync_threads"),
+        "cluster_wait": barrier("cluster_wait"),
+    }
+    with layer.observe("waitsites", handlers):
         yield sites
-    finally:
-        patcher.restore()
 
 
 def sites_from_json(items: list[dict[str, Any]] | None) -> list[WaitSite]:

@@ -1,0 +1,246 @@
+"""The DSL entry points the instrumentation layer hooks (layer.py), one table.
+
+Each entry says where it lives, how it is hooked, which DSL versions it was checked on and who
+uses it; ``resolve`` finds it in the installed DSL or raises ``Unsupported`` with a message
+that names the entry, the version found and the versions checked. ``cutedebug`` imports no
+cutlass here until ``resolve``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+CHECKED_ON = ("4.8.1",)
+PIPELINE_OPS = (
+    "producer_acquire",
+    "producer_try_acquire",
+    "producer_commit",
+    "consumer_wait",
+    "consumer_try_wait",
+    "consumer_release",
+    "producer_tail",
+    "producer_get_barrier",
+)
+WAIT_OPS = {"full": "consumer_wait", "empty": "producer_acquire"}
+
+
+class Unsupported(RuntimeError):
+    """An entry point cutedebug hooks is missing from the installed DSL."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One hooked DSL entry point."""
+
+    name: str  # how observers name it
+    module: str  # where it is defined
+    attr: str  # "Class.method" or "function"
+    kind: str  # pipeline_method | method | function | module_function
+    user_op: bool = True  # takes loc= / ip= (wrapped like the DSL's own ops)
+    always: bool = False  # observed even when called by instrumentation code
+    checked: tuple[str, ...] = CHECKED_ON
+    used_by: str = ""
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "where": f"{self.module}.{self.attr}",
+            "kind": self.kind,
+            "checked_on": list(self.checked),
+            "used_by": self.used_by,
+        }
+
+
+def _pm(op: str, used_by: str, user_op: bool = True) -> Entry:
+    return Entry(
+        op, "cutlass.pipeline", f"PipelineAsync.{op}", "pipeline_method", user_op, used_by=used_by
+    )
+
+
+def _arch(name: str, used_by: str, module: str = "cutlass.cute.arch") -> Entry:
+    return Entry(name, module, name, "function", used_by=used_by)
+
+
+# Every DSL entry point cutedebug hooks. pipeline_method: PipelineAsync and every subclass that
+# defines the method itself (library or user). function: every module global bound to it
+# (names imported with `from`) is rebound. module_function: only the DSL's own modules' names.
+ENTRY_POINTS: tuple[Entry, ...] = (
+    *(_pm(op, "faults, checkpoint, recorder") for op in PIPELINE_OPS),
+    Entry(
+        "create",
+        "cutlass.pipeline",
+        "PipelineAsync.create",
+        "pipeline_method",
+        False,
+        used_by="layer (pipeline identity), faults, recorder",
+    ),
+    Entry(
+        "_make_sync_object",
+        "cutlass.pipeline",
+        "PipelineAsync._make_sync_object",
+        "pipeline_method",
+        False,
+        used_by="layer (full/empty side of a barrier array)",
+    ),
+    Entry(
+        "array.__init__",
+        "cutlass.pipeline.helpers",
+        "MbarrierArray.__init__",
+        "method",
+        used_by="layer, faults (arrive count), recorder",
+    ),
+    Entry(
+        "array.wait", "cutlass.pipeline.helpers", "MbarrierArray.wait", "method", used_by="probes"
+    ),
+    Entry(
+        "array.arrive",
+        "cutlass.pipeline.helpers",
+        "MbarrierArray.arrive",
+        "method",
+        used_by="recorder",
+    ),
+    Entry(
+        "array.__new_from_mlir_values__",
+        "cutlass.pipeline.helpers",
+        "MbarrierArray.__new_from_mlir_values__",
+        "method",
+        False,
+        True,
+        used_by="layer (identity of rebuilt arrays)",
+    ),
+    Entry(
+        "array.recast_to_new_op_type",
+        "cutlass.pipeline.helpers",
+        "MbarrierArray.recast_to_new_op_type",
+        "method",
+        False,
+        True,
+        used_by="layer (identity of recast arrays)",
+    ),
+    Entry(
+        "state.__init__",
+        "cutlass.pipeline.helpers",
+        "PipelineState.__init__",
+        "method",
+        False,
+        True,
+        used_by="layer (state lineage)",
+    ),
+    Entry(
+        "state.clone",
+        "cutlass.pipeline.helpers",
+        "PipelineState.clone",
+        "method",
+        used_by="layer (state lineage)",
+    ),
+    Entry(
+        "state.__new_from_mlir_values__",
+        "cutlass.pipeline.helpers",
+        "PipelineState.__new_from_mlir_values__",
+        "method",
+        False,
+        True,
+        used_by="layer (state lineage)",
+    ),
+    Entry(
+        "state.advance",
+        "cutlass.pipeline.helpers",
+        "PipelineState.advance",
+        "method",
+        used_by="faults (missing_phase_flip)",
+    ),
+    Entry(
+        "agent_sync",
+        "cutlass.pipeline.helpers",
+        "agent_sync",
+        "module_function",
+        used_by="faults (missing_init_fence)",
+    ),
+    *(
+        _arch(n, "faults, checkpoint, recorder, probes")
+        for n in (
+            "mbarrier_init",
+            "mbarrier_init_fence",
+            "mbarrier_arrive",
+            "mbarrier_arrive_and_expect_tx",
+            "mbarrier_expect_tx",
+            "mbarrier_wait",
+            "mbarrier_try_wait",
+            "sync_threads",
+            "sync_warp",
+            "barrier",
+            "barrier_arrive",
+            "cluster_arrive",
+            "cluster_arrive_relaxed",
+            "cluster_wait",
+            "fence_view_async_shared",
+            "fence_acq_rel_cluster",
+        )
+    ),
+    _arch("store_async_dsmem", "probes (raw barrier senders)"),
+    _arch("wait_group", "recorder", "cutlass.cute.nvgpu.warpgroup"),
+    _arch("copy", "recorder, value faults", "cutlass.cute"),
+    _arch("autovec_copy", "value faults (copy sites)", "cutlass.cute"),
+    _arch("make_tiled_tma_atom", "recorder, value faults", "cutlass.cute.nvgpu.cpasync"),
+    Entry(
+        "if_generate",
+        "cutlass.cutlass_dsl",
+        "if_generate",
+        "function",
+        False,
+        True,
+        used_by="recorder (run-time conditions)",
+    ),
+    Entry(
+        "launch",
+        "cutlass.cutlass_dsl.cutlass",
+        "KernelLauncher.launch",
+        "method",
+        False,
+        used_by="recorder (launch shape)",
+    ),
+)
+ENTRIES = {e.name: e for e in ENTRY_POINTS}
+# Installed for every observer: pipeline identity and the open-op stack (the semantic op).
+_IDENTITY = (
+    "create",
+    "_make_sync_object",
+    "array.__init__",
+    "array.__new_from_mlir_values__",
+    "array.recast_to_new_op_type",
+    *PIPELINE_OPS,
+)
+_LINEAGE = ("state.__init__", "state.clone", "state.__new_from_mlir_values__")
+
+
+def dsl_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("nvidia-cutlass-dsl")
+    except Exception:
+        return "unknown"
+
+
+def resolve(entry: Entry) -> tuple[Any, str, Any]:
+    """(owner, attribute, original) of an entry point; Unsupported when the DSL lacks it."""
+    import importlib
+
+    try:
+        owner: Any = importlib.import_module(entry.module)
+        *path, attr = entry.attr.split(".")
+        for part in path:
+            owner = getattr(owner, part)
+        original = getattr(owner, attr)
+    except (ImportError, AttributeError) as e:
+        raise Unsupported(
+            f"UNSUPPORTED: cutedebug hooks {entry.module}.{entry.attr} ({entry.used_by}), which "
+            f"nvidia-cutlass-dsl {dsl_version()} does not have ({type(e).__name__}: {e}); "
+            f"checked on {', '.join(entry.checked)}"
+        ) from e
+    return owner, attr, original
+
+
+def describe_entry_points() -> list[dict[str, Any]]:
+    return [e.describe() for e in ENTRY_POINTS]

@@ -1,0 +1,237 @@
+"""The instrumentation layer on library-style code installed in a venv (CPU, sm_90a).
+
+tests/fieldlib_src/fieldlib is a stand-in for an installed CuTe DSL library (a pipeline
+subclass with its own create() and a no-op producer_commit, one helper line that creates every
+pipeline, its own pipeline state class and factory, a wrapper class that waits inside
+lambdas, a _w_index_phase wrapper). Each test copies it into ``site-packages`` of a fake venv
+whose ``lib/pythonX.Y`` is made the stdlib (as sysconfig reports it in a real venv), so the
+frame rule is exercised: the library's files are kernel code, sites land on the kernel's call
+lines in them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+import sysconfig
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from cutedebug.instrument import faults, frames, layer, probes
+from cutedebug.instrument.recorder import record
+from tests.helpers.ptx import init_counts
+
+pytest.importorskip("cutlass")
+
+SRC = Path(__file__).resolve().parent / "fieldlib_src" / "fieldlib"
+
+
+def _lines(path: Path, needle: str) -> list[int]:
+    return [i for i, t in enumerate(path.read_text().splitlines(), 1) if needle in t]
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory):
+    """fieldlib installed in site-packages of a fake venv: as in a real venv, sysconfig's
+    platstdlib is the venv's lib/pythonX.Y (which holds site-packages), stdlib the base one."""
+    root = tmp_path_factory.mktemp("venv")
+    lib = root / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    site = lib / "site-packages"
+    shutil.copytree(SRC, site / "fieldlib")
+    paths = dict(sysconfig.get_paths(), platstdlib=str(lib))
+    mp = pytest.MonkeyPatch()
+    mp.setattr(sysconfig, "get_paths", lambda *a, **k: dict(paths))
+    mp.syspath_prepend(str(site))
+    frames.library_prefixes.cache_clear()
+    frames._classify_cached.cache_clear()
+    for name in [m for m in sys.modules if m == "fieldlib" or m.startswith("fieldlib.")]:
+        del sys.modules[name]
+    try:
+        assert str(lib) + os.sep in frames.library_prefixes()
+        yield site / "fieldlib"
+    finally:
+        mp.undo()
+        frames.library_prefixes.cache_clear()
+        frames._classify_cached.cache_clear()
+
+
+class Traced:
+    """One compile of fieldlib's Sum3 under the recorder, a fault and the probes."""
+
+    def __init__(self, pkg: Path, fault: str | None = None, args: dict | None = None):
+        from cutlass import cute
+
+        from cutedebug import kernel_api
+
+        self.kernel_file = pkg / "sum3.py"
+        self.library_file = pkg / "pipeline.py"
+        obj = kernel_api.load_entry(self.kernel_file, "Sum3")()
+        with contextlib.ExitStack() as stack:
+            self.proto = stack.enter_context(record())
+            self.applied = stack.enter_context(faults.inject(fault, args or {}))
+            self.table = stack.enter_context(
+                probes.instrument(probes.ProbeConfig(), 0x7F0000000000)
+            )
+            with contextlib.chdir(pkg.parent):
+                compiled = cute.compile[cute.GPUArch("sm_90a"), cute.KeepPTX()](
+                    obj, *obj.fake_args()
+                )
+        self.ptx = compiled.__ptx__
+
+    def findings(self):
+        from cutedebug.analyses import lint
+
+        return lint.check(self.proto)
+
+
+@pytest.fixture(scope="module")
+def clean(venv):
+    return Traced(venv)
+
+
+def test_library_file_in_site_packages_is_kernel_code(venv):
+    assert not frames.is_library(str(venv / "sum3.py"))
+    assert not frames.is_library(str(venv / "pipeline.py"))
+    assert frames.is_library(os.__file__)
+
+
+def test_three_pipelines_through_one_helper_line_are_three(clean, venv):
+    table = clean.proto.pipeline_table()
+    assert [p["index"] for p in table] == [0, 1, 2]
+    assert {p["class"] for p in table} == {"SignalPipeline"}
+    (create_line,) = _lines(venv / "pipeline.py", "SignalPipeline.create(")
+    assert {(Path(p["file"]).name, p["line"]) for p in table} == {("pipeline.py", create_line)}
+    assert len({p["key"] for p in table}) == 3
+    assert all(p["stages"] == 2 for p in table)
+
+
+def test_clean_kernel_has_no_lint_error_and_the_no_op_commit_is_not_paired(clean):
+    found = clean.findings()
+    assert [f for f in found if f.severity in ("error", "warning")] == []
+    noop = [f for f in found if f.check == "commit_pairing"]
+    assert len(noop) == 3 and all("no-op" in f.message for f in noop)
+
+
+def test_probe_sites_are_the_kernel_call_lines_with_the_wrapper_as_via(clean, venv):
+    k = venv / "sum3.py"
+    waits = {s.line: s for s in clean.table.sites if s.op == "consumer_wait"}
+    assert set(waits) == {
+        _lines(k, "ra.wait(ca)")[0],
+        _lines(k, "rb.wait(cb)")[0],
+        _lines(k, "pc.consumer_wait_w_index_phase(")[0],
+    }
+    reader = _lines(venv / "pipeline.py", "self.pipe.consumer_wait(state)")[0]
+    assert waits[_lines(k, "ra.wait(ca)")[0]].via == f"pipeline.py:{reader}"
+    assert {s.pipeline_index for s in waits.values()} == {0, 1, 2}
+    assert all(s.barrier == "full" and s.role == "consumer" for s in waits.values())
+    acquires = [s for s in clean.table.sites if s.op == "producer_acquire"]
+    assert sorted(s.line for s in acquires) == _lines(k, ".producer_acquire(")
+
+
+def test_missing_phase_flip_reaches_the_library_state_class(clean, venv):
+    for role, start in (("consumer", 0), ("producer", 1)):
+        t = Traced(venv, "missing_phase_flip", {"role": role})
+        assert t.applied.count > 0
+        assert {Path(s["file"]).name for s in t.applied.sites} == {"sum3.py"}
+        assert t.ptx != clean.ptx
+        (f,) = [f for f in t.findings() if f.check == "phase_flip"]
+        assert f.severity == "error" and "StateWAdvance" in f.message
+        assert f"from (index 0, phase {start}) gave (index 0, phase {start})" in f.arithmetic
+
+
+def test_missing_phase_flip_freezes_a_wait_built_from_a_raw_phase(venv):
+    t = Traced(venv, "missing_phase_flip", {"role": "consumer"})
+    k = venv / "sum3.py"
+    waits = [s for s in t.applied.sites if s["op"] == "consumer_wait"]
+    assert [s["line"] for s in waits] == _lines(k, "pc.consumer_wait_w_index_phase(")
+    assert "built without a consumer lineage" in waits[0]["detail"]
+
+
+def test_wrong_arrive_count_whatever_create_passes(clean, venv):
+    t = Traced(venv, "wrong_arrive_count", {"barrier": "empty", "delta": 1})
+    assert t.applied.count == 3  # the subclass's create() passes no phase argument
+    base = Counter(init_counts(clean.ptx))
+    got = Counter(init_counts(t.ptx))
+    assert base == Counter({32: 12}) and got == Counter({32: 6, 33: 6})
+    one = Traced(venv, "wrong_arrive_count", {"barrier": "full", "delta": 1, "pipeline": 1})
+    assert one.applied.count == 1 and one.applied.sites[0]["pipeline_index"] == 1
+    assert Counter(init_counts(one.ptx)) == Counter({32: 10, 33: 2})
+
+
+def test_release_faults_hit_every_pipeline_at_the_kernel_line(venv):
+    t = Traced(venv, "skip_consumer_release", {"at_iteration": 0})
+    k = venv / "sum3.py"
+    assert sorted(s["line"] for s in t.applied.sites) == sorted(
+        _lines(k, "ra.release(ca)")
+        + _lines(k, "rb.release(cb)")
+        + _lines(k, "pc.consumer_release(cc)")
+    )
+    assert any(f.check == "release_pairing" and f.severity == "error" for f in t.findings())
+
+
+def test_pipeline_selects_one_pipeline_by_creation_order(venv):
+    t = Traced(venv, "early_exit", {"role": "producer", "pipeline": 2})
+    k = venv / "sum3.py"
+    assert [s["line"] for s in t.applied.sites] == _lines(k, "pc.producer_commit(sc)")
+
+
+def test_a_fault_at_zero_sites_is_reported_not_applied(venv):
+    t = Traced(venv, "wrong_expect_tx", {"delta_bytes": 16})  # no expect_tx in this kernel
+    assert t.applied.count == 0
+    assert "NOT APPLIED" in t.applied.not_applied()
+
+
+def test_entry_point_table_and_unsupported_message():
+    names = {e.name for e in layer.ENTRY_POINTS}
+    assert {"consumer_wait", "create", "array.wait", "state.advance", "mbarrier_wait"} <= names
+    assert all(e.checked for e in layer.ENTRY_POINTS)
+    for e in layer.ENTRY_POINTS:
+        layer.resolve(e)  # every entry exists in the installed DSL
+    missing = layer.Entry(
+        "nope", "cutlass.pipeline", "PipelineAsync.no_such_op", "method", used_by="tests"
+    )
+    with pytest.raises(
+        layer.Unsupported,
+        match=r"UNSUPPORTED: cutedebug hooks "
+        r"cutlass\.pipeline\.PipelineAsync\.no_such_op .* checked on 4\.8\.1",
+    ):
+        layer.resolve(missing)
+
+
+def test_layer_restores_everything(venv):
+    import cutlass.pipeline as pl
+    from cutlass import cute
+
+    before = (
+        pl.PipelineAsync.consumer_wait,
+        pl.PipelineState.advance,
+        cute.arch.mbarrier_wait,
+        pl.MbarrierArray.__init__,
+    )
+    Traced(venv, "missing_phase_flip", {"role": "producer"})
+    assert layer.current() is None
+    assert before == (
+        pl.PipelineAsync.consumer_wait,
+        pl.PipelineState.advance,
+        cute.arch.mbarrier_wait,
+        pl.MbarrierArray.__init__,
+    )
+
+
+def test_producer_phase_flip_leaves_the_tma_store_ring_alone(tmp_path, monkeypatch):
+    """sm90_gemm's epilogue PipelineTmaStore takes no state in producer_acquire/tail."""
+    from cutlass import cute
+
+    from cutedebug import kernel_api
+
+    monkeypatch.chdir(tmp_path)
+    root = Path(__file__).resolve().parents[1]
+    obj = kernel_api.load_entry(root / "kernels" / "sm90_gemm.py", "Sm90Gemm")()
+    with faults.inject("missing_phase_flip", {"role": "producer"}) as applied:
+        cute.compile[cute.GPUArch("sm_90a")](obj, *obj.fake_args())
+    assert applied.count > 0
+    assert {Path(s["file"]).name for s in applied.sites} == {"sm90_gemm.py"}
