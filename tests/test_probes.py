@@ -607,7 +607,10 @@ def test_sized_from_the_grid_every_warp_has_a_record_and_a_slot():
     assert probes.sized_for_grid(
         ProbeConfig(size_from_grid=False), (1320, 1, 1), (384, 1, 1)
     ) == ProbeConfig(size_from_grid=False)
-    assert probes.sized_for_grid(ProbeConfig(), (None, 1, 1), (128, 1, 1)) == ProbeConfig()
+    # a run-time grid (dynamic shapes): room for RUNTIME_GRID_CTAS CTAs of the static block
+    dyn = probes.sized_for_grid(ProbeConfig(), (None, 1, 1), (128, 1, 1))
+    assert (dyn.max_ctas, dyn.max_warps, dyn.max_records) == (8192, 4, 8192 * 4)
+    assert probes.sized_for_grid(ProbeConfig(), (4, 1, 1), (None, 1, 1)) == ProbeConfig()
     # a grid of 4096 CTAs of 8 warps, every warp stuck: nothing dropped
     cfg = probes.sized_for_grid(ProbeConfig(), (4096, 1, 1), (256, 1, 1))
     buf = bytearray(probes.buffer_nbytes(cfg))

@@ -32,7 +32,6 @@ ARCH_OPS = (
     "fence_acq_rel_cluster",
     "mbarrier_init_fence",
 )
-_PIPELINE_INDEX = "_cutedebug_recorded_index"
 
 # The layer recorder's event kinds -> the names mutate plans kernel-wide faults by.
 _RECORDER_ARCH = {

@@ -45,14 +45,20 @@ class ProbeConfig:
 
 MAX_AUTO_RECORDS = 1 << 18  # 16 MiB of records: 16384 CTAs of 16 warps
 MAX_AUTO_CTAS = 1 << 16
+# A grid known only at run time (a library's dynamic shapes): room for this many CTAs.
+RUNTIME_GRID_CTAS = 1 << 13
 
 
 def sized_for_grid(cfg: ProbeConfig, grid: Any, block: Any) -> ProbeConfig:
-    """The config for a launch of ``grid`` CTAs of ``block`` threads (static values), or
-    ``cfg`` unchanged when either is a run-time value or sizing is off."""
-    ctas, threads = _prod(grid), _prod(block)
-    if not cfg.size_from_grid or not ctas or not threads:
+    """The config for a launch of ``grid`` CTAs of ``block`` threads: one beacon slot per
+    (CTA, warp) and one record per warp, so no stuck report is dropped. A grid that is a
+    run-time value gets room for RUNTIME_GRID_CTAS CTAs (more share beacon slots and may drop
+    records: the diagnosis then says their state is unknown); ``cfg`` unchanged when the block
+    is a run-time value or sizing is off."""
+    threads = _prod(block)
+    if not cfg.size_from_grid or not threads:
         return cfg
+    ctas = _prod(grid) or RUNTIME_GRID_CTAS
     warps = -(-threads // 32)
     ctas = min(ctas, MAX_AUTO_CTAS)
     return ProbeConfig(
@@ -72,7 +78,8 @@ def _prod(xs: Any) -> int | None:
         return None
     out = 1
     for x in items:
-        x = _static_int(x)
+        # a DSL numeric known at trace time (Int32(132)) holds a Python int
+        x = _static_int(x) if _static_int(x) is not None else _static_int(getattr(x, "value", None))
         if x is None:
             return None
         out *= x
