@@ -402,7 +402,11 @@ def test_probe_site_ids_go_on_across_traces(tmp_path):
     assert res.verdict.value == "PASS", res.reason
     (proc,) = [p for p in res.processes.values() if p["traces"]]
     tables = [e["probe_sites"] for e in proc["events"] if e["event"] == "compiled"]
-    assert [[site["id"] for site in t] for t in tables] == [[0, 1, 2], [0, 1, 2, 3], [0, 1, 2, 3]]
+    # the raw mbarrier ops a table lists after its waits (for the raw waits' diagnosis) have
+    # no device code and are never in a stuck record
+    waits = [[site for site in t if site["kind"] != "raw_op"] for t in tables]
+    assert [[site["id"] for site in t] for t in waits] == [[0, 1, 2], [0, 1, 2, 3], [0, 1, 2, 3]]
+    assert {site["op"] for site in tables[1] if site["kind"] == "raw_op"} >= {"mbarrier_arrive"}
     by_id = {site["id"]: site for site in tables[-1]}
     assert {by_id[i]["kernel"] for i in (0, 1, 2)} == {"TmaStream.kernel"}
     assert by_id[3]["kernel"] == "Minimal.kernel" and by_id[3]["op"] == "raw_wait"
