@@ -24,7 +24,6 @@ OVER_LIMIT = {
     "cutedebug/instrument/faults.py": "instr: splitting the fault registry by kind",
     "cutedebug/instrument/probes.py": "instr: device helpers / host decoding / diagnosis",
     "cutedebug/analyses/sanitizer.py": "field: parsing / classification / running",
-    "cutedebug/pytest_plugin.py": "trust: plugin hooks / settings / fixtures",
     "cutedebug/analyses/bisect.py": "trust: its worker runs go through the one launch path",
 }
 

@@ -24,8 +24,8 @@ from contextlib import ExitStack, nullcontext
 from pathlib import Path
 from typing import Any
 
+from cutedebug.engine import blame, lifeline
 from cutedebug.engine import events as events_mod
-from cutedebug.engine import lifeline
 from cutedebug.engine.health import ARCH_BY_CC  # stdlib only: the arch names by capability
 
 # CUDA error names by the message the driver/runtime gives them (torch and cuda-python both
@@ -49,43 +49,9 @@ CUDA_ERRORS = (
 Events, cap_text = events_mod.Events, events_mod.cap_text
 
 
-# Exceptions cutedebug raises on purpose about the user's input (a fault that cannot apply
-# to this kernel, an entry that does not load): the user's to fix, not a bug of ours.
-_USER_FACING = ("FaultApplyError", "FaultSpecError", "FaultNotTriggered", "KernelLoadError",
-                "Unsupported")
-
-
-def our_frame(exc: BaseException) -> str | None:
-    """``file:line in function`` when cutedebug's own code raised ``exc`` (its innermost
-    frame is in the cutedebug package and it is not one of the errors about the user's
-    input); None when the kernel, its adapter, the DSL or a library raised it."""
-    from cutedebug.instrument.frames import PACKAGE_DIR
-
-    tb = exc.__traceback__
-    if tb is None or type(exc).__name__ in _USER_FACING:
-        return None
-    while tb.tb_next is not None:
-        tb = tb.tb_next
-    code = tb.tb_frame.f_code
-    if not os.path.abspath(code.co_filename).startswith(PACKAGE_DIR):
-        return None
-    return f"{code.co_filename}:{tb.tb_lineno} in {code.co_name}"
-
-
-def user_call(where: str, what: str, fn, *args: Any) -> Any:
-    """Call the kernel adapter's ``what`` (make_inputs, fake_args, reference, ...): an
-    exception it raises is the user's (KernelLoadError naming the method, keeping the
-    user's exception class in ``user_type``), unless cutedebug's own code raised it."""
-    try:
-        return fn(*args)
-    except Exception as e:
-        if our_frame(e):
-            raise
-        from cutedebug.kernel_api import KernelLoadError
-
-        err = KernelLoadError(f"{where}: the kernel's {what}() raised {type(e).__name__}: {e}")
-        err.user_type = type(e).__name__
-        raise err from e
+# Whose exception is it (ours: HARNESS_ERROR with our frame; the user's: their class kept):
+# engine/blame.py.
+our_frame, user_call = blame.our_frame, blame.user_call
 
 
 def cuda_error_name(message: str) -> str | None:
@@ -308,8 +274,7 @@ def run(request: dict[str, Any], events: Events) -> None:
         def allocate(cfg):
             """instrument/probes: called at the traced launch with the buffer sized from the
             grid (one record per warp: no stuck report dropped)."""
-            buf = torch.zeros(probes.buffer_nbytes(cfg), dtype=torch.uint8,
-                              pin_memory=runnable)
+            buf = torch.zeros(probes.buffer_nbytes(cfg), dtype=torch.uint8, pin_memory=runnable)
             probes.init_buffer(buf.numpy(), cfg)
             # On a CPU-only machine the address only has to be a plausible constant.
             return buf, buf.data_ptr() if runnable else 0x7F0000000000
