@@ -76,10 +76,12 @@ def load_entry(path: str | Path, entry: str):
     module = load_module(path)
     cls = getattr(module, entry, None)
     if cls is None:
-        names = sorted(n for n, v in vars(module).items() if isinstance(v, type) and
-                       hasattr(v, "PARAMS"))
+        names = sorted(
+            n for n, v in vars(module).items() if isinstance(v, type) and hasattr(v, "PARAMS")
+        )
         raise KernelLoadError(
-            f"{path}: no entry {entry!r}; kernel classes in this file: {names or 'none'}")
+            f"{path}: no entry {entry!r}; kernel classes in this file: {names or 'none'}"
+        )
     check_entry(cls, f"{path}:{entry}")
     return cls
 
@@ -87,8 +89,10 @@ def load_entry(path: str | Path, entry: str):
 def check_entry(cls: Any, where: str) -> None:
     missing = [a for a in REQUIRED_ATTRS if not hasattr(cls, a)]
     if missing:
-        raise KernelLoadError(f"{where}: kernel entry lacks {', '.join(missing)} "
-                              "(see cutedebug/kernel_api.py for the interface)")
+        raise KernelLoadError(
+            f"{where}: kernel entry lacks {', '.join(missing)} "
+            "(see cutedebug/kernel_api.py for the interface)"
+        )
     if not isinstance(cls.PARAMS, dict):
         raise KernelLoadError(f"{where}: PARAMS must be a dict of name -> default")
 
@@ -102,17 +106,18 @@ def resolve_params(cls: Any, given: dict[str, Any], where: str) -> dict[str, Any
     for name, value in given.items():
         if name not in params:
             raise KernelLoadError(
-                f"{where}: params.{name}: unknown parameter; allowed: {sorted(params)}")
+                f"{where}: params.{name}: unknown parameter; allowed: {sorted(params)}"
+            )
         default = params[name]
         want = type(default)
         ok = isinstance(value, want) and not (want is int and isinstance(value, bool))
         if want is float and isinstance(value, int) and not isinstance(value, bool):
             value, ok = float(value), True
         if not ok:
-            raise KernelLoadError(
-                f"{where}: params.{name} = {value!r}: expected {want.__name__}")
+            raise KernelLoadError(f"{where}: params.{name} = {value!r}: expected {want.__name__}")
         if name in choices and value not in choices[name]:
             raise KernelLoadError(
-                f"{where}: params.{name} = {value!r}: allowed values {list(choices[name])}")
+                f"{where}: params.{name} = {value!r}: allowed values {list(choices[name])}"
+            )
         params[name] = value
     return params

@@ -12,8 +12,13 @@ SCEN = ROOT / "scenarios" / "minimal"
 
 
 def cutedebug(*args, cwd=ROOT, timeout=300):
-    return subprocess.run([sys.executable, "-m", "cutedebug", *args], capture_output=True,
-                          text=True, cwd=cwd, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "cutedebug", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=timeout,
+    )
 
 
 def report_of(stdout: str) -> dict:
@@ -38,24 +43,26 @@ def test_compile_only_minimal_for_sm90(tmp_path):
     t = rep["timings"]
     phases = [t[k] for k in ("spawn_s", "imports_s", "inputs_s", "compile_s", "exit_s")]
     assert min(phases) >= 0 and t["verdict_s"] >= 0
-    assert t["imports_s"] > 0.3                  # torch and cutlass, in a fresh interpreter
+    assert t["imports_s"] > 0.3  # torch and cutlass, in a fresh interpreter
     assert 0.9 * t["total_s"] <= sum(phases) <= t["total_s"] + 0.05
     assert t["wall_s"] >= t["total_s"]
 
 
 def test_switch_fault_changes_the_ptx(tmp_path):
-    r = cutedebug("run", str(SCEN / "spin_hang.toml"), "--compile-only", "--runs-dir",
-                  str(tmp_path))
+    r = cutedebug(
+        "run", str(SCEN / "spin_hang.toml"), "--compile-only", "--runs-dir", str(tmp_path)
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     ptx = (Path(report_of(r.stdout)["run_dir"]) / "kernel.ptx").read_text()
     assert "mbarrier.try_wait" in ptx and "mbarrier.arrive" not in ptx
 
 
-@pytest.mark.skipif(__import__("shutil").which("nvidia-smi") is not None,
-                    reason="behaviour without a GPU")
+@pytest.mark.skipif(
+    __import__("shutil").which("nvidia-smi") is not None, reason="behaviour without a GPU"
+)
 def test_without_gpu_run_says_what_it_could_not_do(tmp_path):
     r = cutedebug("run", str(SCEN / "clean.toml"), "--runs-dir", str(tmp_path))
-    assert r.returncode == 4          # could not run here (exits.EXIT_NOT_RUN): it compiled
+    assert r.returncode == 4  # could not run here (exits.EXIT_NOT_RUN): it compiled
     assert "UNSUPPORTED (EXPECTED PASS)" in r.stdout
     assert "compiled for sm_90a" in r.stdout and "not run" in r.stdout
     md = (Path(report_of(r.stdout)["run_dir"]) / "report.md").read_text()
@@ -63,8 +70,9 @@ def test_without_gpu_run_says_what_it_could_not_do(tmp_path):
 
 
 def test_bad_kernel_param_is_a_usage_error(tmp_path):
-    r = cutedebug("run", "kernels/minimal.py:Minimal", "--param", "n=abc", "--runs-dir",
-                  str(tmp_path))
+    r = cutedebug(
+        "run", "kernels/minimal.py:Minimal", "--param", "n=abc", "--runs-dir", str(tmp_path)
+    )
     assert r.returncode == 2
     assert "params.n" in r.stderr and "expected int" in r.stderr
 
@@ -96,8 +104,9 @@ def test_faults_lists_the_registry():
 
 # ---- GPU ------------------------------------------------------------------------------
 @pytest.mark.gpu
-@pytest.mark.parametrize("name,verdict", [("clean", "PASS"), ("spin_hang", "HANG"),
-                                          ("oob_store", "CRASH")])
+@pytest.mark.parametrize(
+    "name,verdict", [("clean", "PASS"), ("spin_hang", "HANG"), ("oob_store", "CRASH")]
+)
 def test_minimal_verdicts_on_gpu(tmp_path, name, verdict):
     r = cutedebug("run", str(SCEN / f"{name}.toml"), "--runs-dir", str(tmp_path))
     rep = report_of(r.stdout)
@@ -107,14 +116,20 @@ def test_minimal_verdicts_on_gpu(tmp_path, name, verdict):
 
 
 def test_cpu_run_reports_what_the_static_checks_caught(tmp_path):
-    r = cutedebug("run", "scenarios/tma_stream/wrong_expect_tx_plus.toml",
-                  "scenarios/tma_stream/clean.toml", "--compile-only", "--runs-dir",
-                  str(tmp_path))
+    r = cutedebug(
+        "run",
+        "scenarios/tma_stream/wrong_expect_tx_plus.toml",
+        "scenarios/tma_stream/clean.toml",
+        "--compile-only",
+        "--runs-dir",
+        str(tmp_path),
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()
     faulted = lines.index(next(ln for ln in lines if "wrong_expect_tx_plus" in ln))
-    assert lines[faulted + 1].startswith("  static protocol checks: 1 finding(s) — error "
-                                         "expect_tx: full barrier of pipeline")
+    assert lines[faulted + 1].startswith(
+        "  static protocol checks: 1 finding(s) — error expect_tx: full barrier of pipeline"
+    )
     assert "expect_tx 33040 B per stage, TMA copies deliver 33024 B" in lines[faulted + 1]
     clean = lines.index(next(ln for ln in lines if "tma_stream/clean" in ln))
     assert lines[clean + 1] == "  static protocol checks: no finding(s)"

@@ -19,8 +19,9 @@ def test_forked_compile_matches_a_fresh_worker(tmp_path, shared_forkserver):
     sc = S.load(ROOT / "scenarios" / "minimal" / "spin_hang.toml")
     fresh = runner.run_scenario(sc, runs_root=tmp_path / "fresh", mode="compile")
     t0 = time.monotonic()
-    forked = runner.run_scenario(sc, runs_root=tmp_path / "forked", mode="compile",
-                                 forkserver=shared_forkserver)
+    forked = runner.run_scenario(
+        sc, runs_root=tmp_path / "forked", mode="compile", forkserver=shared_forkserver
+    )
     forked_s = time.monotonic() - t0
     assert forked.verdict is fresh.verdict is Verdict.UNSUPPORTED
     assert forked.expected and fresh.expected
@@ -32,28 +33,33 @@ def test_forked_compile_matches_a_fresh_worker(tmp_path, shared_forkserver):
 
 
 def test_forked_worker_stuck_in_import_is_killed_and_swept(tmp_path, shared_forkserver):
-    sc = S.adhoc(str(ROOT / "tests" / "helpers" / "sleepy_kernel.py") + ":Sleepy", {}, None,
-                 {}, "PASS")
+    sc = S.adhoc(
+        str(ROOT / "tests" / "helpers" / "sleepy_kernel.py") + ":Sleepy", {}, None, {}, "PASS"
+    )
     sc = sc.with_overrides(limits=S.Limits(import_s=2.0))
     fs = shared_forkserver
     res = runner.run_scenario(sc, runs_root=tmp_path, forkserver=fs)
     pids = [c.pid for c in psutil.Process(fs.proc.pid).children(recursive=True)]
     assert res.verdict is Verdict.HARNESS_ERROR
     assert "deadline" in res.reason
-    assert pids == []          # the killed worker was reaped by the server
+    assert pids == []  # the killed worker was reaped by the server
 
 
 def test_closing_the_server_kills_its_workers(tmp_path):
-    sc = S.adhoc(str(ROOT / "tests" / "helpers" / "sleepy_kernel.py") + ":Sleepy", {}, None,
-                 {}, "PASS")
+    sc = S.adhoc(
+        str(ROOT / "tests" / "helpers" / "sleepy_kernel.py") + ":Sleepy", {}, None, {}, "PASS"
+    )
     fs = runner.start_forkserver(tmp_path)
     run_dir = tmp_path / "r"
     run_dir.mkdir()
     req = run_dir / "request.json"
     import json
 
-    req.write_text(json.dumps({"scenario": sc.to_json(), "mode": "run",
-                               "events": str(run_dir / "events.jsonl")}))
+    req.write_text(
+        json.dumps(
+            {"scenario": sc.to_json(), "mode": "run", "events": str(run_dir / "events.jsonl")}
+        )
+    )
     child = fs.spawn(req, run_dir / "worker.log", {})
     time.sleep(0.5)
     assert psutil.pid_exists(child.pid)
@@ -62,10 +68,14 @@ def test_closing_the_server_kills_its_workers(tmp_path):
     deadline = time.monotonic() + 5
     while psutil.pid_exists(child.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not psutil.pid_exists(child.pid) or \
-        psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE
-    assert not psutil.pid_exists(server_pid) or \
-        psutil.Process(server_pid).status() == psutil.STATUS_ZOMBIE
+    assert (
+        not psutil.pid_exists(child.pid)
+        or psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE
+    )
+    assert (
+        not psutil.pid_exists(server_pid)
+        or psutil.Process(server_pid).status() == psutil.STATUS_ZOMBIE
+    )
 
 
 def test_forked_health_check_answers_like_a_fresh_one(tmp_path, shared_forkserver):
@@ -75,7 +85,7 @@ def test_forked_health_check_answers_like_a_fresh_one(tmp_path, shared_forkserve
     left = [c.pid for c in psutil.Process(fs.proc.pid).children(recursive=True)]
     assert forked.pop("forked") is True and "forked" not in fresh
     fresh_s, forked_s = fresh.pop("secs"), forked.pop("secs")
-    assert forked == fresh          # on a machine without a GPU: {"healthy": None, ...}
+    assert forked == fresh  # on a machine without a GPU: {"healthy": None, ...}
     assert (tmp_path / "run" / "health" / "exit_status.json").exists()
     assert left == []
     # the forked check skips the torch import a fresh interpreter pays for
@@ -83,8 +93,7 @@ def test_forked_health_check_answers_like_a_fresh_one(tmp_path, shared_forkserve
 
 
 def test_health_check_output_that_is_not_json_is_unhealthy():
-    assert runner._health_result("", "Traceback ...\nRuntimeError: boom")["error"].endswith(
-        "boom")
+    assert runner._health_result("", "Traceback ...\nRuntimeError: boom")["error"].endswith("boom")
     bad = runner._health_result("warning\n[1, 2]", "")
     assert bad["healthy"] is False and "not a JSON object" in bad["error"]
     assert runner._health_result('{"healthy": true}\n', "") == {"healthy": True}

@@ -22,15 +22,15 @@ from cutedebug.engine import verdict as V
 
 pytest_plugins = ["pytester"]
 
-KERNEL = '''
+KERNEL = """
 class K:
     PARAMS = {"n": 4}
     SWITCHES = {"my_switch": "makes the kernel misbehave"}
-'''
+"""
 
 # The fake engine: outcomes.json says, per scenario id (or "fault:<name>" for ad-hoc runs)
 # and mode, what run_scenario returns; every call is appended to calls.jsonl.
-FAKE_CONFTEST = '''
+FAKE_CONFTEST = """
 import json
 import time
 from pathlib import Path
@@ -85,19 +85,29 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
     runner.run_scenario = _real
     runner.start_forkserver = _real_fs
-'''
+"""
 
 
-def scenario_toml(sid: str, expect: str, fault: str | None = None, extra: str = "",
-                  kernel: str = "../../kernels/k.py", where: str = "") -> str:
+def scenario_toml(
+    sid: str,
+    expect: str,
+    fault: str | None = None,
+    extra: str = "",
+    kernel: str = "../../kernels/k.py",
+    where: str = "",
+) -> str:
     """A scenario file; ``where`` goes into [expect] (localization), ``extra`` after it."""
-    return textwrap.dedent(f'''
+    return (
+        textwrap.dedent(f'''
         id = "{sid}"
         [kernel]
         file = "{kernel}"
         entry = "K"
-        ''') + (f'[fault]\nkind = "{fault}"\n' if fault else "") + \
-        f'[expect]\nverdict = "{expect}"\n{where}' + extra
+        ''')
+        + (f'[fault]\nkind = "{fault}"\n' if fault else "")
+        + f'[expect]\nverdict = "{expect}"\n{where}'
+        + extra
+    )
 
 
 @pytest.fixture
@@ -124,13 +134,15 @@ def no_gpu(tmp_path_factory, clean_env):
     clean_env.setenv("PATH", str(tmp_path_factory.mktemp("emptybin")))
 
 
-def project(pytester, scenarios: dict[str, str], outcomes: dict, conftest_extra: str = "",
-            ini: str = ""):
+def project(
+    pytester, scenarios: dict[str, str], outcomes: dict, conftest_extra: str = "", ini: str = ""
+):
     """A pytester directory with the fake engine, kernels/k.py and scenarios/fam/*.toml,
     configured (pytest.ini) to collect scenarios/ (plus the ``ini`` lines)."""
     pytester.makeconftest(FAKE_CONFTEST + conftest_extra)
     (pytester.path / "pytest.ini").write_text(
-        "[pytest]\ncutedebug_scenario_dirs = scenarios\n" + ini)
+        "[pytest]\ncutedebug_scenario_dirs = scenarios\n" + ini
+    )
     (pytester.path / "kernels").mkdir()
     (pytester.path / "kernels" / "k.py").write_text(KERNEL)
     fam = pytester.path / "scenarios" / "fam"
@@ -145,26 +157,47 @@ def calls(pytester) -> list[dict]:
     return [json.loads(ln) for ln in path.read_text().splitlines()] if path.exists() else []
 
 
-HANG_SITE = {"role": "consumer", "op": "consumer_wait", "barrier": "full", "stage": 0,
-             "cta": 0, "warp": 4, "location": "k.py:12"}
+HANG_SITE = {
+    "role": "consumer",
+    "op": "consumer_wait",
+    "barrier": "full",
+    "stage": 0,
+    "cta": 0,
+    "warp": 4,
+    "location": "k.py:12",
+}
 LOC = 'role = "consumer"\nop = "consumer_wait"\nbarrier = "full"\n'
 
 
 # ---- collection ------------------------------------------------------------------------------
 def test_scenario_files_become_compile_and_run_items(pytester, no_gpu):
-    project(pytester, {"clean": scenario_toml("fam/clean", "PASS"),
-                       "hang": scenario_toml("fam/hang", "HANG", "my_switch")}, {})
+    project(
+        pytester,
+        {
+            "clean": scenario_toml("fam/clean", "PASS"),
+            "hang": scenario_toml("fam/hang", "HANG", "my_switch"),
+        },
+        {},
+    )
     (pytester.path / "other").mkdir()
-    (pytester.path / "other" / "settings.toml").write_text("x = 1\n")   # not a scenario dir
+    (pytester.path / "other" / "settings.toml").write_text("x = 1\n")  # not a scenario dir
     res = pytester.runpytest("--collect-only", "-q", "--cutedebug-compile-jobs=1")
     ids = [ln for ln in res.outlines if "::" in ln]
-    assert ids == ["scenarios/fam/clean.toml::compile", "scenarios/fam/clean.toml::run",
-                   "scenarios/fam/hang.toml::compile", "scenarios/fam/hang.toml::run"]
+    assert ids == [
+        "scenarios/fam/clean.toml::compile",
+        "scenarios/fam/clean.toml::run",
+        "scenarios/fam/hang.toml::compile",
+        "scenarios/fam/hang.toml::run",
+    ]
     # compiling in parallel: every compile item comes before the first run item
     res = pytester.runpytest("--collect-only", "-q", "--cutedebug-compile-jobs=2")
     ids = [ln for ln in res.outlines if "::" in ln]
-    assert ids == ["scenarios/fam/clean.toml::compile", "scenarios/fam/hang.toml::compile",
-                   "scenarios/fam/clean.toml::run", "scenarios/fam/hang.toml::run"]
+    assert ids == [
+        "scenarios/fam/clean.toml::compile",
+        "scenarios/fam/hang.toml::compile",
+        "scenarios/fam/clean.toml::run",
+        "scenarios/fam/hang.toml::run",
+    ]
     # a .toml named on the command line is taken as a scenario wherever it is
     res = pytester.runpytest("-q", "other/settings.toml")
     res.assert_outcomes(failed=1)
@@ -173,8 +206,9 @@ def test_scenario_files_become_compile_and_run_items(pytester, no_gpu):
 
 def test_bad_scenario_file_is_one_failing_item_and_the_rest_still_runs(pytester, no_gpu):
     bad = scenario_toml("fam/bad", "PASS") + "[limits]\ndeadline_sec = 3.0\n"
-    project(pytester, {"bad": bad, "clean": scenario_toml("fam/clean", "PASS"),
-                       "broken": "id = \n"}, {})
+    project(
+        pytester, {"bad": bad, "clean": scenario_toml("fam/clean", "PASS"), "broken": "id = \n"}, {}
+    )
     res = pytester.runpytest("-v")
     res.assert_outcomes(passed=1, failed=2, skipped=1)
     out = res.stdout.str()
@@ -199,12 +233,24 @@ STATUS_OUTCOMES = {
     "fam/mismatch": {"run": {"verdict": "PASS", "reason": "output matches the reference"}},
     "fam/hang_unexpected": {"run": {"verdict": "HANG", "reason": "kernel did not finish"}},
     "fam/hang_expected": {"run": {"verdict": "HANG", "stuck_sites": [HANG_SITE]}},
-    "fam/hang_wrong_place": {"run": {"verdict": "HANG", "stuck_sites": [
-        dict(HANG_SITE, role="producer", op="producer_acquire", barrier="empty")]}},
-    "fam/compile_error": {"compile": {"verdict": "COMPILE_ERROR", "compiled": False},
-                          "run": {"verdict": "COMPILE_ERROR", "compiled": False}},
-    "fam/no_cuda": {"run": {"verdict": "UNSUPPORTED",
-                            "reason": "execution skipped: no CUDA GPU visible to torch"}},
+    "fam/hang_wrong_place": {
+        "run": {
+            "verdict": "HANG",
+            "stuck_sites": [
+                dict(HANG_SITE, role="producer", op="producer_acquire", barrier="empty")
+            ],
+        }
+    },
+    "fam/compile_error": {
+        "compile": {"verdict": "COMPILE_ERROR", "compiled": False},
+        "run": {"verdict": "COMPILE_ERROR", "compiled": False},
+    },
+    "fam/no_cuda": {
+        "run": {
+            "verdict": "UNSUPPORTED",
+            "reason": "execution skipped: no CUDA GPU visible to torch",
+        }
+    },
 }
 
 
@@ -212,8 +258,11 @@ def test_run_items_pass_fail_skip_and_hang_get_their_letter(pytester, fake_gpu):
     project(pytester, STATUS_SCENARIOS, STATUS_OUTCOMES)
     res = pytester.runpytest("-v", "-rs", "-p", "no:cacheprovider")
     out = res.stdout.str()
-    status = {ln.split(" ")[0]: ln.split(" ")[1] for ln in res.outlines
-              if ln.startswith("scenarios/") and "::" in ln}
+    status = {
+        ln.split(" ")[0]: ln.split(" ")[1]
+        for ln in res.outlines
+        if ln.startswith("scenarios/") and "::" in ln
+    }
     assert status["scenarios/fam/clean.toml::run"] == "PASSED"
     assert status["scenarios/fam/mismatch.toml::run"] == "FAILED"
     assert status["scenarios/fam/hang_unexpected.toml::run"] == "HANG"
@@ -227,28 +276,46 @@ def test_run_items_pass_fail_skip_and_hang_get_their_letter(pytester, fake_gpu):
     # failure messages: the TL;DR and the report path
     assert "PASS (EXPECTED MISMATCH) — fam/mismatch: output matches the reference" in out
     assert "HANG (EXPECTED PASS) — fam/hang_unexpected: kernel did not finish" in out
-    assert "localization wrong: expected {'role': 'consumer', 'op': 'consumer_wait', " \
+    assert (
+        "localization wrong: expected {'role': 'consumer', 'op': 'consumer_wait', "
         "'barrier': 'full'}" in out
+    )
     reports = [ln.split("report: ", 1)[1] for ln in res.outlines if ln.startswith("report: ")]
     assert len(reports) == 3 and all(Path(r).is_file() for r in reports)
     assert "needs sm_100a; this GPU is sm_90a (NVIDIA H200)" in out
     assert "cutedebug: 3 HANG verdict(s), 2 unexpected" in out
     res.assert_outcomes(passed=11, failed=3, skipped=2)
     # the one-letter progress line: H for an unexpected hang, h for an expected one
-    res = pytester.runpytest("-p", "no:cacheprovider", "--cutedebug-compile-jobs=1",
-                             "scenarios/fam/hang_unexpected.toml",
-                             "scenarios/fam/hang_expected.toml")
+    res = pytester.runpytest(
+        "-p",
+        "no:cacheprovider",
+        "--cutedebug-compile-jobs=1",
+        "scenarios/fam/hang_unexpected.toml",
+        "scenarios/fam/hang_expected.toml",
+    )
     lines = [ln for ln in res.outlines if ln.startswith("scenarios/fam/hang")]
     assert lines[0].startswith("scenarios/fam/hang_unexpected.toml .H")
     assert lines[1].startswith("scenarios/fam/hang_expected.toml .h")
 
 
 def test_compile_item_fails_when_the_fault_never_reached_the_kernel(pytester, no_gpu):
-    project(pytester, {"dud": scenario_toml("fam/dud", "HANG", "my_switch"),
-                       "nocomp": scenario_toml("fam/nocomp", "PASS")},
-            {"fam/dud": {"compile": {"fault_count": 0}},
-             "fam/nocomp": {"compile": {"verdict": "COMPILER_CRASH", "compiled": False,
-                                        "reason": "compiler process killed by SIGSEGV"}}})
+    project(
+        pytester,
+        {
+            "dud": scenario_toml("fam/dud", "HANG", "my_switch"),
+            "nocomp": scenario_toml("fam/nocomp", "PASS"),
+        },
+        {
+            "fam/dud": {"compile": {"fault_count": 0}},
+            "fam/nocomp": {
+                "compile": {
+                    "verdict": "COMPILER_CRASH",
+                    "compiled": False,
+                    "reason": "compiler process killed by SIGSEGV",
+                }
+            },
+        },
+    )
     res = pytester.runpytest("-v", "-rs")
     out = res.stdout.str()
     assert "fault my_switch never triggered while tracing" in out
@@ -262,19 +329,23 @@ def test_run_items_skip_with_the_reason_without_a_gpu(pytester, no_gpu):
     res = pytester.runpytest("-rs")
     res.assert_outcomes(passed=1, skipped=1)
     assert "no NVIDIA GPU on this machine (nvidia-smi not found)" in res.stdout.str()
-    assert [c["mode"] for c in calls(pytester)] == ["compile"]    # the run never started
+    assert [c["mode"] for c in calls(pytester)] == ["compile"]  # the run never started
 
 
 @pytest.mark.parametrize("jobs", [1, 3])
 def test_compile_items_run_compile_jobs_children_at_once(pytester, no_gpu, jobs):
     names = [f"s{i}" for i in range(6)]
-    project(pytester, {n: scenario_toml(f"fam/{n}", "PASS") for n in names},
-            {"__delay__": 0.3, "fam/s4": {"compile": {"fault_count": 0}}})
+    project(
+        pytester,
+        {n: scenario_toml(f"fam/{n}", "PASS") for n in names},
+        {"__delay__": 0.3, "fam/s4": {"compile": {"fault_count": 0}}},
+    )
     (pytester.path / "scenarios" / "fam" / "s4.toml").write_text(
-        scenario_toml("fam/s4", "PASS", "my_switch"))
+        scenario_toml("fam/s4", "PASS", "my_switch")
+    )
     res = pytester.runpytest("-p", "no:cacheprovider", f"--cutedebug-compile-jobs={jobs}")
     res.assert_outcomes(passed=5, failed=1, skipped=6)
-    assert "fault my_switch never triggered" in res.stdout.str()   # graded from the pool too
+    assert "fault my_switch never triggered" in res.stdout.str()  # graded from the pool too
     spans = sorted((c["t0"], c["t1"]) for c in calls(pytester) if c["mode"] == "compile")
     at_once = max(sum(a <= start < b for a, b in spans) for start, _ in spans)
     assert len(spans) == 6
@@ -282,7 +353,7 @@ def test_compile_items_run_compile_jobs_children_at_once(pytester, no_gpu, jobs)
 
 
 # ---- options ---------------------------------------------------------------------------------
-MARKER_CONFTEST = '''
+MARKER_CONFTEST = """
 
 import pytest
 
@@ -291,21 +362,29 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "marked" in str(item.path):
             item.add_marker(pytest.mark.cutedebug(deadline=7.0, repeat=5))
-'''
+"""
 
 
-@pytest.mark.parametrize("layers, want", [
-    (("ini", "env", "cli"), 4.0),
-    (("ini", "env"), 3.0),
-    (("ini",), 2.0),
-    ((), 9.0),                       # the scenario's own limits.deadline_s
-])
+@pytest.mark.parametrize(
+    "layers, want",
+    [
+        (("ini", "env", "cli"), 4.0),
+        (("ini", "env"), 3.0),
+        (("ini",), 2.0),
+        ((), 9.0),  # the scenario's own limits.deadline_s
+    ],
+)
 def test_option_precedence_marker_cli_env_ini(pytester, fake_gpu, monkeypatch, layers, want):
-    project(pytester, {"marked": scenario_toml("fam/marked", "PASS"),
-                       "plain": scenario_toml("fam/plain", "PASS",
-                                              extra="[limits]\ndeadline_s = 9.0\n")},
-            {}, MARKER_CONFTEST,
-            ini="cutedebug_deadline = 2\ncutedebug_probes = on\n" if "ini" in layers else "")
+    project(
+        pytester,
+        {
+            "marked": scenario_toml("fam/marked", "PASS"),
+            "plain": scenario_toml("fam/plain", "PASS", extra="[limits]\ndeadline_s = 9.0\n"),
+        },
+        {},
+        MARKER_CONFTEST,
+        ini="cutedebug_deadline = 2\ncutedebug_probes = on\n" if "ini" in layers else "",
+    )
     args = ["-p", "no:cacheprovider"]
     if "env" in layers:
         monkeypatch.setenv("CUTEDEBUG_DEADLINE", "3")
@@ -332,10 +411,18 @@ def test_bad_option_value_is_a_usage_error_naming_its_source(pytester, no_gpu, m
 
 def test_runs_dir_option_and_outer_timeout_above_the_watchdog(pytester, fake_gpu):
     extra = "[limits]\ncompile_s = 40.0\ndeadline_s = 5.0\nimport_s = 10.0\ncheck_s = 20.0\n"
-    project(pytester, {"clean": scenario_toml("fam/clean", "PASS", extra=extra),
-                       "marked": scenario_toml("fam/marked", "PASS")}, {}, MARKER_CONFTEST)
-    items, _ = pytester.inline_genitems("--cutedebug-timeout-margin", "15",
-                                        "--cutedebug-runs-dir", "out/runs")
+    project(
+        pytester,
+        {
+            "clean": scenario_toml("fam/clean", "PASS", extra=extra),
+            "marked": scenario_toml("fam/marked", "PASS"),
+        },
+        {},
+        MARKER_CONFTEST,
+    )
+    items, _ = pytester.inline_genitems(
+        "--cutedebug-timeout-margin", "15", "--cutedebug-runs-dir", "out/runs"
+    )
     timeout = {i.nodeid: i.get_closest_marker("timeout").args[0] for i in items}
     # the watchdog restarts its clock at each phase: spawned, started, imported, compiled and
     # done are timed by import_s, synced and checked by check_s. compile mode: no launch;
@@ -359,7 +446,7 @@ def test_runs_dir_option_and_outer_timeout_above_the_watchdog(pytester, fake_gpu
 
 
 # ---- fixture ---------------------------------------------------------------------------------
-USER_TESTS = '''
+USER_TESTS = """
 import pytest
 
 from cutedebug.pytest_plugin import assert_verdict
@@ -393,23 +480,39 @@ def test_call_arguments_win_over_the_marker(cutedebug_run):
 
 def test_bad_kernel_is_a_readable_failure(cutedebug_run):
     cutedebug_run("kernels/k.py:Nope")
-'''
+"""
 
 
 def test_fixture_runs_kernels_and_fails_hangs(pytester, fake_gpu):
-    project(pytester, {}, {"fault:my_switch": {"run": {"verdict": "HANG",
-                                                        "reason": "bounded waits timed out",
-                                                        "stuck_sites": [HANG_SITE]}}})
+    project(
+        pytester,
+        {},
+        {
+            "fault:my_switch": {
+                "run": {
+                    "verdict": "HANG",
+                    "reason": "bounded waits timed out",
+                    "stuck_sites": [HANG_SITE],
+                }
+            }
+        },
+    )
     pytester.makepyfile(test_user=USER_TESTS)
     res = pytester.runpytest("-v", "-p", "no:cacheprovider", "test_user.py")
     out = res.stdout.str()
-    status = {ln.split(" ")[0].split("::")[1]: ln.split(" ")[1] for ln in res.outlines
-              if ln.startswith("test_user.py::")}
-    assert status == {"test_clean_kernel": "PASSED", "test_would_hang": "HANG",
-                      "test_expected_hang_where": "PASSED",
-                      "test_hang_in_the_wrong_place": "HANG",
-                      "test_call_arguments_win_over_the_marker": "PASSED",
-                      "test_bad_kernel_is_a_readable_failure": "FAILED"}
+    status = {
+        ln.split(" ")[0].split("::")[1]: ln.split(" ")[1]
+        for ln in res.outlines
+        if ln.startswith("test_user.py::")
+    }
+    assert status == {
+        "test_clean_kernel": "PASSED",
+        "test_would_hang": "HANG",
+        "test_expected_hang_where": "PASSED",
+        "test_hang_in_the_wrong_place": "HANG",
+        "test_call_arguments_win_over_the_marker": "PASSED",
+        "test_bad_kernel_is_a_readable_failure": "FAILED",
+    }
     assert "adhoc/k.K: expected PASS, got HANG: bounded waits timed out" in out
     assert "where: consumer consumer_wait full[0] k.py:12" in out
     assert "localization {'op': 'producer_acquire'} not found" in out
@@ -422,14 +525,16 @@ def test_fixture_runs_kernels_and_fails_hangs(pytester, fake_gpu):
 
 def test_fixture_skips_without_a_gpu(pytester, no_gpu):
     project(pytester, {}, {})
-    pytester.makepyfile(test_user='''
+    pytester.makepyfile(
+        test_user="""
 def test_it(cutedebug_run):
     cutedebug_run("kernels/k.py:K")
 
 def test_compile_only_runs_anyway(cutedebug_run):
     res = cutedebug_run("kernels/k.py:K", mode="compile", expect="UNSUPPORTED")
     assert res.outcome.event("compiled") is not None
-''')
+"""
+    )
     res = pytester.runpytest("-rs", "test_user.py")
     res.assert_outcomes(passed=1, skipped=1)
     assert "nvidia-smi not found" in res.stdout.str()
@@ -439,9 +544,14 @@ def test_assert_verdict_message(tmp_path):
     kfile = tmp_path / "k.py"
     kfile.write_text(KERNEL)
     sc = S.adhoc(f"{kfile}:K", {}, None, {}, "PASS")
-    res = runner.RunResult(scenario=sc, verdict=V.Verdict.CRASH, run_dir=tmp_path,
-                           reason="cudaErrorIllegalAddress: an illegal memory access",
-                           outcome=V.Outcome(), evidence={"checked": {"first_bad_index": 3}})
+    res = runner.RunResult(
+        scenario=sc,
+        verdict=V.Verdict.CRASH,
+        run_dir=tmp_path,
+        reason="cudaErrorIllegalAddress: an illegal memory access",
+        outcome=V.Outcome(),
+        evidence={"checked": {"first_bad_index": 3}},
+    )
     with pytest.raises(AssertionError) as e:
         P.assert_verdict(res, "PASS")
     msg = str(e.value)
@@ -460,9 +570,14 @@ def test_repeats_are_as_expected_only_when_every_verdict_is_accepted(tmp_path):
     timing = sc.with_overrides(expect=replace(sc.expect, also=("PASS",)))
 
     def result(scenario, verdicts):
-        return runner.RunResult(scenario=scenario, verdict=V.Verdict.NONDETERMINISTIC,
-                                reason="", run_dir=tmp_path, outcome=V.Outcome(),
-                                repeats=[{"verdict": v, "digest": None} for v in verdicts])
+        return runner.RunResult(
+            scenario=scenario,
+            verdict=V.Verdict.NONDETERMINISTIC,
+            reason="",
+            run_dir=tmp_path,
+            outcome=V.Outcome(),
+            repeats=[{"verdict": v, "digest": None} for v in verdicts],
+        )
 
     assert result(timing, ["MISMATCH", "PASS"]).verdict_ok
     assert not result(timing, ["MISMATCH", "HANG"]).verdict_ok
@@ -473,13 +588,21 @@ def test_localization_is_not_graded_on_a_timing_dependent_alternative_verdict(tm
     kfile = tmp_path / "k.py"
     kfile.write_text(KERNEL)
     sc = S.adhoc(f"{kfile}:K", {}, None, {}, "HANG")
-    sc = sc.with_overrides(expect=replace(sc.expect, also=("CRASH",), role="producer",
-                                          op="producer_acquire", barrier="empty"))
+    sc = sc.with_overrides(
+        expect=replace(
+            sc.expect, also=("CRASH",), role="producer", op="producer_acquire", barrier="empty"
+        )
+    )
 
     def result(verdict, sites):
-        return runner.RunResult(scenario=sc, verdict=V.Verdict(verdict), reason="",
-                                run_dir=tmp_path, outcome=V.Outcome(),
-                                evidence={"stuck_sites": sites})
+        return runner.RunResult(
+            scenario=sc,
+            verdict=V.Verdict(verdict),
+            reason="",
+            run_dir=tmp_path,
+            outcome=V.Outcome(),
+            evidence={"stuck_sites": sites},
+        )
 
     where = {"role": "producer", "op": "producer_acquire", "barrier": "empty"}
     crash = result("CRASH", [])
@@ -494,12 +617,14 @@ def test_localization_is_not_graded_on_a_timing_dependent_alternative_verdict(tm
 def test_sigterm_is_left_alone_outside_cutedebug_items(pytester):
     """A session without cutedebug items keeps Python's SIGTERM handling (the plugin turns
     SIGTERM into a KeyboardInterrupt only while its items run: tests/test_adversarial.py)."""
-    pytester.makepyfile(test_sig='''
+    pytester.makepyfile(
+        test_sig="""
 import signal
 
 
 def test_handler():
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
-''')
+"""
+    )
     res = pytester.runpytest_subprocess("test_sig.py")
     res.assert_outcomes(passed=1)

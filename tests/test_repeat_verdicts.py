@@ -14,21 +14,41 @@ import repeat_verdicts  # noqa: E402
 
 
 def test_frequencies_count_expect_also_as_expected(monkeypatch, tmp_path, capsys):
-    runs = {"sm90_attention/drop_sync_epilogue": ["PASS", "MISMATCH", "PASS", "PASS"],
-            "tma_stream/drop_sync": ["PASS", "HANG", "PASS", "PASS"]}
+    runs = {
+        "sm90_attention/drop_sync_epilogue": ["PASS", "MISMATCH", "PASS", "PASS"],
+        "tma_stream/drop_sync": ["PASS", "HANG", "PASS", "PASS"],
+    }
 
     def fake_run(sc, runs_root, repeat, forkserver):
         reps = [{"verdict": v, "digest": None} for v in runs[sc.id][:repeat]]
-        return runner.RunResult(scenario=sc, verdict=V.Verdict.NONDETERMINISTIC, reason="x",
-                                run_dir=tmp_path, outcome=V.Outcome(), repeats=reps)
+        return runner.RunResult(
+            scenario=sc,
+            verdict=V.Verdict.NONDETERMINISTIC,
+            reason="x",
+            run_dir=tmp_path,
+            outcome=V.Outcome(),
+            repeats=reps,
+        )
 
     monkeypatch.setattr(repeat_verdicts, "detect_gpu", lambda: {"present": True})
     monkeypatch.setattr(runner, "start_forkserver", lambda *a, **k: None)
     monkeypatch.setattr(runner, "run_scenario", fake_run)
     out_json = tmp_path / "rep.json"
-    assert repeat_verdicts.main(["-n", "4", "--out", str(tmp_path), "--json", str(out_json),
-                                 str(ROOT / "scenarios/sm90_attention/drop_sync_epilogue.toml"),
-                                 str(ROOT / "scenarios/tma_stream/drop_sync.toml")]) == 0
+    assert (
+        repeat_verdicts.main(
+            [
+                "-n",
+                "4",
+                "--out",
+                str(tmp_path),
+                "--json",
+                str(out_json),
+                str(ROOT / "scenarios/sm90_attention/drop_sync_epilogue.toml"),
+                str(ROOT / "scenarios/tma_stream/drop_sync.toml"),
+            ]
+        )
+        == 0
+    )
     rows = {r["scenario"]: r for r in json.loads(out_json.read_text())}
     attn, tma = rows["sm90_attention/drop_sync_epilogue"], rows["tma_stream/drop_sync"]
     # PASS with also = ["MISMATCH"]: every run is an expected verdict

@@ -26,9 +26,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cutedebug.commands import sanitize as cmd
 from cutedebug.analyses import sanitizer as san
 from cutedebug.analyses.sanitizer import Finding, Site
+from cutedebug.commands import sanitize as cmd
 from cutedebug.reporting import sanitize as sanitize_report
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,11 +40,16 @@ GPU_CHECKOUT = "/work/main"  # where the captures were made
 RACE_PY = f"{GPU_CHECKOUT}/tools/sanitizer_samples/race_smem.py"
 UNINIT_PY = f"{GPU_CHECKOUT}/tools/sanitizer_samples/uninit_read.py"
 MINIMAL_PY = f"{GPU_CHECKOUT}/kernels/minimal.py"
-RACE_KERNEL = ("kernel_cutlass_race_kernel_tensorptrf32gmemalign16o1281_"
-               "tensorptrf32gmemalign16o1281_False_0")
-MINIMAL_KERNEL = ("kernel_cutlass_kernel_cutedebug_kernel_minimalMinimal_object_at__"
-                  "tensorptrf32gmemalign16o40961_tensorptrf32gmemalign16o40961_0")
-UNINIT_KERNEL = "kernel_cutlass_uninit_kernel_tensorptrf32gmemalign16o1281_tensorptrf32gmemalign16o1281_0"
+RACE_KERNEL = (
+    "kernel_cutlass_race_kernel_tensorptrf32gmemalign16o1281_tensorptrf32gmemalign16o1281_False_0"
+)
+MINIMAL_KERNEL = (
+    "kernel_cutlass_kernel_cutedebug_kernel_minimalMinimal_object_at__"
+    "tensorptrf32gmemalign16o40961_tensorptrf32gmemalign16o40961_0"
+)
+UNINIT_KERNEL = (
+    "kernel_cutlass_uninit_kernel_tensorptrf32gmemalign16o1281_tensorptrf32gmemalign16o1281_0"
+)
 
 
 def read_here(file, line):
@@ -67,11 +72,19 @@ def text(name: str) -> str:
     return (DATA / name).read_text()
 
 
-def finding(kind="RAW_HAZARD", lines=((RACE_PY, 28), (RACE_PY, 31)), tool="racecheck",
-            **kw) -> Finding:
+def finding(
+    kind="RAW_HAZARD", lines=((RACE_PY, 28), (RACE_PY, 31)), tool="racecheck", **kw
+) -> Finding:
     sites = tuple(Site(f, ln) for f, ln in lines)
-    base = {"tool": tool, "kind": kind, "severity": "error", "kernel": "k",
-            "file": sites[0].file, "line": sites[0].line, "sites": sites}
+    base = {
+        "tool": tool,
+        "kind": kind,
+        "severity": "error",
+        "kernel": "k",
+        "file": sites[0].file,
+        "line": sites[0].line,
+        "sites": sites,
+    }
     return Finding(**(base | kw))
 
 
@@ -129,16 +142,33 @@ def test_find_sanitizer_env_override_then_path(tmp_path, monkeypatch):
 
 
 def test_module_imports_without_torch_or_cutlass():
-    code = ("import sys, cutedebug.analyses.sanitizer; "
-            "bad = [m for m in ('torch', 'cutlass') if m in sys.modules]; "
-            "sys.exit(1 if bad else 0)")
+    code = (
+        "import sys, cutedebug.analyses.sanitizer; "
+        "bad = [m for m in ('torch', 'cutlass') if m in sys.modules]; "
+        "sys.exit(1 if bad else 0)"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 
 
 def test_cli_command_prints_argv_and_text_only_variant():
-    out = subprocess.run([sys.executable, "-m", "cutedebug.analyses.sanitizer", "command", "memcheck",
-                          "-", "--", "python", "prog.py", "--flag"], cwd=REPO, check=True,
-                         capture_output=True, text=True).stdout.splitlines()
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cutedebug.analyses.sanitizer",
+            "command",
+            "memcheck",
+            "-",
+            "--",
+            "python",
+            "prog.py",
+            "--flag",
+        ],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.splitlines()
     assert "--xml" not in out and "--save" not in out
     assert out[-3:] == ["python", "prog.py", "--flag"]
     assert out[out.index("--tool") + 1] == "memcheck"
@@ -148,8 +178,10 @@ def test_cli_command_prints_argv_and_text_only_variant():
 def h200_case(case: str) -> tuple[list[Finding], str]:
     """Findings of a capture's XML and the stdout of that same --xml run."""
     tool = case.split("_", 1)[0]
-    return (san.parse_xml(H200 / f"{case}.xml", tool),
-            (H200 / f"{case}.txt").read_text(errors="replace"))
+    return (
+        san.parse_xml(H200 / f"{case}.xml", tool),
+        (H200 / f"{case}.txt").read_text(errors="replace"),
+    )
 
 
 def manifest() -> dict[tuple[str, str], int]:
@@ -160,22 +192,44 @@ def manifest() -> dict[tuple[str, str], int]:
 CASES = sorted(p.stem for p in H200.glob("*.xml"))
 # captures whose records differ between the --xml run and the text-only run (timing)
 RUN_DEPENDENT_CAPTURES = {"synccheck_extra_release"}
-CLEAN_CASES = ["initcheck_clean", "memcheck_clean", "memcheck_oob_cached", "racecheck_clean",
-               "synccheck_clean", "synccheck_divergent_block", "synccheck_divergent_warp"]
+CLEAN_CASES = [
+    "initcheck_clean",
+    "memcheck_clean",
+    "memcheck_oob_cached",
+    "racecheck_clean",
+    "synccheck_clean",
+    "synccheck_divergent_block",
+    "synccheck_divergent_warp",
+]
 
 
 def test_capture_set_and_exit_codes():
-    assert CASES == sorted(CLEAN_CASES + ["initcheck_uninit", "memcheck_api_noise",
-                                          "memcheck_oob", "racecheck_raw",
-                                          "synccheck_extra_release"])
+    assert CASES == sorted(
+        CLEAN_CASES
+        + [
+            "initcheck_uninit",
+            "memcheck_api_noise",
+            "memcheck_oob",
+            "racecheck_raw",
+            "synccheck_extra_release",
+        ]
+    )
     codes = manifest()
-    found_errors = {"racecheck_raw", "memcheck_oob", "initcheck_uninit", "memcheck_api_noise",
-                    "synccheck_extra_release", "synccheck_unfenced_init"}
+    found_errors = {
+        "racecheck_raw",
+        "memcheck_oob",
+        "initcheck_uninit",
+        "memcheck_api_noise",
+        "synccheck_extra_release",
+        "synccheck_unfenced_init",
+    }
     for case in [*CASES, "synccheck_unfenced_init"]:
         for mode in ("xml", "text"):
             assert codes[(case, mode)] == (san.ERROR_EXITCODE if case in found_errors else 0)
-    assert {codes[(f"plain_{p}", "plain")] for p in ("race_smem", "oob_store", "uninit_read",
-                                                      "divergent_barrier")} == {0}
+    assert {
+        codes[(f"plain_{p}", "plain")]
+        for p in ("race_smem", "oob_store", "uninit_read", "divergent_barrier")
+    } == {0}
     assert "Version 2025.3.1.0" in (H200 / "versions.txt").read_text()
 
 
@@ -186,27 +240,37 @@ def test_every_flag_we_emit_was_accepted(case):
     assert not re.search(r"unrecognized|unknown option|invalid option|usage:", out, re.IGNORECASE)
     xml_cmd, _text_cmd = (H200 / f"{case}.cmd").read_text().splitlines()
     tool = case.split("_", 1)[0]
-    built = san.build_command(tool, ["W"], re.search(r"--save (\S+)", xml_cmd).group(1),
-                              sanitizer="/usr/local/cuda/bin/compute-sanitizer",
-                              report_api_errors=case == "memcheck_api_noise")
+    built = san.build_command(
+        tool,
+        ["W"],
+        re.search(r"--save (\S+)", xml_cmd).group(1),
+        sanitizer="/usr/local/cuda/bin/compute-sanitizer",
+        report_api_errors=case == "memcheck_api_noise",
+    )
     assert " ".join(built[:-1]) in xml_cmd
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_xml_run_still_prints_the_text_report(case):
     """--xml --save does not silence stdout: same records as the text-only run."""
+
     def records(name):
         text = (H200 / name).read_text()
-        return [re.sub(r"0x7f[0-9a-f]+", "ADDR", ln) for ln in text.splitlines()
-                if ln.startswith("=========")]
+        return [
+            re.sub(r"0x7f[0-9a-f]+", "ADDR", ln)
+            for ln in text.splitlines()
+            if ln.startswith("=========")
+        ]
+
     xml_run, text_run = records(f"{case}.txt"), records(f"{case}.text.txt")
     if case in RUN_DEPENDENT_CAPTURES:
         # which threads reach the bad arrive before the kernel faults differs run to run:
         # the same distinct report lines, thread/block lines and the summary aside
         def shape(lines):
             return {ln for ln in lines if "by thread" not in ln and "SUMMARY" not in ln}
+
         assert shape(xml_run) == shape(text_run)
-        assert len(xml_run) != len(text_run)   # 61 vs 59 records: really two different runs
+        assert len(xml_run) != len(text_run)  # 61 vs 59 records: really two different runs
     else:
         assert xml_run == text_run
 
@@ -221,11 +285,17 @@ def test_real_racecheck_raw_xml_exact():
     # each thread w writes buf[w]; thread w-32 reads it: 128 pairs x 4 bytes, one record per byte
     pairs = {}
     for f in hazards:
-        assert (f.tool, f.kind, f.severity, f.kernel) == ("racecheck", "RAW_HAZARD", "error",
-                                                          RACE_KERNEL)
+        assert (f.tool, f.kind, f.severity, f.kernel) == (
+            "racecheck",
+            "RAW_HAZARD",
+            "error",
+            RACE_KERNEL,
+        )
         (w,), (r,) = f.sites[0].thread[:1], f.sites[1].thread[:1]
-        assert f.sites == (Site(RACE_PY, write, RACE_KERNEL, "Write", (w, 0, 0)),
-                           Site(RACE_PY, read, RACE_KERNEL, "Read", (r, 0, 0)))
+        assert f.sites == (
+            Site(RACE_PY, write, RACE_KERNEL, "Write", (w, 0, 0)),
+            Site(RACE_PY, read, RACE_KERNEL, "Read", (r, 0, 0)),
+        )
         assert (f.file, f.line) == (RACE_PY, write)
         assert f.threads == ((w, 0, 0), (r, 0, 0))
         assert f.blocks == ((0, 0, 0),)
@@ -237,9 +307,15 @@ def test_real_racecheck_raw_xml_exact():
     assert hazards[0].threads == ((64, 0, 0), (32, 0, 0)) and hazards[0].address == "0x500"
     # the <kind>Analysis</kind> record: both sides, 512 hazards, no threads
     assert (analysis.kind, analysis.severity, analysis.count, analysis.text) == (
-        "RACE", "error", 512, "Race condition")
-    assert analysis.sites == (Site(RACE_PY, write, RACE_KERNEL, "Write"),
-                              Site(RACE_PY, read, RACE_KERNEL, "Read"))
+        "RACE",
+        "error",
+        512,
+        "Race condition",
+    )
+    assert analysis.sites == (
+        Site(RACE_PY, write, RACE_KERNEL, "Write"),
+        Site(RACE_PY, read, RACE_KERNEL, "Read"),
+    )
     assert analysis.threads == () and analysis.blocks == ()
 
 
@@ -265,10 +341,18 @@ def test_real_racecheck_raw_text_agrees_with_xml():
     found, _ = h200_case("racecheck_raw")
     text = san.parse_text((H200 / "racecheck_raw.text.txt").read_text(), "racecheck")
     assert len(text) == 513
+
     # the text report names files by base name; kinds, lines, threads, blocks, addresses agree
     def key(f):
-        return (f.kind, tuple((os.path.basename(s.file), s.line, s.access, s.thread)
-                              for s in f.sites), f.blocks, f.address, f.count, f.severity)
+        return (
+            f.kind,
+            tuple((os.path.basename(s.file), s.line, s.access, s.thread) for s in f.sites),
+            f.blocks,
+            f.address,
+            f.count,
+            f.severity,
+        )
+
     assert [key(f) for f in text[:-1]] == [key(f) for f in found[:-1]]
     race = text[-1]
     assert (race.kind, race.count) == ("RACE", 512)
@@ -293,17 +377,30 @@ def test_real_memcheck_oob_xml_exact():
     base = 0x7F7F3A808000  # 16 KiB past the output's start: its end
     for tid, f in zip(range(64, 128), found):
         assert f == Finding(
-            tool="memcheck", kind="INVALID_GLOBAL_WRITE", severity="error",
-            kernel=MINIMAL_KERNEL, file=MINIMAL_PY, line=store, threads=((tid, 0, 0),),
-            blocks=((31, 0, 0),), address_space="global", size=4, count=1,
+            tool="memcheck",
+            kind="INVALID_GLOBAL_WRITE",
+            severity="error",
+            kernel=MINIMAL_KERNEL,
+            file=MINIMAL_PY,
+            line=store,
+            threads=((tid, 0, 0),),
+            blocks=((31, 0, 0),),
+            address_space="global",
+            size=4,
+            count=1,
             text="Invalid __global__ write of size 4 bytes is out of bounds",
             sites=(Site(MINIMAL_PY, store, MINIMAL_KERNEL, None, (tid, 0, 0)),),
-            address=hex(base + 4 * (tid - 64)))
+            address=hex(base + 4 * (tid - 64)),
+        )
     kept, filtered = san.filter_noise(found, read_source=read_here)
     assert filtered == [] and san.classify(kept, "memcheck") == "MEMORY_ERROR"
     (g,) = san.group(kept)
-    assert (g.kind, g.count, g.lines, g.size) == ("INVALID_GLOBAL_WRITE", 64,
-                                                  ((MINIMAL_PY, 64),), 4)
+    assert (g.kind, g.count, g.lines, g.size) == (
+        "INVALID_GLOBAL_WRITE",
+        64,
+        ((MINIMAL_PY, 64),),
+        4,
+    )
     assert read_here(MINIMAL_PY, store).startswith("y[i + self.oob_offset] =")
     assert san.parse_summary(stdout) == {"errors": 64}
     assert san.crosscheck(found, stdout, "memcheck") == []
@@ -312,9 +409,12 @@ def test_real_memcheck_oob_xml_exact():
 def test_real_memcheck_oob_text_exact():
     stdout = (H200 / "memcheck_oob.text.txt").read_text()
     found = san.parse_text(stdout, "memcheck")  # the app's torch traceback is not a record
-    assert [(f.kind, f.file, f.line, f.threads, f.blocks, f.size, f.address_space)
-            for f in found] == [("INVALID_GLOBAL_WRITE", "minimal.py", 64, ((t, 0, 0),),
-                                 ((31, 0, 0),), 4, "global") for t in range(64, 128)]
+    assert [
+        (f.kind, f.file, f.line, f.threads, f.blocks, f.size, f.address_space) for f in found
+    ] == [
+        ("INVALID_GLOBAL_WRITE", "minimal.py", 64, ((t, 0, 0),), ((31, 0, 0),), 4, "global")
+        for t in range(64, 128)
+    ]
     assert all(f.kernel == MINIMAL_KERNEL for f in found)
     assert found[0].address == "0x7f0424808000"
     assert san.parse_summary(stdout) == {"errors": 64}
@@ -340,12 +440,21 @@ def test_real_initcheck_uninit_exact():
     for f in found:
         tid = f.threads[0][0]
         assert f == Finding(
-            tool="initcheck", kind="UNINIT_READ", severity="error", kernel=UNINIT_KERNEL,
-            file=UNINIT_PY, line=load, threads=((tid, 0, 0),), blocks=((0, 0, 0),),
-            address_space="global", size=4, count=1,
+            tool="initcheck",
+            kind="UNINIT_READ",
+            severity="error",
+            kernel=UNINIT_KERNEL,
+            file=UNINIT_PY,
+            line=load,
+            threads=((tid, 0, 0),),
+            blocks=((0, 0, 0),),
+            address_space="global",
+            size=4,
+            count=1,
             text="Uninitialized __global__ memory read of size 4 bytes",
             sites=(Site(UNINIT_PY, load, UNINIT_KERNEL, None, (tid, 0, 0)),),
-            address=f.address)
+            address=f.address,
+        )
         assert int(f.address, 16) - 0x7FEEB2800000 == 4 * tid  # x[tid]
     assert sorted(f.threads[0][0] for f in found) == list(range(128))
     assert san.classify(found, "initcheck") == "UNINIT"
@@ -354,17 +463,21 @@ def test_real_initcheck_uninit_exact():
     assert san.parse_summary(stdout) == {"errors": 128}
     text = san.parse_text((H200 / "initcheck_uninit.text.txt").read_text(), "initcheck")
     assert [(f.kind, f.line, f.threads, f.size) for f in text] == [
-        (f.kind, f.line, f.threads, f.size) for f in found]
+        (f.kind, f.line, f.threads, f.size) for f in found
+    ]
 
 
 # ---- API errors: cuda-bindings' cuGetProcAddress probing (--report-api-errors all) -----------
 def test_real_api_noise_filtered_with_reason():
     found, stdout = h200_case("memcheck_api_noise")
     assert len(found) == 34
-    text = ('Program hit CUDA_ERROR_INVALID_VALUE (error 1) due to "invalid argument" on CUDA '
-            "API call to cuGetProcAddress_v2.")
+    text = (
+        'Program hit CUDA_ERROR_INVALID_VALUE (error 1) due to "invalid argument" on CUDA '
+        "API call to cuGetProcAddress_v2."
+    )
     assert {(f.kind, f.api, f.file, f.line, f.text, f.severity) for f in found} == {
-        ("API_ERROR", "cuGetProcAddress_v2", None, None, text, "error")}
+        ("API_ERROR", "cuGetProcAddress_v2", None, None, text, "error")
+    }
     kept, filtered = san.filter_noise(found)
     assert kept == [] and len(filtered) == 34
     assert {f.noise_reason for f in filtered} == {san.NOISE_PROC_ADDRESS}
@@ -395,8 +508,7 @@ def test_real_clean_captures_are_clean(case):
     assert (H200 / f"{case}.xml").read_text().strip().endswith("<ComputeSanitizerOutput/>")
     found, stdout = h200_case(case)
     assert found == [] and san.parse_text(stdout, tool) == []
-    summary = {"hazards": 0, "errors": 0, "warnings": 0} if tool == "racecheck" else {
-        "errors": 0}
+    summary = {"hazards": 0, "errors": 0, "warnings": 0} if tool == "racecheck" else {"errors": 0}
     assert san.parse_summary(stdout) == summary
     assert san.analyze(tool, H200 / f"{case}.xml", stdout) == []
     assert san.classify([], tool) == "CLEAN"
@@ -437,8 +549,11 @@ def gz_case(case: str) -> tuple[Path, str, str]:
     gz = H200 / "gz"
     tmp = Path(tempfile.mkdtemp(prefix="cutedebug-gz-")) / f"{case}.xml"
     tmp.write_bytes(gzip.decompress((gz / f"{case}.xml.gz").read_bytes()))
-    return (tmp, gzip.decompress((gz / f"{case}.txt.gz").read_bytes()).decode(),
-            gzip.decompress((gz / f"{case}.text.txt.gz").read_bytes()).decode())
+    return (
+        tmp,
+        gzip.decompress((gz / f"{case}.txt.gz").read_bytes()).decode(),
+        gzip.decompress((gz / f"{case}.text.txt.gz").read_bytes()).decode(),
+    )
 
 
 def test_real_synccheck_extra_release_exact():
@@ -450,7 +565,12 @@ def test_real_synccheck_extra_release_exact():
     assert len(found) == 61
     for f in found:
         assert (f.tool, f.kind, f.severity, f.file, f.line) == (
-            "synccheck", "BARRIER_MISUSE", "error", TMA_STREAM_PY, release)
+            "synccheck",
+            "BARRIER_MISUSE",
+            "error",
+            TMA_STREAM_PY,
+            release,
+        )
         assert f.text == "Barrier error: Missing wait" and f.count == 1
         assert f.sites == (Site(TMA_STREAM_PY, release, f.kernel, None, f.threads[0]),)
         assert f.threads[0] in {(0, 0, 0), (32, 0, 0), (64, 0, 0), (96, 0, 0)}
@@ -466,7 +586,8 @@ def test_real_synccheck_extra_release_exact():
     # the text-only run (a separate run: 59 records that time) reads the same way
     text = san.parse_text((H200 / "synccheck_extra_release.text.txt").read_text(), "synccheck")
     assert len(text) == 59 and {(f.kind, f.file, f.line) for f in text} == {
-        ("BARRIER_MISUSE", "tma_stream.py", release)}
+        ("BARRIER_MISUSE", "tma_stream.py", release)
+    }
     assert all(f.text.startswith("Barrier error detected. Missing wait.") for f in text)
 
 
@@ -479,9 +600,11 @@ def test_real_synccheck_unfenced_init_exact():
     found = san.analyze("synccheck", xml_path, stdout)
     assert len(found) == 512
     assert {(f.kind, f.file, f.line, f.text, f.count) for f in found} == {
-        ("BARRIER_MISUSE", TMA_STREAM_PY, copy, "Barrier error: Missing init", 1)}
+        ("BARRIER_MISUSE", TMA_STREAM_PY, copy, "Barrier error: Missing init", 1)
+    }
     assert sorted({(f.threads[0][0], f.blocks[0][0]) for f in found}) == [
-        (t, b) for t in range(128, 160) for b in range(16)]
+        (t, b) for t in range(128, 160) for b in range(16)
+    ]
     assert san.parse_summary(stdout) == {"errors": 512}
     kept, filtered = san.filter_noise(found, read_source=read_here)
     assert filtered == [] and san.classify(kept, "synccheck") == "SYNC_ERROR"
@@ -495,7 +618,9 @@ def test_real_synccheck_unfenced_init_exact():
 def test_synthetic_synccheck_text():
     sync = san.parse_text(text("synthetic_synccheck_divergent.txt"), "synccheck")
     assert [(f.kind, f.line, f.threads) for f in sync] == [
-        ("BARRIER_MISUSE", 29, ((0, 0, 0),)), ("BARRIER_MISUSE", 29, ((32, 0, 0),))]
+        ("BARRIER_MISUSE", 29, ((0, 0, 0),)),
+        ("BARRIER_MISUSE", 29, ((32, 0, 0),)),
+    ]
     assert san.classify(sync, "synccheck") == "SYNC_ERROR"
 
 
@@ -504,12 +629,20 @@ def test_synthetic_memcheck_misaligned_and_api_text():
     access, an API error between device records, host backtrace lines."""
     found = san.parse_text(text("synthetic_memcheck_misaligned_api.txt"), "memcheck")
     assert [f.kind for f in found] == [
-        "INVALID_GLOBAL_WRITE", "INVALID_GLOBAL_WRITE", "API_ERROR", "MISALIGNED"]
+        "INVALID_GLOBAL_WRITE",
+        "INVALID_GLOBAL_WRITE",
+        "API_ERROR",
+        "MISALIGNED",
+    ]
     assert found[2].api == "cuStreamSynchronize"
     m = found[3]
     assert (m.file, m.line, m.kernel, m.size, m.address) == (
-        "/h200/cutedebug/kernels/minimal.py", 63, "kernel_cutlass_kernel_Minimal_0", 16,
-        "0x7f2a1c000004")
+        "/h200/cutedebug/kernels/minimal.py",
+        63,
+        "kernel_cutlass_kernel_Minimal_0",
+        16,
+        "0x7f2a1c000004",
+    )
     assert san.parse_summary(text("synthetic_memcheck_misaligned_api.txt")) == {"errors": 4}
 
 
@@ -521,7 +654,7 @@ def truncated_copy(tmp_path: Path, case: str, records: int, extra: int = 300) ->
     for _ in range(records):
         cut = full.index("</record>", cut) + len("</record>")
     path = tmp_path / f"{case}_truncated.xml"
-    path.write_text(full[:cut + extra])
+    path.write_text(full[: cut + extra])
     return path
 
 
@@ -541,7 +674,8 @@ def test_truncated_real_xml_is_a_parse_failure_with_salvaged_records(tmp_path):
     both = san.analyze("racecheck", path, stdout)
     assert [f.kind for f in both].count("RAW_HAZARD") == 512
     assert [(f.kind, f.severity) for f in both if f.kind == "PARSE_FAILURE"] == [
-        ("PARSE_FAILURE", "info")]
+        ("PARSE_FAILURE", "info")
+    ]
 
 
 def test_truncated_clean_xml_is_never_clean(tmp_path):
@@ -552,8 +686,9 @@ def test_truncated_clean_xml_is_never_clean(tmp_path):
     assert san.classify(san.filter_noise(found)[0], "memcheck") == "UNREADABLE"
 
 
-@pytest.mark.parametrize("content", ["", "   \n", "garbage, not xml", ("<ComputeSanitizerOutput>"
-                                     "<record><kind>Hazard")])
+@pytest.mark.parametrize(
+    "content", ["", "   \n", "garbage, not xml", ("<ComputeSanitizerOutput><record><kind>Hazard")]
+)
 def test_unreadable_xml_is_never_clean(tmp_path, content):
     path = tmp_path / "out.xml"
     path.write_text(content)
@@ -572,8 +707,9 @@ def test_missing_xml_is_never_clean(tmp_path):
 
 def test_namespaced_xml_is_read_not_taken_for_empty():
     plain = (H200 / "memcheck_oob.xml").read_text()
-    namespaced = plain.replace("<ComputeSanitizerOutput>",
-                               '<ComputeSanitizerOutput xmlns="urn:example:sanitizer">')
+    namespaced = plain.replace(
+        "<ComputeSanitizerOutput>", '<ComputeSanitizerOutput xmlns="urn:example:sanitizer">'
+    )
     assert san.parse_xml(namespaced, "memcheck") == san.parse_xml(plain, "memcheck")
 
 
@@ -617,8 +753,9 @@ def test_racecheck_analysis_record_alone_is_the_finding():
 
 def test_tma_hazard_filtered_by_source_line(tmp_path):
     kernel = tmp_path / "k.py"
-    kernel.write_text("x = 1\ncute.copy(tma_atom, tAgA[None, k], tAsA[None, s], tma_bar_ptr=b)\n"
-                      "acc = sA[i]\n")
+    kernel.write_text(
+        "x = 1\ncute.copy(tma_atom, tAgA[None, k], tAsA[None, s], tma_bar_ptr=b)\nacc = sA[i]\n"
+    )
     tma = finding(kind="WAR_HAZARD", lines=((str(kernel), 2), (str(kernel), 3)))
     plain = finding(kind="RAW_HAZARD", lines=((str(kernel), 1), (str(kernel), 3)))
     kept, filtered = san.filter_noise([tma, plain])
@@ -628,7 +765,9 @@ def test_tma_hazard_filtered_by_source_line(tmp_path):
     assert kept == [tma, plain] and filtered == []
     on = san.make_result("racecheck", ["cs"], [tma, plain])
     off = san.make_result("racecheck", ["cs"], [tma, plain], tma_filter=False)
-    assert [g["kind"] for g in on["groups"]] == ["RAW_HAZARD"] and sanitize_report.noise_cell(on) == "1 tma"
+    assert [g["kind"] for g in on["groups"]] == ["RAW_HAZARD"] and sanitize_report.noise_cell(
+        on
+    ) == "1 tma"
     assert [g["kind"] for g in off["groups"]] == ["WAR_HAZARD", "RAW_HAZARD"]
     assert (off["tma_filter"], sanitize_report.noise_cell(off)) == (False, "0")
 
@@ -647,44 +786,57 @@ def test_group_sums_counts_and_orders_errors_first():
     d = finding(lines=((RACE_PY, 40), (RACE_PY, 41)), count=1)
     groups = san.group([a, b, c, d])
     assert [(g.kind, g.lines[0][1], g.count) for g in groups] == [
-        ("WAR_HAZARD", 28, 5), ("RAW_HAZARD", 40, 1), ("RAW_HAZARD", 28, 5)]
+        ("WAR_HAZARD", 28, 5),
+        ("RAW_HAZARD", 40, 1),
+        ("RAW_HAZARD", 28, 5),
+    ]
 
 
-@pytest.mark.parametrize(("kinds", "tool", "expected"), [
-    ([], "racecheck", "CLEAN"),
-    (["RAW_HAZARD"], "racecheck", "RACE"),
-    (["RACE"], "racecheck", "RACE"),
-    (["INVALID_GLOBAL_WRITE"], "memcheck", "MEMORY_ERROR"),
-    (["INVALID_SHARED_READ"], "memcheck", "MEMORY_ERROR"),
-    (["MISALIGNED"], "memcheck", "MEMORY_ERROR"),
-    (["HARDWARE_EXCEPTION"], "memcheck", "MEMORY_ERROR"),
-    (["BARRIER_MISUSE"], "synccheck", "SYNC_ERROR"),
-    (["UNINIT_READ"], "initcheck", "UNINIT"),
-    (["API_ERROR"], "memcheck", "API_ERROR"),
-    (["PARSE_FAILURE"], "initcheck", "UNREADABLE"),
-    (["TOOL_ERROR"], "memcheck", "UNREADABLE"),
-    (["UNKNOWN"], "synccheck", "SYNC_ERROR"),
-    (["PARSE_FAILURE", "API_ERROR", "INVALID_GLOBAL_READ"], "memcheck", "MEMORY_ERROR"),
-    # the tool's own class wins over a side finding
-    (["INVALID_GLOBAL_WRITE", "RAW_HAZARD"], "racecheck", "RACE"),
-    (["API_ERROR", "UNINIT_READ"], "racecheck", "UNINIT"),
-])
+@pytest.mark.parametrize(
+    ("kinds", "tool", "expected"),
+    [
+        ([], "racecheck", "CLEAN"),
+        (["RAW_HAZARD"], "racecheck", "RACE"),
+        (["RACE"], "racecheck", "RACE"),
+        (["INVALID_GLOBAL_WRITE"], "memcheck", "MEMORY_ERROR"),
+        (["INVALID_SHARED_READ"], "memcheck", "MEMORY_ERROR"),
+        (["MISALIGNED"], "memcheck", "MEMORY_ERROR"),
+        (["HARDWARE_EXCEPTION"], "memcheck", "MEMORY_ERROR"),
+        (["BARRIER_MISUSE"], "synccheck", "SYNC_ERROR"),
+        (["UNINIT_READ"], "initcheck", "UNINIT"),
+        (["API_ERROR"], "memcheck", "API_ERROR"),
+        (["PARSE_FAILURE"], "initcheck", "UNREADABLE"),
+        (["TOOL_ERROR"], "memcheck", "UNREADABLE"),
+        (["UNKNOWN"], "synccheck", "SYNC_ERROR"),
+        (["PARSE_FAILURE", "API_ERROR", "INVALID_GLOBAL_READ"], "memcheck", "MEMORY_ERROR"),
+        # the tool's own class wins over a side finding
+        (["INVALID_GLOBAL_WRITE", "RAW_HAZARD"], "racecheck", "RACE"),
+        (["API_ERROR", "UNINIT_READ"], "racecheck", "UNINIT"),
+    ],
+)
 def test_classify_table(kinds, tool, expected):
     found = [finding(kind=k, tool=tool) for k in kinds]
     assert san.classify(found, tool) == expected
     assert expected in san.CLASSES
 
 
-@pytest.mark.parametrize(("case", "expected"), [
-    ("racecheck_raw", "RACE"), ("memcheck_oob", "MEMORY_ERROR"),
-    ("initcheck_uninit", "UNINIT"), ("memcheck_api_noise", "CLEAN"),
-    ("synccheck_extra_release", "SYNC_ERROR"),
-    *[(c, "CLEAN") for c in CLEAN_CASES]])
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("racecheck_raw", "RACE"),
+        ("memcheck_oob", "MEMORY_ERROR"),
+        ("initcheck_uninit", "UNINIT"),
+        ("memcheck_api_noise", "CLEAN"),
+        ("synccheck_extra_release", "SYNC_ERROR"),
+        *[(c, "CLEAN") for c in CLEAN_CASES],
+    ],
+)
 def test_real_capture_classification(case, expected):
     tool = case.split("_", 1)[0]
     stdout = (H200 / f"{case}.txt").read_text()
-    kept, _ = san.filter_noise(san.analyze(tool, H200 / f"{case}.xml", stdout),
-                               read_source=read_here)
+    kept, _ = san.filter_noise(
+        san.analyze(tool, H200 / f"{case}.xml", stdout), read_source=read_here
+    )
     assert san.classify(kept, tool) == expected
 
 
@@ -729,19 +881,35 @@ def test_capture_paths_map_onto_this_checkout_by_suffix():
 
 
 def test_make_result_and_markdown():
-    findings = (san.parse_xml(H200 / "racecheck_raw.xml", "racecheck")
-                + san.parse_xml(H200 / "memcheck_api_noise.xml", "racecheck")[:2])
-    cmd = san.build_command("racecheck", ["python", "-m", "cutedebug.engine.worker", "r.json"],
-                            "/tmp/r.xml", sanitizer="compute-sanitizer")
-    result = san.make_result("racecheck", cmd, findings, env=san.child_env("racecheck"),
-                             exit_code=86, sanitizer_seconds=12.0, plain_seconds=1.5,
-                             xml_path="/tmp/r.xml", read_source=read_here)
+    findings = (
+        san.parse_xml(H200 / "racecheck_raw.xml", "racecheck")
+        + san.parse_xml(H200 / "memcheck_api_noise.xml", "racecheck")[:2]
+    )
+    cmd = san.build_command(
+        "racecheck",
+        ["python", "-m", "cutedebug.engine.worker", "r.json"],
+        "/tmp/r.xml",
+        sanitizer="compute-sanitizer",
+    )
+    result = san.make_result(
+        "racecheck",
+        cmd,
+        findings,
+        env=san.child_env("racecheck"),
+        exit_code=86,
+        sanitizer_seconds=12.0,
+        plain_seconds=1.5,
+        xml_path="/tmp/r.xml",
+        read_source=read_here,
+    )
     assert json.loads(json.dumps(result)) == result  # JSON-able as is
     assert result["verdict"] == "RACE"
     assert result["slowdown"] == pytest.approx(8.0)
     # filtered counts are records: 2 probing errors, 1 analysis record (of 512 hazards)
-    assert result["filtered"] == [{"reason": san.NOISE_ANALYSIS_DUP, "count": 1},
-                                  {"reason": san.NOISE_PROC_ADDRESS, "count": 2}]
+    assert result["filtered"] == [
+        {"reason": san.NOISE_ANALYSIS_DUP, "count": 1},
+        {"reason": san.NOISE_PROC_ADDRESS, "count": 2},
+    ]
     (g,) = result["groups"]
     assert g["kind"] == "RAW_HAZARD" and g["count"] == 512
     assert g["lines"][0]["source"] == "buf[tid] = x[tid]  # RACE_WRITE"
@@ -780,8 +948,7 @@ class FakeRun:
     """memcheck over a kernel whose OOB store shows up for n >= threshold; below that a
     different finding (another line) appears, which must not count as the same."""
 
-    def __init__(self, threshold: int, other_below: int | None = None,
-                 broken=lambda p: False):
+    def __init__(self, threshold: int, other_below: int | None = None, broken=lambda p: False):
         self.threshold, self.other_below, self.broken = threshold, other_below, broken
         self.calls: list[dict] = []
 
@@ -850,14 +1017,16 @@ def test_shrink_explicit_target_and_original_must_reproduce():
     run = FakeRun(threshold=50)
     with pytest.raises(ValueError, match="do not reproduce"):
         san.shrink({"n": 10}, ("n",), run)
-    res = san.shrink({"n": 64}, ("n",), FakeRun(threshold=50),
-                     target=("INVALID_GLOBAL_WRITE", (OOB,)))
+    res = san.shrink(
+        {"n": 64}, ("n",), FakeRun(threshold=50), target=("INVALID_GLOBAL_WRITE", (OOB,))
+    )
     assert res.shrunk["n"] == 50
 
 
 def test_shrink_ignores_noise_when_choosing_target():
-    noise = finding(kind="API_ERROR", tool="memcheck", lines=((None, None),),
-                    api="cuGetProcAddress_v2")
+    noise = finding(
+        kind="API_ERROR", tool="memcheck", lines=((None, None),), api="cuGetProcAddress_v2"
+    )
 
     def run(p):
         return [noise] + ([oob_at()] if p["n"] >= 5 else [])
@@ -883,7 +1052,7 @@ def test_markdown_reports_shrink_sizes_and_times():
     result = san.make_result("memcheck", ["cs", "w"], [oob_at()], shrink_result=res)
     assert result["shrink"]["shrunk"] == {"n": 129}
     md = sanitize_report.render_markdown(result)
-    section = md[md.index("## Shrunk"):md.index("## Reproduce")]
+    section = md[md.index("## Shrunk") : md.index("## Reproduce")]
     assert "original {'n': 4096} (3.0 s)" in section
     assert "shrunk {'n': 129} (3.0 s)" in section
     assert "same finding INVALID_GLOBAL_WRITE at minimal.py:64" in section
@@ -893,7 +1062,10 @@ def test_markdown_reports_shrink_sizes_and_times():
 def test_shrinkable_params_read_without_importing_the_kernel(tmp_path):
     assert cmd.shrinkable_params(REPO / "kernels" / "minimal.py", "Minimal") == ("n",)
     assert cmd.shrinkable_params(REPO / "kernels" / "tma_stream.py", "TmaStream") == (
-        "m", "n", "ctas")
+        "m",
+        "n",
+        "ctas",
+    )
     assert cmd.shrinkable_params(REPO / "kernels" / "minimal.py", "Nope") == ()
     k = tmp_path / "k.py"
     k.write_text("class K:\n    PARAMS = {'n': 4}\n")
@@ -901,28 +1073,31 @@ def test_shrinkable_params_read_without_importing_the_kernel(tmp_path):
 
 
 # ---- the verdict of one sanitized run ------------------------------------------------------
-@pytest.mark.parametrize(("cls", "kernel", "kw", "expected"), [
-    # findings decide once the kernel ran, whatever the worker made of the launch
-    ("RACE", "PASS", {}, "RACE"),
-    ("MEMORY_ERROR", "CRASH", {"synced": False}, "MEMORY_ERROR"),
-    ("UNINIT", "MISMATCH", {}, "UNINIT"),
-    # a watchdog kill wins: a sanitized hang is a HANG
-    ("UNREADABLE", "HANG", {"killed": "deadline:launched:100s"}, "HANG"),
-    ("RACE", "HANG", {"killed": "deadline:launched:100s"}, "HANG"),
-    # the kernel never ran: never CLEAN, and findings cannot be this launch's
-    (san.CLEAN, "UNSUPPORTED", {"launched": False, "synced": False}, "UNSUPPORTED"),
-    ("MEMORY_ERROR", "UNSUPPORTED", {"launched": False, "synced": False}, "UNSUPPORTED"),
-    (san.CLEAN, "COMPILE_ERROR", {"launched": False, "synced": False}, "COMPILE_ERROR"),
-    ("UNREADABLE", "PASS", {}, "UNREADABLE"),
-    # error exit code with nothing read: the output was lost
-    (san.CLEAN, "PASS", {"exit_code": 86, "records": 0}, "UNREADABLE"),
-    # error exit code from filtered noise only (API errors on): clean
-    (san.CLEAN, "PASS", {"exit_code": 86, "records": 34}, san.CLEAN),
-    # the kernel crashed and the sanitizer named no cause: the crash, not CLEAN
-    (san.CLEAN, "CRASH", {"synced": False}, "CRASH"),
-    (san.CLEAN, "MISMATCH", {}, san.CLEAN),
-    (san.CLEAN, "PASS", {}, san.CLEAN),
-])
+@pytest.mark.parametrize(
+    ("cls", "kernel", "kw", "expected"),
+    [
+        # findings decide once the kernel ran, whatever the worker made of the launch
+        ("RACE", "PASS", {}, "RACE"),
+        ("MEMORY_ERROR", "CRASH", {"synced": False}, "MEMORY_ERROR"),
+        ("UNINIT", "MISMATCH", {}, "UNINIT"),
+        # a watchdog kill wins: a sanitized hang is a HANG
+        ("UNREADABLE", "HANG", {"killed": "deadline:launched:100s"}, "HANG"),
+        ("RACE", "HANG", {"killed": "deadline:launched:100s"}, "HANG"),
+        # the kernel never ran: never CLEAN, and findings cannot be this launch's
+        (san.CLEAN, "UNSUPPORTED", {"launched": False, "synced": False}, "UNSUPPORTED"),
+        ("MEMORY_ERROR", "UNSUPPORTED", {"launched": False, "synced": False}, "UNSUPPORTED"),
+        (san.CLEAN, "COMPILE_ERROR", {"launched": False, "synced": False}, "COMPILE_ERROR"),
+        ("UNREADABLE", "PASS", {}, "UNREADABLE"),
+        # error exit code with nothing read: the output was lost
+        (san.CLEAN, "PASS", {"exit_code": 86, "records": 0}, "UNREADABLE"),
+        # error exit code from filtered noise only (API errors on): clean
+        (san.CLEAN, "PASS", {"exit_code": 86, "records": 34}, san.CLEAN),
+        # the kernel crashed and the sanitizer named no cause: the crash, not CLEAN
+        (san.CLEAN, "CRASH", {"synced": False}, "CRASH"),
+        (san.CLEAN, "MISMATCH", {}, san.CLEAN),
+        (san.CLEAN, "PASS", {}, san.CLEAN),
+    ],
+)
 def test_tool_verdict_table(cls, kernel, kw, expected):
     args = {"launched": True, "synced": True, "killed": None, "exit_code": 0, "records": 0}
     verdict, reason = cmd.tool_verdict(cls, kernel, "worker says so", **(args | kw))
@@ -950,11 +1125,15 @@ def test_as_expected():
 
 def test_judge_checks_plain_run_verdicts_against_the_plain_run():
     found = {"memcheck": "MEMORY_ERROR"}
-    assert cmd.judge("MEMORY_ERROR", found, "MISMATCH") == (True, "expected MEMORY_ERROR: "
-                                                                  "as expected")
+    assert cmd.judge("MEMORY_ERROR", found, "MISMATCH") == (
+        True,
+        "expected MEMORY_ERROR: as expected",
+    )
     # the oob_store scenario expects MISMATCH of its plain run: memcheck's finding is no miss
     assert cmd.judge("MISMATCH", found, "MISMATCH") == (
-        True, "expected MISMATCH (plain run): got MISMATCH, as expected")
+        True,
+        "expected MISMATCH (plain run): got MISMATCH, as expected",
+    )
     assert cmd.judge("MISMATCH", found, "PASS")[0] is False
     ok, line = cmd.judge("HANG", found, None)
     assert ok is None and "not checked" in line and "--expect RACE|MEMORY_ERROR" in line
@@ -975,13 +1154,25 @@ def fake_sanitizer(tmp_path):
 
 
 def cutedebug_sanitize(*args, env=None, timeout=600):
-    return subprocess.run([sys.executable, "-m", "cutedebug", "sanitize", *args], check=False,
-                          capture_output=True, text=True, cwd=REPO, env=env, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "cutedebug", "sanitize", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=timeout,
+    )
 
 
 def sanitize(fake, case, mode, *args, env=None, timeout=300):
-    full_env = dict(os.environ, COMPUTE_SANITIZER=str(fake), FAKE_SANITIZER_CASE=case,
-                    FAKE_SANITIZER_MODE=mode, **(env or {}))
+    full_env = dict(
+        os.environ,
+        COMPUTE_SANITIZER=str(fake),
+        FAKE_SANITIZER_CASE=case,
+        FAKE_SANITIZER_MODE=mode,
+        **(env or {}),
+    )
     return cutedebug_sanitize(*args, env=full_env, timeout=timeout)
 
 
@@ -992,29 +1183,53 @@ def report(proc) -> tuple[dict, str]:
 
 
 def test_sanitize_racecheck_finds_the_captured_race(fake_sanitizer, tmp_path):
-    r = sanitize(fake_sanitizer, "racecheck_raw", "simulate", str(SCEN / "clean.toml"),
-                 "--tool", "racecheck", "--expect", "RACE", "--no-plain",
-                 "--runs-dir", str(tmp_path / "runs"))
+    r = sanitize(
+        fake_sanitizer,
+        "racecheck_raw",
+        "simulate",
+        str(SCEN / "clean.toml"),
+        "--tool",
+        "racecheck",
+        "--expect",
+        "RACE",
+        "--no-plain",
+        "--runs-dir",
+        str(tmp_path / "runs"),
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     first = r.stdout.splitlines()[0]
-    assert first.startswith("racecheck: RACE — RAW_HAZARD at race_smem.py:28 / race_smem.py:31 "
-                            "×512: `buf[tid] = x[tid]  # RACE_WRITE`")
+    assert first.startswith(
+        "racecheck: RACE — RAW_HAZARD at race_smem.py:28 / race_smem.py:31 "
+        "×512: `buf[tid] = x[tid]  # RACE_WRITE`"
+    )
     summary, md = report(r)
     res = summary["tools"]["racecheck"]
     assert (res["verdict"], res["sanitizer_class"], res["kernel_verdict"]) == (
-        "RACE", "RACE", "PASS")
+        "RACE",
+        "RACE",
+        "PASS",
+    )
     assert res["exit_code"] == san.ERROR_EXITCODE and res["records"] == 513
     (g,) = res["groups"]
     assert (g["kind"], g["count"], [(ln["line"], ln["source"]) for ln in g["lines"]]) == (
-        "RAW_HAZARD", 512, [(28, "buf[tid] = x[tid]  # RACE_WRITE"),
-                            (31, "y[tid] = buf[(tid + 32) % THREADS]  # RACE_READ")])
+        "RAW_HAZARD",
+        512,
+        [
+            (28, "buf[tid] = x[tid]  # RACE_WRITE"),
+            (31, "y[tid] = buf[(tid + 32) % THREADS]  # RACE_READ"),
+        ],
+    )
     assert res["filtered"] == [{"reason": san.NOISE_ANALYSIS_DUP, "count": 1}]
     # the wrapped command: the sanitizer's options, then the unchanged worker command
     run_dir = Path(res["run_dir"])
     argv = res["command"]
     assert argv[0] == str(fake_sanitizer)
-    assert argv[-4:] == [sys.executable, "-m", "cutedebug.engine.worker",
-                         str(run_dir / "request.json")]
+    assert argv[-4:] == [
+        sys.executable,
+        "-m",
+        "cutedebug.engine.worker",
+        str(run_dir / "request.json"),
+    ]
     assert argv[argv.index("--save") + 1] == str(run_dir / "racecheck.xml")
     assert argv[argv.index("--tool") + 1] == "racecheck"
     request = json.loads((run_dir / "request.json").read_text())
@@ -1024,10 +1239,13 @@ def test_sanitize_racecheck_finds_the_captured_race(fake_sanitizer, tmp_path):
     assert "RACECHECK SUMMARY: 513 hazards" in (run_dir / "worker.log").read_text()
     assert res["reproduce"].startswith("CUTE_DSL_LINEINFO=1 ")
     assert res["reproduce_cutedebug"] == (
-        f"cutedebug sanitize {SCEN / 'clean.toml'} --tool racecheck --expect RACE")
+        f"cutedebug sanitize {SCEN / 'clean.toml'} --tool racecheck --expect RACE"
+    )
     assert "**TL;DR** racecheck → **RACE**: RAW_HAZARD at race_smem.py:28" in md
-    assert ("| racecheck | RACE | RAW_HAZARD@race_smem.py:28 / race_smem.py:31 ×512 | 0 | "
-            "1 analysis-dup |") in md
+    assert (
+        "| racecheck | RACE | RAW_HAZARD@race_smem.py:28 / race_smem.py:31 ×512 | 0 | "
+        "1 analysis-dup |"
+    ) in md
     assert "Expected RACE: as expected." in md
     assert summary["as_expected"] is True
 
@@ -1036,14 +1254,25 @@ def test_sanitize_synccheck_names_the_extra_release(fake_sanitizer, tmp_path):
     """The H200 capture of tma_stream/extra_consumer_release under synccheck, end to end: the
     sanitizer's SYNC_ERROR at the release line wins over the kernel's launch failure."""
     scen = REPO / "scenarios" / "tma_stream" / "extra_consumer_release.toml"
-    r = sanitize(fake_sanitizer, "synccheck_extra_release", "simulate-crash", str(scen),
-                 "--tool", "synccheck", "--expect", "SYNC_ERROR", "--no-plain",
-                 "--runs-dir", str(tmp_path))
+    r = sanitize(
+        fake_sanitizer,
+        "synccheck_extra_release",
+        "simulate-crash",
+        str(scen),
+        "--tool",
+        "synccheck",
+        "--expect",
+        "SYNC_ERROR",
+        "--no-plain",
+        "--runs-dir",
+        str(tmp_path),
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     release = tma_stream_line(r"^\s*ring\.consumer_release\(state\)")
     assert r.stdout.splitlines()[0].startswith(
         f"synccheck: SYNC_ERROR — BARRIER_MISUSE at tma_stream.py:{release} ×61: "
-        "`ring.consumer_release(state)`")
+        "`ring.consumer_release(state)`"
+    )
     summary, md = report(r)
     res = summary["tools"]["synccheck"]
     assert (res["verdict"], res["kernel_verdict"], res["records"]) == ("SYNC_ERROR", "CRASH", 61)
@@ -1053,22 +1282,49 @@ def test_sanitize_synccheck_names_the_extra_release(fake_sanitizer, tmp_path):
 
 
 def test_sanitize_pass_scenario_with_a_race_is_not_as_expected(fake_sanitizer, tmp_path):
-    r = sanitize(fake_sanitizer, "racecheck_raw", "simulate", str(SCEN / "clean.toml"),
-                 "--tool", "racecheck", "--no-plain", "--runs-dir", str(tmp_path))
+    r = sanitize(
+        fake_sanitizer,
+        "racecheck_raw",
+        "simulate",
+        str(SCEN / "clean.toml"),
+        "--tool",
+        "racecheck",
+        "--no-plain",
+        "--runs-dir",
+        str(tmp_path),
+    )
     assert r.returncode == 1, r.stdout + r.stderr
     assert "expected PASS: NOT as expected" in r.stdout
 
 
 def test_sanitize_clean_and_noise_only_runs_are_clean(fake_sanitizer, tmp_path):
-    r = sanitize(fake_sanitizer, "memcheck_clean", "simulate", str(SCEN / "clean.toml"),
-                 "--tool", "memcheck", "--no-plain", "--runs-dir", str(tmp_path))
+    r = sanitize(
+        fake_sanitizer,
+        "memcheck_clean",
+        "simulate",
+        str(SCEN / "clean.toml"),
+        "--tool",
+        "memcheck",
+        "--no-plain",
+        "--runs-dir",
+        str(tmp_path),
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     res = report(r)[0]["tools"]["memcheck"]
     assert (res["verdict"], res["groups"], res["filtered"]) == ("CLEAN", [], [])
     assert "PYTORCH_NO_CUDA_MEMORY_CACHING=1" in res["reproduce"]
     # cuGetProcAddress noise makes the tool exit with the error code; still clean, with reason
-    r = sanitize(fake_sanitizer, "memcheck_api_noise", "simulate", str(SCEN / "clean.toml"),
-                 "--tool", "memcheck", "--no-plain", "--runs-dir", str(tmp_path))
+    r = sanitize(
+        fake_sanitizer,
+        "memcheck_api_noise",
+        "simulate",
+        str(SCEN / "clean.toml"),
+        "--tool",
+        "memcheck",
+        "--no-plain",
+        "--runs-dir",
+        str(tmp_path),
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     summary, md = report(r)
     res = summary["tools"]["memcheck"]
@@ -1077,24 +1333,52 @@ def test_sanitize_clean_and_noise_only_runs_are_clean(fake_sanitizer, tmp_path):
 
 
 def test_sanitize_memcheck_error_that_stops_the_kernel(fake_sanitizer, tmp_path):
-    r = sanitize(fake_sanitizer, "memcheck_oob", "simulate-crash", str(SCEN / "oob_store.toml"),
-                 "--tool", "memcheck", "--expect", "MEMORY_ERROR", "--no-plain",
-                 "--runs-dir", str(tmp_path))
+    r = sanitize(
+        fake_sanitizer,
+        "memcheck_oob",
+        "simulate-crash",
+        str(SCEN / "oob_store.toml"),
+        "--tool",
+        "memcheck",
+        "--expect",
+        "MEMORY_ERROR",
+        "--no-plain",
+        "--runs-dir",
+        str(tmp_path),
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     res = report(r)[0]["tools"]["memcheck"]
     assert (res["verdict"], res["kernel_verdict"]) == ("MEMORY_ERROR", "CRASH")
     (g,) = res["groups"]
     assert (g["kind"], g["count"], g["lines"][0]["line"], g["blocks"]) == (
-        "INVALID_GLOBAL_WRITE", 64, 64, [[31, 0, 0]])
+        "INVALID_GLOBAL_WRITE",
+        64,
+        64,
+        [[31, 0, 0]],
+    )
 
 
 def test_sanitize_hang_ends_as_hang(fake_sanitizer, tmp_path):
     toml = tmp_path / "hang.toml"
-    toml.write_text(f'id = "t/hang"\n[kernel]\nfile = "{REPO / "kernels" / "minimal.py"}"\n'
-                    'entry = "Minimal"\n[expect]\nverdict = "PASS"\n'
-                    '[limits]\ndeadline_s = 0.5\n')
-    r = sanitize(fake_sanitizer, "racecheck_clean", "hang", str(toml), "--tool", "racecheck",
-                 "--no-plain", "--deadline-scale", "3", "--runs-dir", str(tmp_path), timeout=120)
+    toml.write_text(
+        f'id = "t/hang"\n[kernel]\nfile = "{REPO / "kernels" / "minimal.py"}"\n'
+        'entry = "Minimal"\n[expect]\nverdict = "PASS"\n'
+        "[limits]\ndeadline_s = 0.5\n"
+    )
+    r = sanitize(
+        fake_sanitizer,
+        "racecheck_clean",
+        "hang",
+        str(toml),
+        "--tool",
+        "racecheck",
+        "--no-plain",
+        "--deadline-scale",
+        "3",
+        "--runs-dir",
+        str(tmp_path),
+        timeout=120,
+    )
     assert r.returncode == 1, r.stdout + r.stderr
     res = report(r)[0]["tools"]["racecheck"]
     assert res["verdict"] == "HANG"
@@ -1105,33 +1389,69 @@ def test_sanitize_hang_ends_as_hang(fake_sanitizer, tmp_path):
 
 
 def test_sanitize_without_output_is_unreadable_not_clean(fake_sanitizer, tmp_path):
-    r = sanitize(fake_sanitizer, "memcheck_clean", "simulate", str(SCEN / "clean.toml"),
-                 "--tool", "memcheck", "--no-plain", "--runs-dir", str(tmp_path),
-                 env={"FAKE_SANITIZER_XML": "0", "FAKE_SANITIZER_TEXT": "0"})
+    r = sanitize(
+        fake_sanitizer,
+        "memcheck_clean",
+        "simulate",
+        str(SCEN / "clean.toml"),
+        "--tool",
+        "memcheck",
+        "--no-plain",
+        "--runs-dir",
+        str(tmp_path),
+        env={"FAKE_SANITIZER_XML": "0", "FAKE_SANITIZER_TEXT": "0"},
+    )
     assert r.returncode == 1
     res = report(r)[0]["tools"]["memcheck"]
     assert res["verdict"] == "UNREADABLE"
     assert [g["kind"] for g in res["groups"]] == ["PARSE_FAILURE"]
     # XML lost but the text report there: the text decides, the XML failure is kept as info
-    r = sanitize(fake_sanitizer, "racecheck_raw", "simulate", str(SCEN / "clean.toml"),
-                 "--tool", "racecheck", "--no-plain", "--expect", "RACE",
-                 "--runs-dir", str(tmp_path), env={"FAKE_SANITIZER_XML": "0"})
+    r = sanitize(
+        fake_sanitizer,
+        "racecheck_raw",
+        "simulate",
+        str(SCEN / "clean.toml"),
+        "--tool",
+        "racecheck",
+        "--no-plain",
+        "--expect",
+        "RACE",
+        "--runs-dir",
+        str(tmp_path),
+        env={"FAKE_SANITIZER_XML": "0"},
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     res = report(r)[0]["tools"]["racecheck"]
     assert res["verdict"] == "RACE"
     assert [(g["kind"], g["severity"]) for g in res["groups"]] == [
-        ("RAW_HAZARD", "error"), ("PARSE_FAILURE", "info")]
+        ("RAW_HAZARD", "error"),
+        ("PARSE_FAILURE", "info"),
+    ]
 
 
-@pytest.mark.skipif(__import__("shutil").which("nvidia-smi") is not None,
-                    reason="checks the no-GPU path")
+@pytest.mark.skipif(
+    __import__("shutil").which("nvidia-smi") is not None, reason="checks the no-GPU path"
+)
 @pytest.mark.slow
 def test_sanitize_real_worker_without_gpu_is_not_clean(fake_sanitizer, tmp_path):
     """The fake runs the real worker, which compiles and reports UNSUPPORTED here: the kernel
     never ran, so the verdict is UNSUPPORTED although the replayed XML holds findings."""
-    r = sanitize(fake_sanitizer, "memcheck_oob", "exec", str(SCEN / "oob_store.toml"),
-                 "--tool", "memcheck", "--param", "n=4096", "--param", "oob_offset=64",
-                 "--expect", "MEMORY_ERROR", "--runs-dir", str(tmp_path))
+    r = sanitize(
+        fake_sanitizer,
+        "memcheck_oob",
+        "exec",
+        str(SCEN / "oob_store.toml"),
+        "--tool",
+        "memcheck",
+        "--param",
+        "n=4096",
+        "--param",
+        "oob_offset=64",
+        "--expect",
+        "MEMORY_ERROR",
+        "--runs-dir",
+        str(tmp_path),
+    )
     assert r.returncode == 1, r.stdout + r.stderr
     summary, md = report(r)
     res = summary["tools"]["memcheck"]
@@ -1142,17 +1462,32 @@ def test_sanitize_real_worker_without_gpu_is_not_clean(fake_sanitizer, tmp_path)
     assert summary["scenario"]["params"] == {"n": 4096, "oob_offset": 64}
     assert summary["plain"]["verdict"] == "UNSUPPORTED" and summary["plain"]["seconds"] > 0
     assert res["plain_seconds"] == summary["plain"]["seconds"]
-    events = [json.loads(ln)["event"] for ln in
-              (Path(res["run_dir"]) / "events.jsonl").read_text().splitlines()]
+    events = [
+        json.loads(ln)["event"]
+        for ln in (Path(res["run_dir"]) / "events.jsonl").read_text().splitlines()
+    ]
     assert "compiled" in events and "launched" not in events
     assert "**TL;DR** memcheck → **UNSUPPORTED**" in md
 
 
 def test_sanitize_shrink_keeps_the_finding(fake_sanitizer, tmp_path):
-    r = sanitize(fake_sanitizer, "memcheck_oob", "simulate-crash", str(SCEN / "oob_store.toml"),
-                 "--tool", "memcheck", "--param", "n=4096", "--expect", "MEMORY_ERROR",
-                 "--shrink", "--no-plain", "--runs-dir", str(tmp_path),
-                 env={"FAKE_SANITIZER_BELOW": "n=300:memcheck_clean"})
+    r = sanitize(
+        fake_sanitizer,
+        "memcheck_oob",
+        "simulate-crash",
+        str(SCEN / "oob_store.toml"),
+        "--tool",
+        "memcheck",
+        "--param",
+        "n=4096",
+        "--expect",
+        "MEMORY_ERROR",
+        "--shrink",
+        "--no-plain",
+        "--runs-dir",
+        str(tmp_path),
+        env={"FAKE_SANITIZER_BELOW": "n=300:memcheck_clean"},
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     summary, md = report(r)
     shrunk = summary["tools"]["memcheck"]["shrink"]
@@ -1192,25 +1527,47 @@ def real_sanitizer():
 @pytest.mark.gpu
 def test_gpu_sanitize_minimal_oob_store(tmp_path):
     real_sanitizer()
-    r = cutedebug_sanitize(str(SCEN / "oob_store.toml"), "--tool", "memcheck", "--param",
-                           "n=4096", "--param", "oob_offset=64", "--expect", "MEMORY_ERROR",
-                           "--runs-dir", str(tmp_path))
+    r = cutedebug_sanitize(
+        str(SCEN / "oob_store.toml"),
+        "--tool",
+        "memcheck",
+        "--param",
+        "n=4096",
+        "--param",
+        "oob_offset=64",
+        "--expect",
+        "MEMORY_ERROR",
+        "--runs-dir",
+        str(tmp_path),
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     res = report(r)[0]["tools"]["memcheck"]
     (g,) = res["groups"]
-    assert (g["kind"], g["count"], os.path.basename(g["lines"][0]["file"]),
-            g["lines"][0]["line"]) == ("INVALID_GLOBAL_WRITE", 64, "minimal.py",
-                                       minimal_store_line())
+    assert (
+        g["kind"],
+        g["count"],
+        os.path.basename(g["lines"][0]["file"]),
+        g["lines"][0]["line"],
+    ) == ("INVALID_GLOBAL_WRITE", 64, "minimal.py", minimal_store_line())
 
 
 @pytest.mark.gpu
 def test_gpu_sanitize_minimal_clean_and_hang(tmp_path):
     real_sanitizer()
-    r = cutedebug_sanitize(str(SCEN / "clean.toml"), "--tool", "memcheck,initcheck",
-                           "--runs-dir", str(tmp_path))
+    r = cutedebug_sanitize(
+        str(SCEN / "clean.toml"), "--tool", "memcheck,initcheck", "--runs-dir", str(tmp_path)
+    )
     assert r.returncode == 0, r.stdout + r.stderr
-    r = cutedebug_sanitize(str(SCEN / "spin_hang.toml"), "--tool", "memcheck", "--no-plain",
-                           "--deadline-scale", "3", "--runs-dir", str(tmp_path))
+    r = cutedebug_sanitize(
+        str(SCEN / "spin_hang.toml"),
+        "--tool",
+        "memcheck",
+        "--no-plain",
+        "--deadline-scale",
+        "3",
+        "--runs-dir",
+        str(tmp_path),
+    )
     assert report(r)[0]["tools"]["memcheck"]["verdict"] == "HANG", r.stdout + r.stderr
 
 
@@ -1218,8 +1575,9 @@ def test_gpu_sanitize_minimal_clean_and_hang(tmp_path):
 def load_table_tool():
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("gpu_sanitize_table",
-                                                  REPO / "tools" / "gpu_sanitize_table.py")
+    spec = importlib.util.spec_from_file_location(
+        "gpu_sanitize_table", REPO / "tools" / "gpu_sanitize_table.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -1231,20 +1589,36 @@ def test_table_plan_defaults_and_overrides():
     assert default["tma_stream/clean.toml"] == san.TOOLS
     assert default["tma_stream/oob_store.toml"] == ("memcheck",)
     assert default["tma_stream/drop_sync.toml"] == ("racecheck", "synccheck")
-    assert set(default) >= {f"tma_stream/{n}.toml" for n in (
-        "clean", "drop_sync", "oob_store", "missing_init_fence", "wrong_expect_tx_minus",
-        "extra_consumer_release")} | {"minimal/clean.toml", "minimal/oob_store.toml"}
+    assert set(default) >= {
+        f"tma_stream/{n}.toml"
+        for n in (
+            "clean",
+            "drop_sync",
+            "oob_store",
+            "missing_init_fence",
+            "wrong_expect_tx_minus",
+            "extra_consumer_release",
+        )
+    } | {"minimal/clean.toml", "minimal/oob_store.toml"}
     assert sum(len(t) for t in default.values()) == 16  # ~7-15 s each: fits the 6 minutes
     assert {t for _, t in tool.plan([], "memcheck")} == {("memcheck",)}
     assert tool.plan(["a.toml=racecheck", "b.toml"], None) == [
-        (Path("a.toml"), ("racecheck",)), (Path("b.toml"), san.TOOLS)]
+        (Path("a.toml"), ("racecheck",)),
+        (Path("b.toml"), san.TOOLS),
+    ]
 
 
-@pytest.mark.skipif(__import__("shutil").which("nvidia-smi") is not None,
-                    reason="checks the no-GPU path")
+@pytest.mark.skipif(
+    __import__("shutil").which("nvidia-smi") is not None, reason="checks the no-GPU path"
+)
 def test_table_without_gpu_says_so():
-    r = subprocess.run([sys.executable, str(REPO / "tools" / "gpu_sanitize_table.py")],
-                       capture_output=True, text=True, check=False, timeout=120)
+    r = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "gpu_sanitize_table.py")],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
     assert (r.returncode, r.stdout) == (0, "no GPU\n")
 
 
@@ -1253,22 +1627,43 @@ def test_sanitize_killed_by_a_signal_leaves_no_process_behind(fake_sanitizer, tm
     """`timeout 100 cutedebug sanitize ...` on a hung kernel: the sanitizer and the worker go
     too (they did not, before SIGTERM was handled: the H200 run of --shrink left both)."""
     toml = tmp_path / "hang.toml"
-    toml.write_text(f'id = "t/hang"\n[kernel]\nfile = "{REPO / "kernels" / "minimal.py"}"\n'
-                    'entry = "Minimal"\n[expect]\nverdict = "PASS"\n'
-                    '[limits]\ndeadline_s = 600\n')
-    env = dict(os.environ, COMPUTE_SANITIZER=str(fake_sanitizer),
-               FAKE_SANITIZER_CASE="racecheck_clean", FAKE_SANITIZER_MODE="hang")
-    proc = subprocess.Popen([sys.executable, "-m", "cutedebug", "sanitize", str(toml), "--tool",
-                             "racecheck", "--no-plain", "--runs-dir", str(tmp_path)],
-                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    toml.write_text(
+        f'id = "t/hang"\n[kernel]\nfile = "{REPO / "kernels" / "minimal.py"}"\n'
+        'entry = "Minimal"\n[expect]\nverdict = "PASS"\n'
+        "[limits]\ndeadline_s = 600\n"
+    )
+    env = dict(
+        os.environ,
+        COMPUTE_SANITIZER=str(fake_sanitizer),
+        FAKE_SANITIZER_CASE="racecheck_clean",
+        FAKE_SANITIZER_MODE="hang",
+    )
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "cutedebug",
+            "sanitize",
+            str(toml),
+            "--tool",
+            "racecheck",
+            "--no-plain",
+            "--runs-dir",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         parent = psutil.Process(proc.pid)
         deadline = time.monotonic() + 120
         launched = []
         while time.monotonic() < deadline and not launched:  # the sanitized kernel "runs"
-            launched = [p for p in tmp_path.rglob("events.jsonl") if '"launched"' in
-                        p.read_text()]
+            launched = [p for p in tmp_path.rglob("events.jsonl") if '"launched"' in p.read_text()]
             time.sleep(0.2)
         assert launched, "the fake sanitized worker never launched"
         children = parent.children(recursive=True)

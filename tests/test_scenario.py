@@ -53,33 +53,42 @@ def test_relative_kernel_path_is_relative_to_the_scenario(tmp_path):
     assert sc.kernel_file == str((tmp_path / "k.py").resolve())
 
 
-@pytest.mark.parametrize("old,new,needles", [
-    ('id = "t/good"', 'idd = "t/good"', ["unknown field 'idd'", "allowed"]),
-    ('id = "t/good"', 'id = "has space"', ["field id", "has space"]),
-    ('verdict = "PASS"', 'verdict = "PASSED"', ["expect.verdict", "'PASSED'", "HANG"]),
-    ('verdict = "PASS"', 'verdict = 3', ["expect.verdict", "expected str"]),
-    ('verdict = "PASS"', 'verdict = "HANG"\nrole = "warp"', ["expect.role", "'warp'",
-                                                          "producer"]),
-    ('verdict = "PASS"', 'verdict = "HANG"\nop = "wait"', ["expect.op", "consumer_wait"]),
-    ('verdict = "PASS"', 'verdict = "HANG"\nbarrier = "ful"', ["expect.barrier", "full"]),
-    ('verdict = "PASS"', 'verdict = "HANG"\nstage = -1', ["expect.stage", "-1"]),
-    ("deadline_s = 5", "deadline_s = 0", ["limits.deadline_s", "within"]),
-    ("deadline_s = 5", 'deadline_s = "5"', ["limits.deadline_s", "expected float"]),
-    ("deadline_s = 5", "deadlin_s = 5", ["unknown field 'limits.deadlin_s'"]),
-    ('arch = ["sm_90a"]', 'arch = ["sm_89"]', ["requires.arch", "'sm_89'", "sm_100a"]),
-    ('arch = ["sm_90a"]', "arch = []", ["requires.arch is empty"]),
-    ("n = 4096", "n = 40.5", ["params.n", "expected int"]),
-    ("n = 4096", "m = 1", ["unknown field params.m", "'n'"]),
-    ('entry = "Minimal"', 'entry = "Maximal"', ["kernel.entry", "'Maximal'", "Minimal"]),
-    (f'file = "{MINIMAL}"', 'file = "nope/k.py"', ["kernel.file", "nope/k.py", "no such file"]),
-    ('entry = "Minimal"', "", ["kernel.entry is missing"]),
-    ('[expect]\nverdict = "PASS"', "", ["'expect' is missing"]),
-    ('verdict = "PASS"', 'verdict = "PASS"\nalso = ["PASS"]', ["expect.also", "'PASS'", "HANG"]),
-    ('verdict = "PASS"', 'verdict = "PASS"\nalso = ["HUNG"]', ["expect.also", "'HUNG'"]),
-    ('verdict = "PASS"', 'verdict = "PASS"\nalso = ["HANG", "HANG"]', ["expect.also",
-                                                                    "twice"]),
-    ('verdict = "PASS"', 'verdict = "PASS"\nalso = "HANG"', ["expect.also", "expected list"]),
-])
+@pytest.mark.parametrize(
+    "old,new,needles",
+    [
+        ('id = "t/good"', 'idd = "t/good"', ["unknown field 'idd'", "allowed"]),
+        ('id = "t/good"', 'id = "has space"', ["field id", "has space"]),
+        ('verdict = "PASS"', 'verdict = "PASSED"', ["expect.verdict", "'PASSED'", "HANG"]),
+        ('verdict = "PASS"', "verdict = 3", ["expect.verdict", "expected str"]),
+        (
+            'verdict = "PASS"',
+            'verdict = "HANG"\nrole = "warp"',
+            ["expect.role", "'warp'", "producer"],
+        ),
+        ('verdict = "PASS"', 'verdict = "HANG"\nop = "wait"', ["expect.op", "consumer_wait"]),
+        ('verdict = "PASS"', 'verdict = "HANG"\nbarrier = "ful"', ["expect.barrier", "full"]),
+        ('verdict = "PASS"', 'verdict = "HANG"\nstage = -1', ["expect.stage", "-1"]),
+        ("deadline_s = 5", "deadline_s = 0", ["limits.deadline_s", "within"]),
+        ("deadline_s = 5", 'deadline_s = "5"', ["limits.deadline_s", "expected float"]),
+        ("deadline_s = 5", "deadlin_s = 5", ["unknown field 'limits.deadlin_s'"]),
+        ('arch = ["sm_90a"]', 'arch = ["sm_89"]', ["requires.arch", "'sm_89'", "sm_100a"]),
+        ('arch = ["sm_90a"]', "arch = []", ["requires.arch is empty"]),
+        ("n = 4096", "n = 40.5", ["params.n", "expected int"]),
+        ("n = 4096", "m = 1", ["unknown field params.m", "'n'"]),
+        ('entry = "Minimal"', 'entry = "Maximal"', ["kernel.entry", "'Maximal'", "Minimal"]),
+        (f'file = "{MINIMAL}"', 'file = "nope/k.py"', ["kernel.file", "nope/k.py", "no such file"]),
+        ('entry = "Minimal"', "", ["kernel.entry is missing"]),
+        ('[expect]\nverdict = "PASS"', "", ["'expect' is missing"]),
+        (
+            'verdict = "PASS"',
+            'verdict = "PASS"\nalso = ["PASS"]',
+            ["expect.also", "'PASS'", "HANG"],
+        ),
+        ('verdict = "PASS"', 'verdict = "PASS"\nalso = ["HUNG"]', ["expect.also", "'HUNG'"]),
+        ('verdict = "PASS"', 'verdict = "PASS"\nalso = ["HANG", "HANG"]', ["expect.also", "twice"]),
+        ('verdict = "PASS"', 'verdict = "PASS"\nalso = "HANG"', ["expect.also", "expected list"]),
+    ],
+)
 def test_bad_fields_name_file_field_and_value(tmp_path, old, new, needles):
     assert old in GOOD
     path = write(tmp_path, GOOD.replace(old, new))
@@ -92,11 +101,19 @@ def test_bad_fields_name_file_field_and_value(tmp_path, old, new, needles):
 
 
 def test_timing_dependent_scenario_accepts_its_measured_alternatives(tmp_path):
-    sc = S.load(write(tmp_path, GOOD.replace('verdict = "PASS"',
-                                              'verdict = "MISMATCH"\nalso = ["PASS", "HANG"]')))
+    sc = S.load(
+        write(
+            tmp_path,
+            GOOD.replace('verdict = "PASS"', 'verdict = "MISMATCH"\nalso = ["PASS", "HANG"]'),
+        )
+    )
     assert sc.expect.also == ("PASS", "HANG") and sc.expect.timing_dependent
-    assert [sc.expect.accepts(v) for v in ("MISMATCH", "PASS", "HANG", "CRASH")] == \
-        [True, True, True, False]
+    assert [sc.expect.accepts(v) for v in ("MISMATCH", "PASS", "HANG", "CRASH")] == [
+        True,
+        True,
+        True,
+        False,
+    ]
     assert sc.expect.verdict_text() == "MISMATCH (timing-dependent: also PASS, HANG)"
     assert S.Scenario.from_json(sc.to_json()) == sc  # replay keeps it
     plain = S.load(write(tmp_path, GOOD, "plain.toml"))
@@ -155,14 +172,40 @@ def test_parse_value():
 
 
 # ---- fuzzing: whatever the TOML says, loading raises ScenarioError or succeeds ---------
-scalars = st.one_of(st.integers(-10**6, 10**6), st.floats(allow_nan=False, width=32),
-                    st.booleans(), st.text(max_size=12), st.lists(st.text(max_size=6),
-                                                                  max_size=3))
-keys = st.sampled_from(["id", "description", "kernel", "params", "fault", "expect", "limits",
-                        "requires", "probes", "file", "entry", "verdict", "kind", "n",
-                        "deadline_s", "arch", "role", "stage", "enabled", "zzz"])
-tables = st.recursive(scalars, lambda inner: st.dictionaries(keys, inner, max_size=6),
-                      max_leaves=20)
+scalars = st.one_of(
+    st.integers(-(10**6), 10**6),
+    st.floats(allow_nan=False, width=32),
+    st.booleans(),
+    st.text(max_size=12),
+    st.lists(st.text(max_size=6), max_size=3),
+)
+keys = st.sampled_from(
+    [
+        "id",
+        "description",
+        "kernel",
+        "params",
+        "fault",
+        "expect",
+        "limits",
+        "requires",
+        "probes",
+        "file",
+        "entry",
+        "verdict",
+        "kind",
+        "n",
+        "deadline_s",
+        "arch",
+        "role",
+        "stage",
+        "enabled",
+        "zzz",
+    ]
+)
+tables = st.recursive(
+    scalars, lambda inner: st.dictionaries(keys, inner, max_size=6), max_leaves=20
+)
 
 
 @pytest.mark.slow

@@ -21,34 +21,77 @@ from cutedebug.engine import scenario as S
 from cutedebug.engine import verdict as V
 from cutedebug.reporting import matrix as M
 
-H200 = {"present": True, "reason": None, "name": "NVIDIA H200", "cc": "9.0",
-        "driver": "580.65.06", "arch": "sm_90a"}
+H200 = {
+    "present": True,
+    "reason": None,
+    "name": "NVIDIA H200",
+    "cc": "9.0",
+    "driver": "580.65.06",
+    "arch": "sm_90a",
+}
 NO_GPU = {"present": False, "reason": "no NVIDIA GPU on this machine (nvidia-smi not found)"}
 SITE = {"role": "consumer", "op": "consumer_wait", "barrier": "full", "stage": 1}
 
 
 # ---- records by hand ---------------------------------------------------------------------------
-def call(mode: str, verdict: str, *, loc_ok=None, verdicts=None, findings=None, wall=3.0,
-         compile_s=1.0, kernel_s=0.5, compiled=True, reason="recorded") -> dict:
+def call(
+    mode: str,
+    verdict: str,
+    *,
+    loc_ok=None,
+    verdicts=None,
+    findings=None,
+    wall=3.0,
+    compile_s=1.0,
+    kernel_s=0.5,
+    compiled=True,
+    reason="recorded",
+) -> dict:
     verdicts = verdicts or [verdict]
-    return {"mode": mode, "verdict": verdict, "reason": reason, "compiled": compiled,
-            "fault_count": 1, "static_findings": findings, "localization": {"ok": loc_ok},
-            "verdicts": verdicts, "harness_errors": verdicts.count("HARNESS_ERROR"),
-            "wall_s": wall, "compile_s": compile_s, "kernel_s": kernel_s,
-            "overhead_s": round(wall / len(verdicts) - compile_s - kernel_s, 3),
-            "device": None, "report": f"runs/{mode}/report.md"}
+    return {
+        "mode": mode,
+        "verdict": verdict,
+        "reason": reason,
+        "compiled": compiled,
+        "fault_count": 1,
+        "static_findings": findings,
+        "localization": {"ok": loc_ok},
+        "verdicts": verdicts,
+        "harness_errors": verdicts.count("HARNESS_ERROR"),
+        "wall_s": wall,
+        "compile_s": compile_s,
+        "kernel_s": kernel_s,
+        "overhead_s": round(wall / len(verdicts) - compile_s - kernel_s, 3),
+        "device": None,
+        "report": f"runs/{mode}/report.md",
+    }
 
 
-def record(sid, fault, expect, *, loc=None, compile_call=None, run_call=None, not_run=None,
-           also=()):
-    rec = {"schema": T.RECORD_SCHEMA, "id": sid, "source": f"/s/{sid}.toml",
-           "kernel": sid.split("/")[0] + ".py:K", "fault": fault, "fault_args": {},
-           "params": {}, "digest": "d", "repeat": 1,
-           "expected": {"verdict": expect, "also": list(also), "localization": loc or {}},
-           "compile": compile_call or call("compile", "UNSUPPORTED"), "run": run_call,
-           "not_run": None, "invalid": None, "status": "compiled"}
-    final = run_call if run_call is not None else (
-        rec["compile"] if rec["compile"]["verdict"] in T.COMPILE_FINAL else None)
+def record(
+    sid, fault, expect, *, loc=None, compile_call=None, run_call=None, not_run=None, also=()
+):
+    rec = {
+        "schema": T.RECORD_SCHEMA,
+        "id": sid,
+        "source": f"/s/{sid}.toml",
+        "kernel": sid.split("/")[0] + ".py:K",
+        "fault": fault,
+        "fault_args": {},
+        "params": {},
+        "digest": "d",
+        "repeat": 1,
+        "expected": {"verdict": expect, "also": list(also), "localization": loc or {}},
+        "compile": compile_call or call("compile", "UNSUPPORTED"),
+        "run": run_call,
+        "not_run": None,
+        "invalid": None,
+        "status": "compiled",
+    }
+    final = (
+        run_call
+        if run_call is not None
+        else (rec["compile"] if rec["compile"]["verdict"] in T.COMPILE_FINAL else None)
+    )
     T.finalize(rec, final, not_run)
     return rec
 
@@ -61,11 +104,19 @@ RECORDS = [
     record("k/d", None, "PASS", run_call=call("run", "PASS")),
     record("k/e", None, "PASS", run_call=call("run", "MISMATCH", reason="3 of 8 <bad>")),
     record("k/f", "f4", "HANG", loc=LOC, not_run="not run: no GPU — nvidia-smi not found"),
-    record("k/g", "f5", "COMPILE_ERROR",
-           compile_call=call("compile", "COMPILE_ERROR", compiled=False, findings=[])),
+    record(
+        "k/g",
+        "f5",
+        "COMPILE_ERROR",
+        compile_call=call("compile", "COMPILE_ERROR", compiled=False, findings=[]),
+    ),
     record("j/h", "f6", "CRASH", run_call=call("run", "HARNESS_ERROR")),
-    record("j/i", "f7", "HANG", run_call=call("run", "NONDETERMINISTIC",
-                                              verdicts=["HANG", "PASS", "HANG"])),
+    record(
+        "j/i",
+        "f7",
+        "HANG",
+        run_call=call("run", "NONDETERMINISTIC", verdicts=["HANG", "PASS", "HANG"]),
+    ),
     T.invalid_record("j/broken.toml", "/s/j/broken.toml", "unknown field 'x'"),
 ]
 
@@ -89,21 +140,34 @@ def test_rates_count_what_they_say():
 
 def test_rates_without_verdicts_are_not_applicable_rather_than_zero():
     r = T.rates([RECORDS[5]])
-    assert all(r[k]["rate"] is None and r[k]["of"] == 0
-               for k in ("detection", "classification", "localization", "false_alarms"))
+    assert all(
+        r[k]["rate"] is None and r[k]["of"] == 0
+        for k in ("detection", "classification", "localization", "false_alarms")
+    )
 
 
 def test_finalize_grades_verdict_localization_statics_and_frequencies():
-    a, c, f, g, i = (next(r for r in RECORDS if r["id"] == k)
-                     for k in ("k/a", "k/c", "k/f", "k/g", "j/i"))
+    a, c, f, g, i = (
+        next(r for r in RECORDS if r["id"] == k) for k in ("k/a", "k/c", "k/f", "k/g", "j/i")
+    )
     assert (a["verdict_ok"], a["localization_ok"], a["caught_statically"]) == (True, True, None)
     assert (c["verdict_ok"], c["localization_ok"]) == (True, False)
     assert f["verdict"] is None and f["verdict_ok"] is None and f["localization_ok"] is None
     assert g["verdict"] == "COMPILE_ERROR" and g["caught_statically"] is False
     assert i["frequencies"] == {"HANG": 2, "PASS": 1} and i["timing_dependent"]
     assert i["overhead_s"] == round(3.0 / 3 - 1.0 - 0.5, 3)
-    assert [M.state(r) for r in RECORDS] == ["ok", "miss", "miss", "ok", "miss", "notrun",
-                                            "ok", "harness", "timing", "invalid"]
+    assert [M.state(r) for r in RECORDS] == [
+        "ok",
+        "miss",
+        "miss",
+        "ok",
+        "miss",
+        "notrun",
+        "ok",
+        "harness",
+        "timing",
+        "invalid",
+    ]
 
 
 def test_declared_timing_dependent_scenarios_accept_their_alternatives():
@@ -113,21 +177,37 @@ def test_declared_timing_dependent_scenarios_accept_their_alternatives():
     other = record("k/u", "f8", "MISMATCH", also=["PASS"], run_call=call("run", "HANG"))
     assert not other["verdict_ok"] and M.state(other) == "timing"
     # repeats that disagree pass only when every verdict seen is accepted
-    mixed = record("k/v", "f8", "MISMATCH", also=["PASS"], run_call=call(
-        "run", "NONDETERMINISTIC", verdicts=["MISMATCH", "PASS", "MISMATCH"]))
+    mixed = record(
+        "k/v",
+        "f8",
+        "MISMATCH",
+        also=["PASS"],
+        run_call=call("run", "NONDETERMINISTIC", verdicts=["MISMATCH", "PASS", "MISMATCH"]),
+    )
     assert mixed["verdict_ok"] and mixed["frequencies"] == {"MISMATCH": 2, "PASS": 1}
-    md = M.render_markdown(T.build_matrix([alt, other], dir_="s", command="c",
-                                          env=T.environment(NO_GPU), facts={}))
+    md = M.render_markdown(
+        T.build_matrix([alt, other], dir_="s", command="c", env=T.environment(NO_GPU), facts={})
+    )
     bad = md.split("## Not as expected")[1]
     assert "k/u" in bad and "k/t" not in bad
 
 
 def matrix():
-    facts = {"harness_errors": 1, "processes_left": [], "gpu_health": None,
-             "overhead_s": {"n": 2, "mean": 1.25, "max": 1.5, "max_id": "k/a"},
-             "total_s": 12.5, "interrupted": False}
-    return T.build_matrix(RECORDS, dir_="scenarios", command="cutedebug triage scenarios",
-                          env=T.environment(NO_GPU), facts=facts)
+    facts = {
+        "harness_errors": 1,
+        "processes_left": [],
+        "gpu_health": None,
+        "overhead_s": {"n": 2, "mean": 1.25, "max": 1.5, "max_id": "k/a"},
+        "total_s": 12.5,
+        "interrupted": False,
+    }
+    return T.build_matrix(
+        RECORDS,
+        dir_="scenarios",
+        command="cutedebug triage scenarios",
+        env=T.environment(NO_GPU),
+        facts=facts,
+    )
 
 
 def test_markdown_matrix_says_not_run_and_rates():
@@ -140,8 +220,11 @@ def test_markdown_matrix_says_not_run_and_rates():
     row = next(ln for ln in md.splitlines() if ln.startswith("| j.py:K | f7 |"))
     assert "NONDETERMINISTIC (HANG 2/3, PASS 1/3) | ~ |" in row
     # the kernel × fault grid: one column per kernel, one row per fault, clean first
-    grid = [ln for ln in md.split("## Matrix")[1].split("## Scenarios")[0].splitlines()
-            if ln.startswith("| ")]
+    grid = [
+        ln
+        for ln in md.split("## Matrix")[1].split("## Scenarios")[0].splitlines()
+        if ln.startswith("| ")
+    ]
     assert grid[0] == "| fault | j.py:K | k.py:K |"
     assert grid[1].startswith("| none (clean) |  | ✓ d: PASS<br>✗ e: MISMATCH |")
     assert "- HARNESS_ERROR: 1" in md and "- total time: 12.5 s" in md
@@ -171,7 +254,8 @@ def scenarios_dir(root: Path, specs: dict[str, tuple[str, str | None]]) -> Path:
         (d / "k" / f"{name}.toml").write_text(
             f'id = "k/{name}"\n[kernel]\nfile = "../../k.py"\nentry = "K"\n'
             + (f'[fault]\nkind = "{fault}"\n' if fault else "")
-            + f'[expect]\nverdict = "{expect}"\n')
+            + f'[expect]\nverdict = "{expect}"\n'
+        )
     return d
 
 
@@ -185,8 +269,19 @@ class FakeEngine:
         self.active = {"compile": 0, "run": 0}
         self.peak = {"compile": 0, "run": 0}
 
-    def __call__(self, sc, *, runs_root="runs", run_dir=None, mode="run", probes=None,
-                 wait_budget_ms=None, repeat=1, command="", forkserver=None):
+    def __call__(
+        self,
+        sc,
+        *,
+        runs_root="runs",
+        run_dir=None,
+        mode="run",
+        probes=None,
+        wait_budget_ms=None,
+        repeat=1,
+        command="",
+        forkserver=None,
+    ):
         with self.lock:
             self.calls.append((sc.id, mode))
             self.active[mode] += 1
@@ -204,10 +299,22 @@ class FakeEngine:
             verdict = spec.get("verdict", "UNSUPPORTED" if mode == "compile" else "PASS")
             reps = [{"verdict": v, "digest": None} for v in spec.get("repeats", [])]
             return runner.RunResult(
-                scenario=sc, verdict=V.Verdict(verdict), reason="fake", run_dir=d, outcome=o,
-                evidence={"compiled": {"secs": 0.4, "fault_count": 1,
-                                       "static_findings": spec.get("findings")}},
-                timings={"compile_s": 0.4, "kernel_s": 0.1}, repeats=reps, mode=mode)
+                scenario=sc,
+                verdict=V.Verdict(verdict),
+                reason="fake",
+                run_dir=d,
+                outcome=o,
+                evidence={
+                    "compiled": {
+                        "secs": 0.4,
+                        "fault_count": 1,
+                        "static_findings": spec.get("findings"),
+                    }
+                },
+                timings={"compile_s": 0.4, "kernel_s": 0.1},
+                repeats=reps,
+                mode=mode,
+            )
         finally:
             with self.lock:
                 self.active[mode] -= 1
@@ -228,19 +335,27 @@ def engine(monkeypatch):
         monkeypatch.setattr(runner, "health_check", health_check)
         monkeypatch.setattr(runner, "start_forkserver", lambda *a, **k: None)
         return fake
+
     return install
 
 
-SPECS = {"clean": ("PASS", None), "hang": ("HANG", "bad"), "crash": ("CRASH", "bad"),
-         "cerr": ("COMPILE_ERROR", "bad"), "miss": ("MISMATCH", "bad")}
+SPECS = {
+    "clean": ("PASS", None),
+    "hang": ("HANG", "bad"),
+    "crash": ("CRASH", "bad"),
+    "cerr": ("COMPILE_ERROR", "bad"),
+    "miss": ("MISMATCH", "bad"),
+}
 ERR = {"severity": "error", "check": "tx_bytes", "message": "expect_tx 16 B above the copy"}
 NOTE = {"severity": "info", "check": "stages", "message": "4 stages"}
-OUTCOMES = {("k/hang", "run"): {"verdict": "HANG"}, ("k/crash", "run"): {"verdict": "CRASH"},
-            ("k/hang", "compile"): {"findings": [ERR, NOTE]},
-            ("k/clean", "compile"): {"findings": [NOTE]},
-            ("k/cerr", "compile"): {"verdict": "COMPILE_ERROR", "compiled": False},
-            ("k/miss", "run"): {"verdict": "NONDETERMINISTIC",
-                                "repeats": ["MISMATCH", "PASS"]}}
+OUTCOMES = {
+    ("k/hang", "run"): {"verdict": "HANG"},
+    ("k/crash", "run"): {"verdict": "CRASH"},
+    ("k/hang", "compile"): {"findings": [ERR, NOTE]},
+    ("k/clean", "compile"): {"findings": [NOTE]},
+    ("k/cerr", "compile"): {"verdict": "COMPILE_ERROR", "compiled": False},
+    ("k/miss", "run"): {"verdict": "NONDETERMINISTIC", "repeats": ["MISMATCH", "PASS"]},
+}
 
 
 def run_triage(tmp_path, **kw) -> tuple[int, list[str], Path]:
@@ -257,25 +372,35 @@ def test_compiles_in_parallel_gpu_runs_one_at_a_time(tmp_path, engine):
     assert fake.peak["run"] == 1 and fake.peak["compile"] >= 2
     # the compile error decides its verdict: no GPU run for it
     assert sorted(i for i, m in fake.calls if m == "run") == [
-        "k/clean", "k/crash", "k/hang", "k/miss"]
+        "k/clean",
+        "k/crash",
+        "k/hang",
+        "k/miss",
+    ]
     recs = T.load_records(out / "results")
     assert {k: r["verdict"] for k, r in recs.items()} == {
-        "k/clean": "PASS", "k/hang": "HANG", "k/crash": "CRASH", "k/cerr": "COMPILE_ERROR",
-        "k/miss": "NONDETERMINISTIC"}
+        "k/clean": "PASS",
+        "k/hang": "HANG",
+        "k/crash": "CRASH",
+        "k/cerr": "COMPILE_ERROR",
+        "k/miss": "NONDETERMINISTIC",
+    }
     assert recs["k/miss"]["frequencies"] == {"MISMATCH": 1, "PASS": 1}
     # caught statically: errors and warnings of the static checks count, notes do not
     assert recs["k/hang"]["caught_statically"] is True
     assert recs["k/hang"]["compile"]["static_findings"] == [ERR]
     assert recs["k/clean"]["caught_statically"] is False
-    assert recs["k/crash"]["caught_statically"] is None       # the checks did not run
+    assert recs["k/crash"]["caught_statically"] is None  # the checks did not run
     progress = [ln for ln in lines if ln.startswith("[")]
     assert len(progress) == 5 and progress[-1].startswith("[  5/5]")
     assert "HARNESS_ERROR: 0" in lines and "processes of ours left: 0" in lines
     assert "GPU health: healthy" in lines
     # one health check at the end, handed the fork server (None here) and the output folder
     assert fake.health_calls == [{"forkserver": None, "run_dir": out}]
-    assert any(ln.startswith("overhead beyond compile + run + check per scenario: mean") for ln in lines)
-    assert rc == 1          # k/miss is timing-dependent, not as expected
+    assert any(
+        ln.startswith("overhead beyond compile + run + check per scenario: mean") for ln in lines
+    )
+    assert rc == 1  # k/miss is timing-dependent, not as expected
     m = json.loads((out / "matrix.json").read_text())
     assert m["rates"]["detection"]["of"] == 4 and m["facts"]["processes_left"] == []
     assert (out / "matrix.html").is_file() and (out / "matrix.md").is_file()
@@ -286,11 +411,10 @@ def test_without_a_gpu_runs_are_not_run_not_misses(tmp_path, engine):
     fake = engine(gpu=NO_GPU, outcomes=OUTCOMES)
     rc, lines, out = run_triage(tmp_path, jobs=2)
     assert {m for _, m in fake.calls} == {"compile"}
-    assert rc == 4          # could not run here (exits.EXIT_NOT_RUN), nothing else wrong
+    assert rc == 4  # could not run here (exits.EXIT_NOT_RUN), nothing else wrong
     recs = T.load_records(out / "results")
     assert recs["k/cerr"]["verdict"] == "COMPILE_ERROR" and recs["k/cerr"]["verdict_ok"]
-    assert all(r["not_run"].startswith("not run: no GPU") for k, r in recs.items()
-               if k != "k/cerr")
+    assert all(r["not_run"].startswith("not run: no GPU") for k, r in recs.items() if k != "k/cerr")
     md = (out / "matrix.md").read_text()
     assert "| classification | 100% (1/1) |" in md and "4 × not run: no GPU" in md
     assert "GPU health: n.a. (no GPU)" in lines and fake.health_calls == []
@@ -310,7 +434,7 @@ def test_interrupted_triage_keeps_results_and_resume_finishes_the_rest(tmp_path,
 
     fake = engine(outcomes=OUTCOMES)
     rc, lines, out = run_triage(tmp_path, jobs=1, resume=True)
-    assert rc == 1          # k/miss is timing-dependent
+    assert rc == 1  # k/miss is timing-dependent
     # finished ones are skipped; k/hang's compile is reused, only its run is redone
     assert ("k/hang", "compile") not in fake.calls and ("k/hang", "run") in fake.calls
     assert not {i for i, _ in fake.calls} & done
@@ -319,16 +443,16 @@ def test_interrupted_triage_keeps_results_and_resume_finishes_the_rest(tmp_path,
     assert recs["k/hang"]["verdict"] == "HANG"
 
 
-def test_resume_redoes_changed_scenarios_and_not_run_ones_once_a_gpu_is_there(tmp_path,
-                                                                              engine):
+def test_resume_redoes_changed_scenarios_and_not_run_ones_once_a_gpu_is_there(tmp_path, engine):
     scen = scenarios_dir(tmp_path, {"clean": ("PASS", None), "hang": ("HANG", "bad")})
     engine(gpu=NO_GPU, outcomes=OUTCOMES)
     run_triage(tmp_path)
     fake = engine(gpu=NO_GPU, outcomes=OUTCOMES)
     run_triage(tmp_path, resume=True)
-    assert fake.calls == []                  # nothing changed, nothing redone
-    (scen / "k" / "clean.toml").write_text((scen / "k" / "clean.toml").read_text()
-                                           + "[params]\nn = 8\n")
+    assert fake.calls == []  # nothing changed, nothing redone
+    (scen / "k" / "clean.toml").write_text(
+        (scen / "k" / "clean.toml").read_text() + "[params]\nn = 8\n"
+    )
     fake = engine(gpu=NO_GPU, outcomes=OUTCOMES)
     run_triage(tmp_path, resume=True)
     assert fake.calls == [("k/clean", "compile")]
@@ -341,12 +465,12 @@ def test_resume_redoes_changed_scenarios_and_not_run_ones_once_a_gpu_is_there(tm
     assert len(fake.calls) == 4
 
 
-def test_harness_bugs_and_unloadable_kernels_are_recorded_not_raised(tmp_path, engine,
-                                                                      monkeypatch):
+def test_harness_bugs_and_unloadable_kernels_are_recorded_not_raised(tmp_path, engine, monkeypatch):
     from cutedebug.engine.scenario import ScenarioError
 
-    scenarios_dir(tmp_path, {"clean": ("PASS", None), "hang": ("HANG", "bad"),
-                             "gone": ("PASS", None)})
+    scenarios_dir(
+        tmp_path, {"clean": ("PASS", None), "hang": ("HANG", "bad"), "gone": ("PASS", None)}
+    )
     (tmp_path / "scen" / "k" / "junk.toml").write_text("id = \n")
     fake = engine()
 
@@ -366,7 +490,7 @@ def test_harness_bugs_and_unloadable_kernels_are_recorded_not_raised(tmp_path, e
     junk = next(r for r in recs.values() if r["id"].endswith("junk.toml"))
     assert "not valid TOML" in junk["invalid"]
     assert recs["k/clean"]["verdict"] == "PASS"
-    assert "HARNESS_ERROR: 1" in lines and rc == 3      # exits.EXIT_HARNESS
+    assert "HARNESS_ERROR: 1" in lines and rc == 3  # exits.EXIT_HARNESS
 
 
 # ---- atomic writes and the machine ---------------------------------------------------------
@@ -389,7 +513,7 @@ def test_half_written_records_are_ignored_and_redone(tmp_path):
     results.mkdir()
     (results / "k__a.json").write_text('{"schema": "cutedebug.triage.record/1", "id": "k/')
     (results / "k__b.json").write_text(json.dumps(RECORDS[0]))
-    assert list(T.load_records(results)) == ["k/a"]      # RECORDS[0]'s id
+    assert list(T.load_records(results)) == ["k/a"]  # RECORDS[0]'s id
 
 
 def fake_smi(tmp_path, monkeypatch, output: str) -> None:
@@ -413,8 +537,11 @@ def test_detect_gpu_reads_nvidia_smi(tmp_path, monkeypatch):
 
 
 def test_detect_gpu_with_a_broken_driver(tmp_path, monkeypatch):
-    fake_smi(tmp_path, monkeypatch, "NVIDIA-SMI has failed because it could not communicate "
-             "with the NVIDIA driver.\\n")
+    fake_smi(
+        tmp_path,
+        monkeypatch,
+        "NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver.\\n",
+    )
     g = T.detect_gpu()
     assert g["present"] is False and "could not communicate" in g["reason"]
 
@@ -422,12 +549,13 @@ def test_detect_gpu_with_a_broken_driver(tmp_path, monkeypatch):
 def test_cli_triage(tmp_path, engine, capsys):
     scenarios_dir(tmp_path, {"clean": ("PASS", None)})
     engine()
-    rc = cli.main(["triage", str(tmp_path / "scen"), "--out", str(tmp_path / "o"),
-                   "--jobs", "1"])
+    rc = cli.main(["triage", str(tmp_path / "scen"), "--out", str(tmp_path / "o"), "--jobs", "1"])
     out = capsys.readouterr().out
     assert rc == 0 and "[  1/1] ✓ k/clean" in out and "classification: 100% (1/1)" in out
-    assert cli.main(["triage", str(tmp_path / "scen"), "--out", str(tmp_path / "o"),
-                     "--repeat", "0"]) == 2
+    assert (
+        cli.main(["triage", str(tmp_path / "scen"), "--out", str(tmp_path / "o"), "--repeat", "0"])
+        == 2
+    )
 
 
 def test_cli_triage_bisect_flag(tmp_path, engine, monkeypatch):
@@ -435,27 +563,36 @@ def test_cli_triage_bisect_flag(tmp_path, engine, monkeypatch):
     (tmp_path / "scen" / "k" / "nb.toml").write_text(NAMED)
     fake = engine(outcomes={("k/nb", "run"): {"verdict": "HANG"}})
     monkeypatch.setattr(T, "_bisect_call", fake_bisect(fake))
-    rc = cli.main(["triage", str(tmp_path / "scen"), "--out", str(tmp_path / "o"),
-                   "--jobs", "1", "--bisect"])
+    rc = cli.main(
+        ["triage", str(tmp_path / "scen"), "--out", str(tmp_path / "o"), "--jobs", "1", "--bisect"]
+    )
     assert rc == 0 and ("k/nb", "bisect") in fake.calls
 
 
 def test_overhead_leaves_out_the_check_a_blind_first_run_and_the_health_check(tmp_path):
     o = V.Outcome(phase="done")
-    o.events += [{"event": "compiled", "secs": 1.5, "t": 2.0},
-                 {"event": "launched", "t": 2.1},
-                 {"event": "synced", "kernel_s": 0.25, "t": 2.4},
-                 {"event": "checked", "ok": False, "t": 4.9}]
+    o.events += [
+        {"event": "compiled", "secs": 1.5, "t": 2.0},
+        {"event": "launched", "t": 2.1},
+        {"event": "synced", "kernel_s": 0.25, "t": 2.4},
+        {"event": "checked", "ok": False, "t": 4.9},
+    ]
     t = runner._timings(o, {})
     assert (t["compile_s"], t["kernel_s"], t["check_s"]) == (1.5, 0.25, 2.5)
     assert runner.work_s(t) == 1.5 + 0.25 + 2.5
     # a hang killed by the watchdog: the kernel's time is launch -> kill
     assert runner.work_s({"compile_s": 1.0, "launch_to_kill_s": 1.5}) == 2.5
-    sc = S.adhoc(str(Path(runner.REPO_ROOT) / "kernels" / "minimal.py") + ":Minimal", {},
-                 None, {}, "HANG")
-    res = runner.RunResult(scenario=sc, verdict=V.Verdict.HANG, reason="", run_dir=tmp_path,
-                           outcome=o, timings={"compile_s": 1.0, "launch_to_kill_s": 1.5,
-                                               "work_s": 2.5 + 3.0 + 4.0})
+    sc = S.adhoc(
+        str(Path(runner.REPO_ROOT) / "kernels" / "minimal.py") + ":Minimal", {}, None, {}, "HANG"
+    )
+    res = runner.RunResult(
+        scenario=sc,
+        verdict=V.Verdict.HANG,
+        reason="",
+        run_dir=tmp_path,
+        outcome=o,
+        timings={"compile_s": 1.0, "launch_to_kill_s": 1.5, "work_s": 2.5 + 3.0 + 4.0},
+    )
     rec = T.call_record(res, wall_s=11.0, out_dir=tmp_path)
     assert rec["work_s"] == 9.5 and rec["overhead_s"] == 1.5
     # recorded results without work_s: compile + kernel, as before
@@ -464,9 +601,11 @@ def test_overhead_leaves_out_the_check_a_blind_first_run_and_the_health_check(tm
 
 
 # ---- --bisect: hangs that only printf-bisection can localize ----------------------------------
-NAMED = ('id = "k/nb"\n[kernel]\nfile = "../../k.py"\nentry = "K"\n[fault]\nkind = "bad"\n'
-         '[expect]\nverdict = "HANG"\nrole = "consumer"\nop = "named_barrier"\n'
-         'barrier = "named"\nlocalized_by = "bisect"\n')
+NAMED = (
+    'id = "k/nb"\n[kernel]\nfile = "../../k.py"\nentry = "K"\n[fault]\nkind = "bad"\n'
+    '[expect]\nverdict = "HANG"\nrole = "consumer"\nop = "named_barrier"\n'
+    'barrier = "named"\nlocalized_by = "bisect"\n'
+)
 
 
 def fake_bisect(fake, *, found_op="named_barrier", fail=False):
@@ -478,17 +617,34 @@ def fake_bisect(fake, *, found_op="named_barrier", fail=False):
             fake.bisect_seen.append((threading.current_thread().name, dict(fake.active)))
         if fail:
             raise RuntimeError("bisect broke")
-        site = {"id": 3, "kind": "named_barrier", "op": found_op, "barrier": "named",
-                "file": "/k.py", "line": 12, "role": "consumer", "detail": "bar.sync 1, 256"}
+        site = {
+            "id": 3,
+            "kind": "named_barrier",
+            "op": found_op,
+            "barrier": "named",
+            "file": "/k.py",
+            "line": 12,
+            "role": "consumer",
+            "detail": "bar.sync 1, 256",
+        }
         search = B.RoleSearch(role="consumer", sites=[3], lo=-1, hi=0, runs=1, budget=2)
-        grade = B.grade({"role": "consumer", "op": "named_barrier", "barrier": "named"},
-                        {"consumer": search}, {3: site})
+        grade = B.grade(
+            {"role": "consumer", "op": "named_barrier", "barrier": "named"},
+            {"consumer": search},
+            {3: site},
+        )
         d = Path(runs_dir) / "nb-bisect"
         d.mkdir(parents=True, exist_ok=True)
-        res = B.BisectResult(scenario=sc, run_dir=d, baseline={}, sites=[site],
-                             roles={"consumer": [3]}, searches={"consumer": search},
-                             runs=[B.CheckpointRun(site=3, reached=False, verdict="HANG")],
-                             grade=grade)
+        res = B.BisectResult(
+            scenario=sc,
+            run_dir=d,
+            baseline={},
+            sites=[site],
+            roles={"consumer": [3]},
+            searches={"consumer": search},
+            runs=[B.CheckpointRun(site=3, reached=False, verdict="HANG")],
+            grade=grade,
+        )
         return res, 17.5
 
     fake.bisect_seen = []
@@ -504,7 +660,7 @@ def test_bisect_grades_the_hangs_a_run_cannot_localize(tmp_path, engine, monkeyp
     # only the named-barrier hang is bisected (k/hang states no localization), on the GPU
     # queue, with no run on the GPU at the same time
     assert [c for c in fake.calls if c[1] == "bisect"] == [("k/nb", "bisect")]
-    (thread, active), = fake.bisect_seen
+    ((thread, active),) = fake.bisect_seen
     assert thread.startswith("gpu") and active["run"] == 0
     rec = T.load_records(out / "results")["k/nb"]
     assert rec["status"] == "done" and rec["localization_ok"] is True
@@ -512,12 +668,12 @@ def test_bisect_grades_the_hangs_a_run_cannot_localize(tmp_path, engine, monkeyp
     assert (b["status"], b["ok"], b["runs"], b["wall_s"]) == ("localized", True, 1, 17.5)
     assert b["answer"]["consumer"].startswith("never reached its first site #3 named_barrier")
     assert b["report"] == os.path.join("runs", "nb-bisect", "bisect.md")
-    assert rec["time_to_verdict_s"] == rec["run"]["wall_s"]   # the bisection is extra
+    assert rec["time_to_verdict_s"] == rec["run"]["wall_s"]  # the bisection is extra
     nb = next(ln for ln in lines if "k/nb" in ln)
     assert "HANG (expected HANG) loc right (bisect)" in nb
     m = json.loads((out / "matrix.json").read_text())
     assert (m["rates"]["localization"]["hits"], m["rates"]["localization"]["of"]) == (1, 1)
-    assert rc == 1      # k/miss is still not as expected
+    assert rc == 1  # k/miss is still not as expected
 
 
 def test_without_bisect_the_named_barrier_hang_stays_ungraded(tmp_path, engine, monkeypatch):
@@ -532,8 +688,7 @@ def test_without_bisect_the_named_barrier_hang_stays_ungraded(tmp_path, engine, 
     assert any("k/nb" in ln and "loc n.a." in ln for ln in lines) and rc == 0
 
 
-def test_a_failing_bisection_is_a_harness_error_not_a_localization(tmp_path, engine,
-                                                                   monkeypatch):
+def test_a_failing_bisection_is_a_harness_error_not_a_localization(tmp_path, engine, monkeypatch):
     scenarios_dir(tmp_path, {"clean": ("PASS", None)})
     (tmp_path / "scen" / "k" / "nb.toml").write_text(NAMED)
     fake = engine(outcomes={("k/nb", "run"): {"verdict": "HANG"}})
@@ -549,15 +704,23 @@ def test_a_core_graded_hang_keeps_its_grade_and_bisection_cross_checks():
     """triage --coredump --bisect: a bisection-only hang the core graded is still bisected,
     as a cross-check; the record keeps the core's grade and says whether they agree."""
     run = {"mode": "run", "localization": {"ok": True, "by": "coredump"}}
-    rec = {"verdict": "HANG", "expected": {"localization": {"role": "consumer"}},
-           "localization_ok": True, "run": run}
+    rec = {
+        "verdict": "HANG",
+        "expected": {"localization": {"role": "consumer"}},
+        "localization_ok": True,
+        "run": run,
+    }
     assert T.graded_by_core(rec) and T.needs_bisect(rec)
     T.apply_bisect(rec, {"status": "localized", "ok": False})
     assert rec["localization_ok"] is True
     assert rec["core_vs_bisect"] == {"core": True, "bisect": False, "agree": False}
     # without a core, the bisection grades as before
-    plain = {"verdict": "HANG", "expected": {"localization": {"role": "consumer"}},
-             "localization_ok": None, "run": {"mode": "run", "localization": {"ok": None}}}
+    plain = {
+        "verdict": "HANG",
+        "expected": {"localization": {"role": "consumer"}},
+        "localization_ok": None,
+        "run": {"mode": "run", "localization": {"ok": None}},
+    }
     assert not T.graded_by_core(plain) and T.needs_bisect(plain)
     T.apply_bisect(plain, {"status": "localized", "ok": True})
     assert plain["localization_ok"] is True and "core_vs_bisect" not in plain

@@ -15,7 +15,7 @@ from cutedebug.engine.scenario import Limits
 from cutedebug.engine.verdict import Verdict, classify
 
 FAKE = Path(__file__).parent / "helpers" / "fake_worker.py"
-TAGS: list[str] = []      # every run tag this module used
+TAGS: list[str] = []  # every run tag this module used
 LIMITS = Limits(compile_s=30.0, deadline_s=1.0, stall_s=0.3, import_s=30.0, check_s=30.0)
 
 

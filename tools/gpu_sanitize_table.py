@@ -48,8 +48,19 @@ PLAN = [
 ]
 FIRST_GUESS_S = 15.0  # per sanitized run, until one has been timed
 # slowdown: whole processes (imports included); kernel_slowdown: launch -> synchronize only.
-COLS = ["scenario", "tool", "verdict", "findings", "other_kernels", "noise_filtered",
-        "sanitizer_s", "plain_s", "slowdown", "kernel_slowdown", "worker_said"]
+COLS = [
+    "scenario",
+    "tool",
+    "verdict",
+    "findings",
+    "other_kernels",
+    "noise_filtered",
+    "sanitizer_s",
+    "plain_s",
+    "slowdown",
+    "kernel_slowdown",
+    "worker_said",
+]
 
 
 def plan(targets: list[str], tools: str | None) -> list[tuple[Path, tuple[str, ...]]]:
@@ -65,30 +76,52 @@ def plan(targets: list[str], tools: str | None) -> list[tuple[Path, tuple[str, .
 
 def row(sc_id: str, tool: str, res: dict | None, plain: dict | None) -> dict:
     if res is None:
-        return {"scenario": sc_id, "tool": tool, "verdict": "skipped (time budget)",
-                "findings": "-", "other_kernels": "-", "noise_filtered": "-",
-                "sanitizer_s": None,
-                "plain_s": plain and plain["seconds"], "slowdown": None,
-                "kernel_slowdown": None, "worker_said": "-"}
+        return {
+            "scenario": sc_id,
+            "tool": tool,
+            "verdict": "skipped (time budget)",
+            "findings": "-",
+            "other_kernels": "-",
+            "noise_filtered": "-",
+            "sanitizer_s": None,
+            "plain_s": plain and plain["seconds"],
+            "slowdown": None,
+            "kernel_slowdown": None,
+            "worker_said": "-",
+        }
     kernel = (res.get("kernel_seconds") or {}).get("slowdown")
-    return {"scenario": sc_id, "tool": tool, "verdict": res["verdict"],
-            "findings": sanitize_report.findings_cell(res), "other_kernels": sanitize_report.others_cell(res),
-            "noise_filtered": sanitize_report.noise_cell(res),
-            "sanitizer_s": res["sanitizer_seconds"], "plain_s": res["plain_seconds"],
-            "slowdown": round(res["slowdown"], 1) if res.get("slowdown") else None,
-            "kernel_slowdown": round(kernel, 1) if kernel else None,
-            "worker_said": res["kernel_verdict"]}
+    return {
+        "scenario": sc_id,
+        "tool": tool,
+        "verdict": res["verdict"],
+        "findings": sanitize_report.findings_cell(res),
+        "other_kernels": sanitize_report.others_cell(res),
+        "noise_filtered": sanitize_report.noise_cell(res),
+        "sanitizer_s": res["sanitizer_seconds"],
+        "plain_s": res["plain_seconds"],
+        "slowdown": round(res["slowdown"], 1) if res.get("slowdown") else None,
+        "kernel_slowdown": round(kernel, 1) if kernel else None,
+        "worker_said": res["kernel_verdict"],
+    }
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("targets", nargs="*", help="SCENARIO.toml or SCENARIO.toml=TOOLS")
     ap.add_argument("--tools", help="tools for every scenario (comma list or all)")
-    ap.add_argument("--budget-s", type=float, default=330.0,
-                    help="start no run that would end after this many seconds")
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=330.0,
+        help="start no run that would end after this many seconds",
+    )
     ap.add_argument("--deadline-scale", type=float, default=4.0)
-    ap.add_argument("--no-tma-filter", dest="tma_filter", action="store_false",
-                    help="keep racecheck hazards that touch a TMA copy line (compare with/without)")
+    ap.add_argument(
+        "--no-tma-filter",
+        dest="tma_filter",
+        action="store_false",
+        help="keep racecheck hazards that touch a TMA copy line (compare with/without)",
+    )
     ap.add_argument("--out", default="runs")
     args = ap.parse_args()
     if not detect_gpu()["present"]:
@@ -96,8 +129,11 @@ def main() -> int:
         return 0
     sanitizer = san.find_sanitizer()
     if sanitizer is None:
-        print("compute-sanitizer not found ($COMPUTE_SANITIZER, PATH, $CUDA_HOME/bin, "
-              "/usr/local/cuda*/bin)", file=sys.stderr)
+        print(
+            "compute-sanitizer not found ($COMPUTE_SANITIZER, PATH, $CUDA_HOME/bin, "
+            "/usr/local/cuda*/bin)",
+            file=sys.stderr,
+        )
         return 2
     todo = plan(args.targets, args.tools)
     out_dir = Path(args.out).resolve() / time.strftime("sanitize-table-%Y%m%d-%H%M%S")
@@ -123,24 +159,33 @@ def main() -> int:
                 plain = cmd.plain_run(sc, sc_dir / "plain")
                 plain_s.append(time.monotonic() - t0)
             t0 = time.monotonic()
-            tr = cmd.run_tool(sc, tool, sc_dir / tool, sanitizer=sanitizer,
-                              deadline_scale=args.deadline_scale, plain=plain,
-                              tma_filter=args.tma_filter)
+            tr = cmd.run_tool(
+                sc,
+                tool,
+                sc_dir / tool,
+                sanitizer=sanitizer,
+                deadline_scale=args.deadline_scale,
+                plain=plain,
+                tma_filter=args.tma_filter,
+            )
             run_s.append(time.monotonic() - t0)
             (sc_dir / tool / "report.md").write_text(sanitize_report.render_markdown(tr.result))
             rows.append(row(sc.id, tool, tr.result, plain))
             print(json.dumps(rows[-1]), flush=True)
     lines = ["| " + " | ".join(COLS) + " |", "|" + "---|" * len(COLS)]
-    lines += ["| " + " | ".join("-" if r[c] is None else str(r[c]) for c in COLS) + " |"
-              for r in rows]
+    lines += [
+        "| " + " | ".join("-" if r[c] is None else str(r[c]) for c in COLS) + " |" for r in rows
+    ]
     table = "\n".join(lines)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "table.md").write_text(table + "\n")
     (out_dir / "table.json").write_text(json.dumps(rows, indent=1))
     print()
     print(table)
-    print(f"\n{len(rows)} run(s) in {time.monotonic() - t_start:.0f} s; per-run reports under "
-          f"{out_dir}")
+    print(
+        f"\n{len(rows)} run(s) in {time.monotonic() - t_start:.0f} s; per-run reports under "
+        f"{out_dir}"
+    )
     return 0
 
 

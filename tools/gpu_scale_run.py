@@ -40,8 +40,7 @@ def ours_left(grace_s: float = 3.0) -> list[str]:
     short grace for the ones exiting right now: the orphan count."""
     deadline = time.monotonic() + grace_s
     while True:
-        out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True,
-                             text=True).stdout
+        out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
         left = []
         for ln in out.splitlines()[1:]:
             pid = ln.split()[0]
@@ -61,19 +60,20 @@ def ours_left(grace_s: float = 3.0) -> list[str]:
 def step(name: str, argv: list[str], log: Path, timeout_s: float) -> dict:
     """Run argv from the repository root, output to ``log``; wall time and exit status."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]]
-                                                       if env.get("PYTHONPATH") else []))
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    )
     t0 = time.monotonic()
     with open(log, "w") as f:
         try:
-            rc = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=env,
-                                timeout=timeout_s).returncode
+            rc = subprocess.run(
+                argv, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=env, timeout=timeout_s
+            ).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
     wall = time.monotonic() - t0
     left = ours_left()
-    print(f"{name}: exit {rc}, {wall:.1f} s wall, processes of ours left: {len(left)}",
-          flush=True)
+    print(f"{name}: exit {rc}, {wall:.1f} s wall, processes of ours left: {len(left)}", flush=True)
     for ln in left[:5]:
         print(f"  left: {ln[:160]}")
     return {"name": name, "rc": rc, "wall_s": round(wall, 2), "left": left}
@@ -90,8 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--dir", default="scenarios", help="scenario folder (default scenarios)")
     ap.add_argument("--hang", default=HANG, help=f"probed HANG scenario (default {HANG})")
-    ap.add_argument("--skip-single", action="store_true",
-                    help="no single-process triage (compare with --reference instead)")
+    ap.add_argument(
+        "--skip-single",
+        action="store_true",
+        help="no single-process triage (compare with --reference instead)",
+    )
     ap.add_argument("--reference", type=Path, help="an earlier matrix.json to compare with")
     ap.add_argument("--timeout", type=float, default=1800.0, help="per step (s)")
     args = ap.parse_args(argv)
@@ -104,8 +107,12 @@ def main(argv: list[str] | None = None) -> int:
 
     # 1. cold run of a probed hang
     runs = out / "cold-run"
-    r = step("cold cutedebug run", [py, "-m", "cutedebug", "run", args.hang, "--runs-dir",
-                                    str(runs)], out / "cold-run.log", args.timeout)
+    r = step(
+        "cold cutedebug run",
+        [py, "-m", "cutedebug", "run", args.hang, "--runs-dir", str(runs)],
+        out / "cold-run.log",
+        args.timeout,
+    )
     reports = sorted(runs.glob("*/report.json"))
     if reports:
         rep = json.loads(reports[0].read_text())
@@ -116,19 +123,46 @@ def main(argv: list[str] | None = None) -> int:
     # 2-4. the matrix three ways
     single = out / "triage-single"
     if not args.skip_single:
-        results.append(step("triage, one process", [py, "-m", "cutedebug", "triage", args.dir,
-                                                    "--out", str(single)],
-                            out / "triage-single.log", args.timeout))
+        results.append(
+            step(
+                "triage, one process",
+                [py, "-m", "cutedebug", "triage", args.dir, "--out", str(single)],
+                out / "triage-single.log",
+                args.timeout,
+            )
+        )
     multi = out / "triage-gpus-all"
-    results.append(step("triage --gpus all", [py, "-m", "cutedebug", "triage", args.dir,
-                                              "--out", str(multi), "--gpus", "all"],
-                        out / "triage-gpus-all.log", args.timeout))
+    results.append(
+        step(
+            "triage --gpus all",
+            [py, "-m", "cutedebug", "triage", args.dir, "--out", str(multi), "--gpus", "all"],
+            out / "triage-gpus-all.log",
+            args.timeout,
+        )
+    )
     junit = out / "pytest-xdist.xml"
-    results.append(step(f"pytest -n {n}", [py, "-m", "pytest", "-n", str(n), "--dist",
-                                           "worksteal", "-p", "no:cacheprovider", "-q",
-                                           args.dir, f"--junitxml={junit}",
-                                           f"--cutedebug-runs-dir={out / 'pytest-runs'}"],
-                        out / "pytest-xdist.log", args.timeout))
+    results.append(
+        step(
+            f"pytest -n {n}",
+            [
+                py,
+                "-m",
+                "pytest",
+                "-n",
+                str(n),
+                "--dist",
+                "worksteal",
+                "-p",
+                "no:cacheprovider",
+                "-q",
+                args.dir,
+                f"--junitxml={junit}",
+                f"--cutedebug-runs-dir={out / 'pytest-runs'}",
+            ],
+            out / "pytest-xdist.log",
+            args.timeout,
+        )
+    )
 
     # 5. comparisons
     reference = args.reference or (None if args.skip_single else single / "matrix.json")
@@ -141,13 +175,17 @@ def main(argv: list[str] | None = None) -> int:
     base = by.get("triage, one process")
     if base:
         for name in ("triage --gpus all", f"pytest -n {n}"):
-            print(f"speed-up of {name} over one process: "
-                  f"{base['wall_s'] / max(by[name]['wall_s'], 1e-9):.2f}x")
+            print(
+                f"speed-up of {name} over one process: "
+                f"{base['wall_s'] / max(by[name]['wall_s'], 1e-9):.2f}x"
+            )
     m = multi / "matrix.json"
     if m.exists():
         facts = json.loads(m.read_text()).get("facts") or {}
-        print(f"triage --gpus all: GPU health {facts.get('gpu_health')}; per GPU "
-              f"{facts.get('gpus')}; left {facts.get('processes_left')}")
+        print(
+            f"triage --gpus all: GPU health {facts.get('gpu_health')}; per GPU "
+            f"{facts.get('gpus')}; left {facts.get('processes_left')}"
+        )
         health = facts.get("gpu_health")
         ok &= health is None or bool(health.get("healthy"))
     (out / "summary.json").write_text(json.dumps(results, indent=1, default=str))

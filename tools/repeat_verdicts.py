@@ -24,9 +24,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from cutedebug.commands.triage import detect_gpu  # noqa: E402
 from cutedebug.engine import runner  # noqa: E402
 from cutedebug.engine import scenario as S  # noqa: E402
-from cutedebug.commands.triage import detect_gpu  # noqa: E402
 
 
 def frequencies(res: runner.RunResult) -> Counter:
@@ -56,15 +56,22 @@ def main(argv: list[str] | None = None) -> int:
             res = runner.run_scenario(sc, runs_root=args.out, repeat=args.repeat, forkserver=fs)
             freq = frequencies(res)
             n = sum(freq.values())
-            rows.append({
-                "scenario": sc.id, "expected": "/".join(sc.expect.verdicts),
-                "runs": n, "frequencies": dict(freq.most_common()),
-                # a timing-dependent scenario expects each verdict of its expect.also too
-                "expected_share": round(sum(c for v, c in freq.items()
-                                            if sc.expect.accepts(v)) / n, 3),
-                "verdict": res.verdict.value, "wall_s": round(time.monotonic() - t0, 1),
-                "reason": res.reason[:100], "run_dir": str(res.run_dir),
-            })
+            rows.append(
+                {
+                    "scenario": sc.id,
+                    "expected": "/".join(sc.expect.verdicts),
+                    "runs": n,
+                    "frequencies": dict(freq.most_common()),
+                    # a timing-dependent scenario expects each verdict of its expect.also too
+                    "expected_share": round(
+                        sum(c for v, c in freq.items() if sc.expect.accepts(v)) / n, 3
+                    ),
+                    "verdict": res.verdict.value,
+                    "wall_s": round(time.monotonic() - t0, 1),
+                    "reason": res.reason[:100],
+                    "run_dir": str(res.run_dir),
+                }
+            )
             print(json.dumps(rows[-1]), flush=True)
     finally:
         if fs is not None:
@@ -74,8 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|")
     for r in rows:
         freq = ", ".join(f"{v} {c}/{r['runs']}" for v, c in r["frequencies"].items())
-        print(f"| {r['scenario']} | {r['expected']} | {freq} | {r['expected_share']:.2f} | "
-              f"{r['wall_s']} |")
+        print(
+            f"| {r['scenario']} | {r['expected']} | {freq} | {r['expected_share']:.2f} | "
+            f"{r['wall_s']} |"
+        )
     stable = sum(r["expected_share"] == 1.0 for r in rows)
     print(f"\n{stable} of {len(rows)} scenarios gave their expected verdict on every run")
     if args.json:

@@ -94,8 +94,10 @@ VALUE = re.compile(r"^\$\d+\s*=\s*(0x[0-9a-f]+|-?\d+)\s*$")
 EXCEPTION = re.compile(r"CUDA Exception:\s*(.+?)\s*$", re.M)
 # "The exception was triggered at PC 0x7f72d77a1130  kernel_cutlass_..._0  (minimal.py:64)"
 # (cuda-gdb 13.0 on the H200: the function's name between the PC and the file:line)
-TRIGGERED_AT = re.compile(r"exception was triggered at PC (0x[0-9a-f]+)"
-                          r"(?:[^\n(]*\(([^():\n]+):(\d+)\))?")
+TRIGGERED_AT = re.compile(
+    r"exception was triggered at PC (0x[0-9a-f]+)"
+    r"(?:[^\n(]*\(([^():\n]+):(\d+)\))?"
+)
 FOCUS = re.compile(
     r"focus set to CUDA kernel (\d+), grid (\d+), block \((\d+),(\d+),(\d+)\), "
     r"thread \((\d+),(\d+),(\d+)\), device (\d+), sm (\d+), warp (\d+), lane (\d+)"

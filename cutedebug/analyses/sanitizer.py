@@ -110,8 +110,12 @@ HAZARD_KINDS = frozenset({RAW_HAZARD, WAR_HAZARD, WAW_HAZARD, RACE})
 # ---- run classes (closed set) ------------------------------------------------------------
 CLEAN = SanitizerClass.CLEAN.value
 CLASSES = tuple(c.value for c in SanitizerClass)  # the closed set is engine.verdict's
-TOOL_CLASS = {"memcheck": "MEMORY_ERROR", "racecheck": "RACE", "synccheck": "SYNC_ERROR",
-              "initcheck": "UNINIT"}
+TOOL_CLASS = {
+    "memcheck": "MEMORY_ERROR",
+    "racecheck": "RACE",
+    "synccheck": "SYNC_ERROR",
+    "initcheck": "UNINIT",
+}
 
 
 def kind_class(kind: str, tool: str) -> str:
@@ -162,10 +166,18 @@ def _version_key(path: str) -> tuple[int, ...]:
     return tuple(int(p) for p in m.group(1).split(".")) if m else ()
 
 
-def build_command(tool: str, worker_argv: list[str], xml_path: str, *, sanitizer: str,
-                  print_limit: int = DEFAULT_PRINT_LIMIT, report_api_errors: bool = False,
-                  racecheck_report: str = "all", deadlock_timeout_s: int | None = None,
-                  extra: Sequence[str] = ()) -> list[str]:
+def build_command(
+    tool: str,
+    worker_argv: list[str],
+    xml_path: str,
+    *,
+    sanitizer: str,
+    print_limit: int = DEFAULT_PRINT_LIMIT,
+    report_api_errors: bool = False,
+    racecheck_report: str = "all",
+    deadlock_timeout_s: int | None = None,
+    extra: Sequence[str] = (),
+) -> list[str]:
     """compute-sanitizer argv around ``worker_argv``; XML goes to ``xml_path``.
 
     Line info is not a flag here: the worker's kernels get it from CUTE_DSL_LINEINFO=1
@@ -173,14 +185,25 @@ def build_command(tool: str, worker_argv: list[str], xml_path: str, *, sanitizer
     """
     if tool not in TOOLS:
         raise ValueError(f"unknown sanitizer tool {tool!r}; choose from {TOOLS}")
-    cmd = [sanitizer, "--tool", tool,
-           "--xml", "--save", xml_path,  # spelling seen working on 2025.3.1 (REFERENCE.md)
-           "--print-limit", str(print_limit),
-           "--error-exitcode", str(ERROR_EXITCODE),
-           # cuda-bindings probes the driver with cuGetProcAddress; each miss is an API error.
-           "--report-api-errors", "all" if report_api_errors else "no",
-           "--show-backtrace", "device",  # Python host frames say nothing about the kernel
-           "--target-processes", "all"]
+    cmd = [
+        sanitizer,
+        "--tool",
+        tool,
+        "--xml",
+        "--save",
+        xml_path,  # spelling seen working on 2025.3.1 (REFERENCE.md)
+        "--print-limit",
+        str(print_limit),
+        "--error-exitcode",
+        str(ERROR_EXITCODE),
+        # cuda-bindings probes the driver with cuGetProcAddress; each miss is an API error.
+        "--report-api-errors",
+        "all" if report_api_errors else "no",
+        "--show-backtrace",
+        "device",  # Python host frames say nothing about the kernel
+        "--target-processes",
+        "all",
+    ]
     if tool == "racecheck":
         # "all" = per-hazard records (RAW/WAR/WAW, both threads) + the analysis summary.
         cmd += ["--racecheck-report", racecheck_report]
@@ -251,8 +274,15 @@ class Finding:
 
 
 def _failure(tool: str, text: str) -> Finding:
-    return Finding(tool=tool, kind=PARSE_FAILURE, severity="error", kernel=None, file=None,
-                   line=None, text=text)
+    return Finding(
+        tool=tool,
+        kind=PARSE_FAILURE,
+        severity="error",
+        kernel=None,
+        file=None,
+        line=None,
+        text=text,
+    )
 
 
 # ---- message text → kind, space, size ----------------------------------------------------
@@ -285,11 +315,13 @@ def _kind_from_text(tool: str, text: str) -> str:
         return BARRIER_MISUSE
     if re.search(r"leak", text, re.IGNORECASE):
         return LEAK
-    if re.search(r"^(Warp|Lane|Device) |illegal|out-of-range|exception|malformed|trap", text,
-                 re.IGNORECASE):
+    if re.search(
+        r"^(Warp|Lane|Device) |illegal|out-of-range|exception|malformed|trap", text, re.IGNORECASE
+    ):
         return HARDWARE_EXCEPTION
-    return {"racecheck": RACE, "synccheck": BARRIER_MISUSE,
-            "initcheck": UNINIT_READ}.get(tool, UNKNOWN)
+    return {"racecheck": RACE, "synccheck": BARRIER_MISUSE, "initcheck": UNINIT_READ}.get(
+        tool, UNKNOWN
+    )
 
 
 def _space_from_text(kind: str, text: str) -> str | None:
@@ -371,12 +403,14 @@ def _site_from(elem: ET.Element) -> Site | None:
     where = _first(elem, "where")
     if where is None:
         return None
-    return Site(file=_text(where, "path", "file"), line=_int(_text(where, "line")),
-                func=_text(where, "func", "function"),
-                # <access> in a hazard's <threadN>, <direction> in an analysis record's side
-                access=(_text(elem, "access", "accessType", "direction")
-                        if elem.tag != "record" else None),
-                thread=_triple(_first(elem, "threadIdx")))
+    return Site(
+        file=_text(where, "path", "file"),
+        line=_int(_text(where, "line")),
+        func=_text(where, "func", "function"),
+        # <access> in a hazard's <threadN>, <direction> in an analysis record's side
+        access=(_text(elem, "access", "accessType", "direction") if elem.tag != "record" else None),
+        thread=_triple(_first(elem, "threadIdx")),
+    )
 
 
 # Sides of a two-sided record: <thread0>/<thread1> (Hazard), <source>/<destination> (Analysis).
@@ -417,10 +451,14 @@ def _finding_from_record(rec: ET.Element, tool: str) -> Finding:
             sites = (site,)
     threads = tuple(s.thread for s in sites if s.thread is not None)
     if not threads:
-        threads = tuple(t for t in (_triple(e) for e in _walk(rec) if e.tag == "threadIdx")
-                        if t is not None)
-    blocks = tuple(dict.fromkeys(
-        t for t in (_triple(e) for e in _walk(rec) if e.tag == "blockIdx") if t is not None))
+        threads = tuple(
+            t for t in (_triple(e) for e in _walk(rec) if e.tag == "threadIdx") if t is not None
+        )
+    blocks = tuple(
+        dict.fromkeys(
+            t for t in (_triple(e) for e in _walk(rec) if e.tag == "blockIdx") if t is not None
+        )
+    )
     size = _int(_text(rec, "size", "accessSize"))
     if size is None and (m := _SIZE_RE.search(text)):
         size = int(m.group(1))
@@ -432,11 +470,23 @@ def _finding_from_record(rec: ET.Element, tool: str) -> Finding:
     count = _int(_text(rec, "count", "numHazards")) or 1
     kernel = _text(rec, "kernel", "kernelName") or (sites[0].func if sites else None)
     first = sites[0] if sites else Site(None, None)
-    return Finding(tool=tool, kind=kind, severity=_severity(kind, _text(rec, "level",
-                   "severity"), text), kernel=kernel, file=first.file, line=first.line,
-                   threads=threads, blocks=blocks, address_space=space, size=size,
-                   count=count, text=text, sites=sites, api=api,
-                   address=_text(rec, "address", "accessAddress"))
+    return Finding(
+        tool=tool,
+        kind=kind,
+        severity=_severity(kind, _text(rec, "level", "severity"), text),
+        kernel=kernel,
+        file=first.file,
+        line=first.line,
+        threads=threads,
+        blocks=blocks,
+        address_space=space,
+        size=size,
+        count=count,
+        text=text,
+        sites=sites,
+        api=api,
+        address=_text(rec, "address", "accessAddress"),
+    )
 
 
 _RECORD_BLOCK = re.compile(r"<record\b.*?</record>", re.DOTALL)
@@ -464,8 +514,10 @@ def parse_xml(path_or_text: str | os.PathLike, tool: str) -> list[Finding]:
                 salvaged.append(_finding_from_record(rec, tool))
             except ET.ParseError:
                 continue
-        note = (f"sanitizer XML {where} is not well-formed ({exc}); "
-                f"{len(salvaged)} complete record(s) salvaged")
+        note = (
+            f"sanitizer XML {where} is not well-formed ({exc}); "
+            f"{len(salvaged)} complete record(s) salvaged"
+        )
         return [_failure(tool, note)] + salvaged
     _strip_namespaces(root)
     return [_finding_from_record(r, tool) for r in root.iter("record")]
@@ -493,12 +545,16 @@ _PREFIX = re.compile(r"^=+ ?")
 _NOT_RECORD = re.compile(
     r"^(COMPUTE-SANITIZER|(ERROR|RACECHECK|LEAK) SUMMARY|Target application|"
     r"This (error|report)|Saved host|Host Frame|Device Frame|"
-    r"Error: (process didn't terminate|Target application))", re.IGNORECASE)
+    r"Error: (process didn't terminate|Target application))",
+    re.IGNORECASE,
+)
 _BY_THREAD = re.compile(r"by thread \((\d+),(\d+),(\d+)\) in block \((\d+),(\d+),(\d+)\)")
 _IN_BLOCK = re.compile(r"in block \((\d+),(\d+),(\d+)\)")
 _HAZ_THREAD = re.compile(r"^(Read|Write)\s+Thread \((\d+),(\d+),(\d+)\) at (.*)$")
-_RACE_SIDE = re.compile(r"^(?:.*?Race reported between |and )(\w+) access at (.*?)"
-                        r"(?:\s+\[(\d+) hazards?\])?$")
+_RACE_SIDE = re.compile(
+    r"^(?:.*?Race reported between |and )(\w+) access at (.*?)"
+    r"(?:\s+\[(\d+) hazards?\])?$"
+)
 _AT = re.compile(r"^at (.*)$")
 # "Access to 0x.. is out of bounds" (memcheck), "Address 0x.." (initcheck), "at __shared__
 # 0x500 in block" (racecheck header)
@@ -506,11 +562,13 @@ _ADDRESS = re.compile(r"(?:^Access to|^Address|at __\w+__) (0x[0-9a-fA-F]+)")
 # Lines that name code (kernel, file, host frames): never read for the finding's kind.
 _LOCATION_LINE = re.compile(
     r"^(at |and \w+ access at |(Read|Write)\s+Thread |by thread |Saved host|Host Frame|"
-    r"Device Frame)")
+    r"Device Frame)"
+)
 _LOC = re.compile(r"^(?P<file>\S+?):(?P<line>\d+)(?::(?P<func>.*))?$")
 _ERROR_SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) errors?")
 _RACE_SUMMARY = re.compile(
-    r"RACECHECK SUMMARY: (\d+) hazards? displayed \((\d+) errors?, (\d+) warnings?\)")
+    r"RACECHECK SUMMARY: (\d+) hazards? displayed \((\d+) errors?, (\d+) warnings?\)"
+)
 
 
 def _location(rest: str) -> tuple[str | None, int | None, str | None]:
@@ -588,14 +646,25 @@ def _finding_from_block(block: list[str], tool: str) -> Finding:
     size = int(m.group(1)) if (m := _SIZE_RE.search(header)) else None
     api = m.group(1) if (m := _API_RE.search(header)) else None
     first = sites[0] if sites else Site(None, None)
-    address = next((m.group(1) for ln in [body, *block[1:]] if (m := _ADDRESS.search(ln))),
-                   None)
+    address = next((m.group(1) for ln in [body, *block[1:]] if (m := _ADDRESS.search(ln))), None)
     text = "\n".join([body] + block[1:])
-    return Finding(tool=tool, kind=kind, severity=_severity(kind, None, header),
-                   kernel=first.func, file=first.file, line=first.line,
-                   threads=tuple(dict.fromkeys(threads)), blocks=tuple(dict.fromkeys(blocks)),
-                   address_space=_space_from_text(kind, header), size=size, count=count,
-                   text=text, sites=tuple(sites), api=api, address=address)
+    return Finding(
+        tool=tool,
+        kind=kind,
+        severity=_severity(kind, None, header),
+        kernel=first.func,
+        file=first.file,
+        line=first.line,
+        threads=tuple(dict.fromkeys(threads)),
+        blocks=tuple(dict.fromkeys(blocks)),
+        address_space=_space_from_text(kind, header),
+        size=size,
+        count=count,
+        text=text,
+        sites=tuple(sites),
+        api=api,
+        address=address,
+    )
 
 
 def parse_text(stdout_text: str, tool: str) -> list[Finding]:
@@ -606,15 +675,15 @@ def parse_text(stdout_text: str, tool: str) -> list[Finding]:
 def parse_summary(stdout_text: str) -> dict[str, int] | None:
     """The tool's closing count: {"errors": N} or, for racecheck, hazards/errors/warnings."""
     if m := _RACE_SUMMARY.search(stdout_text):
-        return {"hazards": int(m.group(1)), "errors": int(m.group(2)),
-                "warnings": int(m.group(3))}
+        return {"hazards": int(m.group(1)), "errors": int(m.group(2)), "warnings": int(m.group(3))}
     if m := _ERROR_SUMMARY.search(stdout_text):
         return {"errors": int(m.group(1))}
     return None
 
 
-def crosscheck(findings: Sequence[Finding], stdout_text: str, tool: str,
-               print_limit: int = DEFAULT_PRINT_LIMIT) -> list[Finding]:
+def crosscheck(
+    findings: Sequence[Finding], stdout_text: str, tool: str, print_limit: int = DEFAULT_PRINT_LIMIT
+) -> list[Finding]:
     """A PARSE_FAILURE when the summary line reports errors the XML does not hold."""
     summary = parse_summary(stdout_text)
     if summary is None:
@@ -629,15 +698,27 @@ def crosscheck(findings: Sequence[Finding], stdout_text: str, tool: str,
         lost = len(records) < min(reported, limit)
     if not lost:
         return []
-    return [_failure(tool, f"summary line reports {reported} error(s) but only "
-                           f"{len(records)} record(s) were parsed")]
+    return [
+        _failure(
+            tool,
+            f"summary line reports {reported} error(s) but only "
+            f"{len(records)} record(s) were parsed",
+        )
+    ]
 
 
-def analyze(tool: str, xml_path: str | os.PathLike | None, stdout_text: str = "",
-            print_limit: int = DEFAULT_PRINT_LIMIT) -> list[Finding]:
+def analyze(
+    tool: str,
+    xml_path: str | os.PathLike | None,
+    stdout_text: str = "",
+    print_limit: int = DEFAULT_PRINT_LIMIT,
+) -> list[Finding]:
     """All findings of one sanitizer run: the XML, else the text report, cross-checked."""
-    findings = parse_xml(xml_path, tool) if xml_path is not None else [
-        _failure(tool, "no sanitizer XML file was produced")]
+    findings = (
+        parse_xml(xml_path, tool)
+        if xml_path is not None
+        else [_failure(tool, "no sanitizer XML file was produced")]
+    )
     xml_failed = any(f.kind == PARSE_FAILURE for f in findings)
     if xml_failed and stdout_text:
         from_text = parse_text(stdout_text, tool)
@@ -649,28 +730,36 @@ def analyze(tool: str, xml_path: str | os.PathLike | None, stdout_text: str = ""
 
 
 # ---- noise -------------------------------------------------------------------------------
-NOISE_PROC_ADDRESS = ("cuda-bindings probes driver entry points with cuGetProcAddress; "
-                      "a miss is reported as an API error but is not a kernel error")
-NOISE_TMA = ("one side of the hazard is a bulk async copy (TMA); racecheck does not follow "
-             "the mbarrier transaction count that orders it")
-NOISE_ANALYSIS_DUP = ("racecheck analysis record summarising hazards already reported "
-                      "one by one")
+NOISE_PROC_ADDRESS = (
+    "cuda-bindings probes driver entry points with cuGetProcAddress; "
+    "a miss is reported as an API error but is not a kernel error"
+)
+NOISE_TMA = (
+    "one side of the hazard is a bulk async copy (TMA); racecheck does not follow "
+    "the mbarrier transaction count that orders it"
+)
+NOISE_ANALYSIS_DUP = "racecheck analysis record summarising hazards already reported one by one"
 
 _TMA_SOURCE = re.compile(
-    r"tma|cp_async_bulk|bulk_copy|copy_bulk|TmaCopy|CopyBulk|store_async_dsmem", re.IGNORECASE)
+    r"tma|cp_async_bulk|bulk_copy|copy_bulk|TmaCopy|CopyBulk|store_async_dsmem", re.IGNORECASE
+)
 _TMA_TEXT = re.compile(r"bulk|async copy|cp\.async\.bulk|UTMA|UBLKCP|\btma\b", re.IGNORECASE)
 
 
-def filter_noise(findings: Iterable[Finding], *, tma: bool = True,
-                 read_source: Callable[[str | None, int | None], str | None] | None = None,
-                 ) -> tuple[list[Finding], list[Finding]]:
+def filter_noise(
+    findings: Iterable[Finding],
+    *,
+    tma: bool = True,
+    read_source: Callable[[str | None, int | None], str | None] | None = None,
+) -> tuple[list[Finding], list[Finding]]:
     """(kept, filtered); every filtered finding carries its ``noise_reason``."""
     read = read_source or source_line
     findings = list(findings)
     kept: list[Finding] = []
     filtered: list[Finding] = []
-    typed_hazard_lines = {ln for f in findings
-                          if f.kind in (RAW_HAZARD, WAR_HAZARD, WAW_HAZARD) for ln in f.lines}
+    typed_hazard_lines = {
+        ln for f in findings if f.kind in (RAW_HAZARD, WAR_HAZARD, WAW_HAZARD) for ln in f.lines
+    }
     for f in findings:
         reason = None
         if f.kind == API_ERROR and "cuGetProcAddress" in ((f.api or "") + f.text):
@@ -686,8 +775,7 @@ def filter_noise(findings: Iterable[Finding], *, tma: bool = True,
     return kept, filtered
 
 
-def _touches_bulk_copy(f: Finding, read: Callable[[str | None, int | None], str | None]
-                       ) -> bool:
+def _touches_bulk_copy(f: Finding, read: Callable[[str | None, int | None], str | None]) -> bool:
     if _TMA_TEXT.search(f.text):
         return True
     for s in f.sites:
@@ -705,17 +793,21 @@ def _touches_bulk_copy(f: Finding, read: Callable[[str | None, int | None], str 
 # forward). The worker names the kernels it launched (the compiled module's PTX entries, the
 # symbols the sanitizer reports in <func>); findings of any other kernel are counted apart.
 
+
 def is_launched_kernel(name: str | None, kernel_names: Sequence[str]) -> bool:
     """``name`` (a finding's kernel) is one the worker launched: equal, or one a prefix of
     the other (a tool that shortens long symbols)."""
     if not name:
         return False
-    return any(name == k or (min(len(name), len(k)) >= 16 and
-                             (name.startswith(k) or k.startswith(name))) for k in kernel_names)
+    return any(
+        name == k or (min(len(name), len(k)) >= 16 and (name.startswith(k) or k.startswith(name)))
+        for k in kernel_names
+    )
 
 
-def attribute(findings: Iterable[Finding], kernel_names: Sequence[str]
-              ) -> tuple[list[Finding], list[Finding]]:
+def attribute(
+    findings: Iterable[Finding], kernel_names: Sequence[str]
+) -> tuple[list[Finding], list[Finding]]:
     """(the kernel under test's findings, other kernels' findings).
 
     A finding belongs to another kernel only when it names a kernel and that kernel is not one
@@ -733,17 +825,26 @@ def attribute(findings: Iterable[Finding], kernel_names: Sequence[str]
     return own, others
 
 
-def other_kernels(others: Iterable[Finding], tool: str,
-                  read: Callable[[str | None, int | None], str | None] | None = None,
-                  max_groups: int = 4) -> list[dict[str, Any]]:
+def other_kernels(
+    others: Iterable[Finding],
+    tool: str,
+    read: Callable[[str | None, int | None], str | None] | None = None,
+    max_groups: int = 4,
+) -> list[dict[str, Any]]:
     """Per other kernel: its name, records, count, class and first groups (most first)."""
     by_kernel: dict[str, list[Finding]] = {}
     for f in others:
         by_kernel.setdefault(f.kernel or "?", []).append(f)
-    out = [{"kernel": name, "records": len(fs), "count": sum(f.count for f in fs),
+    out = [
+        {
+            "kernel": name,
+            "records": len(fs),
+            "count": sum(f.count for f in fs),
             "class": classify(fs, tool),
-            "groups": [g.to_dict(read) for g in group(fs)[:max_groups]]}
-           for name, fs in by_kernel.items()]
+            "groups": [g.to_dict(read) for g in group(fs)[:max_groups]],
+        }
+        for name, fs in by_kernel.items()
+    ]
     out.sort(key=lambda k: -k["count"])
     return out
 
@@ -765,11 +866,14 @@ class Group:
     text: str = ""  # the first record's message
     accesses: tuple[str | None, ...] = ()
 
-    def to_dict(self, read_source: Callable[[str | None, int | None], str | None] | None
-                = None) -> dict[str, Any]:
+    def to_dict(
+        self, read_source: Callable[[str | None, int | None], str | None] | None = None
+    ) -> dict[str, Any]:
         d = asdict(self)
-        d["lines"] = [{"file": f, "line": ln,
-                       "source": (read_source or source_line)(f, ln)} for f, ln in self.lines]
+        d["lines"] = [
+            {"file": f, "line": ln, "source": (read_source or source_line)(f, ln)}
+            for f, ln in self.lines
+        ]
         return d
 
 
@@ -784,10 +888,17 @@ def group(findings: Iterable[Finding]) -> list[Group]:
         key = (f.tool, f.kind, f.lines)
         g = groups.get(key)
         if g is None:
-            g = groups[key] = Group(kind=f.kind, tool=f.tool, severity=f.severity,
-                                    lines=f.lines, kernel=f.kernel,
-                                    address_space=f.address_space, size=f.size,
-                                    text=f.text, accesses=tuple(s.access for s in f.sites))
+            g = groups[key] = Group(
+                kind=f.kind,
+                tool=f.tool,
+                severity=f.severity,
+                lines=f.lines,
+                kernel=f.kernel,
+                address_space=f.address_space,
+                size=f.size,
+                text=f.text,
+                accesses=tuple(s.access for s in f.sites),
+            )
         g.count += f.count
         g.records += 1
         if _SEVERITY_ORDER.get(f.severity, 3) < _SEVERITY_ORDER.get(g.severity, 3):
@@ -799,8 +910,9 @@ def group(findings: Iterable[Finding]) -> list[Group]:
             if b not in g.blocks and len(g.blocks) < _MAX_EXAMPLES:
                 g.blocks.append(b)
     order = list(groups.values())
-    order.sort(key=lambda g: (_SEVERITY_ORDER.get(g.severity, 3), g.kind == PARSE_FAILURE,
-                              -g.count))
+    order.sort(
+        key=lambda g: (_SEVERITY_ORDER.get(g.severity, 3), g.kind == PARSE_FAILURE, -g.count)
+    )
     return order
 
 
@@ -816,8 +928,9 @@ def classify(kept: Iterable[Finding], tool: str) -> str:
 
 
 # ---- source lines ------------------------------------------------------------------------
-def source_line(file: str | None, line: int | None,
-                roots: Sequence[str | os.PathLike] = ()) -> str | None:
+def source_line(
+    file: str | None, line: int | None, roots: Sequence[str | os.PathLike] = ()
+) -> str | None:
     """The stripped source line ``file:line`` (the kernel's Python), None if unreadable.
 
     A path recorded on another machine (a fixture, a copied report) is tried as its longest
@@ -854,12 +967,21 @@ def _resolve_source(file: str, roots: Sequence[str | os.PathLike]) -> Path | Non
 
 
 # ---- result and report -------------------------------------------------------------------
-def make_result(tool: str, command: Sequence[str], findings: Sequence[Finding], *,
-                env: Mapping[str, str] | None = None, exit_code: int | None = None,
-                sanitizer_seconds: float | None = None, plain_seconds: float | None = None,
-                xml_path: str | None = None, shrink_result: ShrinkResult | None = None,
-                read_source: Callable[[str | None, int | None], str | None] | None = None,
-                tma_filter: bool = True, kernel_names: Sequence[str] = ()) -> dict[str, Any]:
+def make_result(
+    tool: str,
+    command: Sequence[str],
+    findings: Sequence[Finding],
+    *,
+    env: Mapping[str, str] | None = None,
+    exit_code: int | None = None,
+    sanitizer_seconds: float | None = None,
+    plain_seconds: float | None = None,
+    xml_path: str | None = None,
+    shrink_result: ShrinkResult | None = None,
+    read_source: Callable[[str | None, int | None], str | None] | None = None,
+    tma_filter: bool = True,
+    kernel_names: Sequence[str] = (),
+) -> dict[str, Any]:
     """The JSON-able triage record of one tool's run (``render_markdown`` reads it).
 
     ``kernel_names``: the kernels the worker launched; findings of other kernels are listed
@@ -872,8 +994,7 @@ def make_result(tool: str, command: Sequence[str], findings: Sequence[Finding], 
     for f in filtered:
         reasons[f.noise_reason or ""] = reasons.get(f.noise_reason or "", 0) + 1  # records
     env_part = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted((env or {}).items()))
-    slowdown = (sanitizer_seconds / plain_seconds
-                if sanitizer_seconds and plain_seconds else None)
+    slowdown = sanitizer_seconds / plain_seconds if sanitizer_seconds and plain_seconds else None
     result = {
         "tool": tool,
         "verdict": classify(kept, tool),
@@ -883,8 +1004,9 @@ def make_result(tool: str, command: Sequence[str], findings: Sequence[Finding], 
         "xml": xml_path,
         "groups": [g.to_dict(read) for g in group(kept)],
         "filtered": [{"reason": r, "count": n} for r, n in reasons.items()],
-        "filtered_groups": [g.to_dict(read) | {"reason": _reason_of(g, filtered)}
-                            for g in group(filtered)],
+        "filtered_groups": [
+            g.to_dict(read) | {"reason": _reason_of(g, filtered)} for g in group(filtered)
+        ],
         "sanitizer_seconds": sanitizer_seconds,
         "plain_seconds": plain_seconds,
         "slowdown": slowdown,
@@ -920,11 +1042,17 @@ class ShrinkResult:
         return asdict(self)
 
 
-def shrink(params: Mapping[str, Any], shrinkable: Sequence[str],
-           run: Callable[[dict[str, Any]], Sequence[Finding]], *,
-           target: Signature | None = None, minimum: int = 1, max_runs: int = 48,
-           clock: Callable[[], float] = time.monotonic,
-           original: tuple[Sequence[Finding], float | None] | None = None) -> ShrinkResult:
+def shrink(
+    params: Mapping[str, Any],
+    shrinkable: Sequence[str],
+    run: Callable[[dict[str, Any]], Sequence[Finding]],
+    *,
+    target: Signature | None = None,
+    minimum: int = 1,
+    max_runs: int = 48,
+    clock: Callable[[], float] = time.monotonic,
+    original: tuple[Sequence[Finding], float | None] | None = None,
+) -> ShrinkResult:
     """Smallest ``shrinkable`` int params for which ``run`` still shows the same finding.
 
     "Same" = same kind and source lines (``Finding.signature``); ``target`` defaults to the
@@ -967,8 +1095,14 @@ def shrink(params: Mapping[str, Any], shrinkable: Sequence[str],
         else:
             ok = any(f.signature == target for f in kept)
         memo[k], seconds[k] = ok, dt
-        runs.append({"params": dict(p), "reproduced": ok, "seconds": dt,
-                     **({"error": error} if error else {})})
+        runs.append(
+            {
+                "params": dict(p),
+                "reproduced": ok,
+                "seconds": dt,
+                **({"error": error} if error else {}),
+            }
+        )
         return ok
 
     current = dict(params)
@@ -988,13 +1122,23 @@ def shrink(params: Mapping[str, Any], shrinkable: Sequence[str],
             if best < value:
                 current[name] = best
                 changed = True
-    return ShrinkResult(original=dict(params), shrunk=current, signature=target,
-                        original_seconds=seconds.get(key(params)),
-                        shrunk_seconds=seconds.get(key(current)), runs=runs)
+    return ShrinkResult(
+        original=dict(params),
+        shrunk=current,
+        signature=target,
+        original_seconds=seconds.get(key(params)),
+        shrunk_seconds=seconds.get(key(current)),
+        runs=runs,
+    )
 
 
-def _shrink_one(current: dict[str, Any], name: str, value: int, minimum: int,
-                attempt: Callable[[dict[str, Any]], bool]) -> int:
+def _shrink_one(
+    current: dict[str, Any],
+    name: str,
+    value: int,
+    minimum: int,
+    attempt: Callable[[dict[str, Any]], bool],
+) -> int:
     def ok(v: int) -> bool:
         return attempt({**current, name: v})
 
@@ -1032,12 +1176,12 @@ def _main(argv: Sequence[str]) -> int:
         tool, xml = argv[1], argv[2]
         rest = list(argv[3:])
         api = "--api-errors" in rest[: rest.index("--")] if "--" in rest else False
-        worker = rest[rest.index("--") + 1:] if "--" in rest else rest
+        worker = rest[rest.index("--") + 1 :] if "--" in rest else rest
         sanitizer = find_sanitizer() or "compute-sanitizer"
         cmd = build_command(tool, worker, xml, sanitizer=sanitizer, report_api_errors=api)
         if xml == "-":
             i = cmd.index("--xml")
-            del cmd[i:i + 3]
+            del cmd[i : i + 3]
         print("\n".join(cmd))
         return 0
     if len(argv) == 2 and argv[0] == "env":

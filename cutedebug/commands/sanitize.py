@@ -60,10 +60,11 @@ def parse_tools(text: str | Sequence[str]) -> tuple[str, ...]:
         for name in (n.strip() for n in item.split(",")):
             if not name:
                 continue
-            for t in (TOOLS if name == "all" else (name,)):
+            for t in TOOLS if name == "all" else (name,):
                 if t not in TOOLS:
-                    raise ValueError(f"unknown sanitizer tool {t!r}; choose from "
-                                     f"{', '.join(TOOLS)} or all")
+                    raise ValueError(
+                        f"unknown sanitizer tool {t!r}; choose from {', '.join(TOOLS)} or all"
+                    )
                 if t not in names:
                     names.append(t)
     if not names:
@@ -82,9 +83,13 @@ def shrinkable_params(kernel_file: str | os.PathLike, entry: str) -> tuple[str, 
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name == entry:
             for stmt in node.body:
-                target = (stmt.targets[0] if isinstance(stmt, ast.Assign)
-                          and len(stmt.targets) == 1 else
-                          stmt.target if isinstance(stmt, ast.AnnAssign) and stmt.value else None)
+                target = (
+                    stmt.targets[0]
+                    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
+                    else stmt.target
+                    if isinstance(stmt, ast.AnnAssign) and stmt.value
+                    else None
+                )
                 if isinstance(target, ast.Name) and target.id == "SHRINKABLE":
                     try:
                         value = ast.literal_eval(stmt.value)
@@ -95,9 +100,18 @@ def shrinkable_params(kernel_file: str | os.PathLike, entry: str) -> tuple[str, 
     return ()
 
 
-def tool_verdict(sanitizer_class: str, kernel_verdict: str, kernel_reason: str, *,
-                 launched: bool, synced: bool, killed: str | None, exit_code: int | None,
-                 records: int, other_records: int = 0) -> tuple[str, str]:
+def tool_verdict(
+    sanitizer_class: str,
+    kernel_verdict: str,
+    kernel_reason: str,
+    *,
+    launched: bool,
+    synced: bool,
+    killed: str | None,
+    exit_code: int | None,
+    records: int,
+    other_records: int = 0,
+) -> tuple[str, str]:
     """(verdict, reason) of one sanitized run, from what the sanitizer and the worker said.
 
     CLEAN needs positive evidence: the kernel was launched, finished, and the sanitizer's
@@ -106,28 +120,34 @@ def tool_verdict(sanitizer_class: str, kernel_verdict: str, kernel_reason: str, 
     other kernels' of the process (they explain the tool's error exit code, never the verdict).
     """
     if killed:
-        return kernel_verdict, (f"the sanitized run was killed by the watchdog ({killed}): "
-                                f"{kernel_reason}")
+        return kernel_verdict, (
+            f"the sanitized run was killed by the watchdog ({killed}): {kernel_reason}"
+        )
     if not launched:
         why = f"the kernel never ran under the sanitizer: {kernel_reason}"
         if records:
-            why += (f"; the sanitizer output holds {records} record(s) that cannot come from "
-                    "this kernel's launch (kept in the report, not used for the verdict)")
+            why += (
+                f"; the sanitizer output holds {records} record(s) that cannot come from "
+                "this kernel's launch (kept in the report, not used for the verdict)"
+            )
         return kernel_verdict, why
     if sanitizer_class in FINDING_VERDICTS:
         return sanitizer_class, "findings below"
     if sanitizer_class == "UNREADABLE":
         return "UNREADABLE", "the sanitizer's output could not be read (see PARSE_FAILURE)"
     if exit_code == ERROR_EXITCODE and not records and not other_records:
-        return "UNREADABLE", (f"the sanitizer exited with its error code {ERROR_EXITCODE} "
-                              "but no record was read")
+        return "UNREADABLE", (
+            f"the sanitizer exited with its error code {ERROR_EXITCODE} but no record was read"
+        )
     if not synced:
-        return kernel_verdict, ("the kernel failed and the sanitizer named no cause: "
-                                f"{kernel_reason}")
+        return kernel_verdict, (
+            f"the kernel failed and the sanitizer named no cause: {kernel_reason}"
+        )
     if sanitizer_class != CLEAN:
         return sanitizer_class, "unfiltered findings below"
-    return CLEAN, ("no findings after noise filtering; the kernel ran to completion "
-                   f"({kernel_verdict})")
+    return CLEAN, (
+        f"no findings after noise filtering; the kernel ran to completion ({kernel_verdict})"
+    )
 
 
 @dataclass
@@ -149,11 +169,19 @@ def _kernel_seconds(outcome: Any) -> float | None:
     return synced.get("kernel_s") if synced else None
 
 
-def run_tool(scenario: Any, tool: str, run_dir: Path, *, sanitizer: str,
-             deadline_scale: float = DEFAULT_DEADLINE_SCALE,
-             print_limit: int = DEFAULT_PRINT_LIMIT, deadlock_timeout_s: int | None = None,
-             plain: Mapping[str, Any] | None = None, reproduce: str = "",
-             tma_filter: bool = True) -> ToolRun:
+def run_tool(
+    scenario: Any,
+    tool: str,
+    run_dir: Path,
+    *,
+    sanitizer: str,
+    deadline_scale: float = DEFAULT_DEADLINE_SCALE,
+    print_limit: int = DEFAULT_PRINT_LIMIT,
+    deadlock_timeout_s: int | None = None,
+    plain: Mapping[str, Any] | None = None,
+    reproduce: str = "",
+    tma_filter: bool = True,
+) -> ToolRun:
     """One sanitized run of ``scenario``'s worker in ``run_dir``: findings and verdict."""
     from cutedebug.engine import runner
 
@@ -163,16 +191,28 @@ def run_tool(scenario: Any, tool: str, run_dir: Path, *, sanitizer: str,
     def wrap(argv: list[str], sub: Path) -> list[str]:
         xml = Path(sub).resolve() / f"{tool}.xml"
         xml.unlink(missing_ok=True)
-        command["argv"] = build_command(tool, argv, str(xml), sanitizer=sanitizer,
-                                        print_limit=print_limit,
-                                        deadlock_timeout_s=deadlock_timeout_s)
+        command["argv"] = build_command(
+            tool,
+            argv,
+            str(xml),
+            sanitizer=sanitizer,
+            print_limit=print_limit,
+            deadlock_timeout_s=deadlock_timeout_s,
+        )
         command["xml"] = xml
         return command["argv"]
 
     env = child_env(tool)
     classified, outcome, _facts = runner.run_once(
-        scenario, run_dir, mode="run", probes=None, lineinfo=True, wrap=wrap, extra_env=env,
-        deadline_scale=deadline_scale)
+        scenario,
+        run_dir,
+        mode="run",
+        probes=None,
+        lineinfo=True,
+        wrap=wrap,
+        extra_env=env,
+        deadline_scale=deadline_scale,
+    )
     log_text = (run_dir / "worker.log").read_text(errors="replace")
     findings = analyze(tool, command["xml"], log_text, print_limit)
     roots = (Path(scenario.kernel_file).parent, runner.REPO_ROOT)
@@ -182,30 +222,55 @@ def run_tool(scenario: Any, tool: str, run_dir: Path, *, sanitizer: str,
 
     plain = plain or {}
     names = launched_kernels(outcome)
-    result = make_result(tool, command["argv"], findings, env=env,
-                         exit_code=outcome.returncode, sanitizer_seconds=outcome.elapsed_s,
-                         plain_seconds=plain.get("seconds"), xml_path=str(command["xml"]),
-                         read_source=read, tma_filter=tma_filter, kernel_names=names)
+    result = make_result(
+        tool,
+        command["argv"],
+        findings,
+        env=env,
+        exit_code=outcome.returncode,
+        sanitizer_seconds=outcome.elapsed_s,
+        plain_seconds=plain.get("seconds"),
+        xml_path=str(command["xml"]),
+        read_source=read,
+        tma_filter=tma_filter,
+        kernel_names=names,
+    )
     _, filtered = filter_noise(findings, tma=tma_filter, read_source=read)
     findings, others = attribute(findings, names)
     records = len([f for f in findings if f.kind != PARSE_FAILURE])
     verdict, reason = tool_verdict(
-        result["verdict"], classified.verdict.value, classified.reason,
+        result["verdict"],
+        classified.verdict.value,
+        classified.reason,
         launched=outcome.event("launched") is not None,
-        synced=outcome.event("synced") is not None, killed=outcome.killed_by_watchdog,
-        exit_code=outcome.returncode, records=records, other_records=len(others))
+        synced=outcome.event("synced") is not None,
+        killed=outcome.killed_by_watchdog,
+        exit_code=outcome.returncode,
+        records=records,
+        other_records=len(others),
+    )
     k_san, k_plain = _kernel_seconds(outcome), plain.get("kernel_seconds")
-    result.update({
-        "sanitizer_class": result["verdict"], "verdict": verdict, "reason": reason,
-        "kernel_verdict": classified.verdict.value, "kernel_reason": classified.reason,
-        "killed_by_watchdog": outcome.killed_by_watchdog,
-        "deadline_scale": deadline_scale, "run_dir": str(run_dir),
-        "worker_log": str(run_dir / "worker.log"),
-        "records": records, "filtered_count": len(filtered),
-        "other_kernel_records": len(others),
-        "kernel_seconds": {"sanitized": k_san, "plain": k_plain,
-                           "slowdown": k_san / k_plain if k_san and k_plain else None},
-    })
+    result.update(
+        {
+            "sanitizer_class": result["verdict"],
+            "verdict": verdict,
+            "reason": reason,
+            "kernel_verdict": classified.verdict.value,
+            "kernel_reason": classified.reason,
+            "killed_by_watchdog": outcome.killed_by_watchdog,
+            "deadline_scale": deadline_scale,
+            "run_dir": str(run_dir),
+            "worker_log": str(run_dir / "worker.log"),
+            "records": records,
+            "filtered_count": len(filtered),
+            "other_kernel_records": len(others),
+            "kernel_seconds": {
+                "sanitized": k_san,
+                "plain": k_plain,
+                "slowdown": k_san / k_plain if k_san and k_plain else None,
+            },
+        }
+    )
     if reproduce:
         result["reproduce_cutedebug"] = reproduce
     return ToolRun(tool, result, list(findings), outcome.elapsed_s)
@@ -216,17 +281,25 @@ def plain_run(scenario: Any, run_dir: Path) -> dict[str, Any]:
     from cutedebug.engine import runner
 
     classified, outcome, _ = runner.run_once(scenario, Path(run_dir).resolve(), lineinfo=True)
-    return {"verdict": classified.verdict.value, "reason": classified.reason,
-            "seconds": outcome.elapsed_s, "kernel_seconds": _kernel_seconds(outcome),
-            "run_dir": str(run_dir)}
+    return {
+        "verdict": classified.verdict.value,
+        "reason": classified.reason,
+        "seconds": outcome.elapsed_s,
+        "kernel_seconds": _kernel_seconds(outcome),
+        "run_dir": str(run_dir),
+    }
 
 
 def _resolved_params(scenario: Any, names: Sequence[str]) -> dict[str, Any]:
     from cutedebug.engine.scenario import ScenarioError, kernel_params_from_source
 
     try:
-        declared = kernel_params_from_source(Path(scenario.kernel_file), scenario.kernel_entry,
-                                             scenario.id) or {}
+        declared = (
+            kernel_params_from_source(
+                Path(scenario.kernel_file), scenario.kernel_entry, scenario.id
+            )
+            or {}
+        )
     except ScenarioError:
         declared = {}
     params = dict(scenario.params)
@@ -236,8 +309,9 @@ def _resolved_params(scenario: Any, names: Sequence[str]) -> dict[str, Any]:
     return params
 
 
-def shrink_tool(scenario: Any, first: ToolRun, run_dir: Path, *, max_runs: int = 24,
-                **run_kw: Any) -> ShrinkResult | None:
+def shrink_tool(
+    scenario: Any, first: ToolRun, run_dir: Path, *, max_runs: int = 24, **run_kw: Any
+) -> ShrinkResult | None:
     """Shrink the scenario's SHRINKABLE params while ``first``'s top finding persists."""
     names = shrinkable_params(scenario.kernel_file, scenario.kernel_entry)
     kept, _ = filter_noise(first.findings)
@@ -255,23 +329,43 @@ def shrink_tool(scenario: Any, first: ToolRun, run_dir: Path, *, max_runs: int =
             return []  # hung, never ran, unreadable: not "the same finding"
         return tr.findings
 
-    return shrink(params, names, run, target=(groups[0].kind, groups[0].lines),
-                  max_runs=max_runs, original=(first.findings, first.seconds))
+    return shrink(
+        params,
+        names,
+        run,
+        target=(groups[0].kind, groups[0].lines),
+        max_runs=max_runs,
+        original=(first.findings, first.seconds),
+    )
 
 
-def sanitize_scenario(scenario: Any, tools: Sequence[str], run_dir: Path, *, sanitizer: str,
-                      plain: bool = True, do_shrink: bool = False, shrink_max_runs: int = 24,
-                      deadline_scale: float = DEFAULT_DEADLINE_SCALE,
-                      print_limit: int = DEFAULT_PRINT_LIMIT,
-                      deadlock_timeout_s: int | None = None, reproduce: str = "",
-                      tma_filter: bool = True, on_tool: Callable[[dict[str, Any]], None] | None = None,
-                      ) -> dict[str, Any]:
+def sanitize_scenario(
+    scenario: Any,
+    tools: Sequence[str],
+    run_dir: Path,
+    *,
+    sanitizer: str,
+    plain: bool = True,
+    do_shrink: bool = False,
+    shrink_max_runs: int = 24,
+    deadline_scale: float = DEFAULT_DEADLINE_SCALE,
+    print_limit: int = DEFAULT_PRINT_LIMIT,
+    deadlock_timeout_s: int | None = None,
+    reproduce: str = "",
+    tma_filter: bool = True,
+    on_tool: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
     """Plain run (for the slowdown), then one sanitized run per tool, then optional shrink."""
     run_dir = Path(run_dir).resolve()
     plain_info = plain_run(scenario, run_dir / "plain") if plain else None
-    run_kw = {"sanitizer": sanitizer, "deadline_scale": deadline_scale,
-              "print_limit": print_limit, "deadlock_timeout_s": deadlock_timeout_s,
-              "plain": plain_info, "tma_filter": tma_filter}
+    run_kw = {
+        "sanitizer": sanitizer,
+        "deadline_scale": deadline_scale,
+        "print_limit": print_limit,
+        "deadlock_timeout_s": deadlock_timeout_s,
+        "plain": plain_info,
+        "tma_filter": tma_filter,
+    }
     runs: list[ToolRun] = []
     for tool in tools:
         tr = run_tool(scenario, tool, run_dir / tool, reproduce=reproduce, **run_kw)
@@ -282,13 +376,19 @@ def sanitize_scenario(scenario: Any, tools: Sequence[str], run_dir: Path, *, san
     if do_shrink:
         first = next((r for r in runs if r.result["verdict"] in FINDING_VERDICTS), None)
         if first is not None:
-            shrunk = shrink_tool(scenario, first, run_dir / "shrink" / first.tool,
-                                 max_runs=shrink_max_runs, **run_kw)
+            shrunk = shrink_tool(
+                scenario, first, run_dir / "shrink" / first.tool, max_runs=shrink_max_runs, **run_kw
+            )
             if shrunk is not None:
                 first.result["shrink"] = json.loads(json.dumps(shrunk.to_dict()))
-    return {"scenario": scenario.to_json(), "expected_verdict": scenario.expect.verdict,
-            "tools": {r.tool: r.result for r in runs}, "plain": plain_info,
-            "run_dir": str(run_dir), "reproduce": reproduce}
+    return {
+        "scenario": scenario.to_json(),
+        "expected_verdict": scenario.expect.verdict,
+        "tools": {r.tool: r.result for r in runs},
+        "plain": plain_info,
+        "run_dir": str(run_dir),
+        "reproduce": reproduce,
+    }
 
 
 def as_expected(expected: str, verdicts: Mapping[str, str]) -> bool:
@@ -303,8 +403,9 @@ def as_expected(expected: str, verdicts: Mapping[str, str]) -> bool:
 SANITIZER_EXPECTATIONS = (*FINDING_VERDICTS, "PASS")
 
 
-def judge(expected: str, verdicts: Mapping[str, str],
-          plain_verdict: str | None) -> tuple[bool | None, str]:
+def judge(
+    expected: str, verdicts: Mapping[str, str], plain_verdict: str | None
+) -> tuple[bool | None, str]:
     """(as expected?, one line). A sanitizer verdict (or PASS) is checked against the tools;
     a plain-run verdict (HANG, MISMATCH, CRASH, ...) against the plain run, when there was
     one. None: nothing the sanitize command ran can check it."""
@@ -312,12 +413,16 @@ def judge(expected: str, verdicts: Mapping[str, str],
         ok = as_expected(expected, verdicts)
         return ok, f"expected {expected}: {'as expected' if ok else 'NOT as expected'}"
     if plain_verdict is None:
-        return None, (f"expected {expected} is a plain-run verdict, and there was no plain run: "
-                      f"not checked (--expect {'|'.join(SANITIZER_EXPECTATIONS)} checks the "
-                      "tools)")
+        return None, (
+            f"expected {expected} is a plain-run verdict, and there was no plain run: "
+            f"not checked (--expect {'|'.join(SANITIZER_EXPECTATIONS)} checks the "
+            "tools)"
+        )
     ok = plain_verdict == expected
-    return ok, (f"expected {expected} (plain run): got {plain_verdict}, "
-                f"{'as expected' if ok else 'NOT as expected'}")
+    return ok, (
+        f"expected {expected} (plain run): got {plain_verdict}, "
+        f"{'as expected' if ok else 'NOT as expected'}"
+    )
 
 
 def _command_line(args: Any) -> str:
@@ -344,21 +449,25 @@ def cmd_sanitize(args: Any) -> int:
         return EXIT_USAGE
     sanitizer = args.sanitizer or find_sanitizer()
     if not sanitizer or not (os.path.isfile(sanitizer) and os.access(sanitizer, os.X_OK)):
-        looked = (f"{args.sanitizer} (--sanitizer)" if args.sanitizer else
-                  "$COMPUTE_SANITIZER, compute-sanitizer on PATH, $CUDA_HOME/bin, "
-                  "$CUDA_PATH/bin, $CUDA_ROOT/bin, /usr/local/cuda/bin, /usr/local/cuda-*/bin, "
-                  "/opt/nvidia/compute-sanitizer")
-        print(f"cutedebug sanitize: compute-sanitizer not found; looked for: {looked}. "
-              "Install the CUDA toolkit or set COMPUTE_SANITIZER=/path/to/compute-sanitizer.",
-              file=sys.stderr)
+        looked = (
+            f"{args.sanitizer} (--sanitizer)"
+            if args.sanitizer
+            else "$COMPUTE_SANITIZER, compute-sanitizer on PATH, $CUDA_HOME/bin, "
+            "$CUDA_PATH/bin, $CUDA_ROOT/bin, /usr/local/cuda/bin, /usr/local/cuda-*/bin, "
+            "/opt/nvidia/compute-sanitizer"
+        )
+        print(
+            f"cutedebug sanitize: compute-sanitizer not found; looked for: {looked}. "
+            "Install the CUDA toolkit or set COMPUTE_SANITIZER=/path/to/compute-sanitizer.",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     sc = S.load(args.scenario)
     if args.param:
         params = dict(sc.params)
         for item in args.param:
             if "=" not in item:
-                print(f"cutedebug sanitize: --param {item!r}: expected NAME=VALUE",
-                      file=sys.stderr)
+                print(f"cutedebug sanitize: --param {item!r}: expected NAME=VALUE", file=sys.stderr)
                 return EXIT_USAGE
             k, v = item.split("=", 1)
             params[k.strip()] = S.parse_value(v.strip())
@@ -369,24 +478,38 @@ def cmd_sanitize(args: Any) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
 
     def progress(r: Mapping[str, Any]) -> None:
-        print(f"{r['tool']}: {r['verdict']} — {top_line(r)} "
-              f"({secs(r.get('sanitizer_seconds'))})", flush=True)
+        print(
+            f"{r['tool']}: {r['verdict']} — {top_line(r)} ({secs(r.get('sanitizer_seconds'))})",
+            flush=True,
+        )
 
     summary = sanitize_scenario(
-        sc, args.tools, run_dir, sanitizer=sanitizer, plain=args.plain,
-        do_shrink=args.shrink, shrink_max_runs=args.shrink_max_runs,
-        deadline_scale=args.deadline_scale, print_limit=args.print_limit,
-        deadlock_timeout_s=args.racecheck_deadlock_timeout, reproduce=_command_line(args),
-        tma_filter=args.tma_filter, on_tool=progress)
+        sc,
+        args.tools,
+        run_dir,
+        sanitizer=sanitizer,
+        plain=args.plain,
+        do_shrink=args.shrink,
+        shrink_max_runs=args.shrink_max_runs,
+        deadline_scale=args.deadline_scale,
+        print_limit=args.print_limit,
+        deadlock_timeout_s=args.racecheck_deadlock_timeout,
+        reproduce=_command_line(args),
+        tma_filter=args.tma_filter,
+        on_tool=progress,
+    )
     verdicts = {t: r["verdict"] for t, r in summary["tools"].items()}
-    ok, verdict_line = judge(summary["expected_verdict"], verdicts,
-                             (summary.get("plain") or {}).get("verdict"))
+    ok, verdict_line = judge(
+        summary["expected_verdict"], verdicts, (summary.get("plain") or {}).get("verdict")
+    )
     summary["as_expected"] = ok
     json_path, md_path = run_dir / "sanitize.json", run_dir / "sanitize.md"
     write_text(json_path, json.dumps(summary, indent=1, default=str))
-    _, verdict_line = judge(summary["expected_verdict"],
-                            {t: r["verdict"] for t, r in summary["tools"].items()},
-                            (summary.get("plain") or {}).get("verdict"))
+    _, verdict_line = judge(
+        summary["expected_verdict"],
+        {t: r["verdict"] for t, r in summary["tools"].items()},
+        (summary.get("plain") or {}).get("verdict"),
+    )
     write_text(md_path, render_summary_markdown(summary, verdict_line))
     for r in summary["tools"].values():
         if r.get("shrink"):
@@ -408,32 +531,62 @@ def add_parser(subparsers: Any) -> Any:
     from cutedebug.engine.verdict import ALL as VERDICTS
 
     p = subparsers.add_parser(
-        "sanitize", help="run compute-sanitizer around a scenario's worker",
+        "sanitize",
+        help="run compute-sanitizer around a scenario's worker",
         description="compute-sanitizer (memcheck/racecheck/synccheck/initcheck) around the "
-                    "scenario's worker, under the watchdog with scaled deadlines. Exit 0 when "
-                    "the scenario's expected sanitizer verdict is found (or, for PASS, every "
-                    "tool is CLEAN), 1 otherwise, 2 on usage errors or a missing sanitizer.")
+        "scenario's worker, under the watchdog with scaled deadlines. Exit 0 when "
+        "the scenario's expected sanitizer verdict is found (or, for PASS, every "
+        "tool is CLEAN), 1 otherwise, 2 on usage errors or a missing sanitizer.",
+    )
     p.add_argument("scenario", help="scenario .toml")
-    p.add_argument("--tool", action="append", default=None,
-                   help="memcheck|racecheck|synccheck|initcheck|all, or a comma list "
-                        "(repeatable; default all)")
-    p.add_argument("--shrink", action="store_true",
-                   help="shrink the kernel's SHRINKABLE params while the first finding persists")
+    p.add_argument(
+        "--tool",
+        action="append",
+        default=None,
+        help="memcheck|racecheck|synccheck|initcheck|all, or a comma list "
+        "(repeatable; default all)",
+    )
+    p.add_argument(
+        "--shrink",
+        action="store_true",
+        help="shrink the kernel's SHRINKABLE params while the first finding persists",
+    )
     p.add_argument("--shrink-max-runs", type=int, default=24)
-    p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
-                   help="override a kernel parameter")
-    p.add_argument("--expect", choices=VERDICTS, help="expected verdict (overrides the "
-                   "scenario's)")
-    p.add_argument("--deadline-scale", type=float, default=DEFAULT_DEADLINE_SCALE,
-                   help="multiply the scenario's deadlines by this under the sanitizer")
+    p.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="override a kernel parameter",
+    )
+    p.add_argument("--expect", choices=VERDICTS, help="expected verdict (overrides the scenario's)")
+    p.add_argument(
+        "--deadline-scale",
+        type=float,
+        default=DEFAULT_DEADLINE_SCALE,
+        help="multiply the scenario's deadlines by this under the sanitizer",
+    )
     p.add_argument("--print-limit", type=int, default=DEFAULT_PRINT_LIMIT)
-    p.add_argument("--racecheck-deadlock-timeout", type=int, default=None, metavar="S",
-                   help="passed to racecheck (cuda::barrier deadlock detection)")
-    p.add_argument("--no-tma-filter", dest="tma_filter", action="store_false",
-                   help="keep racecheck hazards that touch a bulk async (TMA) copy line")
+    p.add_argument(
+        "--racecheck-deadlock-timeout",
+        type=int,
+        default=None,
+        metavar="S",
+        help="passed to racecheck (cuda::barrier deadlock detection)",
+    )
+    p.add_argument(
+        "--no-tma-filter",
+        dest="tma_filter",
+        action="store_false",
+        help="keep racecheck hazards that touch a bulk async (TMA) copy line",
+    )
     p.add_argument("--sanitizer", help="path of compute-sanitizer (default: search)")
-    p.add_argument("--no-plain", dest="plain", action="store_false",
-                   help="skip the plain run (no slowdown figure)")
+    p.add_argument(
+        "--no-plain",
+        dest="plain",
+        action="store_false",
+        help="skip the plain run (no slowdown figure)",
+    )
     p.add_argument("--runs-dir", default="runs", help="where run directories go")
     p.set_defaults(func=cmd_sanitize, tool=None)
     return p

@@ -222,9 +222,12 @@ def _perturbation(p: dict[str, Any] | None) -> dict[str, Any] | None:
     if not p:
         return None
     shrunk = p.get("shrunk") or {}
-    return {"runs": p.get("runs"), "exposed_by": p.get("exposed_by"),
-            "outcome": p.get("exposing_outcome") or p.get("killed_during"),
-            "delays": (shrunk.get("described") or p.get("described") or [])[:3]}
+    return {
+        "runs": p.get("runs"),
+        "exposed_by": p.get("exposed_by"),
+        "outcome": p.get("exposing_outcome") or p.get("killed_during"),
+        "delays": (shrunk.get("described") or p.get("described") or [])[:3],
+    }
 
 
 def _relative(path: Path, out_dir: Path) -> str:

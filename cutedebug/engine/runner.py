@@ -430,8 +430,11 @@ def run_scenario(
             probes=probe_cfg,
             index=i,
             forkserver=forkserver,
-            request_extra={**(core.request_fields(run_dir) if use_core else {}),
-                           **({"perturb": perturb} if perturb else {})} or None,
+            request_extra={
+                **(core.request_fields(run_dir) if use_core else {}),
+                **({"perturb": perturb} if perturb else {}),
+            }
+            or None,
         )
         # The GPU is checked right after the run that was killed or crashed (before any
         # rerun), so the health recorded is that run's.

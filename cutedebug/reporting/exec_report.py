@@ -14,8 +14,6 @@ from typing import Any
 from cutedebug.engine.command import ExecResult, where
 
 
-
-
 def tldr(res: ExecResult, expect: str = "PASS") -> str:
     mark = "as expected" if res.verdict.value == expect else f"EXPECTED {expect}"
     cmd = shlex.join(res.settings.argv)

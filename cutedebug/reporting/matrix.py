@@ -182,7 +182,6 @@ def _perturb_text(p: dict[str, Any] | None) -> str:
     return f"seed {p['exposed_by']}: {p.get('outcome')}"
 
 
-
 DETAIL_HEAD = [
     "kernel",
     "fault",
@@ -235,8 +234,11 @@ def _summary(c: dict[str, Any]) -> str:
         f"{c['scenarios']} scenarios: {c['with_verdict']} with a verdict, {c['not_run']} "
         f"not run (left out of the rates), {c['invalid']} invalid, {c['pending']} pending; "
         f"{c['harness_errors']} HARNESS_ERROR; {c['timing_dependent']} timing-dependent"
-        + (f"; {c['exposed_by_perturbation']} exposed by perturbation (counted in detection)."
-           if c.get("exposed_by_perturbation") else ".")
+        + (
+            f"; {c['exposed_by_perturbation']} exposed by perturbation (counted in detection)."
+            if c.get("exposed_by_perturbation")
+            else "."
+        )
     )
 
 

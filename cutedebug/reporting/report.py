@@ -53,8 +53,9 @@ def stuck_map(result: RunResult) -> tuple[SM.StuckMap, str] | None:
     snap = snapshot_from_json(picture)
     m = SM.build(snap, sites)
     lines = picture.get("lines")  # a core's own footnote: no wait time, no item number
-    return m, SM.render_text(m, records=lines if lines is not None else
-                             SM.record_lines(snap, sites))
+    return m, SM.render_text(
+        m, records=lines if lines is not None else SM.record_lines(snap, sites)
+    )
 
 
 def where(result: RunResult) -> str:
@@ -154,17 +155,21 @@ def _md_coredump(ev: dict[str, Any]) -> list[str]:
     dump = core.get("dump") or {}
     if core.get("error"):
         return [f"- GPU coredump: {md_text(core['error'])}"]
-    out = [f"- GPU coredump: {md_text(core.get('core'))} ({core.get('core_bytes')} bytes, "
-           f"dumped in {dump.get('dump_s', 'n/a')} s), {core.get('warps')} warps read by "
-           f"cuda-gdb in {core.get('gdb_s')} s ({core.get('gdb_passes')} runs; output in "
-           f"coredump_gdb_pass*.txt); SASS: {md_text(core.get('sass'))}"]
+    out = [
+        f"- GPU coredump: {md_text(core.get('core'))} ({core.get('core_bytes')} bytes, "
+        f"dumped in {dump.get('dump_s', 'n/a')} s), {core.get('warps')} warps read by "
+        f"cuda-gdb in {core.get('gdb_s')} s ({core.get('gdb_passes')} runs; output in "
+        f"coredump_gdb_pass*.txt); SASS: {md_text(core.get('sass'))}"
+    ]
     out += [f"  - site map: {md_text(n)}" for n in core.get("site_map") or []]
     if (crash := ev.get("crash")) is not None:
-        out.append(f"- faulting warp (from the core): {md_text(crash.get('exception'))} at "
-                   f"{md_text(crash.get('where'))}, CTA {crash.get('block')} warp "
-                   f"{crash.get('warp')} lane {crash.get('lane')}, faulting instruction at "
-                   f"offset {md_text(crash.get('fault_offset'))}: "
-                   f"{md_code(crash.get('instruction') or '?')}")
+        out.append(
+            f"- faulting warp (from the core): {md_text(crash.get('exception'))} at "
+            f"{md_text(crash.get('where'))}, CTA {crash.get('block')} warp "
+            f"{crash.get('warp')} lane {crash.get('lane')}, faulting instruction at "
+            f"offset {md_text(crash.get('fault_offset'))}: "
+            f"{md_code(crash.get('instruction') or '?')}"
+        )
     for role, a in (ev.get("role_answers") or {}).items():
         out.append(f"- {md_text(role)} (from the core): {md_text(a.get('how'))}")
     if (g := ev.get("coredump_grade")) is not None:
@@ -293,8 +298,11 @@ def to_markdown(
             "|---|---|---|---|---|---|---|---|",
         ]
         for g in group_sites(sites):
-            bar = (f"{g['barrier']}[{g['stage']}]" if g["stage"] is not None else g["barrier"]) \
-                if g["barrier"] else f"stage {g['stage']}"
+            bar = (
+                (f"{g['barrier']}[{g['stage']}]" if g["stage"] is not None else g["barrier"])
+                if g["barrier"]
+                else f"stage {g['stage']}"
+            )
             cells = [
                 g["ctas"],
                 g["warps"],

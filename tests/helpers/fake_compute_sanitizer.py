@@ -39,9 +39,17 @@ import time
 from pathlib import Path
 
 H200 = Path(__file__).resolve().parents[1] / "data" / "sanitizer" / "h200"
-WITH_VALUE = {"--tool", "--save", "--print-limit", "--error-exitcode", "--report-api-errors",
-              "--show-backtrace", "--target-processes", "--racecheck-report",
-              "--racecheck-deadlock-timeout"}
+WITH_VALUE = {
+    "--tool",
+    "--save",
+    "--print-limit",
+    "--error-exitcode",
+    "--report-api-errors",
+    "--show-backtrace",
+    "--target-processes",
+    "--racecheck-report",
+    "--racecheck-deadlock-timeout",
+}
 FLAGS = {"--xml"}
 
 
@@ -105,12 +113,22 @@ def main() -> int:
     if mode == "exec":
         rc = subprocess.run(target, check=False).returncode
     elif mode == "simulate":
-        worker_events(target, [*UP_TO_LAUNCH, "synced", "checked", "done"],
-                      checked={"ok": True, "digest": "d"}, **extra)
+        worker_events(
+            target,
+            [*UP_TO_LAUNCH, "synced", "checked", "done"],
+            checked={"ok": True, "digest": "d"},
+            **extra,
+        )
     elif mode == "simulate-crash":
-        worker_events(target, [*UP_TO_LAUNCH, "cuda_error", "done"],
-                      cuda_error={"name": "cudaErrorLaunchFailure",
-                                  "message": "CUDA error: unspecified launch failure"}, **extra)
+        worker_events(
+            target,
+            [*UP_TO_LAUNCH, "cuda_error", "done"],
+            cuda_error={
+                "name": "cudaErrorLaunchFailure",
+                "message": "CUDA error: unspecified launch failure",
+            },
+            **extra,
+        )
     elif mode == "hang":
         worker_events(target, UP_TO_LAUNCH, **extra)
         time.sleep(600)

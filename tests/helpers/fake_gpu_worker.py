@@ -12,6 +12,10 @@ from cutedebug.engine import worker
 
 name, major, minor = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 cc = (major, minor)
-worker.detect_device = lambda: {"present": True, "name": name, "cc": list(cc),
-                                "arch": worker.ARCH_BY_CC.get(cc, f"sm_{major}{minor}")}
+worker.detect_device = lambda: {
+    "present": True,
+    "name": name,
+    "cc": list(cc),
+    "arch": worker.ARCH_BY_CC.get(cc, f"sm_{major}{minor}"),
+}
 sys.exit(worker.main(sys.argv[4:]))

@@ -42,15 +42,23 @@ elif behaviour == "ignore_sigterm":
         time.sleep(0.01)
 elif behaviour == "grandchildren":
     # Grandchildren that start sessions of their own escape the child's process group.
-    kids = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(10000)"],
-                             start_new_session=True) for _ in range(3)]
+    kids = [
+        subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(10000)"], start_new_session=True
+        )
+        for _ in range(3)
+    ]
     with open(pidfile, "w") as f:
         f.write(" ".join(str(k.pid) for k in kids))
     phases("started", "imported", "compiling", "compiled", "launched")
     time.sleep(10_000)
 elif behaviour == "grandchildren_then_exit":
-    kids = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(10000)"],
-                             start_new_session=True) for _ in range(2)]
+    kids = [
+        subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(10000)"], start_new_session=True
+        )
+        for _ in range(2)
+    ]
     with open(pidfile, "w") as f:
         f.write(" ".join(str(k.pid) for k in kids))
     phases("started", "imported", "compiling", "compiled", "launched", "synced")
@@ -59,10 +67,10 @@ elif behaviour == "grandchildren_then_exit":
 elif behaviour == "hostile_tree":
     # The worst a kernel can leave: grandchildren that start sessions of their own and ignore
     # SIGTERM, exec'd ones and a fork without exec (its /proc environ is the parent's block).
-    code = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-            "time.sleep(10000)")
-    kids = [subprocess.Popen([sys.executable, "-c", code], start_new_session=True).pid
-            for _ in range(2)]
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(10000)"
+    kids = [
+        subprocess.Popen([sys.executable, "-c", code], start_new_session=True).pid for _ in range(2)
+    ]
     pid = os.fork()
     if pid == 0:
         os.setsid()

@@ -43,8 +43,13 @@ def function_base(disassembly: str) -> int:
 
 
 class ReplayGdb:
-    def __init__(self, pass1: str, base: int,
-                 registers: dict[tuple[int, int, int], dict[str, int]], focus_pc: bool = True):
+    def __init__(
+        self,
+        pass1: str,
+        base: int,
+        registers: dict[tuple[int, int, int], dict[str, int]],
+        focus_pc: bool = True,
+    ):
         """``base``: the kernel's address (the <+0> line of cuda-gdb's disassembly).
         ``focus_pc``: answer pass 1's ``x/1i $pc`` (the focused warp's offset) too."""
         self.pass1, self.registers, self.base = pass1, registers, base
@@ -55,8 +60,11 @@ class ReplayGdb:
     def __call__(self, core, commands, timeout_s=None, cuda_gdb=None):
         self.calls.append(list(commands))
         if "info cuda kernels" in commands:
-            m = re.search(r"focus set to CUDA kernel \d+,.*? device (\d+), sm (\d+), "
-                          r"warp (\d+),", self.pass1)
+            m = re.search(
+                r"focus set to CUDA kernel \d+,.*? device (\d+), sm (\d+), "
+                r"warp (\d+),",
+                self.pass1,
+            )
             if not (self.focus_pc and m and "x/1i $pc" in commands):
                 return self.pass1, 0.0
             pc = self.pcs[tuple(int(x) for x in m.groups())]
@@ -92,6 +100,8 @@ class PassReplay:
     def __call__(self, core, commands, timeout_s=None, cuda_gdb=None):
         self.calls.append(list(commands))
         if len(self.calls) > len(self.outputs):
-            raise AssertionError(f"read_core asked for cuda-gdb run {len(self.calls)}, the "
-                                 f"recorded run had {len(self.outputs)}")
+            raise AssertionError(
+                f"read_core asked for cuda-gdb run {len(self.calls)}, the "
+                f"recorded run had {len(self.outputs)}"
+            )
         return self.outputs[len(self.calls) - 1], 0.0
