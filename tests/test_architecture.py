@@ -22,7 +22,6 @@ MAX_LINES = 600
 OVER_LIMIT = {
     "cutedebug/analyses/sanitizer.py": "field: parsing / classification / running",
     "cutedebug/analyses/bisect.py": "trust: its worker runs go through the one launch path",
-    "cutedebug/engine/worker.py": "trust/instr: the worker's phases (load, compile, run, check)",
     "cutedebug/instrument/layer.py": "instr: the instrumentation layer",
     "cutedebug/instrument/checkpoint.py": "instr: printf-bisection checkpoints",
 }
