@@ -4,6 +4,8 @@
 - ``stuck_map``: the stuck-map model (CTAs grouped by identical warp states) and its text and
   SVG renderers;
 - ``matrix``: the triage matrix as Markdown, HTML and terminal lines;
+- ``sanitize``, ``bisect``, ``mutation_matrix``, ``exec_report``, ``mismatch_map``,
+  ``perturbation``: each analysis's or command's report;
 - ``escape``: escaping for HTML, SVG and Markdown, and the only way links are made;
 - ``files``: atomic writes with the permissions any file the user creates gets.
 
