@@ -12,12 +12,10 @@ the GPU.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import sys
 import tempfile
-import threading
 import time
 import traceback
 from contextlib import ExitStack, nullcontext
@@ -27,22 +25,13 @@ from typing import Any
 from cutedebug.engine import blame, lifeline
 from cutedebug.engine import events as events_mod
 from cutedebug.engine.health import ARCH_BY_CC  # stdlib only: the arch names by capability
-
-# CUDA error names by the message the driver/runtime gives them (torch and cuda-python both
-# surface these strings).
-CUDA_ERRORS = (
-    ("illegal memory access", "cudaErrorIllegalAddress"),
-    ("illegal instruction", "cudaErrorIllegalInstruction"),
-    ("misaligned address", "cudaErrorMisalignedAddress"),
-    ("unspecified launch failure", "cudaErrorLaunchFailure"),
-    ("device-side assert", "cudaErrorAssert"),
-    ("operation not supported on global/shared address space", "cudaErrorInvalidAddressSpace"),
-    ("invalid program counter", "cudaErrorInvalidPc"),
-    ("too many resources requested", "cudaErrorLaunchOutOfResources"),
-    ("launch timed out", "cudaErrorLaunchTimeout"),
-    ("hardware stack error", "cudaErrorHardwareStackError"),
-    ("out of memory", "cudaErrorMemoryAllocation"),
-    ("trap", "cudaErrorAssert"),
+from cutedebug.engine.launching import (  # noqa: F401  (names other modules import from here)
+    CUDA_ERRORS,
+    Launch,
+    ProbeMonitor,
+    compare,
+    cuda_error_name,
+    digest,
 )
 
 # The event channel (one capped JSON object per line): engine/events.py.
@@ -52,16 +41,6 @@ Events, cap_text = events_mod.Events, events_mod.cap_text
 # Whose exception is it (ours: HARNESS_ERROR with our frame; the user's: their class kept):
 # engine/blame.py.
 our_frame, user_call = blame.our_frame, blame.user_call
-
-
-def cuda_error_name(message: str) -> str | None:
-    low = message.lower()
-    for needle, name in CUDA_ERRORS:
-        if needle in low:
-            return name
-    if "cuda" in low and "error" in low:
-        return "cudaErrorUnknown"
-    return None
 
 
 def detect_device() -> dict[str, Any]:
@@ -84,94 +63,6 @@ def detect_device() -> dict[str, Any]:
         }
     except Exception as e:  # a broken driver is a fact about the machine, not a crash
         return {"present": False, "reason": f"CUDA unusable: {e}"}
-
-
-def compare(out, ref, atol: float, rtol: float) -> dict[str, Any]:
-    import torch
-
-    out = out.detach().float().cpu()
-    ref = ref.detach().float().cpu()
-    if out.shape != ref.shape:
-        return {
-            "ok": False,
-            "numel": ref.numel(),
-            "n_bad": ref.numel(),
-            "frac_bad": 1.0,
-            "max_abs_err": float("inf"),
-            "max_rel_err": float("inf"),
-            "first_bad_index": None,
-            "shape_mismatch": [list(out.shape), list(ref.shape)],
-        }
-    good = torch.isclose(out, ref, atol=atol, rtol=rtol)
-    n_bad = int((~good).sum())
-    diff = (out - ref).abs()
-    diff = torch.where(torch.isnan(diff), torch.full_like(diff, float("inf")), diff)
-    rel = diff / ref.abs().clamp_min(1e-30)
-    first = None
-    if n_bad:
-        flat = int((~good).flatten().nonzero()[0])
-        first = [int(i) for i in torch.unravel_index(torch.tensor(flat), ref.shape)]
-    return {
-        "ok": n_bad == 0,
-        "numel": ref.numel(),
-        "n_bad": n_bad,
-        "frac_bad": n_bad / max(ref.numel(), 1),
-        "max_abs_err": float(diff.max()) if diff.numel() else 0.0,
-        "max_rel_err": float(rel.max()) if rel.numel() else 0.0,
-        "first_bad_index": first,
-        "n_nan": int(torch.isnan(out).sum()),
-        "atol": atol,
-        "rtol": rtol,
-    }
-
-
-def digest(t) -> str:
-    import torch
-
-    t = t.detach().contiguous().cpu()
-    return hashlib.sha256(t.view(torch.uint8).numpy().tobytes()).hexdigest()[:16]
-
-
-class ProbeMonitor:
-    """Streams beacon snapshots from host-mapped memory while the kernel runs.
-
-    Every interval: a "progress" event with the change counter (the runner's stall detector
-    watches it). Whenever the picture changed, at most every ``picture_s``: a "progress" event
-    that also carries the per-warp picture, so a kernel that never exits still leaves one.
-    """
-
-    def __init__(
-        self, events: Events, buf, cfg, sites, interval_s: float = 0.05, picture_s: float = 0.25
-    ):
-        self.events, self.buf, self.cfg, self.sites = events, buf, cfg, sites
-        self.interval_s, self.picture_s = interval_s, picture_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def _loop(self):
-        from cutedebug.instrument import probes
-
-        last_picture_t, last_sig = 0.0, None
-        while not self._stop.wait(self.interval_s):
-            snap = probes.decode(self.buf.numpy().tobytes(), self.cfg, self.sites)
-            fields: dict[str, Any] = {
-                "counter": snap.progress_counter_total,
-                "stuck": len(snap.stuck),
-            }
-            sig = probes.progress_signature(snap)
-            now = time.monotonic()
-            if sig != last_sig and now - last_picture_t >= self.picture_s:
-                fields["picture"] = probes.snapshot_to_json(snap, self.sites)
-                last_picture_t, last_sig = now, sig
-            self.events.emit("progress", **fields)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join(timeout=1.0)
 
 
 def ptx_entries(ptx: str) -> list[str]:
@@ -408,97 +299,6 @@ def run(request: dict[str, Any], events: Events) -> None:
         perturb_runs.run_in_worker(request["perturb"], perturb_sess, perturb_table, run, events)
         return
     run.once(events.emit, live=events)
-
-
-class Launch:
-    """One launch of the compiled kernel and its check, reporting through ``emit``.
-
-    The plain run calls ``once`` once; perturbation (engine/perturb_runs.py) calls it per seed
-    with fresh inputs (``fresh=True``) and an ``emit`` that collects the events, so every seed is
-    judged exactly as a plain run is."""
-
-    def __init__(
-        self, kernel, compiled, args, tensors, where, request, probe_buf, probe_cfg, site_table
-    ):
-        self.kernel, self.compiled, self.args, self.tensors = kernel, compiled, args, tensors
-        self.where, self.request = where, request
-        self.probe_buf, self.probe_cfg, self.site_table = probe_buf, probe_cfg, site_table
-
-    def once(self, emit, live=None, fresh: bool = False) -> None:
-        import torch
-
-        kernel, compiled, where, request = self.kernel, self.compiled, self.where, self.request
-        probe_buf, probe_cfg, site_table = self.probe_buf, self.probe_cfg, self.site_table
-        if fresh:  # a later launch: new inputs and outputs, an empty probe buffer
-            self.tensors = kernel.make_inputs("cuda")
-            self.args = kernel.cute_args(self.tensors)
-            if probe_cfg is not None:
-                from cutedebug.instrument import probes
-
-                probes.init_buffer(probe_buf.numpy(), probe_cfg)
-        args, tensors = self.args, self.tensors
-        atol, rtol = getattr(kernel, "TOLERANCE", (1e-5, 1e-5))
-        launch = getattr(kernel, "launch", None)
-        monitor = (
-            ProbeMonitor(live, probe_buf, probe_cfg, site_table)
-            if probe_cfg and live
-            else nullcontext()
-        )
-        emit("launched")
-        t0 = time.monotonic()
-        with monitor:
-            try:
-                if launch is not None:
-                    launch(compiled, args)
-                else:
-                    compiled(*args)
-                torch.cuda.synchronize()
-            except Exception as e:
-                msg = str(e)
-                if probe_cfg is not None:
-                    # Pinned host memory stays readable after the context died. Stuck records
-                    # written before the fault mean the waits timed out first: warps that leave
-                    # a timed-out wait can fault the CTA (e.g. TMA still landing in its smem).
-                    from cutedebug.instrument import probes
-
-                    snap = probes.decode(probe_buf.numpy().tobytes(), probe_cfg, site_table)
-                    if snap.stuck or snap.beacons:
-                        emit(
-                            "probe_report",
-                            **probes.snapshot_to_json(snap, site_table),
-                            after_cuda_error=True,
-                        )
-                emit(
-                    "cuda_error", name=cuda_error_name(msg) or type(e).__name__, message=msg[:2000]
-                )
-                return
-        emit("synced", kernel_s=round(time.monotonic() - t0, 6))
-
-        if probe_cfg is not None:
-            from cutedebug.instrument import probes
-
-            snap = probes.decode(probe_buf.numpy().tobytes(), probe_cfg, site_table)
-            emit("probe_report", **probes.snapshot_to_json(snap, site_table))
-            if snap.stuck:
-                # The waits were bounded: the output is garbage by construction, not a
-                # MISMATCH.
-                emit("checked", skipped="bounded waits timed out", ok=None)
-                return
-
-        from cutedebug.engine import valuemap
-
-        out = user_call(where, "output", kernel.output, tensors)
-        ref = user_call(where, "reference", kernel.reference, tensors)
-        stats = compare(out, ref, atol, rtol)
-        stats["digest"] = digest(out)
-        if stats["ok"] is False and "shape_mismatch" not in stats:
-            # where the wrong values are (never raises)
-            stats.update(
-                valuemap.mismatch_fields(
-                    kernel, out, ref, atol, rtol, request.get("dump_dir"), stats["digest"]
-                )
-            )
-        emit("checked", **stats)
 
 
 def main(argv: list[str] | None = None) -> int:
