@@ -385,6 +385,26 @@ def test_nonsense_limits_on_the_command_line_are_exit_2(capsys, flag, value):
     assert rc == exits.EXIT_USAGE and "expected a finite" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["exec", "--deadline", "nan", "--", "true"],
+        ["exec", "--stall", "inf", "--", "true"],
+        ["exec", "--wait-budget-ms", "-5", "--", "true"],
+        ["mutate", "--jobs", "0", "--", "true"],
+        ["mutate", "--min-score", "2", "--", "true"],
+        ["bisect", "x.toml", "--window", "inf"],
+        ["sanitize", "x.toml", "--deadline-scale", "nan"],
+        ["sanitize", "x.toml", "--racecheck-deadlock-timeout", "-1"],
+        ["triage", ".", "--out", "o", "--repeat", "nan"],
+    ],
+)
+def test_nonsense_limits_of_every_command_are_exit_2(capsys, args):
+    assert cli.main(args) == exits.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "expected a finite" in err and "Traceback" not in err
+
+
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0", "-1", "1e999"])
 def test_nonsense_limits_in_toml_are_rejected(tmp_path, value):
     f = tmp_path / "s.toml"

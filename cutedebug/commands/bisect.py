@@ -10,6 +10,7 @@ from typing import Any
 from cutedebug.analyses import bisect as B
 from cutedebug.commands import exits
 from cutedebug.engine import scenario as S
+from cutedebug.engine.limits import limit_arg
 from cutedebug.reporting import bisect as R
 from cutedebug.reporting import report
 
@@ -44,7 +45,7 @@ def add_parser(sub: Any) -> None:
     b.add_argument("scenario", help="scenario .toml whose kernel hangs")
     b.add_argument(
         "--window",
-        type=float,
+        type=limit_arg("window_s"),
         default=B.DEFAULT_WINDOW_S,
         help="seconds from launch before a checkpoint run counts as hung "
         f"(default {B.DEFAULT_WINDOW_S})",

@@ -54,6 +54,7 @@ from cutedebug.engine.command import (  # noqa: F401  (this module's interface)
     used_gpu,
 )
 from cutedebug.engine.command import watch_command as _watch
+from cutedebug.engine.limits import limit_arg
 from cutedebug.errors import UsageError
 from cutedebug.reporting.exec_report import (  # noqa: F401  (this module's interface)
     tldr,
@@ -176,13 +177,13 @@ def add_common(p: argparse.ArgumentParser, *, mutate: bool = False) -> None:
     )
     p.add_argument(
         "--wait-budget-ms",
-        type=int,
+        type=limit_arg("wait_budget_ms"),
         default=DEFAULT_BUDGET_MS,
         help="bounded-wait budget with probes on (default %(default)s)",
     )
     p.add_argument(
         "--deadline",
-        type=float,
+        type=limit_arg("command_deadline_s"),
         help="seconds the whole command may take (default "
         + (
             "2 x the clean run + 10, at least 30, per mutant"
@@ -193,7 +194,7 @@ def add_common(p: argparse.ArgumentParser, *, mutate: bool = False) -> None:
     )
     p.add_argument(
         "--stall",
-        type=float,
+        type=limit_arg("stall_s"),
         default=DEFAULT_STALL_S,
         help="with probes: HANG when an instrumented kernel is in flight and no beacon moves "
         "for this long (default %(default)s s)",

@@ -40,6 +40,7 @@ from typing import Any
 from cutedebug.analyses import mutate as M
 from cutedebug.analyses.mutate import CAUGHT, HARNESS
 from cutedebug.commands import exec as X
+from cutedebug.engine.limits import limit_arg
 from cutedebug.reporting.mutation_matrix import _score_text, facts_lines, survivors, write_matrix
 
 
@@ -78,12 +79,12 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--jobs",
-        type=int,
+        type=limit_arg("jobs"),
         default=max(1, min(4, (os.cpu_count() or 2) // 4)),
         help="mutants at once (default %(default)s); with a GPU they compile at once and run "
         "their kernels one at a time",
     )
-    p.add_argument("--min-score", type=float, help="exit 1 below this mutation score (0-1)")
+    p.add_argument("--min-score", type=limit_arg("min_score"), help="exit 1 below this mutation score (0-1)")
     X.add_common(p, mutate=True)
     p.set_defaults(func=cmd_mutate)
 

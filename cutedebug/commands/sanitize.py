@@ -37,6 +37,7 @@ from cutedebug.analyses.sanitizer import (
     source_line,
 )
 from cutedebug.commands import exits
+from cutedebug.engine.limits import limit_arg
 from cutedebug.engine.verdict import values
 from cutedebug.reporting.files import write_text
 from cutedebug.reporting.sanitize import (
@@ -551,7 +552,7 @@ def add_parser(subparsers: Any) -> Any:
         action="store_true",
         help="shrink the kernel's SHRINKABLE params while the first finding persists",
     )
-    p.add_argument("--shrink-max-runs", type=int, default=24)
+    p.add_argument("--shrink-max-runs", type=limit_arg("shrink_max_runs"), default=24)
     p.add_argument(
         "--param",
         action="append",
@@ -562,14 +563,14 @@ def add_parser(subparsers: Any) -> Any:
     p.add_argument("--expect", choices=VERDICTS, help="expected verdict (overrides the scenario's)")
     p.add_argument(
         "--deadline-scale",
-        type=float,
+        type=limit_arg("deadline_scale"),
         default=DEFAULT_DEADLINE_SCALE,
         help="multiply the scenario's deadlines by this under the sanitizer",
     )
-    p.add_argument("--print-limit", type=int, default=DEFAULT_PRINT_LIMIT)
+    p.add_argument("--print-limit", type=limit_arg("print_limit"), default=DEFAULT_PRINT_LIMIT)
     p.add_argument(
         "--racecheck-deadlock-timeout",
-        type=int,
+        type=limit_arg("racecheck_deadlock_timeout"),
         default=None,
         metavar="S",
         help="passed to racecheck (cuda::barrier deadlock detection)",

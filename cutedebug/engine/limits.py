@@ -25,6 +25,14 @@ LIMIT_RANGES: dict[str, tuple[type, float, float]] = {
     "repeat": (int, 1, 1000),
     "jobs": (int, 1, 256),
     "timeout_margin": (float, 1, 3600),
+    # the other commands' limits
+    "command_deadline_s": (float, 0.1, 86400),  # exec / mutate: the whole command
+    "window_s": (float, 0.05, 600),  # bisect: seconds before a checkpoint run counts as hung
+    "deadline_scale": (float, 1, 100),  # sanitize: deadlines under the sanitizer
+    "shrink_max_runs": (int, 1, 1000),
+    "print_limit": (int, 1, 1_000_000),
+    "racecheck_deadlock_timeout": (int, 1, 3600),
+    "min_score": (float, 0, 1),  # mutate: a fraction, 0 allowed
 }
 
 
