@@ -367,6 +367,7 @@ def test_protocol_and_findings_round_trip_through_json():
 
 # ---- command line (the parent never imports cutlass) -------------------------------------------
 
+
 @pytest.mark.slow
 def test_cli_lint_scenarios_exit_codes():
     code = (

@@ -162,8 +162,7 @@ def _run_one(args, sc, mode, fs, single: bool):
     from cutedebug.reporting import mismatch_map, perturbation
 
     mismatch.attach(res)  # failure-table diagnosis of wrong values (no-op for other verdicts)
-    _, md = report.write(
-        res, mismatch_map.report_sections(res) + perturbation.report_sections(res))
+    _, md = report.write(res, mismatch_map.report_sections(res) + perturbation.report_sections(res))
     print(report.tldr(res)[:2000])
     if (line := perturbation.summary_line(res)) is not None:
         print(line)
@@ -199,7 +198,8 @@ def _run_one(args, sc, mode, fs, single: bool):
 def pipelines_line(pipelines: list[dict[str, Any]]) -> str:
     """The kernel's pipelines as `pipeline=N` selects them (instrument/recorder)."""
     return "pipelines (fault arg pipeline=N): " + "; ".join(
-        f"{p['index']} {p['class']} {p['where']}" for p in pipelines)
+        f"{p['index']} {p['class']} {p['where']}" for p in pipelines
+    )
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -238,16 +238,20 @@ def cmd_faults(args: argparse.Namespace) -> int:
         print(json.dumps(entries, indent=1))
         return EXIT_OK
     for e in entries:
-        params = ", ".join(f"{k}={v['default']!r}" if isinstance(v, dict) else f"{k}={v}"
-                           for k, v in (e.get("params") or {}).items())
+        params = ", ".join(
+            f"{k}={v['default']!r}" if isinstance(v, dict) else f"{k}={v}"
+            for k, v in (e.get("params") or {}).items()
+        )
         print(f"{e['name']}({params})  [{e.get('kind', 'patch')}] -> {e.get('expected')}")
         print(f"    {e['description']}")
         for name, p in (e.get("optional_params") or {}).items():
             print(f"    optional {name}={p['default']!r}: {p['description']}")
     if any("pipeline" in (e.get("optional_params") or {}) for e in entries):
-        print("\npipeline=N picks one pipeline of the kernel, numbered in the order the kernel "
-              "creates them;\n`cutedebug lint FILE.py:ENTRY` and `cutedebug run` list them "
-              "(index, class, file:line).")
+        print(
+            "\npipeline=N picks one pipeline of the kernel, numbered in the order the kernel "
+            "creates them;\n`cutedebug lint FILE.py:ENTRY` and `cutedebug run` list them "
+            "(index, class, file:line)."
+        )
     return EXIT_OK
 
 

@@ -21,11 +21,12 @@ from cutedebug.engine import scenario as S
 from cutedebug.errors import UsageError
 
 
-def lint_scenario(sc: Any, timeout_s: float | None = None,
-                  arch_from_kernel: bool = False) -> dict[str, Any]:
+def lint_scenario(
+    sc: Any, timeout_s: float | None = None, arch_from_kernel: bool = False
+) -> dict[str, Any]:
     """Run compile_and_check in a child watched by the watchdog (the parent never imports
     cutlass); its temporary folder is removed even if we are killed."""
-    tmp = lifeline.make_tempdir("cutedebug-lint-")   # the keeper removes it if we are killed
+    tmp = lifeline.make_tempdir("cutedebug-lint-")  # the keeper removes it if we are killed
     try:
         req, out, log = Path(tmp) / "request.json", Path(tmp) / "result.json", Path(tmp) / "log"
         data = sc.to_json()
@@ -35,14 +36,21 @@ def lint_scenario(sc: Any, timeout_s: float | None = None,
         root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
         timeout = timeout_s or sc.limits.compile_s + sc.limits.import_s
-        outcome, _ = watchdog.watch([sys.executable, "-m", "cutedebug.analyses.lint", str(req)],
-                                    None, log, S.Limits(import_s=timeout), env=env,
-                                    total_s=timeout)
+        outcome, _ = watchdog.watch(
+            [sys.executable, "-m", "cutedebug.analyses.lint", str(req)],
+            None,
+            log,
+            S.Limits(import_s=timeout),
+            env=env,
+            total_s=timeout,
+        )
         if outcome.killed_by_watchdog:
             return {"error": f"compile did not finish within {timeout} s"}
         if not out.exists():
-            return {"error": f"lint child exited with {outcome.returncode} and no result",
-                    "stderr": outcome.log_tail}
+            return {
+                "error": f"lint child exited with {outcome.returncode} and no result",
+                "stderr": outcome.log_tail,
+            }
         return json.loads(out.read_text())
     finally:
         lifeline.remove_tempdir(tmp)
@@ -57,8 +65,16 @@ def cmd_lint(args: argparse.Namespace) -> int:
             scenarios += [S.load(f) for f in S.discover(p)]
         else:
             fault, fault_args = parse_fault(args.fault)
-            scenarios.append(S.adhoc(target, parse_kv(args.param, "--param"), fault, fault_args,
-                                     "PASS", tuple(args.arch) if args.arch else ("sm_90a",)))
+            scenarios.append(
+                S.adhoc(
+                    target,
+                    parse_kv(args.param, "--param"),
+                    fault,
+                    fault_args,
+                    "PASS",
+                    tuple(args.arch) if args.arch else ("sm_90a",),
+                )
+            )
             if not args.arch:
                 adhoc_ids.add(id(scenarios[-1]))
     if not scenarios:
@@ -80,15 +96,22 @@ def cmd_lint(args: argparse.Namespace) -> int:
         if not args.json:
             print(render(findings, f"{sc.id}{fault}"))
             if pipelines:
-                print("  pipelines (fault arg pipeline=N): " + "; ".join(
-                    f"{p['index']} {p['class']} {p['where']}" for p in pipelines))
+                print(
+                    "  pipelines (fault arg pipeline=N): "
+                    + "; ".join(f"{p['index']} {p['class']} {p['where']}" for p in pipelines)
+                )
         if any(f.check == HARNESS_CHECK for f in findings):
             status = max(status, EXIT_HARNESS)  # the checker crashed: nothing was checked
         elif any(f.severity == "error" for f in findings):
             status = max(status, 1)
-        results.append({"scenario": sc.id, "findings": [f.to_json() for f in findings],
-                        "pipelines": pipelines,
-                        "protocol": res["protocol"] if args.protocol else None})
+        results.append(
+            {
+                "scenario": sc.id,
+                "findings": [f.to_json() for f in findings],
+                "pipelines": pipelines,
+                "protocol": res["protocol"] if args.protocol else None,
+            }
+        )
     if args.json:
         print(json.dumps(results, indent=1))
     return status
@@ -97,8 +120,9 @@ def cmd_lint(args: argparse.Namespace) -> int:
 def add_parser(sub: Any) -> None:
     """`cutedebug lint SCENARIO|DIR|KERNEL_FILE[:ENTRY]`: static protocol checks, no GPU."""
     p = sub.add_parser("lint", help="static barrier-protocol checks at trace time (no GPU)")
-    p.add_argument("targets", nargs="+", help="scenario .toml, a directory of them, or "
-                   "FILE.py:ENTRY")
+    p.add_argument(
+        "targets", nargs="+", help="scenario .toml, a directory of them, or FILE.py:ENTRY"
+    )
     p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE")
     p.add_argument("--fault", metavar="NAME[:ARG=V,...]", help="fault to inject (FILE.py targets)")
     p.add_argument("--arch", action="append", help="target arch (FILE.py targets)")
@@ -106,5 +130,3 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="findings as JSON")
     p.add_argument("--protocol", action="store_true", help="with --json: the recorded protocol")
     p.set_defaults(func=cmd_lint)
-
-
