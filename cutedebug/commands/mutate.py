@@ -84,7 +84,9 @@ def add_parser(sub: Any) -> None:
         help="mutants at once (default %(default)s); with a GPU they compile at once and run "
         "their kernels one at a time",
     )
-    p.add_argument("--min-score", type=limit_arg("min_score"), help="exit 1 below this mutation score (0-1)")
+    p.add_argument(
+        "--min-score", type=limit_arg("min_score"), help="exit 1 below this mutation score (0-1)"
+    )
     X.add_common(p, mutate=True)
     p.set_defaults(func=cmd_mutate)
 
