@@ -156,19 +156,11 @@ def run(request: dict[str, Any], events: Events) -> None:
 
     probe_cfg = probe_buf = site_table = None
     if request.get("probes"):
-        import torch
-
         from cutedebug.instrument import probes
 
         probe_cfg = probes.ProbeConfig(**request["probes"])
-
-        def allocate(cfg):
-            """instrument/probes: called at the traced launch with the buffer sized from the
-            grid (one record per warp: no stuck report dropped)."""
-            buf = torch.zeros(probes.buffer_nbytes(cfg), dtype=torch.uint8, pin_memory=runnable)
-            probes.init_buffer(buf.numpy(), cfg)
-            # On a CPU-only machine the address only has to be a plausible constant.
-            return buf, buf.data_ptr() if runnable else 0x7F0000000000
+        # the buffer is allocated at the traced launch, sized from the grid
+        allocate = probes.pinned_allocator(runnable)
 
     perturb_sess = perturb_table = None
     events.emit("compiling", arch=target, fault=fault, fault_args=fault_args)

@@ -4,18 +4,13 @@
 emits nothing (not one instruction) unless a bisection session traces the kernel and enabled
 exactly that checkpoint.
 
-``session(spec)`` is the trace-time side, entered around ``cute.compile`` by the worker (after
-fault patches and probes, so it sees their replacements). While it is active, every one of
-these calls made by the kernel is a *checkpoint site*, numbered in trace order:
-
-- pipeline ops of ``cutlass.pipeline`` (any PipelineAsync subclass, a user's included):
-  producer_acquire, producer_commit, consumer_wait, consumer_release, producer_tail;
-- raw mbarrier ops called by the kernel itself: mbarrier_init / arrive / arrive_and_expect_tx /
-  expect_tx / wait (op ``raw_wait``, as in probes) / try_wait;
-- named-barrier ops: ``cute.arch.barrier``, ``barrier_arrive``, ``sync_threads``; the CTA sync
-  at the end of a pipeline's ``create()`` is one site (op ``named_barrier``, detail "pipeline
-  init sync");
-- user checkpoints (op ``checkpoint``).
+``session(spec)`` is the trace-time side, an observer of the instrumentation layer (outermost:
+it marks what the faulted op did). While it is active, every one of these calls made by the
+kernel is a *checkpoint site*, numbered in trace order: pipeline ops (producer_acquire /
+_commit, consumer_wait / _release, producer_tail of any PipelineAsync subclass); raw mbarrier
+ops the kernel calls (init / arrive / arrive_and_expect_tx / expect_tx / wait as ``raw_wait`` /
+try_wait); named barriers (``barrier``, ``barrier_arrive``, ``sync_threads``; a pipeline's
+create() sync is one site, detail "pipeline init sync"); user checkpoints (op ``checkpoint``).
 
 Ops called from inside another site's op (producer_tail's acquires, MbarrierArray internals,
 probes' bounded waits) are not sites. The trace runs the kernel's Python once, in program

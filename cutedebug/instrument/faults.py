@@ -354,8 +354,3 @@ def _inject(name: str, args: dict[str, Any], kernel: Any, strict: bool) -> Itera
                 fault.finish(fx, active)
     if strict:
         applied.require()
-
-
-# The registry's entries (fault_catalog.py) and how each patch fault changes the kernel
-# (fault_patches.py); imported last: both use the types above.
-from cutedebug.instrument import fault_catalog  # noqa: E402,F401

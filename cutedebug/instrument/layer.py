@@ -64,6 +64,10 @@ from cutedebug.instrument.entry_points import (  # noqa: F401
     dsl_version,
     resolve,
 )
+from cutedebug.instrument.frames import (  # noqa: F401  (part of this interface)
+    _subclasses_defining,
+    is_pipeline_code,
+)
 from cutedebug.instrument.identity import (  # noqa: F401
     ArrayTag,
     Lineage,
@@ -222,7 +226,7 @@ class _Layer:
         (a library imported after cutlass: `cutedebug exec` keeps the layer for a process)."""
         if not self.installed:
             self._own_frames_are_framework()
-        _PIPELINE_NAMES.clear()  # recomputed with the classes defined by now
+        frames.forget_pipeline_classes()  # recomputed with the classes defined by now
         for name in names:
             entry = ENTRIES[name]
             if name in self.installed and entry.kind not in ("pipeline_method", "method"):
@@ -518,64 +522,6 @@ def _pipeline_classes(attr: str) -> list[type]:
     from cutlass.pipeline import PipelineAsync
 
     return _subclasses_defining(PipelineAsync, attr)
-
-
-def _subclasses_defining(base: type, attr: str) -> list[type]:
-    seen: list[type] = []
-    todo = [base]
-    while todo:
-        cls = todo.pop()
-        if cls in seen:
-            continue
-        seen.append(cls)
-        todo.extend(cls.__subclasses__())
-    return [c for c in seen if attr in vars(c)]
-
-
-_PIPELINE_TYPES: tuple[type, ...] | None = None
-_PIPELINE_NAMES: set[str] = set()
-
-
-def is_pipeline_code(frame: Any) -> bool:
-    """A frame of a pipeline's own code: a method whose ``self`` is a pipeline, barrier array or
-    pipeline state (subclasses and mixins included) or holds a pipeline (a wrapper class), a
-    static method of a pipeline class, or a function / lambda nested in one of those."""
-    global _PIPELINE_TYPES
-    if _PIPELINE_TYPES is None:
-        from cutlass.pipeline import MbarrierArray, PipelineAsync, PipelineState
-
-        _PIPELINE_TYPES = (PipelineAsync, MbarrierArray, PipelineState)
-    obj = frame.f_locals.get("self")
-    if obj is not None and (isinstance(obj, _PIPELINE_TYPES) or _is_handle(obj)):
-        return True
-    # a static method (create) of a pipeline class, or a lambda / function nested in a method
-    owner = getattr(frame.f_code, "co_qualname", "").split(".<locals>.")[0].rpartition(".")[0]
-    return bool(owner) and owner in _pipeline_class_names()
-
-
-def _is_handle(obj: Any) -> bool:
-    """A wrapper that holds a pipeline as an attribute (cutlass's PipelineProducer, a
-    library's reader / writer class): its methods are the pipeline's code, not the kernel's.
-    Kernel classes create their pipelines inside the kernel body and do not hold them."""
-    try:
-        values = vars(obj).values()
-    except TypeError:
-        return False
-    from cutlass.pipeline import PipelineAsync
-
-    return any(isinstance(v, PipelineAsync) for v in values)
-
-
-def _pipeline_class_names() -> set[str]:
-    if not _PIPELINE_NAMES:
-        from cutlass.pipeline import MbarrierArray, PipelineAsync, PipelineState
-
-        for base in (PipelineAsync, MbarrierArray, PipelineState):
-            for cls in _subclasses_defining(base, "__module__"):
-                for k in cls.__mro__:
-                    if k is not object:
-                        _PIPELINE_NAMES.add(k.__qualname__)
-    return _PIPELINE_NAMES
 
 
 # ---- observers -------------------------------------------------------------------------------

@@ -59,6 +59,8 @@ from cutedebug.instrument.probe_layout import (  # noqa: F401
     _as_sites,
     _static_int,
     beacons_offset,
+    buffer_nbytes,
+    init_buffer,
     records_offset,
     sized_for_grid,
 )
@@ -239,6 +241,21 @@ def _where(call: Call) -> dict[str, Any]:
         function=where.function or "",
         code=where.code,
     )
+
+
+def pinned_allocator(runnable: bool) -> Callable[[ProbeConfig], tuple[Any, int]]:
+    """``allocate`` for ``instrument``: a zeroed, pinned (host-mapped) torch buffer of the
+    layout sized at the launch, header written; on a machine that will not run the kernel the
+    address only has to be a plausible constant."""
+
+    def allocate(cfg: ProbeConfig) -> tuple[Any, int]:
+        import torch
+
+        buf = torch.zeros(buffer_nbytes(cfg), dtype=torch.uint8, pin_memory=runnable)
+        init_buffer(buf.numpy(), cfg)
+        return buf, buf.data_ptr() if runnable else 0x7F0000000000
+
+    return allocate
 
 
 _ACTIVE: list[_Instrumenter] = []
