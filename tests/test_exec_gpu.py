@@ -70,3 +70,46 @@ def test_exec_localizes_a_hang_in_a_plain_script(tmp_path):
     assert ev["timeline"]["stall_to_verdict_s"] <= 2.0
     assert rep["health"]["healthy"] is True
     assert rep["left_pids"] == [] and rep["fault_count"] == 1
+
+
+def test_mutate_two_mutants_at_once_share_the_gpu(tmp_path):
+    """mutate --jobs 2 over the plain repro: the two mutants compile at once and take turns on
+    the GPU (token); both faults hang the kernel (as exec-1 measured on the H200), nothing is
+    left behind and the GPU is healthy after the kills."""
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(
+            [str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
+        ),
+    )
+    out_dir = tmp_path / "m"
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cutedebug",
+            "mutate",
+            "--out",
+            str(out_dir),
+            "--jobs",
+            "2",
+            "--faults",
+            "skip_consumer_release,wrong_expect_tx",
+            "--",
+            sys.executable,
+            str(TARGET),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=str(ROOT),
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    m = json.loads((out_dir / "matrix.json").read_text())
+    assert {r["id"]: (r["status"], r["verdict"]) for r in m["mutants"]} == {
+        "t0.p0.skip_consumer_release": ("CAUGHT", "HANG"),
+        "t0.p0.wrong_expect_tx+16": ("CAUGHT", "HANG"),
+    }
+    assert m["facts"]["processes_left"] == [] and m["facts"]["gpu_health"]["healthy"] is True
+    assert not (out_dir / "gpu.token").exists()  # released after each mutant
