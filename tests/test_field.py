@@ -194,11 +194,15 @@ def test_fault_sites_land_on_the_library_lines(tmp_path):
         "consumer_release rmsnorm.py:1111": 1
     }
     assert sites("fa4_fwd_sm90", "skip_producer_tail") == {"producer_tail flash_fwd_sm90.py:919": 1}
-    # the clean traces compile with no static error on the quack kernels
-    for family in ("quack_gemm_sm90", "quack_rmsnorm_fwd"):
-        file, entry, _ = ADAPTERS[family]
+    # no static error on the clean kernels (FA-4's sequential reuse of named barrier 1 with
+    # 256 and 288 threads is legal); the backward's one known false alarm, quack's no-op
+    # producer_commit (issue 17 item 6), is the only error allowed there
+    for family, (file, entry, _) in ADAPTERS.items():
         findings = survey[f"{file}:{entry}"]["clean"]["static_findings"]
-        assert [f for f in findings if f["severity"] == "error"] == [], family
+        errors = [f for f in findings if f["severity"] == "error"]
+        if family == "quack_rmsnorm_bwd":
+            errors = [f for f in errors if f["check"] != "commit_pairing"]
+        assert errors == [], family
 
 
 @needs_libs
