@@ -235,3 +235,20 @@ def test_producer_phase_flip_leaves_the_tma_store_ring_alone(tmp_path, monkeypat
         cute.compile[cute.GPUArch("sm_90a")](obj, *obj.fake_args())
     assert applied.count > 0
     assert {Path(s["file"]).name for s in applied.sites} == {"sm90_gemm.py"}
+
+
+def test_a_missing_optional_entry_is_noted_a_missing_required_one_is_unsupported(monkeypatch):
+    """A DSL without an observation-only entry (e.g. an older one without store_async_dsmem)
+    is still instrumented; without an entry a fault or probe needs, UNSUPPORTED."""
+    import dataclasses
+
+    gone = dataclasses.replace(layer.ENTRIES["store_async_dsmem"], attr="no_such_sender")
+    monkeypatch.setitem(layer.ENTRIES, "store_async_dsmem", gone)
+    with layer.observe("probes", {"store_async_dsmem": lambda call: call.proceed()}) as active:
+        assert "no_such_sender" in active.missing["store_async_dsmem"]
+    needed = dataclasses.replace(layer.ENTRIES["array.wait"], attr="MbarrierArray.no_wait")
+    monkeypatch.setitem(layer.ENTRIES, "array.wait", needed)
+    with pytest.raises(layer.Unsupported, match="MbarrierArray.no_wait"):
+        with layer.observe("probes", {"array.wait": lambda call: call.proceed()}):
+            pass
+    assert layer.current() is None

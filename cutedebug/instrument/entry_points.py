@@ -41,6 +41,9 @@ class Entry:
     always: bool = False  # observed even when called by instrumentation code
     checked: tuple[str, ...] = CHECKED_ON
     used_by: str = ""
+    # observation only (a recorder's detail): a DSL without it is still supported, the
+    # observers just see nothing there (the layer notes it in ``missing``)
+    optional: bool = False
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -178,10 +181,14 @@ ENTRY_POINTS: tuple[Entry, ...] = (
             "fence_acq_rel_cluster",
         )
     ),
-    _arch("store_async_dsmem", "probes (raw barrier senders)"),
-    _arch("wait_group", "recorder", "cutlass.cute.nvgpu.warpgroup"),
+    dataclasses.replace(_arch("store_async_dsmem", "probes (raw barrier senders)"), optional=True),
+    dataclasses.replace(
+        _arch("wait_group", "recorder", "cutlass.cute.nvgpu.warpgroup"), optional=True
+    ),
     _arch("copy", "recorder, value faults", "cutlass.cute"),
-    _arch("autovec_copy", "value faults (copy sites)", "cutlass.cute"),
+    dataclasses.replace(
+        _arch("autovec_copy", "value faults (copy sites)", "cutlass.cute"), optional=True
+    ),
     _arch("make_tiled_tma_atom", "recorder, value faults", "cutlass.cute.nvgpu.cpasync"),
     Entry(
         "if_generate",

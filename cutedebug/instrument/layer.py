@@ -213,6 +213,7 @@ class _Layer:
         self.patcher = Patcher()
         self.installed: set[str] = set()
         self.hooked: set[tuple[type, str]] = set()  # (class, attribute) patched
+        self.missing: dict[str, str] = {}  # optional entries this DSL lacks -> why
         self.open: list[OpenOp] = []
         self.modes: list[str] = []  # "handler" | "dsl" for the calls being dispatched
         self.pipelines: list[PipelineInfo] = []
@@ -231,7 +232,14 @@ class _Layer:
             entry = ENTRIES[name]
             if name in self.installed and entry.kind not in ("pipeline_method", "method"):
                 continue
-            owner, attr, original = resolve(entry)
+            try:
+                owner, attr, original = resolve(entry)
+            except Unsupported as e:
+                if not entry.optional:
+                    raise
+                self.missing[name] = str(e)
+                self.installed.add(name)
+                continue
             if entry.kind == "pipeline_method":
                 for cls in _pipeline_classes(attr):
                     if (cls, attr) in self.hooked:
