@@ -294,8 +294,13 @@ def test_skip_producer_tail_removes_the_drains_of_both_pipelines(compile_ptx, ct
 @pytest.mark.parametrize("role", ["consumer", "producer"])
 def test_missing_phase_flip_removes_the_flips_of_one_role(compile_ptx, role):
     ptx, applied = compile_ptx("missing_phase_flip", {"role": role}, cta_group=1)
-    # ab and acc states of that role: MMA + epilogue (consumer), TMA + MMA (producer)
-    assert sum(s["op"] == "make_pipeline_state" for s in applied.sites) == 2
+    # since the instrumentation layer the sites are the flip-less advances (in the kernel) of
+    # the role's states that a wait reads: the ab and acc states of that role, MMA + epilogue
+    # (consumer), TMA + MMA (producer); each site names the line that made its state
+    assert {s["op"] for s in applied.sites} == {"advance"}
+    assert all(s["file"] == str(KERNEL) and s["line"] > 0 for s in applied.sites)
+    made = {re.search(r"state made at (\S+)\)", s["detail"]).group(1) for s in applied.sites}
+    assert len(made) == 2, made
     base, f = clean(compile_ptx, 1), features(ptx)
     removed = base["phase_xors"] - f["phase_xors"]
     assert removed > 0
@@ -304,6 +309,18 @@ def test_missing_phase_flip_removes_the_flips_of_one_role(compile_ptx, role):
         f,
         {"phase_xors": base["phase_xors"] - removed, "phase_selps": base["phase_selps"] - removed},
     )
+
+
+def test_missing_phase_flip_roles_partition_the_flips(compile_ptx):
+    # exactly one role each: the two roles' removed flips are disjoint and cover every flip
+    # (a flip is an xor with the selp(1, 0) of the wrap test)
+    base = clean(compile_ptx, 1)
+    removed = [
+        base["phase_selps"]
+        - features(compile_ptx("missing_phase_flip", {"role": r}, cta_group=1)[0])["phase_selps"]
+        for r in ("consumer", "producer")
+    ]
+    assert all(n > 0 for n in removed) and sum(removed) == base["phase_selps"]
 
 
 def test_wrong_arrive_count_raises_both_empty_barrier_arrays(compile_ptx):
