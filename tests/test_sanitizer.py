@@ -535,10 +535,32 @@ def test_divergent_barrier_captures_found_no_synccheck_error():
 TMA_STREAM_PY = f"{GPU_CHECKOUT}/kernels/tma_stream.py"
 
 
+# The synccheck captures of tma_stream (versions.txt: "second capture", 2026-11-30 13:26Z) were
+# recorded against kernels/tma_stream.py as of the commit that added them (unchanged since
+# d5b120f); their line numbers are that revision's, not today's (the kernel has gained lines and
+# a second consumer_release since). Expected lines are looked up in that revision's source.
+TMA_STREAM_CAPTURE_REV = "f35089f7b4cc0fd2b01005bd534e20e9c2088b32"
+
+
+def tma_stream_capture_source() -> str:
+    """kernels/tma_stream.py as the tma_stream synccheck captures were made against."""
+    return subprocess.run(
+        ["git", "-C", str(REPO), "show", f"{TMA_STREAM_CAPTURE_REV}:kernels/tma_stream.py"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+
+
 def tma_stream_line(pattern: str) -> int:
-    lines = (REPO / "kernels" / "tma_stream.py").read_text().splitlines()
+    """The one line of the captured kernel revision that matches ``pattern``."""
+    lines = tma_stream_capture_source().splitlines()
     (hit,) = [i for i, t in enumerate(lines, 1) if re.search(pattern, t)]
     return hit
+
+
+def tma_stream_capture_text(line: int) -> str:
+    return tma_stream_capture_source().splitlines()[line - 1].strip()
 
 
 def gz_case(case: str) -> tuple[Path, str, str]:
@@ -582,7 +604,7 @@ def test_real_synccheck_extra_release_exact():
     (g,) = san.group(found)
     assert (g.kind, g.count, g.lines) == ("BARRIER_MISUSE", 61, ((TMA_STREAM_PY, release),))
     assert san.classify(found, "synccheck") == "SYNC_ERROR"
-    assert read_here(TMA_STREAM_PY, release).strip() == "ring.consumer_release(state)"
+    assert tma_stream_capture_text(release) == "ring.consumer_release(state)"
     # the text-only run (a separate run: 59 records that time) reads the same way
     text = san.parse_text((H200 / "synccheck_extra_release.text.txt").read_text(), "synccheck")
     assert len(text) == 59 and {(f.kind, f.file, f.line) for f in text} == {
@@ -1252,8 +1274,13 @@ def test_sanitize_racecheck_finds_the_captured_race(fake_sanitizer, tmp_path):
 
 def test_sanitize_synccheck_names_the_extra_release(fake_sanitizer, tmp_path):
     """The H200 capture of tma_stream/extra_consumer_release under synccheck, end to end: the
-    sanitizer's SYNC_ERROR at the release line wins over the kernel's launch failure."""
+    sanitizer's SYNC_ERROR at the release line wins over the kernel's launch failure. The
+    capture's records point at the kernel source it was made against (TMA_STREAM_CAPTURE_REV),
+    so the report quotes the line the capture names."""
     scen = REPO / "scenarios" / "tma_stream" / "extra_consumer_release.toml"
+    src = tmp_path / "capture_src"
+    (src / "kernels").mkdir(parents=True)
+    (src / "kernels" / "tma_stream.py").write_text(tma_stream_capture_source())
     r = sanitize(
         fake_sanitizer,
         "synccheck_extra_release",
@@ -1266,6 +1293,7 @@ def test_sanitize_synccheck_names_the_extra_release(fake_sanitizer, tmp_path):
         "--no-plain",
         "--runs-dir",
         str(tmp_path),
+        env={"FAKE_SANITIZER_SOURCE_ROOT": f"{GPU_CHECKOUT}={src}"},
     )
     assert r.returncode == 0, r.stdout + r.stderr
     release = tma_stream_line(r"^\s*ring\.consumer_release\(state\)")

@@ -110,10 +110,35 @@ def test_oob_store_shifts_every_store_by_one_tile_row(ptx):
 # ---- interface and validation ----------------------------------------------------------------
 def test_interface_matches_kernel_api():
     assert TmaStream.ARCHS == ("sm_90a",)
-    assert set(TmaStream.SWITCHES) == {"oob_store"}
+    switches = {
+        "oob_store",
+        "edge_pred_whole_tiles",
+        "stale_smem_store",
+        "unassumed_align",
+        "overclaimed_align",
+    }
+    assert set(TmaStream.SWITCHES) == switches
+    # each switch is a bool param of the same name, off by default, kept by the kernel
+    defaults = resolve_params(TmaStream, {}, "t")
+    assert {s: defaults[s] for s in switches} == dict.fromkeys(switches, False)
+    for s in switches:
+        k = TmaStream(**resolve_params(TmaStream, {s: True}, "t"))
+        assert {o: getattr(k, o) for o in switches} == {o: o == s for o in switches}
+    with pytest.raises(KernelLoadError, match="expected bool"):
+        resolve_params(TmaStream, {"oob_store": 1}, "t")
     params = resolve_params(TmaStream, {"dtype": "bf16", "stages": 2, "oob_store": True}, "t")
     k = TmaStream(**params)
     assert k.oob_store and k.stages == 2 and k.dtype_name == "bf16"
+    # the optional tiling(): 2 x 3 tiles over 2 CTAs, persistent order b, b + grid, ...
+    t = TmaStream(m=64, n=768, ctas=2, tile_m=32, tile_n=256).tiling()
+    assert t == {
+        "shape": [64, 768],
+        "tile": [32, 256],
+        "stages": 4,
+        "k_tiles": 1,
+        "tile_cta": [[0, 1, 0], [1, 0, 1]],
+        "tile_seq": [[0, 0, 1], [1, 2, 2]],
+    }
     for name in TmaStream.SHRINKABLE:
         assert isinstance(TmaStream.PARAMS[name], int)
     with pytest.raises(KernelLoadError, match="allowed values"):

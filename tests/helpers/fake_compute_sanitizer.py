@@ -26,6 +26,10 @@ FAKE_SANITIZER_KERNELS="NAME,..." puts those kernel names in the simulated "comp
 
 FAKE_SANITIZER_BELOW="PARAM=V:OTHER_CASE" replays OTHER_CASE instead when the request's
 scenario has PARAM < V (a finding that disappears below a problem size, for --shrink).
+
+FAKE_SANITIZER_SOURCE_ROOT="FROM=TO" rewrites the path prefix FROM to TO in the saved XML (the
+source files a capture names), so a test can point the records at the kernel source revision
+the capture was made against.
 """
 
 from __future__ import annotations
@@ -137,7 +141,12 @@ def main() -> int:
     for ln in lines[1:]:
         print(ln)
     if "--save" in opts and os.environ.get("FAKE_SANITIZER_XML", "1") != "0":
-        shutil.copyfile(H200 / f"{case}.xml", opts["--save"])
+        if root := os.environ.get("FAKE_SANITIZER_SOURCE_ROOT"):
+            old, new = root.split("=", 1)
+            xml = (H200 / f"{case}.xml").read_text(errors="surrogateescape")
+            Path(opts["--save"]).write_text(xml.replace(old, new), errors="surrogateescape")
+        else:
+            shutil.copyfile(H200 / f"{case}.xml", opts["--save"])
     return recorded_exit(case) or rc
 
 
