@@ -13,7 +13,9 @@ Scenario files
     - ``<file>::compile`` compiles the kernel with its fault for the scenario's first arch in a
       watched child (runs everywhere). Passes when it compiled and the fault reached the
       kernel, or, for a scenario that expects COMPILE_ERROR / COMPILER_CRASH, when that is the
-      verdict.
+      verdict (except for a fault declared ``error_at_run``, whose COMPILE_ERROR the DSL raises
+      only when it converts the real arguments of a GPU run: there it passes when it compiled
+      and the fault reached the kernel, and the run item expects the COMPILE_ERROR).
     - ``<file>::run`` runs it on the GPU (skipped, with the reason, without a suitable GPU).
       Passes when the verdict and the localization match the scenario's expectation.
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from helpers.ptx import expect_tx_bytes, init_counts
 
-from cutedebug.instrument import faults
+from cutedebug.instrument import faults, value_faults
 from cutedebug.kernel_api import load_entry, resolve_params
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -201,6 +201,11 @@ APPLICABLE = {
     "wrong_barrier_threads_minus": ("wrong_barrier_threads", {"delta": -32}),
     "early_exit_consumer": ("early_exit", {"role": "consumer", "at_iteration": 0}),
     "early_exit_producer": ("early_exit", {"role": "producer", "at_iteration": 0}),
+    # wrong-value faults (value_faults.py): 2 / 4 / 1 sites on a CPU compile (shrink_tma_bounds
+    # cuts C's TMA store bounds: the descriptor changes, the PTX does not)
+    "skip_consumer_wait": ("skip_consumer_wait", {"at_iteration": 0}),
+    "release_before_read": ("release_before_read", {}),
+    "shrink_tma_bounds": ("shrink_tma_bounds", {"copies": "store"}),
 }
 
 
@@ -208,15 +213,26 @@ APPLICABLE = {
 NOT_HERE = {
     "expect_tx_no_2cta_doubling": "PipelineTmaUmma (sm_100) only",
     "cta_scope_sync": "no cluster-scope fence / release arrive / .cluster mbarrier op",
+    "drop_copy_pred": "no cute.copy with pred= (TMA copies, bounded by their atoms: 0 sites)",
 }
-SWITCHES = {"skip_init_cluster_sync", "cluster_mismatch"}
+CLUSTER_SWITCHES = {"skip_init_cluster_sync", "cluster_mismatch"}
+SWITCHES = CLUSTER_SWITCHES | {"edge_pred_whole_tiles", "stale_smem_store"}
+# switches of the wrong-value table (value_faults.py) this kernel does not declare
+SWITCHES_NOT_HERE = {
+    "unassumed_align": "no 128-bit copy atom on a view with an unassumed run-time offset "
+    "(A, B, C move by TMA)",
+    "overclaimed_align": "its arguments are whole tensors (no offset view passed as aligned)",
+}
 
 
 def test_the_applicable_list_covers_the_registry():
     patch_faults = {n for n, f in faults.FAULTS.items() if f.kind == "patch"}
     assert {f for f, _ in APPLICABLE.values()} | set(NOT_HERE) == patch_faults
     assert set(Sm90Gemm.SWITCHES) == SWITCHES
-    assert all(faults.FAULTS[s].kind == "switch" for s in SWITCHES)
+    assert all(faults.FAULTS[s].kind == "switch" for s in SWITCHES | set(SWITCHES_NOT_HERE))
+    value_switches = {f.name for f in value_faults.entries() if f.kind == "switch"}
+    assert value_switches <= SWITCHES | set(SWITCHES_NOT_HERE)
+    assert not SWITCHES & set(SWITCHES_NOT_HERE)
 
 
 def _spec(name: str) -> tuple:
@@ -230,9 +246,13 @@ def test_fault_triggers_and_changes_the_ptx(ptx, name, cluster_m):
     params = dict(SCENARIO_SIZE, cluster_m=cluster_m)
     clean = ptx(**params)
     text = ptx(fault=_spec(name), **params)  # asserts Applied.count > 0
+    fault, args = APPLICABLE[name]
+    if fault == "shrink_tma_bounds":
+        # the cut bounds live in C's TMA descriptor, built by the host code: same device code
+        assert text == clean
+        return
     assert text != clean
     S, empty = 4, 8 * cluster_m
-    fault, args = APPLICABLE[name]
     if fault == "wrong_expect_tx":
         assert expect_tx_bytes(text) == [49152 + args["delta_bytes"]]
     elif fault == "wrong_arrive_count":
@@ -301,7 +321,7 @@ def test_switch_cluster_mismatch_changes_only_the_launch(ptx):
     assert k.cluster_mismatch and k.grid % 2 == 0
 
 
-@pytest.mark.parametrize("switch", sorted(SWITCHES))
+@pytest.mark.parametrize("switch", sorted(CLUSTER_SWITCHES))
 def test_cluster_switches_need_a_cluster(switch):
     with pytest.raises(ValueError, match="cluster_m=2"):
         Sm90Gemm(**SCENARIO_SIZE, cluster_m=1, **{switch: True})

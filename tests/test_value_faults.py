@@ -27,6 +27,9 @@ def test_value_faults_are_in_the_registry_once():
     assert faults.validate("skip_consumer_wait", {}) == {"at_iteration": 0}
     assert faults.validate("release_before_read", {"pipeline": 1}) == {"pipeline": 1}
     assert faults.expected_verdict("unassumed_align", {})[0] == "COMPILE_ERROR"
+    # the verifier error is a compile's; the pointer check needs the real arguments (a run)
+    assert not faults.FAULTS["unassumed_align"].error_at_run
+    assert faults.FAULTS["overclaimed_align"].error_at_run
 
 
 # ---- compiles ----------------------------------------------------------------------------------

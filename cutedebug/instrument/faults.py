@@ -114,6 +114,9 @@ class Fault:
     apply: Callable[[Any], dict[str, Callable[..., Any]]] | None = None
     refine: Callable[[dict[str, Any]], tuple[str, str]] | None = None  # args -> verdict, note
     finish: Callable[[Any, Any], None] | None = None  # (FaultContext, layer) after the trace
+    # its COMPILE_ERROR is raised when the DSL converts the real arguments (a GPU run), not by
+    # a compile with fake tensors: a compile-only run of it compiles (pytest compile items)
+    error_at_run: bool = False
 
     def expected_for(self, args: dict[str, Any]) -> tuple[str, str]:
         if self.refine is not None:

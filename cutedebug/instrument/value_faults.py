@@ -314,6 +314,7 @@ def entries() -> list[F.Fault]:
             "its assumed_align when it converts the real arguments ('Tensor data pointer is not "
             "aligned to 16 bytes'; a CPU compile with fake tensors does not see it); host side "
             "only, the kernel's code is unchanged",
+            error_at_run=True,
         ),
     ]
 
