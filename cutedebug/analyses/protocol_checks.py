@@ -8,6 +8,7 @@ import dataclasses
 import os
 from typing import Any
 
+from cutedebug.instrument.protocol import _prod
 from cutedebug.instrument.recorder import PipelineRecord, Protocol
 
 SEVERITIES = ("error", "warning", "info")
@@ -50,40 +51,6 @@ class Finding:
 
     def where(self) -> str:
         return f"{os.path.basename(self.file)}:{self.line}" if self.file else "-"
-
-
-def _prod(xs: Any) -> int | None:
-    if not xs:
-        return None
-    out = 1
-    for x in xs:
-        if not isinstance(x, int) or isinstance(x, bool):
-            return None
-        out *= x
-    return out
-
-
-def _static(x: Any) -> int | None:
-    return x if isinstance(x, int) and not isinstance(x, bool) else None
-
-
-def _static_tuple(x: Any) -> tuple | None:
-    if x is None:
-        return None
-    if isinstance(x, int):
-        return (x,)
-    try:
-        items = tuple(x)
-    except TypeError:
-        return None
-    flat: list[Any] = []
-    for i in items:
-        if isinstance(i, tuple):
-            p = _prod(i)
-            flat.append(p)
-        else:
-            flat.append(_static(i))
-    return tuple(flat)
 
 
 def _group_threads(g: tuple[str, Any] | None, block_threads: int | None) -> int | None:
