@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from cutedebug.commands import exec as X
 from cutedebug.analyses import mutate as M
+from cutedebug.commands import exec as X
 from cutedebug.engine import verdict as V
 
 ROOT = Path(__file__).resolve().parents[1]

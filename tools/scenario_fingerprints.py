@@ -33,8 +33,8 @@ from cutedebug.engine import scenario as S  # noqa: E402
 from cutedebug.instrument import faults, probes  # noqa: E402
 
 try:  # the recorder's home
-    from cutedebug.instrument.recorder import record  # noqa: E402
     from cutedebug.analyses.lint import check  # noqa: E402
+    from cutedebug.instrument.recorder import record  # noqa: E402
 except ImportError:  # before the split
     from cutedebug.analyses.lint import check, record  # noqa: E402
 
