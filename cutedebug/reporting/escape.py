@@ -38,7 +38,10 @@ def safe_href(target: object) -> str | None:
     s = str(target).strip()
     if not s or _XML_INVALID.search(s) or "\\" in s or any(c in s for c in "\t\r\n"):
         return None
-    parts = urlsplit(s)
+    try:
+        parts = urlsplit(s)
+    except ValueError:
+        return None  # not parseable as a URL (``//[``: an unclosed IPv6 host): no link
     if parts.scheme:
         if parts.scheme.lower() not in ("http", "https") or not parts.netloc:
             return None
