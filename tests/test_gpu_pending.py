@@ -1,0 +1,95 @@
+"""tools/gpu_pending.py: the catalogue of device checks stays runnable as the code moves.
+
+Every scenario, tool and example a step names must exist (a renamed scenario would otherwise
+surface only on the GPU, inside a call that costs device time), every step must fit one device
+call, and running a step without the wheels it needs says so instead of failing half-way.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+
+import gpu_pending  # noqa: E402
+
+
+def _paths(command: str) -> set[str]:
+    return set(
+        re.findall(r"(?:scenarios|tools|examples|reports)/[\w./-]+\.(?:toml|py|json)", command)
+    )
+
+
+@pytest.mark.parametrize("step", gpu_pending.STEPS, ids=lambda s: s.name)
+def test_every_file_a_step_names_exists(step):
+    for p in _paths(step.command):
+        assert (ROOT / p).is_file(), f"{step.name}: {p} does not exist"
+    for d in re.findall(r"scenarios/field/\$k|scenarios/(?:field|\w+)(?=\s|/?;)", step.command):
+        assert "$" in d or (ROOT / d).is_dir(), d
+
+
+def test_latent_and_clean_scenarios_exist_and_are_what_they_say():
+    import tomllib
+
+    for name in gpu_pending.LATENT + gpu_pending.CLEAN:
+        path = ROOT / "scenarios" / f"{name}.toml"
+        assert path.is_file(), path
+        data = tomllib.loads(path.read_text())
+        faulted = bool(data.get("fault") or data.get("faults"))
+        assert faulted == (name in gpu_pending.LATENT), (name, data.get("fault"))
+    for fam in gpu_pending.FAMILIES:
+        assert (ROOT / "scenarios" / fam).is_dir(), fam
+
+
+def test_field_copies_cover_every_field_kernel():
+    import fnmatch
+
+    patterns = [
+        p for s in gpu_pending.STEPS for p in re.findall(r"cp -r scenarios/field/(\S+) ", s.command)
+    ]
+    kernels = [d.name for d in (ROOT / "scenarios" / "field").iterdir() if d.is_dir()]
+    covered = {k for k in kernels for p in patterns if fnmatch.fnmatch(k, p)}
+    assert covered == set(kernels), (patterns, kernels)
+
+
+def test_field_sanitize_kernels_have_clean_scenarios():
+    step = gpu_pending.BY_NAME["field_sanitize"]
+    kernels = re.search(r"for k in ([\w ]+); do", step.command).group(1).split()
+    for k in kernels:
+        assert (ROOT / "scenarios" / "field" / k / "clean.toml").is_file(), k
+
+
+def test_plan_fits_calls_and_keeps_order():
+    calls = gpu_pending.plan(gpu_pending.STEPS, 540)
+    flat = [s.name for c in calls for s in c]
+    assert sorted(flat) == sorted(s.name for s in gpu_pending.STEPS)
+    for c in calls:
+        assert sum(s.seconds for s in c) <= 540 or len(c) == 1
+        assert len({s.wheels for s in c}) == 1  # a call carries the wheels or not at all
+    assert all(s.seconds * 1.5 <= 600 for s in gpu_pending.STEPS)  # one command's limit
+
+
+def test_a_wheel_step_without_wheels_is_reported_not_run(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_pending, "ROOT", tmp_path)  # no .whl there
+    assert gpu_pending.run(["field_fa4"], tmp_path / "out", budget_s=600) == 0
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "| field_fa4 | not run (no .whl) |" in summary
+
+
+def test_a_step_that_does_not_fit_the_budget_is_not_started(tmp_path):
+    assert gpu_pending.run(["pytest_gpu"], tmp_path / "out", budget_s=10) == 0
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "not run (budget: 10 s left, needs ~280)" in summary
+    assert not (tmp_path / "out" / "pytest_gpu" / "log.txt").exists()
+
+
+def test_unknown_step_is_an_error_naming_the_steps(capsys):
+    with pytest.raises(SystemExit) as e:
+        gpu_pending.main(["--out", "/tmp/x", "nope"])
+    assert e.value.code == 2
+    assert "unknown step(s) nope" in capsys.readouterr().err
