@@ -53,6 +53,7 @@ from cutedebug.analyses.cudagdb import (
     run_gdb,
     sections,
 )
+from cutedebug.engine import lifeline
 
 SKIP_MEMORY = "skip_global_memory,skip_shared_memory,skip_local_memory"
 PIPE_NAME = "coredump.pipe"  # the driver creates <run dir>/coredump.pipe.<pid>
@@ -182,7 +183,10 @@ def sass_of_cubin(cubin: Path | str, nvdisasm: str | None = None) -> str | None:
     exe = nvdisasm or find_nvdisasm()
     if not exe or not Path(cubin).exists():
         return None
-    p = subprocess.run([exe, "-g", "-c", str(cubin)], capture_output=True, text=True, timeout=60)
+    try:
+        p = lifeline.run_tool([exe, "-g", "-c", str(cubin)], 60)
+    except subprocess.TimeoutExpired:
+        return None
     return p.stdout if p.returncode == 0 and p.stdout else None
 
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cutedebug.engine import lifeline
+
 GDB_LIMIT_S = 30.0
 
 
@@ -65,14 +67,7 @@ def run_gdb(
         argv += ["-ex", c]
     t0 = time.monotonic()
     try:
-        p = subprocess.run(
-            argv,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        p = lifeline.run_tool(argv, timeout_s)
     except subprocess.TimeoutExpired as e:
         raise RuntimeError(f"cuda-gdb did not finish in {timeout_s:g} s") from e
     return p.stdout + p.stderr, round(time.monotonic() - t0, 3)

@@ -18,6 +18,8 @@ import os
 import shutil
 import subprocess
 
+from cutedebug.engine import lifeline
+
 VISIBLE_VAR = "CUDA_VISIBLE_DEVICES"
 
 
@@ -31,13 +33,7 @@ def smi_gpus(timeout_s: float = 20.0) -> list[str]:
     if smi is None:
         return []
     try:
-        out = subprocess.run(
-            [smi, "--query-gpu=index", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            check=False,
-        )
+        out = lifeline.run_tool([smi, "--query-gpu=index", "--format=csv,noheader"], timeout_s)
     except (OSError, subprocess.TimeoutExpired):
         return []
     if out.returncode != 0:

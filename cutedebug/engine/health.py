@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cutedebug.engine import lifeline
+
 ARCH_BY_CC = {(9, 0): "sm_90a", (10, 0): "sm_100a", (10, 3): "sm_100a"}
 
 
@@ -29,12 +31,9 @@ def detect_gpu(timeout_s: float = 20.0) -> dict[str, Any]:
     if smi is None:
         return {"present": False, "reason": "no NVIDIA GPU on this machine (nvidia-smi not found)"}
     try:
-        out = subprocess.run(
+        out = lifeline.run_tool(
             [smi, "--query-gpu=name,compute_cap,driver_version", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            check=False,
+            timeout_s,
         )
     except (OSError, subprocess.TimeoutExpired) as e:
         return {"present": False, "reason": f"nvidia-smi failed: {e}"}

@@ -31,6 +31,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -375,3 +376,57 @@ def kill_group(pid: int) -> None:
             kill(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def run_tool(
+    argv: list[str],
+    timeout_s: float,
+    *,
+    env: dict[str, str] | None = None,
+    cwd: str | None = None,
+) -> subprocess.CompletedProcess:
+    """Run a short-lived tool (cuda-gdb, nvdisasm, nvidia-smi) as a tied child and return its
+    completed process (text stdout and stderr).
+
+    The same ties as a worker: a run tag, PR_SET_PDEATHSIG, its own process group. On the
+    time limit (or any exception here, an interrupt included) the group is killed and the tag
+    swept before ``subprocess.TimeoutExpired`` is raised; after a normal exit the tag is swept
+    too, so nothing the tool left running in the background outlives the call. Output goes to
+    temporary files, not pipes: a background process that inherited them cannot hold the call
+    open after the tool itself has exited.
+    """
+    tag = new_run_tag()
+    with tempfile.TemporaryFile() as fout, tempfile.TemporaryFile() as ferr:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=fout,
+            stderr=ferr,
+            env=child_env(env, tag),
+            cwd=cwd,
+            start_new_session=True,
+            preexec_fn=preexec(),
+        )
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        except BaseException:
+            kill_group(proc.pid)
+            sweep(tag)
+            proc.wait()
+            raise
+        if timed_out:
+            kill_group(proc.pid)
+        sweep(tag, timeout=3.0 if timed_out else 1.0)
+        proc.wait()
+        out, err = (_read_text(f) for f in (fout, ferr))
+    if timed_out:
+        raise subprocess.TimeoutExpired(argv, timeout_s, out, err)
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def _read_text(f) -> str:
+    f.seek(0)
+    return f.read().decode("utf-8", "replace")
