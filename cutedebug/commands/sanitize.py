@@ -17,25 +17,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cutedebug.analyses.sanitizer import (
-    CLEAN,
+from cutedebug.analyses.sanitizer.attribution import attribute
+from cutedebug.analyses.sanitizer.findings import PARSE_FAILURE, Finding, source_line
+from cutedebug.analyses.sanitizer.parse import analyze
+from cutedebug.analyses.sanitizer.result import make_result
+from cutedebug.analyses.sanitizer.shrink import ShrinkResult, shrink
+from cutedebug.analyses.sanitizer.tool import (
     DEFAULT_PRINT_LIMIT,
     ERROR_EXITCODE,
-    PARSE_FAILURE,
     TOOLS,
-    Finding,
-    ShrinkResult,
-    analyze,
-    attribute,
     build_command,
     child_env,
-    filter_noise,
     find_sanitizer,
-    group,
-    make_result,
-    shrink,
-    source_line,
 )
+from cutedebug.analyses.sanitizer.triage import CLEAN, filter_noise, group
 from cutedebug.commands import exits
 from cutedebug.engine.limits import limit_arg
 from cutedebug.engine.verdict import values

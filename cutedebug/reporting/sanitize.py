@@ -1,7 +1,8 @@
 """compute-sanitizer reports: one tool's triage report (Markdown) and `cutedebug sanitize`'s
 summary (report.md), plus the short table cells the GPU tables reuse. The results they read
-are built by ``cutedebug.analyses.sanitizer.make_result`` and ``cutedebug.commands.sanitize``;
-kernel names, source lines, messages and commands are escaped."""
+are built by ``cutedebug.analyses.sanitizer.result.make_result`` and
+``cutedebug.commands.sanitize``; kernel names, source lines, messages and commands are
+escaped."""
 
 from __future__ import annotations
 
@@ -9,7 +10,12 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from cutedebug.analyses.sanitizer import CLEAN, NOISE_ANALYSIS_DUP, NOISE_PROC_ADDRESS, NOISE_TMA
+from cutedebug.analyses.sanitizer.triage import (
+    CLEAN,
+    NOISE_ANALYSIS_DUP,
+    NOISE_PROC_ADDRESS,
+    NOISE_TMA,
+)
 from cutedebug.engine.verdict import values
 from cutedebug.reporting.escape import md_block, md_code, md_text
 

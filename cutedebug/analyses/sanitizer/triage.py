@@ -1,0 +1,196 @@
+"""From findings to a verdict: known noise set apart (with its reason), duplicates grouped,
+the run classified into the closed set of ``SanitizerClass``."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from cutedebug.analyses.sanitizer.findings import (
+    API_ERROR,
+    BARRIER_MISUSE,
+    HARDWARE_EXCEPTION,
+    HAZARD_KINDS,
+    LEAK,
+    MISALIGNED,
+    PARSE_FAILURE,
+    RACE,
+    RAW_HAZARD,
+    TOOL_ERROR,
+    UNINIT_READ,
+    WAR_HAZARD,
+    WAW_HAZARD,
+    Finding,
+    Triple,
+    source_line,
+)
+from cutedebug.engine.verdict import SanitizerClass
+
+# ---- run classes (closed set) ------------------------------------------------------------
+CLEAN = SanitizerClass.CLEAN.value
+CLASSES = tuple(c.value for c in SanitizerClass)  # the closed set is engine.verdict's
+TOOL_CLASS = {
+    "memcheck": "MEMORY_ERROR",
+    "racecheck": "RACE",
+    "synccheck": "SYNC_ERROR",
+    "initcheck": "UNINIT",
+}
+
+
+def kind_class(kind: str, tool: str) -> str:
+    """The run class a finding kind stands for."""
+    if kind in HAZARD_KINDS:
+        return "RACE"
+    if kind.startswith("INVALID_") or kind in (MISALIGNED, HARDWARE_EXCEPTION, LEAK):
+        return "MEMORY_ERROR"
+    if kind == BARRIER_MISUSE:
+        return "SYNC_ERROR"
+    if kind == UNINIT_READ:
+        return "UNINIT"
+    if kind == API_ERROR:
+        return "API_ERROR"
+    if kind in (PARSE_FAILURE, TOOL_ERROR):
+        return "UNREADABLE"
+    return TOOL_CLASS.get(tool, "UNREADABLE")
+
+
+# Which class wins when one run has several: the tool's own class first, then this order.
+_CLASS_PRIORITY = ("MEMORY_ERROR", "RACE", "SYNC_ERROR", "UNINIT", "API_ERROR", "UNREADABLE")
+
+
+# ---- noise -------------------------------------------------------------------------------
+NOISE_PROC_ADDRESS = (
+    "cuda-bindings probes driver entry points with cuGetProcAddress; "
+    "a miss is reported as an API error but is not a kernel error"
+)
+NOISE_TMA = (
+    "one side of the hazard is a bulk async copy (TMA); racecheck does not follow "
+    "the mbarrier transaction count that orders it"
+)
+NOISE_ANALYSIS_DUP = "racecheck analysis record summarising hazards already reported one by one"
+
+_TMA_SOURCE = re.compile(
+    r"tma|cp_async_bulk|bulk_copy|copy_bulk|TmaCopy|CopyBulk|store_async_dsmem", re.IGNORECASE
+)
+_TMA_TEXT = re.compile(r"bulk|async copy|cp\.async\.bulk|UTMA|UBLKCP|\btma\b", re.IGNORECASE)
+
+
+def filter_noise(
+    findings: Iterable[Finding],
+    *,
+    tma: bool = True,
+    read_source: Callable[[str | None, int | None], str | None] | None = None,
+) -> tuple[list[Finding], list[Finding]]:
+    """(kept, filtered); every filtered finding carries its ``noise_reason``."""
+    read = read_source or source_line
+    findings = list(findings)
+    kept: list[Finding] = []
+    filtered: list[Finding] = []
+    typed_hazard_lines = {
+        ln for f in findings if f.kind in (RAW_HAZARD, WAR_HAZARD, WAW_HAZARD) for ln in f.lines
+    }
+    for f in findings:
+        reason = None
+        if f.kind == API_ERROR and "cuGetProcAddress" in ((f.api or "") + f.text):
+            reason = NOISE_PROC_ADDRESS
+        elif f.kind == RACE and f.lines and set(f.lines) <= typed_hazard_lines:
+            reason = NOISE_ANALYSIS_DUP
+        elif tma and f.kind in HAZARD_KINDS and _touches_bulk_copy(f, read):
+            reason = NOISE_TMA
+        if reason:
+            filtered.append(replace(f, noise_reason=reason))
+        else:
+            kept.append(f)
+    return kept, filtered
+
+
+def _touches_bulk_copy(f: Finding, read: Callable[[str | None, int | None], str | None]) -> bool:
+    if _TMA_TEXT.search(f.text):
+        return True
+    for s in f.sites:
+        if s.func and _TMA_SOURCE.search(s.func):
+            return True
+        src = read(s.file, s.line)
+        if src and _TMA_SOURCE.search(src):
+            return True
+    return False
+
+
+# ---- grouping and classification ---------------------------------------------------------
+@dataclass
+class Group:
+    kind: str
+    tool: str
+    severity: str
+    lines: tuple[tuple[str | None, int | None], ...]
+    kernel: str | None
+    count: int = 0  # hazards/errors, summed over records
+    records: int = 0
+    threads: list[Triple] = field(default_factory=list)  # first few, distinct
+    blocks: list[Triple] = field(default_factory=list)
+    address_space: str | None = None
+    size: int | None = None
+    text: str = ""  # the first record's message
+    accesses: tuple[str | None, ...] = ()
+
+    def to_dict(
+        self, read_source: Callable[[str | None, int | None], str | None] | None = None
+    ) -> dict[str, Any]:
+        d = asdict(self)
+        d["lines"] = [
+            {"file": f, "line": ln, "source": (read_source or source_line)(f, ln)}
+            for f, ln in self.lines
+        ]
+        return d
+
+
+_MAX_EXAMPLES = 4
+_SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+
+
+def group(findings: Iterable[Finding]) -> list[Group]:
+    """Findings with the same tool, kind and source lines, counted; errors first."""
+    groups: dict[tuple, Group] = {}
+    for f in findings:
+        key = (f.tool, f.kind, f.lines)
+        g = groups.get(key)
+        if g is None:
+            g = groups[key] = Group(
+                kind=f.kind,
+                tool=f.tool,
+                severity=f.severity,
+                lines=f.lines,
+                kernel=f.kernel,
+                address_space=f.address_space,
+                size=f.size,
+                text=f.text,
+                accesses=tuple(s.access for s in f.sites),
+            )
+        g.count += f.count
+        g.records += 1
+        if _SEVERITY_ORDER.get(f.severity, 3) < _SEVERITY_ORDER.get(g.severity, 3):
+            g.severity = f.severity
+        for t in f.threads:
+            if t not in g.threads and len(g.threads) < _MAX_EXAMPLES:
+                g.threads.append(t)
+        for b in f.blocks:
+            if b not in g.blocks and len(g.blocks) < _MAX_EXAMPLES:
+                g.blocks.append(b)
+    order = list(groups.values())
+    order.sort(
+        key=lambda g: (_SEVERITY_ORDER.get(g.severity, 3), g.kind == PARSE_FAILURE, -g.count)
+    )
+    return order
+
+
+def classify(kept: Iterable[Finding], tool: str) -> str:
+    """One of CLASSES for the kept (not filtered) findings of one tool's run."""
+    classes = {kind_class(f.kind, f.tool or tool) for f in kept if f.severity != "info"}
+    if not classes:
+        return CLEAN
+    own = TOOL_CLASS.get(tool)
+    if own in classes:
+        return own
+    return next(c for c in _CLASS_PRIORITY if c in classes)
