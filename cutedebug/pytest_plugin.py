@@ -192,6 +192,12 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem):
     through the watchdogs, which kill their children; Python's default would die on the spot
     and leave a hung kernel running. Only when nobody else set a handler."""
     previous = None
+    if _is_ours(item) and in_xdist_worker(item.config):
+        # an xdist worker dies with the pytest process that started it (SIGKILL included),
+        # and its keeper then sweeps the fork server, the workers and their descendants
+        from cutedebug.engine import lifeline
+
+        lifeline.tie_to_parent()
     if (
         _is_ours(item)
         and threading.current_thread() is threading.main_thread()

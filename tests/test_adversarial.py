@@ -204,6 +204,49 @@ def test_sigterm_of_pytest_on_a_hung_item_ends_it_within_2s(tmp_path):
     assert left == [] and "KeyboardInterrupt: cutedebug: SIGTERM" in out
 
 
+@pytest.mark.slow
+def test_sigkill_of_pytest_xdist_with_hung_items_leaves_nothing(tmp_path):
+    """``pytest -n 2`` with a hung scenario on each worker (each worker's item forks
+    setsid'd, SIGTERM-ignoring grandchildren), then SIGKILL of pytest itself: the xdist workers,
+    their fork servers, the workers and every grandchild are gone within 5 s."""
+    pytest.importorskip("xdist")
+    d = tmp_path / "scen"
+    d.mkdir()
+    pidfiles = [tmp_path / f"pids{i}" for i in range(2)]
+    for i, pf in enumerate(pidfiles):
+        (d / f"tree{i}.toml").write_text(
+            f'id = "hostile/tree{i}"\n[kernel]\nfile = "{HOSTILE}"\nentry = "Hostile"\n'
+            f'[params]\nbehaviour = "tree"\npidfile = "{pf}"\n[expect]\nverdict = "PASS"\n'
+        )
+    (tmp_path / "pytest.ini").write_text("[pytest]\ncutedebug_scenario_dirs = scen\n")
+    tag = uuid.uuid4().hex
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    env[lifeline.SESSION_VAR] = tag
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2"]
+    proc = subprocess.Popen(
+        [*argv, "--cutedebug-compile-jobs=1", str(d)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    end = time.monotonic() + 240
+    while not all(pf.exists() and pf.read_text() for pf in pidfiles):
+        assert proc.poll() is None and time.monotonic() < end, proc.stdout.read().decode()
+        time.sleep(0.05)
+    grandkids = [int(p) for pf in pidfiles for p in pf.read_text().split()]
+    before = carrying(tag)
+    assert len(grandkids) == 6 and set(grandkids) <= set(before)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    end = time.monotonic() + 5.0
+    while carrying(tag) and time.monotonic() < end:
+        time.sleep(0.05)
+    assert carrying(tag) == [], [" ".join(p.cmdline()[:4]) for p in lifeline.processes(tag)]
+    assert gone(grandkids, 0.5)
+
+
 def test_abort_all_stops_a_watch_in_another_thread_at_once(tmp_path):
     got: dict = {}
 

@@ -148,6 +148,40 @@ def session_tag() -> str:
     return _KEEPER.ensure()
 
 
+_TIED: list[int] = []
+
+
+def tie_to_parent(poll_s: float = 0.25) -> bool:
+    """Make this harness process die when its own parent does.
+
+    For a harness that is itself a child: a pytest-xdist worker runs cutedebug items for the
+    pytest process that started it, and when that one is SIGKILLed the worker would go on
+    waiting on its hung child. PR_SET_PDEATHSIG on ourselves (SIGKILL), a check that the
+    parent is not already gone, and a daemon thread that watches ``getppid`` (PDEATHSIG follows
+    the parent *thread*). When it fires, this process's keeper (started here if it was not)
+    sweeps everything carrying our session tag. Returns False when there is no parent to tie
+    to (already adopted by init or a subreaper). Idempotent.
+    """
+    if _TIED:
+        return True
+    parent = os.getppid()
+    if parent <= 1:
+        return False
+    session_tag()  # the keeper must exist before the tie can fire
+    set_pdeathsig(signal.SIGKILL)
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGKILL)
+    _TIED.append(parent)
+
+    def watch_parent() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch_parent, name="cutedebug-parent-tie", daemon=True).start()
+    return True
+
+
 def register_tempdir(path: str | os.PathLike) -> None:
     """Have the keeper remove ``path`` if the harness dies before :func:`release_tempdir`."""
     _KEEPER.send(f"rm {os.fspath(path)}")
