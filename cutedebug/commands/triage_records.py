@@ -459,7 +459,7 @@ def graded_by_core(rec: dict[str, Any]) -> bool:
 def bisect_record(fut: Future, out_dir: Path) -> dict[str, Any]:
     """What a finished bisection contributes to a record: its status, answer per role and
     grade (status "error" with the traceback when it raised: a bug of ours)."""
-    from cutedebug.analyses import bisect
+    from cutedebug.analyses.bisect_answer import role_answer
 
     try:
         res, wall_s = fut.result()
@@ -474,7 +474,7 @@ def bisect_record(fut: Future, out_dir: Path) -> dict[str, Any]:
         "ok": res.grade.get("ok"),
         "grade": res.grade,
         "reason": res.reason[:500],
-        "answer": {role: bisect.role_answer(st, res.by_id) for role, st in res.searches.items()},
+        "answer": {role: role_answer(st, res.by_id) for role, st in res.searches.items()},
         "runs": len(res.runs),
         "timing_bug": [p.site for p in res.timing_bugs],
         "wall_s": round(wall_s, 3),

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cutedebug.analyses.bisect import BisectResult, describe_site, role_answer, site_where
+from cutedebug.analyses.bisect import BisectResult
+from cutedebug.analyses.bisect_answer import describe_site, role_answer, site_where
 from cutedebug.reporting.escape import md_block, md_code, md_text
 from cutedebug.reporting.files import atomic_write
 
