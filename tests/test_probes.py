@@ -693,3 +693,96 @@ def test_raw_barrier_diagnosis_names_who_arms_and_who_delivers(tmp_path, monkeyp
     # JSON round trip keeps the raw ops after the waits
     again = probes.SiteTable.from_json(table.to_json())
     assert [s.op for s in again.raw_ops] == [s.op for s in table.raw_ops]
+
+
+def test_monitor_reports_a_run_time_grid_of_timed_out_warps_in_time():
+    """minimal/spin_hang: every warp of a grid sized at run time (8192 CTAs of 4 warps: the
+    RUNTIME_GRID_CTAS buffer) times out on its raw wait. The monitor's first event after the
+    records appear must carry the new counter (the stall detector watches it: before, it came
+    only with the picture, whose diagnosis scanned every record once per CTA), and the picture
+    must fit one event line (before: ~8 MB of records, cut by the reader, so no stuck site)."""
+    import json
+    import threading
+
+    import torch
+
+    from cutedebug.engine import launching, runner, watchdog
+    from cutedebug.engine import verdict as V
+
+    cfg = probes.sized_for_grid(ProbeConfig(), (None, 1, 1), (128, 1, 1))
+    ctas, warps = cfg.max_ctas, cfg.max_warps
+    n = ctas * warps
+    assert n == cfg.max_records == 32768
+    table = SiteTable()
+    (line,) = lines_containing(MINIMAL, "cute.arch.mbarrier_wait(mbar, 0)")
+    site = table.add(
+        kind="raw",
+        op="raw_wait",
+        barrier="",
+        pipeline_class="",
+        pipeline_name="",
+        stages=None,
+        arrive_count=None,
+        tx_count=None,
+        pipeline_index=None,
+        via="",
+        file=str(MINIMAL),
+        line=line,
+        function="kernel",
+        code="cute.arch.mbarrier_wait(mbar, 0)",
+    )
+    buf = torch.zeros(probes.buffer_nbytes(cfg), dtype=torch.uint8)
+    probes.init_buffer(buf.numpy(), cfg)
+    raw = buf.numpy()
+    struct.pack_into("<II", raw, 0, MAGIC, VERSION)
+    struct.pack_into("<I", raw, 8, n)
+    off = probes.records_offset(cfg)
+    for i in range(n):
+        cta, warp = i // warps, i % warps
+        struct.pack_into(
+            RECORD_FMT, raw, off + i * 64, RECORD_VALID, site.id, cta, 0, 0, warp, -1, 0,
+            500_000_000, 1_000 + i, cta % 132, 0, 0, cta,
+        )  # fmt: skip
+
+    class Events:
+        def __init__(self):
+            self.lines: list[tuple[str, dict]] = []
+
+        def emit(self, name, **fields):
+            self.lines.append((name, fields))
+            if "picture" in fields:
+                monitor._stop.set()
+
+    events = Events()
+    monitor = launching.ProbeMonitor(events, buf, cfg, table, interval_s=0.001)
+    thread = threading.Thread(target=monitor._loop)
+    thread.start()
+    thread.join(timeout=120)
+    assert not thread.is_alive()
+    first_name, first = events.lines[0]
+    assert first_name == "progress" and first["counter"] == n and "picture" not in first
+    pictured = [f for _, f in events.lines if "picture" in f]
+    assert len(pictured) == 1
+    event = json.dumps({"event": "progress", "t": 1.0, **pictured[0]})
+    assert len(event) < watchdog.MAX_EVENT_LINE
+    picture = json.loads(event)["picture"]
+    assert picture["n_stuck_reported"] == n
+    assert len(picture["stuck"]) + picture["stuck_unlisted"] == n
+    # every record is in the diagnosis; none is called dropped by the buffer
+    assert picture["diagnosis"][0].startswith(f"{ctas} CTAs (0-{ctas - 1}): ")
+    back = probes.snapshot_from_json(picture)
+    assert back.dropped_records == 0 and not back.complete
+    # the runner's evidence from the last live picture: the stuck raw wait, localized
+    o = V.Outcome()
+    o.add({"event": "progress", "t": 1.0, **pictured[0]})
+    sites = runner.probe_evidence(o)["stuck_sites"]
+    assert sites and {s["op"] for s in sites} == {"raw_wait"}
+    assert {s["location"] for s in sites} == {f"minimal.py:{line}"}
+    graded = runner.grade_localization({"op": "raw_wait"}, sites)
+    assert graded["ok"] is True
+    from cutedebug.reporting import stuck_map
+
+    drawn = stuck_map.build(back, table)
+    assert drawn.dropped_records == 0
+    assert drawn.dropped_note().startswith(f"{n - len(picture['stuck'])} of {n} stuck records")
+    assert "not in this picture" in drawn.dropped_note()

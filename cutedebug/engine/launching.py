@@ -95,8 +95,9 @@ class ProbeMonitor:
     """Streams beacon snapshots from host-mapped memory while the kernel runs.
 
     Every interval: a "progress" event with the change counter (the runner's stall detector
-    watches it). Whenever the picture changed, at most every ``picture_s``: a "progress" event
-    that also carries the per-warp picture, so a kernel that never exits still leaves one.
+    watches it), emitted before anything else is computed. Whenever the picture changed, at
+    most every ``picture_s``: a second "progress" event that also carries the per-warp picture
+    (bounded: probes.PICTURE_MAX_ITEMS), so a kernel that never exits still leaves one.
     """
 
     def __init__(
@@ -117,12 +118,15 @@ class ProbeMonitor:
                 "counter": snap.progress_counter_total,
                 "stuck": len(snap.stuck),
             }
+            # the counter first, on its own: the stall detector must see the records arrive
+            # even while the picture of thousands of them is being built
+            self.events.emit("progress", **fields)
             sig = probes.progress_signature(snap)
             now = time.monotonic()
             if sig != last_sig and now - last_picture_t >= self.picture_s:
-                fields["picture"] = probes.snapshot_to_json(snap, self.sites)
+                picture = probes.snapshot_to_json(snap, self.sites)
+                self.events.emit("progress", **fields, picture=picture)
                 last_picture_t, last_sig = now, sig
-            self.events.emit("progress", **fields)
 
     def __enter__(self):
         self._thread.start()

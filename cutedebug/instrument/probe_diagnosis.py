@@ -7,7 +7,6 @@ who arrives and who delivers bytes. No cutlass, no torch."""
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import asdict
 from typing import Any
 
 from cutedebug.instrument.probe_host import (
@@ -19,19 +18,49 @@ from cutedebug.instrument.probe_host import (
 )
 from cutedebug.instrument.probe_layout import Site, _as_sites
 
+# A picture travels as one line of the worker's event channel (capped at 1 MiB by the
+# watchdog's reader): it lists at most this many stuck records and beacons (a record ~150 B of
+# JSON) and counts the rest, so a grid of thousands of timed-out warps still gets its picture
+# through. The diagnosis is made from every decoded record before the lists are cut.
+PICTURE_MAX_ITEMS = 2048
 
-def snapshot_to_json(snapshot: ProbeSnapshot, sites: Any = None) -> dict[str, Any]:
+
+def snapshot_to_json(
+    snapshot: ProbeSnapshot, sites: Any = None, max_items: int = PICTURE_MAX_ITEMS
+) -> dict[str, Any]:
     by_id = _as_sites(sites)
+    stuck = _first_of_each_kind(
+        snapshot.stuck, lambda r: (r.site_id, r.warp, r.stage, r.phase), max_items
+    )
+    beacons = _first_of_each_kind(
+        snapshot.beacons, lambda b: (b.site_id, b.warp, b.stage, b.phase), max_items
+    )
     return {
         "warps": warp_evidence(snapshot, by_id),
-        "stuck": [asdict(r) for r in snapshot.stuck],
-        "beacons": [asdict(b) for b in snapshot.beacons],
+        "stuck": [{**vars(r), "block": list(r.block)} for r in stuck],
+        "beacons": [dict(vars(b)) for b in beacons],
+        "stuck_unlisted": len(snapshot.stuck) - len(stuck) + snapshot.stuck_unlisted,
+        "beacons_unlisted": len(snapshot.beacons) - len(beacons) + snapshot.beacons_unlisted,
         "progress_counter_total": snapshot.progress_counter_total,
         "n_stuck_reported": snapshot.n_stuck_reported,
         "header_magic": snapshot.header_magic,
         "max_ctas": snapshot.max_ctas,
         "diagnosis": diagnose(snapshot, by_id) if by_id or snapshot.stuck else [],
     }
+
+
+def _first_of_each_kind(items: list, kind: Any, limit: int) -> list:
+    """At most ``limit`` items in their order, the first of every kind kept first."""
+    if len(items) <= limit:
+        return list(items)
+    seen: set = set()
+    firsts = [i for i, x in enumerate(items) if kind(x) not in seen and not seen.add(kind(x))]
+    keep = set(firsts[:limit])
+    for i in range(len(items)):
+        if len(keep) >= limit:
+            break
+        keep.add(i)
+    return [items[i] for i in sorted(keep)]
 
 
 def _progress_on(
@@ -266,8 +295,9 @@ def diagnose(snapshot: ProbeSnapshot, sites: Any = None, *, stalled: bool = Fals
     for v in views.values():
         ctas[v.cta].append(v)
     counts: dict[str, list[int]] = defaultdict(list)
+    complete = snapshot.complete  # once: it scans every record and beacon
     for cta, vs in sorted(ctas.items()):
-        for msg in dict.fromkeys(_cta_rules(vs, by_id, snapshot.complete)):
+        for msg in dict.fromkeys(_cta_rules(vs, by_id, complete)):
             counts[msg].append(cta)
     lines = []
     for msg, cs in sorted(counts.items(), key=lambda kv: (-len(kv[1]), kv[1][0])):

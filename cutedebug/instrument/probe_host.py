@@ -69,10 +69,13 @@ class ProbeSnapshot:
     n_stuck_reported: int = 0  # may exceed len(stuck) when records overflowed
     header_magic: int = 0
     max_ctas: int = 0  # beacon slots per warp: CTAs beyond it share slots (0: unknown)
+    # decoded but left out of a bounded picture (snapshot_to_json), not dropped by the buffer
+    stuck_unlisted: int = 0
+    beacons_unlisted: int = 0
 
     @property
     def dropped_records(self) -> int:
-        return max(0, self.n_stuck_reported - len(self.stuck))
+        return max(0, self.n_stuck_reported - len(self.stuck) - self.stuck_unlisted)
 
     @property
     def complete(self) -> bool:
@@ -83,7 +86,12 @@ class ProbeSnapshot:
             and any(b.cta >= self.max_ctas for b in self.beacons)
             or any(r.block_linear >= self.max_ctas for r in self.stuck if self.max_ctas)
         )
-        return not self.dropped_records and not wrapped
+        return (
+            not self.dropped_records
+            and not self.stuck_unlisted
+            and not self.beacons_unlisted
+            and not wrapped
+        )
 
 
 def decode(buf: bytes | memoryview, cfg: ProbeConfig, sites: Any = None) -> ProbeSnapshot:
@@ -197,6 +205,8 @@ def snapshot_from_json(d: dict[str, Any]) -> ProbeSnapshot:
         n_stuck_reported=d.get("n_stuck_reported", len(stuck)),
         header_magic=d.get("header_magic", 0),
         max_ctas=d.get("max_ctas", 0),
+        stuck_unlisted=d.get("stuck_unlisted", 0),
+        beacons_unlisted=d.get("beacons_unlisted", 0),
     )
 
 

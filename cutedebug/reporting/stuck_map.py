@@ -105,10 +105,11 @@ class StuckMap:
     n_stuck_records: int  # decoded
     n_stuck_reported: int  # counted on the device (may exceed the buffer)
     n_beacons: int
+    n_unlisted: int = 0  # decoded, left out of a bounded live picture (probes.snapshot_to_json)
 
     @property
     def dropped_records(self) -> int:
-        return max(0, self.n_stuck_reported - self.n_stuck_records)
+        return max(0, self.n_stuck_reported - self.n_stuck_records - self.n_unlisted)
 
     @property
     def n_ctas(self) -> int:
@@ -128,6 +129,12 @@ class StuckMap:
         return s
 
     def dropped_note(self) -> str:
+        if self.n_unlisted and not self.dropped_records:
+            return (
+                f"{self.n_unlisted} of {self.n_stuck_reported} stuck records are not in this "
+                f"picture (it lists {self.n_stuck_records}; the diagnosis counts them all): a "
+                "warp drawn as 'no record' may be stuck too"
+            )
         if not self.dropped_records:
             return ""
         return (
@@ -170,7 +177,8 @@ def _cell(v: WarpView | None, by_id: dict[int, Site], dropped: bool) -> Cell:
                 "unknown",
                 "? no record",
                 ("unknown",),
-                "no beacon and no stuck record; records were dropped, so it may be stuck",
+                "no beacon and no stuck record; records were dropped (or left out of a bounded "
+                "picture), so it may be stuck",
             )
         return Cell("idle", "-", ("idle",), "no wait completed, no stuck record")
     if v.stuck is not None:
@@ -205,7 +213,7 @@ def build(snapshot: ProbeSnapshot, sites: Any = None, *, max_rows: int = MAX_ROW
     """Group the snapshot's CTAs by their warps' states; stuck rows first, then by CTA."""
     by_id = _sites(sites)
     views = warp_views(snapshot)
-    dropped = snapshot.dropped_records > 0
+    dropped = snapshot.dropped_records > 0 or snapshot.stuck_unlisted > 0
     warps = list(range(max((w for _, w in views), default=-1) + 1))
     groups: dict[tuple, Row] = {}
     for cta in sorted({c for c, _ in views}):
@@ -225,6 +233,7 @@ def build(snapshot: ProbeSnapshot, sites: Any = None, *, max_rows: int = MAX_ROW
         n_stuck_records=len(snapshot.stuck),
         n_stuck_reported=max(snapshot.n_stuck_reported, len(snapshot.stuck)),
         n_beacons=len(snapshot.beacons),
+        n_unlisted=snapshot.stuck_unlisted,
     )
 
 
@@ -324,7 +333,7 @@ def render_svg(m: StuckMap, *, title: str = "cutedebug stuck map") -> str:
         notes.append("WARNING: " + m.dropped_note())
     top = 28 + 18 * len(notes) + 22
     grid_h = max(1, len(m.rows)) * ROW_PX
-    legend = [s for s in STATES if s != "unknown" or m.dropped_records]
+    legend = [s for s in STATES if s != "unknown" or m.dropped_records or m.n_unlisted]
     legend_y = top + grid_h + 24
     texts = [title] + notes + [LEGEND[s] for s in legend] + [LABEL_KEY]
     width = max(left + max(1, len(m.warps)) * col, *(_text_px(t) + 40 for t in texts)) + PAD
