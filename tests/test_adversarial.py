@@ -404,9 +404,27 @@ def test_a_crashed_checker_in_a_triage_is_a_harness_error_not_caught_statically(
     sc = S.adhoc(f"{ROOT}/kernels/minimal.py:Minimal", {}, None, {}, "PASS")
     rec = T.new_record(sc, "d", 1)
     crashed = {"severity": "error", "check": lint.HARNESS_CHECK, "message": "HARNESS_ERROR"}
-    rec["compile"] = {"static_findings": [crashed], "harness_errors": 0}
+    rec.compile = T.CallRecord.from_json(
+        {
+            "mode": "compile",
+            "verdict": "PASS",
+            "reason": "",
+            "compiled": True,
+            "fault_count": None,
+            "static_findings": [crashed],
+            "localization": {},
+            "verdicts": ["PASS"],
+            "harness_errors": 0,
+            "wall_s": 1.0,
+            "compile_s": 1.0,
+            "kernel_s": 0.0,
+            "overhead_s": 0.0,
+            "device": None,
+            "report": None,
+        }
+    )
     T.finalize(rec, None, "not run: no GPU")
-    assert rec["caught_statically"] is None and rec["harness_errors"] == 1
+    assert rec.caught_statically is None and rec.harness_errors == 1
 
 
 # ---- limits ------------------------------------------------------------------------------------------
@@ -569,15 +587,15 @@ def test_resume_reruns_damaged_records(tmp_path):
     sc = S.load(tmp_path / "d" / "a.toml")
     good = T.new_record(sc, T.scenario_digest(sc), 1)
     T.finalize(good, None, "not run: no GPU — test")
-    (results / T.record_name("k/a")).write_text(json.dumps(good))
-    bad = dict(good, id="k/b")
+    (results / T.record_name("k/a")).write_text(json.dumps(good.to_json()))
+    bad = dict(good.to_json(), id="k/b")
     del bad["expected"]
     (results / T.record_name("k/b")).write_text(json.dumps(bad))
     (results / "junk.json").write_bytes(b"\xff{")
     damaged: list[str] = []
     opts = T.Options(dir=tmp_path / "d", out=tmp_path / "o", resume=True)
     plans, kept = T.plan(opts, {"present": False, "reason": "test"}, damaged)
-    assert [p.sc.id for p in plans] == ["k/b"] and [r["id"] for r in kept] == ["k/a"]
+    assert [p.sc.id for p in plans] == ["k/b"] and [r.id for r in kept] == ["k/a"]
     assert any("'expected' missing" in d for d in damaged)
     assert any(d.startswith("junk.json: unreadable") for d in damaged)
 

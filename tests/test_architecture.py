@@ -32,6 +32,8 @@ TOP_LEVEL = {
     "cutedebug.pytest_plugin": "commands",
     "cutedebug.kernel_api": "base",
     "cutedebug.errors": "base",
+    # the one place records are serialised (dataclasses <-> JSON); imports nothing of ours
+    "cutedebug.records": "base",
     # leaf helpers any layer may use to write files and escape text (they import nothing)
     "cutedebug.reporting.escape": "base",
     "cutedebug.reporting.files": "base",

@@ -76,7 +76,11 @@ def write_shard(d: Path, recs: list[dict], m: dict, total_s: float, health=True)
     triage.write_matrix(
         d,
         triage.build_matrix(
-            recs, dir_="scenarios", command="triage", env=m["environment"], facts=facts
+            [triage.TriageRecord.from_json(r) for r in recs],
+            dir_="scenarios",
+            command="triage",
+            env=m["environment"],
+            facts=facts,
         ),
     )
 
@@ -90,18 +94,23 @@ def test_merged_shards_give_the_matrix_of_one_run(tmp_path):
         write_shard(tmp_path / f"s{i}", [r for r in recs if r["id"] in mine], m, 50.0 + i)
     out = tmp_path / "all"
     merged = shard.merge([tmp_path / f"s{i}" for i in (1, 2, 3)], out)
-    assert [r["id"] for r in merged["scenarios"]] == sorted(ids)
-    assert merged["rates"] == triage.rates(recs)  # the same rates as one triage of all
-    assert merged["facts"]["total_s"] == 53.0  # the slowest shard
-    assert merged["facts"]["gpu_health"]["healthy"] is True
+    assert [r.id for r in merged.scenarios] == sorted(ids)
+    # the same rates as one triage of all
+    assert merged.rates == triage.rates([triage.TriageRecord.from_json(r) for r in recs])
+    # and the four rates the recorded H200 triage itself wrote (its counts predate
+    # "exposed_by_perturbation")
+    keys = ("detection", "classification", "localization", "false_alarms")
+    assert {k: merged.rates[k] for k in keys} == {k: m["rates"][k] for k in keys}
+    assert merged.facts["total_s"] == 53.0  # the slowest shard
+    assert merged.facts["gpu_health"]["healthy"] is True
     assert len(list((out / "results").glob("*.json"))) == len(ids)
     md = (out / "matrix.md").read_text()
     assert "# cutedebug triage" in md and "processes of ours left: 0" in md
     # reports are linked from the merged folder to where each shard wrote them
-    one = next(r for r in merged["scenarios"] if r["run"])
-    orig = next(r for r in recs if r["id"] == one["id"])
-    owner = next(i for i in (1, 2, 3) if one["id"] in shard.select(ids, (i, 3)))
-    assert (out / one["run"]["report"]).resolve() == (
+    one = next(r for r in merged.scenarios if r.run)
+    orig = next(r for r in recs if r["id"] == one.id)
+    owner = next(i for i in (1, 2, 3) if one.id in shard.select(ids, (i, 3)))
+    assert (out / one.run.report).resolve() == (
         tmp_path / f"s{owner}" / orig["run"]["report"]
     ).resolve()
 
@@ -115,7 +124,7 @@ def test_merge_refuses_overlapping_shards_and_reports_an_unhealthy_one(tmp_path)
         shard.merge([tmp_path / "a", tmp_path / "b"], tmp_path / "out")
     write_shard(tmp_path / "c", recs[6:], m, 10.0, health=False)
     merged = shard.merge([tmp_path / "a", tmp_path / "c"], tmp_path / "out")
-    assert merged["facts"]["gpu_health"]["healthy"] is False
+    assert merged.facts["gpu_health"]["healthy"] is False
     with pytest.raises(shard.ShardError, match="not a readable triage matrix"):
         shard.merge([tmp_path / "a", tmp_path / "missing"], tmp_path / "out")
 

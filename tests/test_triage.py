@@ -46,51 +46,52 @@ def call(
     kernel_s=0.5,
     compiled=True,
     reason="recorded",
-) -> dict:
+) -> T.CallRecord:
     verdicts = verdicts or [verdict]
-    return {
-        "mode": mode,
-        "verdict": verdict,
-        "reason": reason,
-        "compiled": compiled,
-        "fault_count": 1,
-        "static_findings": findings,
-        "localization": {"ok": loc_ok},
-        "verdicts": verdicts,
-        "harness_errors": verdicts.count("HARNESS_ERROR"),
-        "wall_s": wall,
-        "compile_s": compile_s,
-        "kernel_s": kernel_s,
-        "overhead_s": round(wall / len(verdicts) - compile_s - kernel_s, 3),
-        "device": None,
-        "report": f"runs/{mode}/report.md",
-    }
+    return T.CallRecord.from_json(
+        {
+            "mode": mode,
+            "verdict": verdict,
+            "reason": reason,
+            "compiled": compiled,
+            "fault_count": 1,
+            "static_findings": findings,
+            "localization": {"ok": loc_ok},
+            "verdicts": verdicts,
+            "harness_errors": verdicts.count("HARNESS_ERROR"),
+            "wall_s": wall,
+            "compile_s": compile_s,
+            "kernel_s": kernel_s,
+            "overhead_s": round(wall / len(verdicts) - compile_s - kernel_s, 3),
+            "device": None,
+            "report": f"runs/{mode}/report.md",
+        }
+    )
 
 
 def record(
     sid, fault, expect, *, loc=None, compile_call=None, run_call=None, not_run=None, also=()
 ):
-    rec = {
-        "schema": T.RECORD_SCHEMA,
-        "id": sid,
-        "source": f"/s/{sid}.toml",
-        "kernel": sid.split("/")[0] + ".py:K",
-        "fault": fault,
-        "fault_args": {},
-        "params": {},
-        "digest": "d",
-        "repeat": 1,
-        "expected": {"verdict": expect, "also": list(also), "localization": loc or {}},
-        "compile": compile_call or call("compile", "UNSUPPORTED"),
-        "run": run_call,
-        "not_run": None,
-        "invalid": None,
-        "status": "compiled",
-    }
+    rec = T.TriageRecord(
+        id=sid,
+        source=f"/s/{sid}.toml",
+        kernel=sid.split("/")[0] + ".py:K",
+        fault=fault,
+        fault_args={},
+        params={},
+        digest="d",
+        repeat=1,
+        expected=T.Expected(verdict=expect, also=list(also), localization=loc or {}),
+        compile=compile_call or call("compile", "UNSUPPORTED"),
+        run=run_call,
+        not_run=None,
+        invalid=None,
+        status="compiled",
+    )
     final = (
         run_call
         if run_call is not None
-        else (rec["compile"] if rec["compile"]["verdict"] in T.COMPILE_FINAL else None)
+        else (rec.compile if rec.compile.verdict in T.COMPILE_FINAL else None)
     )
     T.finalize(rec, final, not_run)
     return rec
@@ -148,14 +149,14 @@ def test_rates_without_verdicts_are_not_applicable_rather_than_zero():
 
 def test_finalize_grades_verdict_localization_statics_and_frequencies():
     a, c, f, g, i = (
-        next(r for r in RECORDS if r["id"] == k) for k in ("k/a", "k/c", "k/f", "k/g", "j/i")
+        next(r for r in RECORDS if r.id == k) for k in ("k/a", "k/c", "k/f", "k/g", "j/i")
     )
-    assert (a["verdict_ok"], a["localization_ok"], a["caught_statically"]) == (True, True, None)
-    assert (c["verdict_ok"], c["localization_ok"]) == (True, False)
-    assert f["verdict"] is None and f["verdict_ok"] is None and f["localization_ok"] is None
-    assert g["verdict"] == "COMPILE_ERROR" and g["caught_statically"] is False
-    assert i["frequencies"] == {"HANG": 2, "PASS": 1} and i["timing_dependent"]
-    assert i["overhead_s"] == round(3.0 / 3 - 1.0 - 0.5, 3)
+    assert (a.verdict_ok, a.localization_ok, a.caught_statically) == (True, True, None)
+    assert (c.verdict_ok, c.localization_ok) == (True, False)
+    assert f.verdict is None and f.verdict_ok is None and f.localization_ok is None
+    assert g.verdict == "COMPILE_ERROR" and g.caught_statically is False
+    assert i.frequencies == {"HANG": 2, "PASS": 1} and i.timing_dependent
+    assert i.overhead_s == round(3.0 / 3 - 1.0 - 0.5, 3)
     assert [M.state(r) for r in RECORDS] == [
         "ok",
         "miss",
@@ -172,10 +173,10 @@ def test_finalize_grades_verdict_localization_statics_and_frequencies():
 
 def test_declared_timing_dependent_scenarios_accept_their_alternatives():
     alt = record("k/t", "f8", "MISMATCH", also=["PASS"], run_call=call("run", "PASS"))
-    assert alt["verdict_ok"] and alt["timing_dependent"] and M.state(alt) == "timing"
+    assert alt.verdict_ok and alt.timing_dependent and M.state(alt) == "timing"
     assert M.expected_text(alt) == "MISMATCH or PASS"
     other = record("k/u", "f8", "MISMATCH", also=["PASS"], run_call=call("run", "HANG"))
-    assert not other["verdict_ok"] and M.state(other) == "timing"
+    assert not other.verdict_ok and M.state(other) == "timing"
     # repeats that disagree pass only when every verdict seen is accepted
     mixed = record(
         "k/v",
@@ -184,7 +185,7 @@ def test_declared_timing_dependent_scenarios_accept_their_alternatives():
         also=["PASS"],
         run_call=call("run", "NONDETERMINISTIC", verdicts=["MISMATCH", "PASS", "MISMATCH"]),
     )
-    assert mixed["verdict_ok"] and mixed["frequencies"] == {"MISMATCH": 2, "PASS": 1}
+    assert mixed.verdict_ok and mixed.frequencies == {"MISMATCH": 2, "PASS": 1}
     md = M.render_markdown(
         T.build_matrix([alt, other], dir_="s", command="c", env=T.environment(NO_GPU), facts={})
     )
@@ -377,7 +378,7 @@ def test_compiles_in_parallel_gpu_runs_one_at_a_time(tmp_path, engine):
         "k/hang",
         "k/miss",
     ]
-    recs = T.load_records(out / "results")
+    recs = {k: r.to_json() for k, r in T.load_records(out / "results").items()}
     assert {k: r["verdict"] for k, r in recs.items()} == {
         "k/clean": "PASS",
         "k/hang": "HANG",
@@ -412,7 +413,7 @@ def test_without_a_gpu_runs_are_not_run_not_misses(tmp_path, engine):
     rc, lines, out = run_triage(tmp_path, jobs=2)
     assert {m for _, m in fake.calls} == {"compile"}
     assert rc == 4  # could not run here (exits.EXIT_NOT_RUN), nothing else wrong
-    recs = T.load_records(out / "results")
+    recs = {k: r.to_json() for k, r in T.load_records(out / "results").items()}
     assert recs["k/cerr"]["verdict"] == "COMPILE_ERROR" and recs["k/cerr"]["verdict_ok"]
     assert all(r["not_run"].startswith("not run: no GPU") for k, r in recs.items() if k != "k/cerr")
     md = (out / "matrix.md").read_text()
@@ -438,7 +439,7 @@ def test_interrupted_triage_keeps_results_and_resume_finishes_the_rest(tmp_path,
     # finished ones are skipped; k/hang's compile is reused, only its run is redone
     assert ("k/hang", "compile") not in fake.calls and ("k/hang", "run") in fake.calls
     assert not {i for i, _ in fake.calls} & done
-    recs = T.load_records(out / "results")
+    recs = {k: r.to_json() for k, r in T.load_records(out / "results").items()}
     assert len(recs) == 5 and all(r["status"] == "done" for r in recs.values())
     assert recs["k/hang"]["verdict"] == "HANG"
 
@@ -483,7 +484,7 @@ def test_harness_bugs_and_unloadable_kernels_are_recorded_not_raised(tmp_path, e
 
     monkeypatch.setattr(runner, "run_scenario", flaky)
     rc, lines, out = run_triage(tmp_path)
-    recs = T.load_records(out / "results")
+    recs = {k: r.to_json() for k, r in T.load_records(out / "results").items()}
     assert recs["k/hang"]["verdict"] == "HARNESS_ERROR" and recs["k/hang"]["harness_errors"] == 1
     assert "bug in the harness" in recs["k/hang"]["compile"]["reason"]
     assert "ImportError: nope" in recs["k/gone"]["invalid"]
@@ -512,7 +513,7 @@ def test_half_written_records_are_ignored_and_redone(tmp_path):
     results = tmp_path / "results"
     results.mkdir()
     (results / "k__a.json").write_text('{"schema": "cutedebug.triage.record/1", "id": "k/')
-    (results / "k__b.json").write_text(json.dumps(RECORDS[0]))
+    (results / "k__b.json").write_text(json.dumps(RECORDS[0].to_json()))
     assert list(T.load_records(results)) == ["k/a"]  # RECORDS[0]'s id
 
 
@@ -594,10 +595,10 @@ def test_overhead_leaves_out_the_check_a_blind_first_run_and_the_health_check(tm
         timings={"compile_s": 1.0, "launch_to_kill_s": 1.5, "work_s": 2.5 + 3.0 + 4.0},
     )
     rec = T.call_record(res, wall_s=11.0, out_dir=tmp_path)
-    assert rec["work_s"] == 9.5 and rec["overhead_s"] == 1.5
+    assert rec.work_s == 9.5 and rec.overhead_s == 1.5
     # recorded results without work_s: compile + kernel, as before
     res.timings = {"compile_s": 1.0, "kernel_s": 0.5}
-    assert T.call_record(res, wall_s=2.0, out_dir=tmp_path)["overhead_s"] == 0.5
+    assert T.call_record(res, wall_s=2.0, out_dir=tmp_path).overhead_s == 0.5
 
 
 # ---- --bisect: hangs that only printf-bisection can localize ----------------------------------
@@ -662,7 +663,7 @@ def test_bisect_grades_the_hangs_a_run_cannot_localize(tmp_path, engine, monkeyp
     assert [c for c in fake.calls if c[1] == "bisect"] == [("k/nb", "bisect")]
     ((thread, active),) = fake.bisect_seen
     assert thread.startswith("gpu") and active["run"] == 0
-    rec = T.load_records(out / "results")["k/nb"]
+    rec = T.load_records(out / "results")["k/nb"].to_json()
     assert rec["status"] == "done" and rec["localization_ok"] is True
     b = rec["bisect"]
     assert (b["status"], b["ok"], b["runs"], b["wall_s"]) == ("localized", True, 1, 17.5)
@@ -683,7 +684,7 @@ def test_without_bisect_the_named_barrier_hang_stays_ungraded(tmp_path, engine, 
     monkeypatch.setattr(T, "_bisect_call", fake_bisect(fake))
     rc, lines, out = run_triage(tmp_path, jobs=1)
     assert not [c for c in fake.calls if c[1] == "bisect"]
-    rec = T.load_records(out / "results")["k/nb"]
+    rec = T.load_records(out / "results")["k/nb"].to_json()
     assert rec["localization_ok"] is None and "bisect" not in rec
     assert any("k/nb" in ln and "loc n.a." in ln for ln in lines) and rc == 0
 
@@ -694,7 +695,7 @@ def test_a_failing_bisection_is_a_harness_error_not_a_localization(tmp_path, eng
     fake = engine(outcomes={("k/nb", "run"): {"verdict": "HANG"}})
     monkeypatch.setattr(T, "_bisect_call", fake_bisect(fake, fail=True))
     rc, lines, out = run_triage(tmp_path, jobs=1, bisect=True)
-    rec = T.load_records(out / "results")["k/nb"]
+    rec = T.load_records(out / "results")["k/nb"].to_json()
     assert rec["status"] == "done" and rec["localization_ok"] is None
     assert rec["bisect"]["status"] == "error" and "bisect broke" in rec["bisect"]["reason"]
     assert rec["harness_errors"] == 1 and "HARNESS_ERROR: 1" in lines and rc == 3
@@ -703,24 +704,20 @@ def test_a_failing_bisection_is_a_harness_error_not_a_localization(tmp_path, eng
 def test_a_core_graded_hang_keeps_its_grade_and_bisection_cross_checks():
     """triage --coredump --bisect: a bisection-only hang the core graded is still bisected,
     as a cross-check; the record keeps the core's grade and says whether they agree."""
-    run = {"mode": "run", "localization": {"ok": True, "by": "coredump"}}
-    rec = {
-        "verdict": "HANG",
-        "expected": {"localization": {"role": "consumer"}},
-        "localization_ok": True,
-        "run": run,
-    }
+    rec = record(
+        "k/core",
+        "f",
+        "HANG",
+        loc={"role": "consumer"},
+        run_call=call("run", "HANG", loc_ok=True),
+    )
+    rec.run.localization["by"] = "coredump"
     assert T.graded_by_core(rec) and T.needs_bisect(rec)
-    T.apply_bisect(rec, {"status": "localized", "ok": False})
-    assert rec["localization_ok"] is True
-    assert rec["core_vs_bisect"] == {"core": True, "bisect": False, "agree": False}
+    T.apply_bisect(rec, T.BisectCall(status="localized", ok=False))
+    assert rec.localization_ok is True
+    assert rec.core_vs_bisect == {"core": True, "bisect": False, "agree": False}
     # without a core, the bisection grades as before
-    plain = {
-        "verdict": "HANG",
-        "expected": {"localization": {"role": "consumer"}},
-        "localization_ok": None,
-        "run": {"mode": "run", "localization": {"ok": None}},
-    }
+    plain = record("k/plain", "f", "HANG", loc={"role": "consumer"}, run_call=call("run", "HANG"))
     assert not T.graded_by_core(plain) and T.needs_bisect(plain)
-    T.apply_bisect(plain, {"status": "localized", "ok": True})
-    assert plain["localization_ok"] is True and "core_vs_bisect" not in plain
+    T.apply_bisect(plain, T.BisectCall(status="localized", ok=True))
+    assert plain.localization_ok is True and "core_vs_bisect" not in plain.to_json()

@@ -102,7 +102,7 @@ def test_runs_spread_over_the_gpus_each_with_its_own_server_and_health_check(tmp
     assert {g for _, g in runs} == {"0", "1"}  # both GPUs worked
     assert sorted(s.gpu for s in fake.servers) == ["0", "1"] and all(s.closed for s in fake.servers)
     recs = T.load_records(out / "results")
-    assert {r["run"]["gpu"] for r in recs.values()} == {"0", "1"}
+    assert {r.run.gpu for r in recs.values()} == {"0", "1"}
     m = json.loads((out / "matrix.json").read_text())
     facts = m["facts"]
     assert facts["gpus"]["0"]["jobs"] + facts["gpus"]["1"]["jobs"] == len(SPECS)

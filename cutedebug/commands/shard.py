@@ -22,7 +22,6 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 from cutedebug.engine.shards import (  # noqa: F401  (the shard logic, re-exported here)
     ShardError,
@@ -33,50 +32,54 @@ from cutedebug.engine.shards import (  # noqa: F401  (the shard logic, re-export
     select,
     stable_shard,
 )
+from cutedebug.engine.triage_record import TriageMatrix, TriageRecord
+from cutedebug.records import RecordError
 
 
 # ---- merge -----------------------------------------------------------------------------------
-def _shard_records(d: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def _shard_records(d: Path) -> tuple[TriageMatrix, list[TriageRecord]]:
     from cutedebug.commands import triage
 
     mpath = d / "matrix.json"
     try:
-        m = json.loads(mpath.read_text(encoding="utf-8"))
+        data = json.loads(mpath.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise ShardError(f"merge: {mpath}: not a readable triage matrix ({e})") from None
-    if m.get("schema") != triage.MATRIX_SCHEMA:
-        raise ShardError(
-            f"merge: {mpath}: schema {m.get('schema')!r}, expected {triage.MATRIX_SCHEMA!r}"
-        )
+    schema = data.get("schema") if isinstance(data, dict) else None
+    if schema != triage.MATRIX_SCHEMA:
+        raise ShardError(f"merge: {mpath}: schema {schema!r}, expected {triage.MATRIX_SCHEMA!r}")
+    try:
+        m = TriageMatrix.from_json(data)
+    except RecordError as e:
+        raise ShardError(f"merge: {mpath}: not a triage matrix: {e}") from None
     recs = list(triage.load_records(d / "results").values()) if (d / "results").is_dir() else []
-    if not recs:
-        recs = [r for r in m.get("scenarios", []) if isinstance(r, dict)]
-    return m, recs
+    return m, recs or list(m.scenarios)
 
 
-def _rebase_report(rec: dict[str, Any], src: Path, out: Path) -> dict[str, Any]:
-    rec = json.loads(json.dumps(rec))
-    for key in ("compile", "run", "bisect"):
-        call = rec.get(key)
-        if isinstance(call, dict) and call.get("report") and not os.path.isabs(call["report"]):
-            call["report"] = os.path.relpath((src / call["report"]).resolve(), out.resolve())
+def _rebase_report(rec: TriageRecord, src: Path, out: Path) -> TriageRecord:
+    """A copy of the record with its reports' paths relative to ``out``."""
+    rec = TriageRecord.from_json(rec.to_json())
+    for call in (rec.compile, rec.run, rec.bisect):
+        report = getattr(call, "report", None) if call else None
+        if report and not os.path.isabs(report):
+            call.report = os.path.relpath((src / report).resolve(), out.resolve())
     return rec
 
 
-def merge(inputs: list[Path], out: Path, *, command: str = "") -> dict[str, Any]:
+def merge(inputs: list[Path], out: Path, *, command: str = "") -> TriageMatrix:
     """One matrix from the shards' output folders (written into ``out``); returns it."""
     from cutedebug.commands import triage
 
     if not inputs:
         raise ShardError("merge: no shard folder given")
     owner: dict[str, Path] = {}
-    records: list[dict[str, Any]] = []
+    records: list[TriageRecord] = []
     shards, envs = [], []
     for d in inputs:
         m, recs = _shard_records(Path(d))
-        envs.append(m.get("environment") or {})
+        envs.append(m.environment)
         for r in recs:
-            sid = r["id"]
+            sid = r.id
             if sid in owner:
                 raise ShardError(
                     f"merge: scenario {sid} is in {owner[sid]} and in {d}: the "
@@ -85,28 +88,28 @@ def merge(inputs: list[Path], out: Path, *, command: str = "") -> dict[str, Any]
                 )
             owner[sid] = Path(d)
             records.append(_rebase_report(r, Path(d), out))
-        facts = m.get("facts") or {}
-        env = m.get("environment") or {}
+        facts = m.facts or {}
+        env = m.environment
         shards.append(
             {
                 "dir": str(d),
                 "scenarios": len(recs),
                 "host": env.get("host"),
                 "gpu": env.get("gpu"),
-                "command": m.get("command"),
+                "command": m.command,
                 "total_s": facts.get("total_s"),
                 "harness_errors": facts.get("harness_errors", 0),
                 "processes_left": facts.get("processes_left", []),
                 "gpu_health": facts.get("gpu_health"),
                 "interrupted": facts.get("interrupted", False),
-                "dir_": m.get("dir"),
+                "dir_": m.dir,
             }
         )
     env = dict(envs[0])
     overheads = triage.overhead_list(records)
     healths = [s["gpu_health"] for s in shards if s["gpu_health"] is not None]
     facts = {
-        "harness_errors": sum(r.get("harness_errors", 0) for r in records),
+        "harness_errors": sum(r.harness_errors or 0 for r in records),
         "processes_left": [p for s in shards for p in s["processes_left"]],
         "gpu_health": None
         if not healths
@@ -132,7 +135,7 @@ def merge(inputs: list[Path], out: Path, *, command: str = "") -> dict[str, Any]
         old.unlink()
     for r in records:
         triage.atomic_write(
-            results / triage.record_name(r["id"]), json.dumps(r, indent=1, default=str)
+            results / triage.record_name(r.id), json.dumps(r.to_json(), indent=1, default=str)
         )
     dirs = sorted({str(s["dir_"]) for s in shards if s["dir_"]})
     m = triage.build_matrix(records, dir_=", ".join(dirs), command=command, env=env, facts=facts)
@@ -157,7 +160,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
     except ShardError as e:
         print(f"cutedebug: error: {e}", file=sys.stderr)
         return 2
-    recs, rt, facts = m["scenarios"], m["rates"], m["facts"]
+    recs, rt, facts = m.scenarios, m.rates, m.facts
     print(f"merged {len(facts['shards'])} shard(s), {len(recs)} scenario(s)")
     for key in ("detection", "classification", "localization", "false_alarms"):
         print(f"{key.replace('_', ' '):>15}: {rate_text(rt[key])}")

@@ -44,14 +44,17 @@ from typing import Any
 
 from cutedebug.commands import exits
 from cutedebug.commands.triage_records import (  # noqa: F401  (T.<name> for callers)
-    _DONE_KEYS,
-    _RECORD_KEYS,
     COMPILE_FINAL,
     LOCK_NAME,
     MATRIX_SCHEMA,
     RECORD_SCHEMA,
     STATIC_HARNESS_CHECK,
+    BisectCall,
+    CallRecord,
+    Expected,
     TriageInputError,
+    TriageMatrix,
+    TriageRecord,
     _harness_call,
     _rate,
     _relative,
@@ -78,6 +81,7 @@ from cutedebug.commands.triage_records import (  # noqa: F401  (T.<name> for cal
 )
 from cutedebug.engine import lifeline, watchdog
 from cutedebug.engine import scenario as S
+from cutedebug.engine import verdict as V
 from cutedebug.engine.health import detect_gpu
 from cutedebug.reporting.files import atomic_write
 from cutedebug.reporting.matrix import (
@@ -112,7 +116,7 @@ class Options:
 @dataclass
 class _Plan:
     sc: S.Scenario
-    rec: dict[str, Any]
+    rec: TriageRecord
     work: list[str] = field(default_factory=list)  # "compile", "run"
 
 
@@ -175,7 +179,7 @@ def _bisect_call(sc: S.Scenario, runs_dir: Path, forkserver=None):
 
 def plan(
     opts: Options, gpu: dict[str, Any], damaged: list[str] | None = None
-) -> tuple[list[_Plan], list[dict[str, Any]]]:
+) -> tuple[list[_Plan], list[TriageRecord]]:
     """What each scenario still needs; the records of those that need nothing. Two files
     with one id are bad input (TriageInputError naming both)."""
     results = opts.out / "results"
@@ -206,22 +210,21 @@ def plan(
         seen[sc.id] = str(path)
         digest = scenario_digest(sc)
         prev = old.get(sc.id)
-        reuse = (
-            prev
-            if prev and prev.get("digest") == digest and prev.get("repeat") == opts.repeat
-            else None
-        )
+        reuse = prev if prev and prev.digest == digest and prev.repeat == opts.repeat else None
         can_run = not_run_reason(gpu, sc.archs) is None
-        if reuse and reuse["status"] == "done" and not (reuse.get("not_run") and can_run):
+        if reuse and reuse.done and not (reuse.not_run and can_run):
             kept.append(reuse)
             continue
         compiled_ok = bool(
             reuse
-            and (reuse.get("compile") or {}).get("compiled")
-            and reuse["compile"]["verdict"] not in COMPILE_FINAL
+            and reuse.compile
+            and reuse.compile.compiled
+            and reuse.compile.verdict not in COMPILE_FINAL
         )
         if compiled_ok:
-            rec = dict(reuse, status="compiled", run=None)
+            # the compile is reused; the run and the grading are redone
+            rec = TriageRecord.from_json(reuse.to_json())
+            rec.status, rec.run = "compiled", None
             plans.append(_Plan(sc, rec, ["run"]))
         else:
             plans.append(_Plan(sc, new_record(sc, digest, opts.repeat), ["compile", "run"]))
@@ -265,15 +268,17 @@ def _triage(opts: Options, out) -> int:
             old.unlink()
     for d in damaged:
         out(f"resume: record {d}: run again")
-    records: dict[str, dict[str, Any]] = {r["id"]: r for r in kept}
+    records: dict[str, TriageRecord] = {r.id: r for r in kept}
     for p in plans:
         records[p.sc.id] = p.rec
     total = len(records)
 
-    def save(rec: dict[str, Any], facts: dict[str, Any] | None = None) -> None:
-        records[rec["id"]] = rec
-        if rec.get("digest") is not None or rec.get("invalid"):
-            atomic_write(results / record_name(rec["id"]), json.dumps(rec, indent=1, default=str))
+    def save(rec: TriageRecord, facts: dict[str, Any] | None = None) -> None:
+        records[rec.id] = rec
+        if rec.digest is not None or rec.invalid:
+            atomic_write(
+                results / record_name(rec.id), json.dumps(rec.to_json(), indent=1, default=str)
+            )
         write_matrix(
             opts.out,
             build_matrix(
@@ -287,20 +292,18 @@ def _triage(opts: Options, out) -> int:
 
     finished = 0
 
-    def progress(rec: dict[str, Any]) -> None:
+    def progress(rec: TriageRecord) -> None:
         nonlocal finished
         finished += 1
-        comp = rec.get("compile") or {}
-        pre = f"compiled {comp['wall_s']:.1f}s; " if rec.get("not_run") and comp else ""
-        out(progress_line(rec, finished, total, pre, rec.get("time_to_verdict_s")))
-        vd = (rec.get("run") or {}).get("value_diagnosis") or (rec.get("compile") or {}).get(
-            "value_diagnosis"
-        )
+        comp = rec.compile
+        pre = f"compiled {comp.wall_s:.1f}s; " if rec.not_run and comp else ""
+        out(progress_line(rec, finished, total, pre, rec.time_to_verdict_s or None))
+        vd = (rec.run and rec.run.value_diagnosis) or (rec.compile and rec.compile.value_diagnosis)
         if vd:
             out(f"      diagnosis: row {vd.get('row')} ({vd.get('pattern')}): {vd.get('summary')}")
 
     for rec in kept:
-        if rec.get("invalid"):
+        if rec.invalid:
             save(rec)
         progress(rec)
 
@@ -354,7 +357,7 @@ def _triage(opts: Options, out) -> int:
                     res, wall = fut.result()
                     call = call_record(res, wall, opts.out)
                     if "gpu_lane" in res.evidence:
-                        call["gpu"] = res.evidence["gpu_lane"]
+                        call.gpu = res.evidence["gpu_lane"]
                 except NoHealthyGpu as e:  # every GPU failed its health check
                     finalize(p.rec, None, f"not run: no healthy GPU — {e}")
                     save(p.rec)
@@ -362,30 +365,30 @@ def _triage(opts: Options, out) -> int:
                     continue
                 except S.ScenarioError as e:  # the kernel could not be loaded
                     rec = invalid_record(p.sc.id, p.sc.source, str(e))
-                    rec["digest"] = p.rec["digest"]
+                    rec.digest = p.rec.digest
                     save(rec)
                     progress(rec)
                     continue
                 except Exception as e:  # noqa: BLE001  (a bug of ours: HARNESS_ERROR)
                     call = _harness_call(mode, e)
-                p.rec[mode] = call
+                setattr(p.rec, mode, call)
                 if mode == "compile":
-                    p.rec["status"] = "compiled"
-                    if not call["compiled"] or call["verdict"] in COMPILE_FINAL:
+                    p.rec.status = "compiled"
+                    if not call.compiled or call.verdict in COMPILE_FINAL:
                         finalize(p.rec, call, None)
                     else:
                         submit_run(p)
                         continue
                 else:
                     if (
-                        call["verdict"] == "UNSUPPORTED"
-                        and p.rec["expected"]["verdict"] != "UNSUPPORTED"
+                        call.verdict is V.Verdict.UNSUPPORTED
+                        and p.rec.expected.verdict != V.Verdict.UNSUPPORTED
                     ):
-                        finalize(p.rec, None, f"not run: unsupported — {call['reason']}")
+                        finalize(p.rec, None, f"not run: unsupported — {call.reason}")
                     else:
                         finalize(p.rec, call, None)
                         if opts.bisect and needs_bisect(p.rec):
-                            p.rec["status"] = "bisecting"
+                            p.rec.status = "bisecting"
                             save(p.rec)
                             pending[lanes.submit(_lane_bisect, p.sc, runs_dir)] = ("bisect", p)
                             continue
@@ -423,7 +426,7 @@ def _triage(opts: Options, out) -> int:
     recs = list(records.values())
     overheads = overhead_list(recs)
     facts = {
-        "harness_errors": sum(r.get("harness_errors", 0) for r in recs),
+        "harness_errors": sum(r.harness_errors or 0 for r in recs),
         "processes_left": left,
         "gpu_health": health,
         "overhead_s": {
@@ -443,7 +446,7 @@ def _triage(opts: Options, out) -> int:
             facts["processes_left_by_gpu"] = left_by_gpu
     m = build_matrix(recs, dir_=str(opts.dir), command=opts.command, env=env, facts=facts)
     write_matrix(opts.out, m)
-    rt = m["rates"]
+    rt = m.rates
     out("")
     for key in ("detection", "classification", "localization", "false_alarms"):
         out(f"{key.replace('_', ' '):>15}: {rate_text(rt[key])}")
@@ -462,7 +465,7 @@ def _triage(opts: Options, out) -> int:
     return exit_status(recs, left, health)
 
 
-def exit_status(recs: list[dict[str, Any]], left: list[int], health: dict[str, Any] | None) -> int:
+def exit_status(recs: list[TriageRecord], left: list[int], health: dict[str, Any] | None) -> int:
     """3 a harness error (or a process left, or an unhealthy GPU), 1 a scenario not as
     expected, 4 some could not run here, 0 all as expected."""
     codes = [exits.EXIT_OK]

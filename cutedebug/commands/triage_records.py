@@ -19,10 +19,26 @@ from typing import Any
 
 from cutedebug.engine import scenario as S
 from cutedebug.engine import verdict as V
-from cutedebug.reporting.matrix import expect_of
+from cutedebug.engine.triage_record import (
+    MATRIX_SCHEMA,
+    RECORD_SCHEMA,
+    BisectCall,
+    CallRecord,
+    Expected,
+    TriageMatrix,
+    TriageRecord,
+)
+from cutedebug.records import RecordError
 
-RECORD_SCHEMA = "cutedebug.triage.record/1"
-MATRIX_SCHEMA = "cutedebug.triage.matrix/1"
+__all__ = [
+    "MATRIX_SCHEMA",
+    "RECORD_SCHEMA",
+    "BisectCall",
+    "CallRecord",
+    "Expected",
+    "TriageMatrix",
+    "TriageRecord",
+]
 COMPILE_FINAL = V.values(lambda v: v.ends_at_compile)
 STATIC_HARNESS_CHECK = "harness_error"  # analyses/lint.py HARNESS_CHECK: the checker crashed
 
@@ -112,59 +128,32 @@ def scenario_digest(sc: S.Scenario) -> str:
     return h.hexdigest()[:16]
 
 
-# What a record must hold to be reused by --resume (anything less is redone).
-_RECORD_KEYS = {
-    "schema": str,
-    "id": str,
-    "digest": (str, type(None)),
-    "repeat": int,
-    "status": str,
-    "expected": dict,
-    "compile": (dict, type(None)),
-    "run": (dict, type(None)),
-    "not_run": (str, type(None)),
-}
-_DONE_KEYS = {
-    "verdict": (str, type(None)),
-    "verdict_ok": (bool, type(None)),
-    "localization_ok": (bool, type(None)),
-    "frequencies": dict,
-    "harness_errors": int,
-}
-
-
 def record_problem(rec: Any) -> str | None:
-    """Why a stored record cannot be reused, or None."""
+    """Why a stored record (its JSON) cannot be reused, or None."""
     if not isinstance(rec, dict) or rec.get("schema") != RECORD_SCHEMA:
         return "not a triage record"
-    for keys in (_RECORD_KEYS, _DONE_KEYS if rec.get("status") == "done" else {}):
-        for k, t in keys.items():
-            if k not in rec:
-                return f"field {k!r} missing"
-            if not isinstance(rec[k], t) or isinstance(rec[k], bool) and t is int:
-                return f"field {k!r} has the wrong type"
-    exp = rec["expected"]
-    if not isinstance(exp.get("verdict"), str) or not isinstance(exp.get("localization"), dict):
-        return "field 'expected' incomplete"
-    for call in ("compile", "run"):
-        c = rec.get(call)
-        if c is not None and not all(k in c for k in ("verdict", "compiled", "localization")):
-            return f"field {call!r} incomplete"
+    try:
+        TriageRecord.from_json(rec)
+    except RecordError as e:
+        return str(e)
     return None
 
 
-def load_records(results_dir: Path, damaged: list[str] | None = None) -> dict[str, dict[str, Any]]:
+def load_records(results_dir: Path, damaged: list[str] | None = None) -> dict[str, TriageRecord]:
     """Records by scenario id; files that cannot be read or reused are skipped (they get
-    redone) and, given ``damaged``, named there with the reason."""
-    out: dict[str, dict[str, Any]] = {}
+    redone) and, given ``damaged``, named there with the reason (the field at fault)."""
+    out: dict[str, TriageRecord] = {}
     for p in sorted(results_dir.glob("*.json")):
+        rec = None
         try:
-            rec = json.loads(p.read_text(encoding="utf-8"))
-            why = record_problem(rec)
+            data = json.loads(p.read_text(encoding="utf-8"))
+            why = record_problem(data)
+            if why is None:
+                rec = TriageRecord.from_json(data)
         except (OSError, ValueError, RecursionError) as e:
             why = f"unreadable ({type(e).__name__})"
-        if why is None:
-            out[rec["id"]] = rec
+        if rec is not None:
+            out[rec.id] = rec
         elif damaged is not None:
             damaged.append(f"{p.name}: {why}")
     return out
@@ -180,7 +169,7 @@ def _serious(findings: list[dict[str, Any]] | None) -> list[dict[str, Any]] | No
     ]
 
 
-def call_record(res, wall_s: float, out_dir: Path) -> dict[str, Any]:
+def call_record(res, wall_s: float, out_dir: Path) -> CallRecord:
     """What one run_scenario call (compile or run) contributes to a record."""
     compiled = res.evidence.get("compiled") or {}
     t = res.timings
@@ -189,32 +178,30 @@ def call_record(res, wall_s: float, out_dir: Path) -> dict[str, Any]:
     # compile + kernel + reference check, plus a blind hang's first run and the health check
     work = float(t["work_s"]) if t.get("work_s") is not None else compile_s + kernel_s
     attempts = max(1, len(res.repeats))
-    verdicts = [r["verdict"] for r in res.repeats] or [res.verdict.value]
-    return {
-        "mode": res.mode,
-        "verdict": res.verdict.value,
-        "reason": res.reason[:1000],
-        "compiled": res.outcome.event("compiled") is not None,
-        "fault_count": compiled.get("fault_count"),
-        "static_findings": _serious(compiled.get("static_findings")),
-        "localization": res.localization,
-        "verdicts": verdicts,
-        "harness_errors": verdicts.count("HARNESS_ERROR"),
-        "wall_s": round(wall_s, 3),
-        "compile_s": round(compile_s, 3),
-        "kernel_s": round(kernel_s, 6),
-        "work_s": round(work, 3),
-        "overhead_s": round(wall_s / attempts - work, 3),
-        "device": res.evidence.get("device"),
-        "report": _relative(Path(res.run_dir) / "report.md", out_dir),
-        "perturbation": _perturbation(res.evidence.get("perturbation")),
-        "value_diagnosis": {
-            k: (res.evidence.get("value_diagnosis") or {}).get(k)
-            for k in ("row", "pattern", "summary", "lines")
-        }
-        if res.evidence.get("value_diagnosis")
+    verdicts = [V.Verdict.from_json(r["verdict"]) for r in res.repeats] or [res.verdict]
+    vd = res.evidence.get("value_diagnosis")
+    return CallRecord(
+        mode=res.mode,
+        verdict=res.verdict,
+        reason=res.reason[:1000],
+        compiled=res.outcome.event("compiled") is not None,
+        fault_count=compiled.get("fault_count"),
+        static_findings=_serious(compiled.get("static_findings")),
+        localization=res.localization,
+        verdicts=verdicts,
+        harness_errors=verdicts.count(V.Verdict.HARNESS_ERROR),
+        wall_s=round(wall_s, 3),
+        compile_s=round(compile_s, 3),
+        kernel_s=round(kernel_s, 6),
+        work_s=round(work, 3),
+        overhead_s=round(wall_s / attempts - work, 3),
+        device=res.evidence.get("device"),
+        report=_relative(Path(res.run_dir) / "report.md", out_dir),
+        perturbation=_perturbation(res.evidence.get("perturbation")),
+        value_diagnosis={k: vd.get(k) for k in ("row", "pattern", "summary", "lines")}
+        if vd
         else None,
-    }
+    )
 
 
 def _perturbation(p: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -238,103 +225,92 @@ def _relative(path: Path, out_dir: Path) -> str:
         return str(path)
 
 
-def new_record(sc: S.Scenario, digest: str, repeat: int) -> dict[str, Any]:
-    return {
-        "schema": RECORD_SCHEMA,
-        "id": sc.id,
-        "source": sc.source,
-        "kernel": f"{Path(sc.kernel_file).name}:{sc.kernel_entry}",
-        "fault": sc.fault,
-        "fault_args": sc.fault_args,
-        "params": sc.params,
-        "digest": digest,
-        "repeat": repeat,
-        "expected": {
-            "verdict": sc.expect.verdict,
-            "also": list(sc.expect.also),
-            "localization": sc.expect.localization(),
-        },
-        "compile": None,
-        "run": None,
-        "not_run": None,
-        "invalid": None,
-        "status": "pending",
-    }
+def new_record(sc: S.Scenario, digest: str, repeat: int) -> TriageRecord:
+    return TriageRecord(
+        id=sc.id,
+        source=sc.source,
+        kernel=f"{Path(sc.kernel_file).name}:{sc.kernel_entry}",
+        fault=sc.fault,
+        fault_args=sc.fault_args,
+        params=sc.params,
+        digest=digest,
+        repeat=repeat,
+        expected=Expected(
+            verdict=sc.expect.verdict,
+            also=list(sc.expect.also),
+            localization=sc.expect.localization(),
+        ),
+        compile=None,
+        run=None,
+        not_run=None,
+        invalid=None,
+        status="pending",
+    )
 
 
-def finalize(rec: dict[str, Any], final: dict[str, Any] | None, not_run: str | None) -> None:
+def finalize(rec: TriageRecord, final: CallRecord | None, not_run: str | None) -> None:
     """Grade a record from the call that decided its verdict (None: not run)."""
-    rec["status"] = "done"
-    rec["not_run"] = not_run
-    rec["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    comp = rec.get("compile") or {}
-    findings = comp.get("static_findings")
+    rec.status = "done"
+    rec.not_run = not_run
+    rec.finished_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    findings = rec.compile.static_findings if rec.compile else None
     # a crashed checker's finding is a harness error, not a fault caught statically
     crashed = [f for f in findings or [] if f.get("check") == STATIC_HARNESS_CHECK]
-    rec["caught_statically"] = None if findings is None or crashed else bool(findings)
-    rec["harness_errors"] = len(crashed) + sum(
-        (c or {}).get("harness_errors", 0) for c in (rec.get("compile"), rec.get("run"))
+    rec.caught_statically = None if findings is None or crashed else bool(findings)
+    rec.harness_errors = len(crashed) + sum(
+        c.harness_errors for c in (rec.compile, rec.run) if c is not None
     )
     if final is None:
-        rec.update(
-            verdict=None,
-            verdict_ok=None,
-            localization_ok=None,
-            frequencies={},
-            timing_dependent=False,
-            time_to_verdict_s=None,
-            overhead_s=None,
-        )
+        rec.verdict = None
+        rec.verdict_ok = None
+        rec.localization_ok = None
+        rec.frequencies = {}
+        rec.timing_dependent = False
+        rec.time_to_verdict_s = None
+        rec.overhead_s = None
         return
-    exp = rec["expected"]
-    verdict = final["verdict"]
+    exp = rec.expected
     # a compile-time verdict says nothing about where a kernel hangs
-    loc_ok = (
-        final["localization"].get("ok") if exp["localization"] and final["mode"] == "run" else None
-    )
-    freq = dict(Counter(final.get("verdicts") or [verdict]))
-    expect = expect_of(rec)
+    loc_ok = final.localization.get("ok") if exp.localization and final.mode == "run" else None
+    freq = dict(Counter(v.value for v in final.verdicts or [final.verdict]))
+    expect = exp.expect()
     # a verdict the scenario lists under expect.also counts as expected, and marks the
     # scenario timing-dependent (as disagreeing repeats do)
-    ok = all(expect.accepts(v) for v in freq)
-    rec.update(
-        verdict=verdict,
-        verdict_ok=ok,
-        localization_ok=loc_ok,
-        frequencies=freq,
-        timing_dependent=len(freq) > 1 or expect.timing_dependent,
-        time_to_verdict_s=final["wall_s"],
-        overhead_s=final["overhead_s"],
+    rec.verdict = final.verdict
+    rec.verdict_ok = all(expect.accepts(v) for v in freq)
+    rec.localization_ok = loc_ok
+    rec.frequencies = freq
+    rec.timing_dependent = len(freq) > 1 or expect.timing_dependent
+    rec.time_to_verdict_s = final.wall_s
+    rec.overhead_s = final.overhead_s
+
+
+def invalid_record(sid: str, source: str | None, message: str) -> TriageRecord:
+    return TriageRecord(
+        id=sid,
+        source=source,
+        kernel="?",
+        fault=None,
+        fault_args={},
+        params={},
+        digest=None,
+        repeat=1,
+        expected=Expected(verdict="?", localization={}),
+        compile=None,
+        run=None,
+        not_run=None,
+        invalid=message,
+        status="done",
+        verdict=None,
+        verdict_ok=None,
+        localization_ok=None,
+        caught_statically=None,
+        frequencies={},
+        timing_dependent=False,
+        time_to_verdict_s=None,
+        overhead_s=None,
+        harness_errors=0,
     )
-
-
-def invalid_record(sid: str, source: str | None, message: str) -> dict[str, Any]:
-    return {
-        "schema": RECORD_SCHEMA,
-        "id": sid,
-        "source": source,
-        "kernel": "?",
-        "fault": None,
-        "fault_args": {},
-        "params": {},
-        "digest": None,
-        "repeat": 1,
-        "expected": {"verdict": "?", "localization": {}},
-        "compile": None,
-        "run": None,
-        "not_run": None,
-        "invalid": message,
-        "status": "done",
-        "verdict": None,
-        "verdict_ok": None,
-        "localization_ok": None,
-        "caught_statically": None,
-        "frequencies": {},
-        "timing_dependent": False,
-        "time_to_verdict_s": None,
-        "overhead_s": None,
-        "harness_errors": 0,
-    }
 
 
 # ---- rates ---------------------------------------------------------------------------------
@@ -342,45 +318,46 @@ def _rate(hits: int, of: int, what: str) -> dict[str, Any]:
     return {"hits": hits, "of": of, "rate": round(hits / of, 4) if of else None, "what": what}
 
 
-def rates(records: list[dict[str, Any]]) -> dict[str, Any]:
-    done = [r for r in records if r.get("status") == "done" and not r.get("invalid")]
-    judged = [r for r in done if r.get("verdict") is not None]
-    faulted = [r for r in judged if r.get("fault")]
-    clean = [r for r in judged if not r.get("fault")]
-    located = [r for r in judged if r["expected"]["localization"]]
+def rates(records: list[TriageRecord]) -> dict[str, Any]:
+    done = [r for r in records if r.done and not r.invalid]
+    judged = [r for r in done if r.verdict is not None]
+    faulted = [r for r in judged if r.fault]
+    clean = [r for r in judged if not r.fault]
+    located = [r for r in judged if r.expected.localization]
     return {
         "detection": _rate(
-            sum(V.is_failure(V.Verdict(r["verdict"])) for r in faulted),
+            sum(r.verdict.is_failure for r in faulted),
             len(faulted),
             "faulted scenarios whose verdict is a failure",
         ),
         "classification": _rate(
-            sum(bool(r["verdict_ok"]) for r in judged),
+            sum(bool(r.verdict_ok) for r in judged),
             len(judged),
             "verdict equals the expected one",
         ),
         "localization": _rate(
-            sum(r["localization_ok"] is True for r in located),
+            sum(r.localization_ok is True for r in located),
             len(located),
             "expected localization matched",
         ),
         "false_alarms": _rate(
-            sum(r["verdict"] != "PASS" for r in clean),
+            sum(r.verdict is not V.Verdict.PASS for r in clean),
             len(clean),
             "clean scenarios (no fault) whose verdict is not PASS",
         ),
         "counts": {
             "scenarios": len(records),
             "with_verdict": len(judged),
-            "not_run": sum(r.get("not_run") is not None for r in done),
-            "invalid": sum(bool(r.get("invalid")) for r in records),
-            "pending": sum(r.get("status") != "done" for r in records),
-            "not_run_reasons": dict(Counter(r["not_run"] for r in done if r.get("not_run"))),
-            "harness_errors": sum(r.get("harness_errors", 0) for r in records),
-            "timing_dependent": sum(bool(r.get("timing_dependent")) for r in records),
+            "not_run": sum(r.not_run is not None for r in done),
+            "invalid": sum(bool(r.invalid) for r in records),
+            "pending": sum(not r.done for r in records),
+            "not_run_reasons": dict(Counter(r.not_run for r in done if r.not_run)),
+            "harness_errors": sum(r.harness_errors or 0 for r in records),
+            "timing_dependent": sum(bool(r.timing_dependent) for r in records),
             # faulted scenarios whose failure only a perturbed schedule showed (--perturb)
             "exposed_by_perturbation": sum(
-                ((r.get("run") or {}).get("perturbation") or {}).get("exposed_by") is not None
+                bool(r.run and r.run.perturbation)
+                and r.run.perturbation.get("exposed_by") is not None
                 for r in faulted
             ),
         },
@@ -388,75 +365,78 @@ def rates(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def build_matrix(
-    records: list[dict[str, Any]],
+    records: list[TriageRecord],
     *,
     dir_: str,
     command: str,
     env: dict[str, Any],
     facts: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    return {
-        "schema": MATRIX_SCHEMA,
-        "dir": dir_,
-        "command": command,
-        "environment": env,
-        "rates": rates(records),
-        "facts": facts,
-        "scenarios": sorted(records, key=lambda r: r["id"]),
-    }
+) -> TriageMatrix:
+    return TriageMatrix(
+        dir=dir_,
+        command=command,
+        environment=env,
+        rates=rates(records),
+        facts=facts,
+        scenarios=sorted(records, key=lambda r: r.id),
+    )
 
 
-def overhead_list(recs: list[dict[str, Any]]) -> list[tuple[float, str]]:
+def overhead_list(recs: list[TriageRecord]) -> list[tuple[float, str]]:
     """Per scenario, wall - work time of its last call (the run, else the compile-only one):
     what the harness costs beyond compiling, running, checking the result, a blind hang's
     first run and the health check after a kill."""
     out = []
     for r in recs:
-        call = r.get("run") or r.get("compile") or {}
-        if call.get("overhead_s") is not None and call.get("wall_s"):
-            out.append((call["overhead_s"], r["id"]))
+        call = r.final
+        if call is not None and call.wall_s:
+            out.append((call.overhead_s, r.id))
     return out
 
 
-def _harness_call(mode: str, exc: BaseException) -> dict[str, Any]:
+def _harness_call(mode: str, exc: BaseException) -> CallRecord:
     tb = "".join(traceback.format_exception(exc))[-1500:]
-    return {
-        "mode": mode,
-        "verdict": "HARNESS_ERROR",
-        "reason": f"triage: {tb}",
-        "compiled": False,
-        "fault_count": None,
-        "static_findings": None,
-        "localization": {"ok": None},
-        "verdicts": ["HARNESS_ERROR"],
-        "harness_errors": 1,
-        "wall_s": 0.0,
-        "compile_s": 0.0,
-        "kernel_s": 0.0,
-        "overhead_s": 0.0,
-        "device": None,
-        "report": None,
-    }
+    return CallRecord(
+        mode=mode,
+        verdict=V.Verdict.HARNESS_ERROR,
+        reason=f"triage: {tb}",
+        compiled=False,
+        fault_count=None,
+        static_findings=None,
+        localization={"ok": None},
+        verdicts=[V.Verdict.HARNESS_ERROR],
+        harness_errors=1,
+        wall_s=0.0,
+        compile_s=0.0,
+        kernel_s=0.0,
+        work_s=0.0,
+        overhead_s=0.0,
+        device=None,
+        report=None,
+        perturbation=None,
+        value_diagnosis=None,
+    )
 
 
-def needs_bisect(rec: dict[str, Any]) -> bool:
+def needs_bisect(rec: TriageRecord) -> bool:
     """A HANG whose expected localization the run could not grade (ok None: only a
     printf-bisection can, e.g. a named-barrier hang), or one its GPU core graded in
     bisection's terms (then the bisection is the cross-check)."""
     return (
-        rec.get("verdict") == "HANG"
-        and bool(rec["expected"]["localization"])
-        and (rec.get("localization_ok") is None or graded_by_core(rec))
-        and (rec.get("run") or {}).get("mode") == "run"
+        rec.verdict is V.Verdict.HANG
+        and bool(rec.expected.localization)
+        and (rec.localization_ok is None or graded_by_core(rec))
+        and rec.run is not None
+        and rec.run.mode == "run"
     )
 
 
-def graded_by_core(rec: dict[str, Any]) -> bool:
+def graded_by_core(rec: TriageRecord) -> bool:
     """The run's localization came from its GPU core in bisection's terms."""
-    return ((rec.get("run") or {}).get("localization") or {}).get("by") == "coredump"
+    return rec.run is not None and rec.run.localization.get("by") == "coredump"
 
 
-def bisect_record(fut: Future, out_dir: Path) -> dict[str, Any]:
+def bisect_record(fut: Future, out_dir: Path) -> BisectCall:
     """What a finished bisection contributes to a record: its status, answer per role and
     grade (status "error" with the traceback when it raised: a bug of ours)."""
     from cutedebug.analyses.bisect_answer import role_answer
@@ -464,34 +444,34 @@ def bisect_record(fut: Future, out_dir: Path) -> dict[str, Any]:
     try:
         res, wall_s = fut.result()
     except Exception as e:  # noqa: BLE001
-        return {
-            "status": "error",
-            "ok": None,
-            "reason": "".join(traceback.format_exception(e))[-1500:],
-        }
-    return {
-        "status": res.status,
-        "ok": res.grade.get("ok"),
-        "grade": res.grade,
-        "reason": res.reason[:500],
-        "answer": {role: role_answer(st, res.by_id) for role, st in res.searches.items()},
-        "runs": len(res.runs),
-        "timing_bug": [p.site for p in res.timing_bugs],
-        "wall_s": round(wall_s, 3),
-        "report": _relative(Path(res.run_dir) / "bisect.md", out_dir),
-    }
+        return BisectCall(
+            status="error",
+            ok=None,
+            reason="".join(traceback.format_exception(e))[-1500:],
+        )
+    return BisectCall(
+        status=res.status,
+        ok=res.grade.get("ok"),
+        grade=res.grade,
+        reason=res.reason[:500],
+        answer={role: role_answer(st, res.by_id) for role, st in res.searches.items()},
+        runs=len(res.runs),
+        timing_bug=[p.site for p in res.timing_bugs],
+        wall_s=round(wall_s, 3),
+        report=_relative(Path(res.run_dir) / "bisect.md", out_dir),
+    )
 
 
-def apply_bisect(rec: dict[str, Any], bis: dict[str, Any]) -> None:
+def apply_bisect(rec: TriageRecord, bis: BisectCall) -> None:
     """Grade the record's localization by its bisection (a failed bisection grades nothing)."""
-    rec["bisect"] = bis
-    rec["status"] = "done"
+    rec.bisect = bis
+    rec.status = "done"
     if graded_by_core(rec):  # the core graded it; the bisection cross-checks
-        rec["core_vs_bisect"] = {
-            "core": rec.get("localization_ok"),
-            "bisect": bis.get("ok"),
-            "agree": bis["status"] == "localized" and bis.get("ok") == rec.get("localization_ok"),
+        rec.core_vs_bisect = {
+            "core": rec.localization_ok,
+            "bisect": bis.ok,
+            "agree": bis.status == "localized" and bis.ok == rec.localization_ok,
         }
-    elif bis["status"] == "localized":
-        rec["localization_ok"] = bis["ok"]
-    rec["harness_errors"] = rec.get("harness_errors", 0) + (bis["status"] == "error")
+    elif bis.status == "localized":
+        rec.localization_ok = bis.ok
+    rec.harness_errors = (rec.harness_errors or 0) + (bis.status == "error")

@@ -1,5 +1,5 @@
 """Which scenarios a shard runs (``--shard I/N``): by scenario id, or balanced by the seconds an
-earlier matrix recorded. Pure logic (stdlib only), shared by ``cutedebug triage``, the pytest
+earlier matrix recorded. Pure logic (the stdlib and the triage record types), shared by ``cutedebug triage``, the pytest
 plugin and ``cutedebug merge`` (commands/shard.py, which also documents the command lines).
 
 - by scenario id alone (default): shard = sha1(id) mod n + 1. A scenario stays on its shard on
@@ -16,7 +16,8 @@ import hashlib
 import json
 import statistics
 from pathlib import Path
-from typing import Any
+
+from cutedebug.engine.triage_record import TriageMatrix, TriageRecord
 
 
 class ShardError(ValueError):
@@ -65,9 +66,9 @@ def select(
     return {k for k in keys if table[k] == i}
 
 
-def record_seconds(rec: dict[str, Any]) -> float | None:
+def record_seconds(rec: TriageRecord) -> float | None:
     """Wall seconds a triage record took: its compile, its run and its bisection."""
-    parts = [(rec.get(k) or {}).get("wall_s") for k in ("compile", "run", "bisect")]
+    parts = [getattr(c, "wall_s", None) for c in (rec.compile, rec.run, rec.bisect) if c]
     secs = [float(p) for p in parts if isinstance(p, (int, float))]
     return sum(secs) if secs else None
 
@@ -79,19 +80,15 @@ def durations_from(path: Path | str) -> dict[str, float]:
     if p.is_dir():
         p = p / "matrix.json"
     try:
-        m = json.loads(p.read_text(encoding="utf-8"))
-        recs = m["scenarios"]
-        if not isinstance(recs, list):
-            raise TypeError("scenarios is not a list")
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        m = TriageMatrix.from_json(json.loads(p.read_text(encoding="utf-8")))
+    except (OSError, ValueError) as e:  # RecordError is a ValueError naming the field
         raise ShardError(
             f"--durations {path}: {p} is not a readable cutedebug matrix.json "
             f"({type(e).__name__}: {e})"
         ) from None
     out = {}
-    for r in recs:
-        if isinstance(r, dict) and isinstance(r.get("id"), str):
-            secs = record_seconds(r)
-            if secs is not None:
-                out[r["id"]] = secs
+    for r in m.scenarios:
+        secs = record_seconds(r)
+        if secs is not None:
+            out[r.id] = secs
     return out

@@ -1,8 +1,9 @@
 """The triage matrix: a kernel × fault grid of the triage records, with rates and run facts,
 as Markdown (matrix.md), one self-contained HTML page (matrix.html) and terminal lines.
 
-The records and the matrix dict are built by ``cutedebug.commands.triage`` (``build_matrix``);
-this module only presents them. Every scenario id, kernel, fault, reason and path is escaped
+The records and the matrix (reporting/triage_record.py: ``TriageRecord``, ``TriageMatrix``) are
+built by ``cutedebug.commands.triage_records`` (``build_matrix``); this module only presents
+them. Every scenario id, kernel, fault, reason and path is escaped
 (``cutedebug.reporting.escape``); a record's report path becomes a link only when it is a
 relative path (never ``javascript:`` or another scheme).
 
@@ -15,89 +16,48 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 from cutedebug.engine import scenario as S
+from cutedebug.engine.triage_record import CallRecord, TriageMatrix, TriageRecord
+from cutedebug.records import ABSENT
 from cutedebug.reporting.escape import html_link, md_code, md_link, md_text, xml_attr, xml_text
 from cutedebug.reporting.files import atomic_write
 
 RATE_KEYS = ("detection", "classification", "localization", "false_alarms")
 
 
-# ---- the records this module reads (written by cutedebug.commands.triage_records as JSON) ----
-class Expected(TypedDict, total=False):
-    verdict: str  # a Verdict name
-    also: list[str]  # further accepted verdicts (timing-dependent scenarios)
-    localization: dict[str, Any]  # role / op / barrier / stage the run is graded on
-
-
-class CallRecord(TypedDict, total=False):
-    """One compile or run call of a scenario."""
-
-    mode: str  # "compile" | "run"
-    verdict: str
-    reason: str
-    report: str  # the run's report.md, relative to the triage's output folder
-    wall_s: float
-    overhead_s: float
-
-
-class TriageRecord(TypedDict, total=False):
-    """One scenario of a triage (OUT/results/<id>.json): what the renderers read."""
-
-    id: str
-    kernel: str  # FILE.py:ENTRY
-    fault: str | None
-    fault_args: dict[str, Any]
-    expected: Expected
-    status: str  # "done" once final
-    invalid: str | None  # why the scenario file is invalid
-    not_run: str | None  # why it could only be compiled here
-    verdict: str | None
-    verdict_ok: bool | None
-    localization_ok: bool | None
-    caught_statically: bool | None
-    frequencies: dict[str, int]  # verdict -> count over the repeats
-    timing_dependent: bool
-    harness_errors: int
-    time_to_verdict_s: float | None
-    overhead_s: float | None
-    bisect: dict[str, Any] | None
-    compile: CallRecord | None
-    run: CallRecord | None
-
-
 Record = TriageRecord
 
 
 def actual_text(r: Record) -> str:
-    if r.get("invalid"):
+    if r.invalid:
         return "invalid scenario"
-    if r.get("status") != "done":
+    if not r.done:
         return "pending"
-    if r.get("verdict") is None:
-        return (r.get("not_run") or "not run").split(" — ")[0]
-    freq = r.get("frequencies") or {}
+    if not r.verdict:
+        return (r.not_run or "not run").split(" — ")[0]
+    freq = r.frequencies or {}
     if len(freq) > 1 or sum(freq.values()) > 1:
         n = sum(freq.values())
         parts = ", ".join(f"{v} {c}/{n}" for v, c in sorted(freq.items(), key=lambda x: -x[1]))
-        return f"{r['verdict']} ({parts})"
-    return r["verdict"]
+        return f"{r.verdict} ({parts})"
+    return r.verdict.value
 
 
 def state(r: Record) -> str:
     """ok / miss / notrun / harness / timing / invalid / pending: one color per state."""
-    if r.get("invalid"):
+    if r.invalid:
         return "invalid"
-    if r.get("status") != "done":
+    if not r.done:
         return "pending"
-    if r.get("verdict") is None:
+    if not r.verdict:
         return "notrun"
-    if r.get("harness_errors") or r["verdict"] == "HARNESS_ERROR":
+    if r.harness_errors or r.verdict.is_ours:
         return "harness"
-    if r.get("timing_dependent"):
+    if r.timing_dependent:
         return "timing"
-    return "ok" if r["verdict_ok"] and r["localization_ok"] is not False else "miss"
+    return "ok" if r.verdict_ok and r.localization_ok is not False else "miss"
 
 
 NOT_RUN_NOTE = (
@@ -117,30 +77,30 @@ MARK = {
 
 
 def loc_text(r: Record) -> str:
-    ok = r.get("localization_ok")
-    text = "n.a." if ok is None else ("right" if ok else "wrong")
-    return text + (" (bisect)" if r.get("bisect") else "")
+    ok = r.localization_ok
+    text = "n.a." if ok is None or ok is ABSENT else ("right" if ok else "wrong")
+    return text + (" (bisect)" if r.bisect else "")
 
 
 def _static_text(r: Record) -> str:
-    c = r.get("caught_statically")
-    return "n.a." if c is None else ("yes" if c else "no")
+    c = r.caught_statically
+    return "n.a." if c is None or c is ABSENT else ("yes" if c else "no")
 
 
 def _fault_text(r: Record) -> str:
-    if not r.get("fault"):
+    if not r.fault:
         return "none"
-    args = ",".join(f"{k}={v}" for k, v in (r.get("fault_args") or {}).items())
-    return r["fault"] + (f"({args})" if args else "")
+    args = ",".join(f"{k}={v}" for k, v in (r.fault_args or {}).items())
+    return r.fault + (f"({args})" if args else "")
 
 
 def _secs(x: float | None) -> str:
-    return "" if x is None else f"{x:.1f}"
+    return "" if x is None or x is ABSENT else f"{x:.1f}"
 
 
 def expect_of(r: Record) -> S.Expect:
-    """A record's expected verdicts as the scenario's Expect (records are plain JSON)."""
-    return S.Expect(verdict=r["expected"]["verdict"], also=tuple(r["expected"].get("also") or ()))
+    """A record's expected verdicts as the scenario's Expect."""
+    return r.expected.expect()
 
 
 def expected_text(r: Record) -> str:
@@ -154,20 +114,20 @@ def short_id(sid: str) -> str:
 
 def detail_rows(records: list[Record]) -> list[list[str]]:
     rows = []
-    for r in sorted(records, key=lambda r: (r.get("kernel", ""), r.get("fault") or "", r["id"])):
+    for r in sorted(records, key=lambda r: (r.kernel, r.fault or "", r.id)):
         rows.append(
             [
-                r.get("kernel", "?"),
+                r.kernel,
                 _fault_text(r),
-                r["id"],
+                r.id,
                 expected_text(r),
                 actual_text(r),
                 MARK[state(r)],
                 loc_text(r),
                 _static_text(r),
-                _secs(r.get("time_to_verdict_s")),
-                _secs(r.get("overhead_s")),
-                _perturb_text(_final(r).get("perturbation")),
+                _secs(r.time_to_verdict_s),
+                _secs(r.overhead_s),
+                _perturb_text(r.final.perturbation if r.final else None),
             ]
         )
     return rows
@@ -175,7 +135,7 @@ def detail_rows(records: list[Record]) -> list[list[str]]:
 
 def _perturb_text(p: dict[str, Any] | None) -> str:
     """The "exposed by perturbation" cell: the seed and what it gave, or how many did not."""
-    if not p:
+    if not p:  # None, or ABSENT in a record older than --perturb
         return "-"
     if p.get("exposed_by") is None:
         return f"none of {p.get('runs')} seeds"
@@ -200,12 +160,12 @@ DETAIL_HEAD = [
 def pivot(records: list[Record]) -> tuple[list[str], list[str], dict]:
     """kernel × fault: rows are faults (clean first), columns kernels, cells the records.
     Invalid scenarios have no kernel or fault: they are listed, not placed."""
-    records = [r for r in records if not r.get("invalid")]
-    kernels = sorted({r.get("kernel", "?") for r in records})
-    faults = sorted({r.get("fault") or "" for r in records}, key=lambda f: (f != "", f))
-    cells: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for r in sorted(records, key=lambda r: r["id"]):
-        cells.setdefault((r.get("fault") or "", r.get("kernel", "?")), []).append(r)
+    records = [r for r in records if not r.invalid]
+    kernels = sorted({r.kernel for r in records})
+    faults = sorted({r.fault or "" for r in records}, key=lambda f: (f != "", f))
+    cells: dict[tuple[str, str], list[Record]] = {}
+    for r in sorted(records, key=lambda r: r.id):
+        cells.setdefault((r.fault or "", r.kernel), []).append(r)
     return kernels, faults, cells
 
 
@@ -242,28 +202,28 @@ def _summary(c: dict[str, Any]) -> str:
     )
 
 
-def not_as_expected(recs: list[Record]) -> list[dict[str, Any]]:
+def not_as_expected(recs: list[Record]) -> list[Record]:
     return [
         r
         for r in recs
-        if state(r) in ("miss", "harness", "invalid")
-        or (state(r) == "timing" and not r["verdict_ok"])
+        if state(r) in ("miss", "harness", "invalid") or (state(r) == "timing" and not r.verdict_ok)
     ]
 
 
-def _final(r: Record) -> dict[str, Any]:
-    return r.get("run") or r.get("compile") or {}
+def _why(r: Record) -> str:
+    """Why the record is what it is: the invalid scenario's error, else the final call's reason."""
+    return r.invalid or (r.final.reason if r.final else "")
 
 
-def render_markdown(m: dict[str, Any]) -> str:
-    env, rt, recs = m["environment"], m["rates"], m["scenarios"]
+def render_markdown(m: TriageMatrix) -> str:
+    env, rt, recs = m.environment, m.rates, m.scenarios
     c = rt["counts"]
     lines = [
-        f"# cutedebug triage: {md_text(m['dir'])}",
+        f"# cutedebug triage: {md_text(m.dir)}",
         "",
         md_text(_env_line(env)),
         "",
-        f"Command: {md_code(m['command'])}",
+        f"Command: {md_code(m.command)}",
         "",
         "## Rates",
         "",
@@ -295,7 +255,7 @@ def render_markdown(m: dict[str, Any]) -> str:
         for k in kernels:
             row.append(
                 "<br>".join(
-                    f"{MARK[state(r)]} {md_text(short_id(r['id']))}: {md_text(actual_text(r))}"
+                    f"{MARK[state(r)]} {md_text(short_id(r.id))}: {md_text(actual_text(r))}"
                     for r in cells.get((f, k), [])
                 )
             )
@@ -316,16 +276,14 @@ def render_markdown(m: dict[str, Any]) -> str:
     if bad:
         lines += ["", "## Not as expected", ""]
         for r in bad:
-            final = _final(r)
-            why = r.get("invalid") or final.get("reason", "")
+            report = _report(r.final)
             lines.append(
-                f"- {md_code(r['id'])}: expected {md_text(r['expected']['verdict'])}, "
+                f"- {md_code(r.id)}: expected {md_text(r.expected.verdict)}, "
                 f"got {md_text(actual_text(r))}, localization {loc_text(r)} — "
-                f"{md_text(why[:300])}"
-                + (f" ({md_link(final['report'], 'report')})" if final.get("report") else "")
+                f"{md_text(_why(r)[:300])}" + (f" ({md_link(report, 'report')})" if report else "")
             )
-    if m.get("facts"):
-        lines += ["", "## Run facts", ""] + [f"- {md_text(ln)}" for ln in facts_lines(m["facts"])]
+    if m.facts:
+        lines += ["", "## Run facts", ""] + [f"- {md_text(ln)}" for ln in facts_lines(m.facts)]
     return "\n".join(lines) + "\n"
 
 
@@ -350,17 +308,21 @@ th{background:#eee}
 ORDER = ("invalid", "harness", "miss", "timing", "ok", "notrun", "pending")
 
 
-def render_html(m: dict[str, Any]) -> str:
+def _report(call: CallRecord | None) -> str | None:
+    return call.report if call else None
+
+
+def render_html(m: TriageMatrix) -> str:
     """matrix.html: one page, no script, no external resource."""
     e = xml_text
-    env, rt, recs = m["environment"], m["rates"], m["scenarios"]
+    env, rt, recs = m.environment, m.rates, m.scenarios
     out = [
         "<!doctype html><html><head><meta charset='utf-8'>",
         "<meta name='viewport' content='width=device-width, initial-scale=1'>",
-        f"<title>cutedebug triage: {e(m['dir'])}</title><style>{CSS}</style></head><body>",
-        f"<h1>cutedebug triage: {e(m['dir'])}</h1>",
+        f"<title>cutedebug triage: {e(m.dir)}</title><style>{CSS}</style></head><body>",
+        f"<h1>cutedebug triage: {e(m.dir)}</h1>",
         f"<p>{e(_env_line(env))}</p>",
-        f"<p>Command: <code>{e(m['command'])}</code></p>",
+        f"<p>Command: <code>{e(m.command)}</code></p>",
         "<h2>Rates</h2><table><tr><th>rate</th><th>value</th><th>over</th></tr>",
     ]
     for key in RATE_KEYS:
@@ -394,8 +356,8 @@ def render_html(m: dict[str, Any]) -> str:
             rs = cells.get((f, k), [])
             cls = min((state(r) for r in rs), key=ORDER.index) if rs else ""
             inner = "".join(
-                f"<div title='{xml_attr(_final(r).get('reason') or r.get('invalid') or '')}'>"
-                f"{MARK[state(r)]} {e(short_id(r['id']))}: <b>{e(actual_text(r))}</b> "
+                f"<div title='{xml_attr((r.final.reason if r.final else '') or r.invalid or '')}'>"
+                f"{MARK[state(r)]} {e(short_id(r.id))}: <b>{e(actual_text(r))}</b> "
                 f"<small>exp {e(expected_text(r))}</small></div>"
                 for r in rs
             )
@@ -405,15 +367,14 @@ def render_html(m: dict[str, Any]) -> str:
         "</tbody></table></div><h2>Scenarios</h2><div class='scroll'><table>"
         "<thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in DETAIL_HEAD) + "</tr></thead><tbody>"
     ]
-    by_id = {r["id"]: r for r in recs}
+    by_id = {r.id: r for r in recs}
     for row in detail_rows(recs):
         r = by_id[row[2]]
-        final = _final(r)
         cells_html = [e(x) for x in row]
         cells_html[0] = f"<th>{cells_html[0]}</th>"
-        if final.get("report"):
-            cells_html[2] = html_link(final["report"], row[2])
-        why = r.get("invalid") or final.get("reason") or ""
+        if report := _report(r.final):
+            cells_html[2] = html_link(report, row[2])
+        why = _why(r)
         cells_html[4] = f"<span title='{xml_attr(why[:500])}'>{cells_html[4]}</span>"
         out.append(
             f"<tr class='{state(r)}'>"
@@ -421,24 +382,20 @@ def render_html(m: dict[str, Any]) -> str:
             + "</tr>"
         )
     out.append("</tbody></table></div>")
-    if m.get("facts"):
-        out += ["<h2>Run facts</h2><ul>"] + [f"<li>{e(x)}</li>" for x in facts_lines(m["facts"])]
+    if m.facts:
+        out += ["<h2>Run facts</h2><ul>"] + [f"<li>{e(x)}</li>" for x in facts_lines(m.facts)]
         out.append("</ul>")
     out.append("</body></html>\n")
     return "\n".join(out)
 
 
 def progress_line(
-    rec: dict[str, Any], finished: int, total: int, pre: str = "", t: float | None = None
+    rec: Record, finished: int, total: int, pre: str = "", t: float | None = None
 ) -> str:
     """One terminal line for a finished scenario."""
-    loc = (
-        f" loc {loc_text(rec)}"
-        if rec["expected"]["localization"] and rec.get("verdict") is not None
-        else ""
-    )
+    loc = f" loc {loc_text(rec)}" if rec.expected.localization and rec.verdict else ""
     return (
-        f"[{finished:>3}/{total}] {MARK[state(rec)]} {rec['id']:<44} {pre}"
+        f"[{finished:>3}/{total}] {MARK[state(rec)]} {rec.id:<44} {pre}"
         f"{actual_text(rec)} (expected {expected_text(rec)}){loc}" + (f" {t:.1f}s" if t else "")
     )
 
@@ -466,8 +423,8 @@ def facts_lines(f: dict[str, Any]) -> list[str]:
     ]
 
 
-def write_matrix(out: Path, m: dict[str, Any]) -> None:
+def write_matrix(out: Path, m: TriageMatrix) -> None:
     """OUT/matrix.json, matrix.md and matrix.html, each replaced atomically."""
-    atomic_write(out / "matrix.json", json.dumps(m, indent=1, default=str))
+    atomic_write(out / "matrix.json", json.dumps(m.to_json(), indent=1, default=str))
     atomic_write(out / "matrix.md", render_markdown(m))
     atomic_write(out / "matrix.html", render_html(m))

@@ -3,8 +3,6 @@ wide triage matrix, built the way the worker and the triage build them."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from cutedebug.commands import triage as T
 from cutedebug.instrument.probes import Beacon, ProbeSnapshot, Site, StuckRecord, pack_beacon
 
@@ -90,24 +88,26 @@ def hang_1024_ctas() -> tuple[ProbeSnapshot, list[Site]]:
     return snap, SITES
 
 
-def _call(mode: str, verdict: str, *, loc_ok=None, reason: str = "recorded") -> dict[str, Any]:
-    return {
-        "mode": mode,
-        "verdict": verdict,
-        "reason": reason,
-        "compiled": True,
-        "fault_count": 1,
-        "static_findings": [],
-        "localization": {"ok": loc_ok},
-        "verdicts": [verdict],
-        "harness_errors": int(verdict == "HARNESS_ERROR"),
-        "wall_s": 2.5,
-        "compile_s": 1.0,
-        "kernel_s": 0.5,
-        "overhead_s": 1.0,
-        "device": None,
-        "report": f"runs/{mode}/report.md",
-    }
+def _call(mode: str, verdict: str, *, loc_ok=None, reason: str = "recorded") -> T.CallRecord:
+    return T.CallRecord.from_json(
+        {
+            "mode": mode,
+            "verdict": verdict,
+            "reason": reason,
+            "compiled": True,
+            "fault_count": 1,
+            "static_findings": [],
+            "localization": {"ok": loc_ok},
+            "verdicts": [verdict],
+            "harness_errors": int(verdict == "HARNESS_ERROR"),
+            "wall_s": 2.5,
+            "compile_s": 1.0,
+            "kernel_s": 0.5,
+            "overhead_s": 1.0,
+            "device": None,
+            "report": f"runs/{mode}/report.md",
+        }
+    )
 
 
 FAULTS = [
@@ -130,47 +130,46 @@ OUTCOMES = [
 ]
 
 
-def wide_record(kernel: str, fault: str | None, i: int) -> dict[str, Any]:
+def wide_record(kernel: str, fault: str | None, i: int) -> T.TriageRecord:
     expect, got, loc_ok = OUTCOMES[i % len(OUTCOMES)]
     if fault is None:
         expect, got, loc_ok = "PASS", "PASS", None
     sid = f"{kernel}/{fault or 'clean'}"
-    rec = {
-        "schema": T.RECORD_SCHEMA,
-        "id": sid,
-        "source": f"/s/{sid}.toml",
-        "kernel": f"{kernel}.py:{kernel.title().replace('_', '')}",
-        "fault": fault,
-        "fault_args": {"delta_bytes": 16} if fault == "wrong_expect_tx" else {},
-        "params": {},
-        "digest": "d",
-        "repeat": 1,
-        "expected": {
-            "verdict": expect,
-            "also": [],
-            "localization": {"op": "consumer_wait"} if expect == "HANG" else {},
-        },
-        "compile": _call("compile", "UNSUPPORTED"),
-        "run": _call("run", got, loc_ok=loc_ok, reason=f"{got} <{sid}>"),
-        "not_run": None,
-        "invalid": None,
-        "status": "compiled",
-    }
-    T.finalize(rec, rec["run"], None)
+    rec = T.TriageRecord(
+        id=sid,
+        source=f"/s/{sid}.toml",
+        kernel=f"{kernel}.py:{kernel.title().replace('_', '')}",
+        fault=fault,
+        fault_args={"delta_bytes": 16} if fault == "wrong_expect_tx" else {},
+        params={},
+        digest="d",
+        repeat=1,
+        expected=T.Expected(
+            verdict=expect,
+            also=[],
+            localization={"op": "consumer_wait"} if expect == "HANG" else {},
+        ),
+        compile=_call("compile", "UNSUPPORTED"),
+        run=_call("run", got, loc_ok=loc_ok, reason=f"{got} <{sid}>"),
+        not_run=None,
+        invalid=None,
+        status="compiled",
+    )
+    T.finalize(rec, rec.run, None)
     return rec
 
 
-def wide_matrix(kernels: int = 24) -> dict[str, Any]:
+def wide_matrix(kernels: int = 24) -> T.TriageMatrix:
     """A triage matrix of ``kernels`` kernel families × 8 faults (clean included)."""
     names = [f"kernel_family_{k:02d}" for k in range(kernels)]
     recs = [wide_record(k, f, i + j) for i, k in enumerate(names) for j, f in enumerate(FAULTS)]
     facts = {
-        "harness_errors": sum(r["harness_errors"] for r in recs),
+        "harness_errors": sum(r.harness_errors for r in recs),
         "processes_left": [],
         "gpu_health": {"healthy": True},
         "total_s": 321.0,
         "interrupted": False,
-        "overhead_s": {"n": len(recs), "mean": 1.0, "max": 1.0, "max_id": recs[0]["id"]},
+        "overhead_s": {"n": len(recs), "mean": 1.0, "max": 1.0, "max_id": recs[0].id},
     }
     env = {
         "date": "2026-12-01",

@@ -1,0 +1,194 @@
+"""The one place records are serialised: JSON objects <-> dataclasses, checked field by field.
+
+A record type is a dataclass whose fields are the JSON object's keys, with ``to_json`` /
+``from_json`` methods that call :func:`to_json` / :func:`from_json` here. Reading checks every
+field against the dataclass's annotations (``str``, ``int``, ``float``, ``bool``, ``None``,
+``Any``, ``Literal[...]``, ``list[X]``, ``dict[str, X]``, unions, nested record types and
+enums with a ``from_json``) and refuses, with a :class:`RecordError` naming the field:
+
+- a key the type does not have (``unknown field 'x'; allowed: [...]``);
+- a key the type requires (a field without a default) that is not there;
+- a value of the wrong type (``field 'run.verdict': 'MAYBE' is not a verdict; ...``).
+
+Files written by earlier versions lack keys that were added later. Such fields default to
+:data:`ABSENT`, which :func:`to_json` leaves out, so a record read from an old file writes back
+the same object, key for key. ``ABSENT`` is falsy; test ``x is ABSENT`` where None also means
+something.
+
+Imports no other cutedebug module (every layer may use it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import types
+import typing
+from typing import Any, Literal, TypeVar, Union
+
+__all__ = ["ABSENT", "Absent", "RecordError", "from_json", "present", "to_json"]
+
+R = TypeVar("R")
+
+
+class Absent(enum.Enum):
+    """A key the file did not have (written by a version before it existed)."""
+
+    ABSENT = "absent"
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+
+ABSENT = Absent.ABSENT
+
+
+class RecordError(ValueError):
+    """A JSON object that is not a record of the expected type; the message names the field."""
+
+
+def present(value: Any, default: Any = None) -> Any:
+    """``value``, or ``default`` when the file did not have it."""
+    return default if value is ABSENT else value
+
+
+# ---- writing -------------------------------------------------------------------------------
+def to_json(record: Any) -> dict[str, Any]:
+    """The record as a JSON object: its fields in declaration order, ABSENT ones left out."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(record):
+        value = getattr(record, f.name)
+        if value is not ABSENT:
+            out[f.name] = _dump(value)
+    return out
+
+
+def _dump(value: Any) -> Any:
+    if hasattr(value, "to_json") and not isinstance(value, type):
+        return value.to_json()
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, dict):
+        return {k: _dump(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_dump(v) for v in value]
+    return value
+
+
+# ---- reading -------------------------------------------------------------------------------
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def from_json(cls: type[R], data: Any, where: str = "") -> R:
+    """A ``cls`` from its JSON object; RecordError naming the first field that does not fit.
+    ``where`` is the dotted path of this object inside an enclosing record ("" at the top)."""
+    name = cls.__name__
+    if not isinstance(data, dict):
+        raise RecordError(
+            f"{_label(where) if where else name}: expected a JSON object ({name}), "
+            f"got {type(data).__name__}"
+        )
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = [k for k in data if k not in fields]
+    if unknown:
+        raise RecordError(
+            f"{_label(_join(where, unknown[0]))} unknown ({name}); allowed: {sorted(fields)}"
+        )
+    hints = _hints(cls)
+    kwargs: dict[str, Any] = {}
+    for key, f in fields.items():
+        if key not in data:
+            required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+            if required:
+                raise RecordError(f"{_label(_join(where, key))} missing ({name})")
+            continue
+        kwargs[key] = _load(data[key], hints[key], _join(where, key))
+    return cls(**kwargs)
+
+
+def _join(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def _label(path: str) -> str:
+    return f"field {path!r}"
+
+
+def _load(value: Any, tp: Any, path: str) -> Any:
+    where = _label(path)
+    if tp is Any:
+        return value
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        return _load_union(value, typing.get_args(tp), path)
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        if not any(value == a and type(value) is type(a) for a in allowed):
+            raise RecordError(f"{where}: {value!r} is not one of {list(allowed)}")
+        return value
+    if tp is type(None):
+        if value is not None:
+            raise RecordError(f"{where}: expected null, got {type(value).__name__}")
+        return value
+    if origin is list:
+        if not isinstance(value, list):
+            raise RecordError(f"{where}: expected a list, got {type(value).__name__}")
+        (item,) = typing.get_args(tp) or (Any,)
+        return [_load(v, item, f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise RecordError(f"{where}: expected an object, got {type(value).__name__}")
+        _, item = typing.get_args(tp) or (str, Any)
+        return {k: _load(v, item, _join(path, k)) for k, v in value.items()}
+    if isinstance(tp, type):
+        if dataclasses.is_dataclass(tp) and hasattr(tp, "from_json"):
+            return tp.from_json(value, path)
+        if issubclass(tp, enum.Enum) and hasattr(tp, "from_json"):
+            try:
+                return tp.from_json(value, where)
+            except ValueError as e:
+                raise RecordError(str(e)) from None
+        return _load_plain(value, tp, where)
+    raise TypeError(f"{where}: records.py cannot read a field of type {tp!r}")
+
+
+def _load_union(value: Any, arms: tuple[Any, ...], path: str) -> Any:
+    real = [a for a in arms if a is not Absent]
+    if value is None and type(None) in real:
+        return None
+    others = [a for a in real if a is not type(None)]
+    if len(others) == 1:  # X | None: X's own error says the most
+        return _load(value, others[0], path)
+    errors = []
+    for arm in others:
+        try:
+            return _load(value, arm, path)
+        except RecordError as e:
+            errors.append(str(e))
+    raise RecordError(
+        f"{_label(path)}: {value!r} fits none of {_names(real)} ({'; '.join(errors)})"
+    )
+
+
+def _names(arms: list[Any]) -> list[str]:
+    return ["null" if a is type(None) else getattr(a, "__name__", str(a)) for a in arms]
+
+
+def _load_plain(value: Any, tp: type, where: str) -> Any:
+    if tp is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif tp is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif tp in (dict, list, str, bool):
+        ok = isinstance(value, tp)
+    else:
+        raise TypeError(f"{where}: records.py cannot read a field of type {tp!r}")
+    if not ok:
+        raise RecordError(f"{where}: expected {tp.__name__}, got {type(value).__name__}")
+    return value

@@ -1,0 +1,169 @@
+"""Records as dataclasses (cutedebug/records.py): the files earlier versions wrote on the H200
+read back and write out unchanged, and a record that does not fit is refused naming the field."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import gzip
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import pytest
+
+from cutedebug import records
+from cutedebug.commands import shard
+from cutedebug.commands import triage as T
+from cutedebug.engine.triage_record import CallRecord, TriageMatrix, TriageRecord
+from cutedebug.engine.verdict import Verdict
+from cutedebug.records import ABSENT, Absent, RecordError
+
+ROOT = Path(__file__).resolve().parent.parent
+# Triage matrices of four H200 sessions, oldest first: the record grew keys between them
+# (expected.also, a call's work_s, perturbation and value_diagnosis).
+MATRICES = [
+    "reports/2026-11-30-h200/triage2-matrix.json.gz",
+    "reports/2026-11-30-h200-s2/matrix.json.gz",
+    "reports/2026-11-30-h200-s3/matrix.json",
+    "reports/2026-12-01-h200/final/matrix.json.gz",
+]
+
+
+def read_text(rel: str) -> str:
+    path = ROOT / rel
+    return (gzip.open(path, "rt") if rel.endswith(".gz") else path.open()).read()
+
+
+@pytest.mark.parametrize("rel", MATRICES)
+def test_a_recorded_matrix_round_trips_unchanged(rel):
+    text = read_text(rel)
+    m = TriageMatrix.from_json(json.loads(text))
+    assert m.to_json() == json.loads(text)
+    # byte for byte as the triage writes it (write_matrix: indent=1)
+    assert json.dumps(m.to_json(), indent=1, default=str) == text
+    # and the records are typed: verdicts are the enum, calls are CallRecords
+    done = [r for r in m.scenarios if r.done and r.verdict]
+    assert done and all(isinstance(r.verdict, Verdict) for r in done)
+    assert all(isinstance(r.final, CallRecord) for r in done)
+
+
+def test_old_records_lack_later_keys_and_keep_lacking_them():
+    oldest = TriageMatrix.from_json(json.loads(read_text(MATRICES[0])))
+    rec = next(r for r in oldest.scenarios if r.run)
+    assert rec.expected.also is ABSENT and rec.run.work_s is ABSENT
+    assert "also" not in rec.to_json()["expected"] and "work_s" not in rec.to_json()["run"]
+    # a pending record of the last session has no grading fields yet
+    final = TriageMatrix.from_json(json.loads(read_text(MATRICES[-1])))
+    pending = [r for r in final.scenarios if not r.done]
+    assert pending and all(r.verdict is ABSENT and "verdict" not in r.to_json() for r in pending)
+
+
+def recorded_record() -> dict[str, Any]:
+    m = json.loads(read_text(MATRICES[-1]))
+    return next(r for r in m["scenarios"] if r["run"] and r.get("verdict") == "HANG")
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda d: d.update(extra=1), r"field 'extra' unknown \(TriageRecord\); allowed: \["),
+        (lambda d: d.pop("kernel"), r"field 'kernel' missing \(TriageRecord\)"),
+        (lambda d: d["run"].pop("wall_s"), r"field 'run.wall_s' missing \(CallRecord\)"),
+        (lambda d: d["run"].update(verdict="MAYBE"), r"'run.verdict': 'MAYBE' is not a verdict"),
+        (lambda d: d.update(status="later"), r"'status': 'later' is not one of \['pending'"),
+        (lambda d: d.update(repeat=True), r"field 'repeat': expected int, got bool"),
+        (lambda d: d["compile"].update(wall_s="3"), r"'compile.wall_s': expected float, got str"),
+        (lambda d: d["run"]["verdicts"].append(7), r"'run.verdicts\[1\]': 7 is not a verdict"),
+        (lambda d: d.update(expected=[]), r"field 'expected': expected a JSON object"),
+        (lambda d: d.update(schema="x/2"), r"'schema': 'x/2' is not one of \['cutedebug.triage"),
+    ],
+)
+def test_a_record_that_does_not_fit_is_refused_naming_the_field(change, message):
+    data = recorded_record()
+    TriageRecord.from_json(data)  # the recorded one fits
+    bad = copy.deepcopy(data)
+    change(bad)
+    with pytest.raises(RecordError, match=message):
+        TriageRecord.from_json(bad)
+
+
+def test_resume_reuses_a_record_an_older_version_wrote(tmp_path):
+    """--resume reads the records of the oldest recorded triage (no expected.also, no
+    work_s): they are reused, and written back unchanged."""
+    oldest = json.loads(read_text(MATRICES[0]))["scenarios"]
+    results = tmp_path / "results"
+    results.mkdir()
+    for r in oldest:
+        (results / T.record_name(r["id"])).write_text(json.dumps(r))
+    damaged: list[str] = []
+    loaded = T.load_records(results, damaged)
+    assert damaged == [] and len(loaded) == len(oldest)
+    assert [loaded[r["id"]].to_json() for r in oldest] == oldest
+    # one damaged file is named with its field, the others still load
+    bad = dict(oldest[0], verdict_ok="yes")
+    (results / T.record_name(bad["id"])).write_text(json.dumps(bad))
+    damaged = []
+    assert len(T.load_records(results, damaged)) == len(oldest) - 1
+    assert damaged == [f"{T.record_name(bad['id'])}: field 'verdict_ok': expected bool, got str"]
+
+
+def test_merge_of_shards_an_older_version_wrote(tmp_path):
+    """`cutedebug merge` of two shards in the oldest recorded shape gives one matrix whose
+    records are the shards' records (reports relinked), key for key."""
+    m = json.loads(read_text(MATRICES[0]))
+    recs = m["scenarios"]
+    half = len(recs) // 2
+    for name, part in (("a", recs[:half]), ("b", recs[half:])):
+        d = tmp_path / name
+        (d / "results").mkdir(parents=True)
+        for r in part:
+            (d / "results" / T.record_name(r["id"])).write_text(json.dumps(r))
+        (d / "matrix.json").write_text(json.dumps(dict(m, scenarios=part)))
+    merged = shard.merge([tmp_path / "a", tmp_path / "b"], tmp_path / "all")
+    written = json.loads((tmp_path / "all" / "matrix.json").read_text())
+    by_id = {r["id"]: r for r in recs}
+    for r in written["scenarios"]:
+        orig = by_id[r["id"]]
+        for call in ("compile", "run"):
+            if orig[call] and orig[call]["report"]:
+                r[call]["report"] = orig[call]["report"]  # relinked from all/ to a/ or b/
+        assert r == orig
+    assert len(merged.scenarios) == len(recs)
+
+
+# ---- records.py on a small record type ----------------------------------------------------------
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Inner:
+    n: int
+
+    def to_json(self):
+        return records.to_json(self)
+
+    @classmethod
+    def from_json(cls, data, where=""):
+        return records.from_json(cls, data, where)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Outer:
+    kind: Literal["a", "b"]
+    inner: Inner | None
+    items: list[Inner]
+    by_name: dict[str, float]
+    later: str | Absent = ABSENT
+
+
+def test_records_reads_nested_types_and_leaves_absent_keys_out():
+    data = {"kind": "a", "inner": {"n": 1}, "items": [{"n": 2}], "by_name": {"x": 1, "y": 2.5}}
+    o = records.from_json(Outer, data)
+    assert o.inner == Inner(n=1) and o.items == [Inner(n=2)] and o.later is ABSENT
+    assert records.to_json(o) == data  # 1 stays 1 (not 1.0): the file's own numbers
+    assert records.to_json(dataclasses.replace(o, later="x")) == dict(data, later="x")
+    with pytest.raises(RecordError, match=r"field 'items\[0\].n': expected int, got str"):
+        records.from_json(Outer, dict(data, items=[{"n": "2"}]))
+    with pytest.raises(RecordError, match=r"field 'inner.m' unknown \(Inner\); allowed: \['n'\]"):
+        records.from_json(Outer, dict(data, inner={"n": 1, "m": 2}))
+    with pytest.raises(RecordError, match=r"field 'by_name.y': expected float, got NoneType"):
+        records.from_json(Outer, dict(data, by_name={"y": None}))
+    assert not ABSENT and records.present(ABSENT, 3) == 3 and records.present(0, 3) == 0
