@@ -6,6 +6,7 @@
     cutedebug triage DIR --out OUT [--resume] [--repeat N] [--bisect]  every scenario, one matrix
     cutedebug exec [--fault F] [--probes] -- CMD ARGS...  any program, watched and instrumented
     cutedebug mutate --out OUT [--resume] -- CMD ARGS...  how many injected faults CMD catches
+    cutedebug pool start|status|stop                      the warm pool `run --warm` forks from
 
 Exit codes (cutedebug.commands.exits): 0 every verdict as expected, 1 some verdict or
 localization not as expected, 2 bad input (scenario, option, path), 3 harness error (a bug of
@@ -103,15 +104,25 @@ def result_status(res, mode: str) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from cutedebug.engine import runner
+    from cutedebug.engine import pool, runner
 
     scenarios = load_targets(args)
     writable_dir(args.runs_dir, "--runs-dir")
     mode = "compile" if args.compile_only else "run"
     status = EXIT_OK
     results = []
-    # Many runs in a row share a fork server that has imported torch and cutlass once.
-    fs = runner.start_forkserver(args.runs_dir) if len(scenarios) > 1 or args.repeat > 1 else None
+    # The warm pool's server when there is one for this environment (engine/pool.py); else
+    # many runs in a row share a fork server that has imported torch and cutlass once.
+    warm = pool.warm_choice(args.warm)
+    fs = pool.client(start=True) if warm else None if warm is False else pool.client(start=False)
+    if fs is None and warm:
+        print(
+            "cutedebug: --warm: no pool server could be had here; fresh interpreters instead "
+            "(`cutedebug pool status` shows its log)",
+            file=sys.stderr,
+        )
+    if fs is None and (len(scenarios) > 1 or args.repeat > 1):
+        fs = runner.start_forkserver(args.runs_dir)
     done = False
     try:
         for sc in scenarios:
@@ -321,6 +332,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--compile-deadline", type=S.limit_arg("compile_s"), help="compile deadline in seconds"
     )
     r.add_argument("--runs-dir", default="runs", help="where run directories go")
+    r.add_argument(
+        "--warm",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="fork workers from the warm pool's resident server, starting it if none runs "
+        "(--no-warm: never; default: CUTEDEBUG_WARM, else a running server only; "
+        "`cutedebug pool` starts, lists and stops servers)",
+    )
     from cutedebug.commands import perturb_args  # --perturb N [--policy ...] [--replay S]
 
     perturb_args.add_arguments(r)
@@ -355,6 +374,9 @@ def build_parser() -> argparse.ArgumentParser:
     from cutedebug.commands import mutate  # `cutedebug mutate`
 
     mutate.add_parser(sub)
+    from cutedebug.commands import pool as pool_cmd  # `cutedebug pool start|status|stop`
+
+    pool_cmd.add_parser(sub)
     return p
 
 

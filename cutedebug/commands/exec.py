@@ -123,8 +123,22 @@ def run_exec(
         }
         res.swept = sorted(set(res.swept) | set(first.swept))
     if res.killed_by and used_gpu(res):
-        res.health = runner.health_check()
+        res.health = _health_check(run_dir)
     return res
+
+
+def _health_check(run_dir: Path) -> dict:
+    """The GPU check after a kill, forked from the warm pool's server when one runs for this
+    environment (torch imported already), else in a fresh interpreter."""
+    from cutedebug.engine import pool
+
+    fs = pool.client(start=False) if pool.warm_choice(None) is not False else None
+    if fs is None:
+        return runner.health_check()
+    try:
+        return runner.health_check(forkserver=fs, run_dir=run_dir)
+    finally:
+        fs.close()
 
 
 # ---- command line ----------------------------------------------------------------------------

@@ -69,7 +69,7 @@ def _child(req: dict[str, Any], server_pid: int) -> int:
     sys.stdout = os.fdopen(1, "w", buffering=1)
     sys.stderr = os.fdopen(2, "w", buffering=1)
     os.environ.update(env)
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
     if req.get("job") == "health":
         from cutedebug.engine import health
@@ -80,13 +80,10 @@ def _child(req: dict[str, Any], server_pid: int) -> int:
     return worker.main([req["request"]])
 
 
-def serve(parent_pid: int | None = None) -> int:
-    from cutedebug.engine import lifeline
-
-    lifeline.set_pdeathsig()  # dies with the harness thread that started it
-    if parent_pid is not None and os.getppid() != parent_pid:
-        return 1
-    # Imports only: nothing here may create a CUDA context.
+def preload() -> None:
+    """What every worker would import first (torch, cutlass, the worker and the
+    instrumentation), imported once in the server. Imports only: nothing here may create a
+    CUDA context (a context does not survive a fork)."""
     import cutlass.cute  # noqa: F401
     import torch  # noqa: F401
 
@@ -97,6 +94,14 @@ def serve(parent_pid: int | None = None) -> int:
         probes,  # noqa: F401
     )
 
+
+def serve(parent_pid: int | None = None) -> int:
+    from cutedebug.engine import lifeline
+
+    lifeline.set_pdeathsig()  # dies with the harness thread that started it
+    if parent_pid is not None and os.getppid() != parent_pid:
+        return 1
+    preload()
     children: dict[int, str] = {}
     server = os.getpid()
     print(json.dumps({"ready": True, "pid": server}), flush=True)
@@ -114,20 +119,7 @@ def serve(parent_pid: int | None = None) -> int:
         while b"\n" in buf:
             line, buf = buf.split(b"\n", 1)
             req = json.loads(line)
-            sys.stdout.flush()
-            pid = os.fork()
-            if pid == 0:
-                rc = 70
-                try:
-                    rc = _child(req, server)
-                except BaseException:
-                    traceback.print_exc()
-                finally:
-                    try:
-                        sys.stdout.flush()
-                        sys.stderr.flush()
-                    finally:
-                        os._exit(rc)
+            pid = fork_worker(req, server)
             children[pid] = req["status"]
             print(json.dumps({"pid": pid}), flush=True)
     for pid in list(children):
@@ -140,6 +132,29 @@ def serve(parent_pid: int | None = None) -> int:
         _reap(children)
         time.sleep(0.01)
     return 0
+
+
+def fork_worker(req: dict[str, Any], server_pid: int, in_child=None) -> int:
+    """Fork the worker (or health check) of ``req``; returns its pid. ``in_child``: called
+    first in the forked child (the warm pool closes its sockets there)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        rc = 70
+        try:
+            if in_child is not None:
+                in_child()
+            rc = _child(req, server_pid)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                os._exit(rc)
+    return pid
 
 
 def _reap(children: dict[int, str]) -> None:

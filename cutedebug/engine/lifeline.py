@@ -289,6 +289,45 @@ def adopt_run_tag(tag: str) -> bool:
         return False
 
 
+SESSION_SLOT = 33 * 12  # bytes a warm pool's server reserves for its workers' session tags
+
+
+def padded_session_tags(tags: list[str]) -> str:
+    """A session-tags value with room for more tags, written in place later by
+    :func:`adopt_session_tags` (a resident server's environment; ``split()`` ignores the
+    padding)."""
+    return " ".join(tags).ljust(SESSION_SLOT)
+
+
+def adopt_session_tags(tags: list[str]) -> bool:
+    """Overwrite this process's session tags in place, as :func:`adopt_run_tag` does the run
+    tag: a worker forked by the warm pool takes the tags of the command that asked for it (its
+    keeper then kills it if that command dies) after the pool's own. Tags that do not fit the
+    padded value the server started with are left out, the first ones kept. Returns whether
+    ``/proc/self/environ`` shows every tag."""
+    libc = _libc()
+    libc.getenv.restype = ctypes.c_void_p
+    ptr = libc.getenv(SESSION_VAR.encode())
+    room = len(ctypes.string_at(ptr)) if ptr else 0
+    kept: list[str] = []
+    for t in tags:
+        if t not in kept and len(" ".join(kept + [t])) <= room:
+            kept.append(t)
+    value = " ".join(kept)
+    if ptr and room:
+        ctypes.memmove(ptr, value.ljust(room).encode(), room)
+    os.environ[SESSION_VAR] = value  # what children exec'd from here inherit
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            for item in f.read().split(b"\0"):
+                if item.startswith(f"{SESSION_VAR}=".encode()):
+                    shown = item.decode(errors="replace").partition("=")[2].split()
+                    return all(t in shown for t in tags)
+    except OSError:
+        pass
+    return False
+
+
 def become_subreaper() -> bool:
     """PR_SET_CHILD_SUBREAPER: orphans of our subtree (a daemon that double-forked, setsid'd
     and scrubbed its environment, so no tag finds it) are re-parented to us, not to init, and

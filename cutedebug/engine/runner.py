@@ -201,6 +201,8 @@ def _evidence(o: V.Outcome, facts: dict[str, Any]) -> dict[str, Any]:
     if pe:
         ev.update(pe)
     ev.update(perturb_runs.evidence(o))
+    if facts.get("pool"):
+        ev["pool"] = facts["pool"]
     if facts.get("swept") or facts.get("swept_after_exit"):
         ev["swept_pids"] = sorted(set(facts.get("swept", []) + facts.get("swept_after_exit", [])))
     if o.malformed_lines:
@@ -361,6 +363,8 @@ def run_once(
         forkserver=forkserver if use_fork else None,
     )
     facts["t_call"], facts["t_return"] = t_call, time.monotonic()
+    if facts.get("forked") and hasattr(forkserver, "pool_info"):
+        facts["pool"] = forkserver.pool_info()  # forked by the warm pool (engine/pool.py)
     if (ke := outcome.event("kernel_error")) is not None:
         raise ScenarioError(
             ke.get("message", "kernel could not be loaded") + f"\n(worker log: {log_path})"
@@ -531,6 +535,8 @@ def run_scenario(
         dump = (core_evidence.get("coredump") or {}).get("dump") or {}
         if dump.get("dump_s") is not None:
             timings["dump_s"] = dump["dump_s"]
+    if "pool" in facts:  # getting the warm pool's server: before this run's clock started
+        timings["pool_s"] = facts["pool"]["connect_s"]
     timings["wall_s"] = round(time.monotonic() - t_start, 3)
     return RunResult(
         scenario=scenario,

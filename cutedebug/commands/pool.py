@@ -1,0 +1,133 @@
+"""`cutedebug pool start|status|stop`: the warm pool (cutedebug/engine/pool.py), a resident
+fork server that `cutedebug run` reuses across invocations.
+
+    cutedebug pool start [--idle SECONDS]   start this environment's server (or keep the running one)
+    cutedebug pool status [--json]          every server: pid, key, this environment's or not, runs
+    cutedebug pool stop [--all]             stop this environment's server (--all: every one)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from cutedebug.commands import exits
+from cutedebug.engine import pool
+from cutedebug.errors import UsageError
+
+
+def _idle(text: str) -> float:
+    try:
+        return pool.idle_seconds(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    try:
+        d = pool.pool_dir()
+    except pool.PoolError as e:
+        raise UsageError(str(e)) from None
+    c = pool.client(start=True, idle_s=args.idle)
+    if c is None:
+        key = pool.key_of(pool.fingerprint())
+        print(
+            f"cutedebug pool: no server could be started (log: {pool.Paths.of(d, key).log})",
+        )
+        return exits.EXIT_HARNESS
+    info = c.info
+    c.close()
+    meta = pool.read_meta(c.paths.meta) or {}
+    if info["started_now"]:
+        print(
+            f"pool: started server {info['pid']} for this environment (key {info['key']}) in "
+            f"{info['connect_s']:.1f} s; it exits after {meta.get('idle_s', c.idle_s):g} s "
+            f"without a run; stop it with `cutedebug pool stop`"
+        )
+    else:
+        print(
+            f"pool: server {info['pid']} already runs for this environment (key {info['key']}, "
+            f"exits after {meta.get('idle_s', '?')} s without a run)"
+        )
+    print(f"  log: {c.paths.log}")
+    return exits.EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    try:
+        rows = pool.servers()
+    except pool.PoolError as e:
+        raise UsageError(str(e)) from None
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return exits.EXIT_OK
+    if not rows:
+        print(f"pool: no server running (folder {pool.pool_dir()})")
+        return exits.EXIT_OK
+    now = time.time()
+    for r in rows:
+        state = "answers" if r["answers"] else ("alive, not answering" if r["alive"] else "dead")
+        age = now - float(r.get("started") or now)
+        print(
+            f"pool: server {r.get('pid')} key {r['key']} "
+            f"{'(this environment)' if r['this_env'] else '(another environment)'}: {state}; "
+            f"{r.get('runs') if r.get('runs') is not None else '?'} run(s), up {age:.0f} s, "
+            f"exits after {r.get('idle_s', '?')} s without a run; {r.get('python')}"
+        )
+        print(f"  log: {r['log']}")
+    return exits.EXIT_OK
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    try:
+        if args.all:
+            keys = [r["key"] for r in pool.servers()]
+        else:
+            keys = [pool.key_of(pool.fingerprint())]
+    except pool.PoolError as e:
+        raise UsageError(str(e)) from None
+    status = exits.EXIT_OK
+    stopped = 0
+    for key in keys:
+        res = pool.stop(key)
+        if res["how"] == "not running":
+            continue
+        stopped += 1
+        left = res["left"]
+        print(
+            f"pool: {res['how']} server {res['pid']} (key {key}); "
+            f"{len(left)} process(es) left" + (f": {left}" if left else "")
+        )
+        if left:
+            status = exits.EXIT_HARNESS
+    if not stopped:
+        print("pool: no server running" + ("" if args.all else " for this environment"))
+    return status
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "pool",
+        help="the warm pool: a resident fork server `cutedebug run` reuses",
+        description=__doc__.split("\n\n")[0],
+        epilog=exits.HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    verbs = p.add_subparsers(dest="verb", required=True)
+    s = verbs.add_parser("start", help="start this environment's server (or keep the running one)")
+    s.add_argument(
+        "--idle",
+        type=_idle,
+        default=None,
+        metavar="SECONDS",
+        help=f"exit after this long without a run (default {pool.DEFAULT_IDLE_S:g}, "
+        f"or {pool.IDLE_VAR}; at most {pool.MAX_IDLE_S:g})",
+    )
+    s.set_defaults(func=cmd_start)
+    st = verbs.add_parser("status", help="list the running servers")
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(func=cmd_status)
+    sp = verbs.add_parser("stop", help="stop this environment's server")
+    sp.add_argument("--all", action="store_true", help="stop every server of this user")
+    sp.set_defaults(func=cmd_stop)

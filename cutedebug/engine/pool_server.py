@@ -1,0 +1,281 @@
+"""The warm pool's server: a resident fork server that ``cutedebug run`` reuses across
+invocations (:mod:`cutedebug.engine.pool` is the client: it starts, finds, replaces and stops
+servers).
+
+    python -m cutedebug.engine.pool_server SOCKET META KEY IDLE_S
+
+Like the per-command fork server (:mod:`cutedebug.engine.forkserver`) it imports torch,
+cutlass, the worker and the instrumentation once, never touches CUDA, and forks one worker
+(or GPU health check) per request. Unlike it, it outlives the command that started it: its
+own session, no parent tie. It is the one process of the harness meant to stay, and it is
+bounded:
+
+- it exits by itself after IDLE_S seconds in which no worker ran, and at once on SIGTERM,
+  SIGINT, SIGHUP, a client's ``stop``, or when its socket was taken over by another server;
+  on the way out it kills whatever it forked and removes its socket and metadata;
+- each worker belongs to the client connection that asked for it: when that connection
+  closes (the command ended or died, SIGKILL included) a worker still running is killed with
+  its process group, its descendants and everything carrying its run tag;
+- each worker dies with the server (PDEATHSIG) and carries the client's run tag and session
+  tags (the client's watchdog and keeper find it) besides the pool's tag (``pool stop``
+  sweeps by it).
+
+Protocol: JSON lines over a Unix socket. ``{"op": "ping"}`` -> ``{"ok", "pid", "key",
+"workers", "runs"}``; ``{"op": "spawn", "request", "log", "status", "env", "job",
+"session_tags"}`` -> ``{"pid"}`` (the exit status goes to the ``status`` file, as with the
+fork server); ``{"op": "stop"}`` -> ``{"ok": true}``, then the server exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from cutedebug.engine import forkserver, lifeline
+
+POOL_TAG_VAR = "CUTEDEBUG_POOL_TAG"  # in the server's environment and every worker's
+SELECT_S = 0.05
+
+
+@dataclass
+class _Client:
+    sock: socket.socket
+    buf: bytes = b""
+    pids: set[int] = field(default_factory=set)
+
+
+@dataclass
+class _Worker:
+    status: str
+    run_tag: str
+    client: _Client | None
+
+
+class Server:
+    def __init__(self, sock_path: str, meta_path: str, key: str, idle_s: float):
+        self.sock_path, self.meta_path, self.key, self.idle_s = sock_path, meta_path, key, idle_s
+        self.tag = os.environ.get(POOL_TAG_VAR, "")
+        self.pid = os.getpid()
+        self.clients: dict[int, _Client] = {}
+        self.workers: dict[int, _Worker] = {}
+        self.runs = 0
+        self.stopping = ""
+        self.listener: socket.socket | None = None
+        self.inode = 0
+
+    # ---- life ----
+    def bind(self) -> None:
+        tmp = f"{self.sock_path}.{self.pid}"
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.bind(tmp)
+        os.chmod(tmp, 0o600)
+        s.listen(64)
+        os.replace(tmp, self.sock_path)  # atomic: a client sees no socket or a listening one
+        self.listener, self.inode = s, os.stat(self.sock_path).st_ino
+        meta = {
+            "pid": self.pid,
+            "key": self.key,
+            "tag": self.tag,
+            "idle_s": self.idle_s,
+            "started": time.time(),
+            "python": sys.executable,
+            "cwd": os.getcwd(),
+        }
+        tmp_meta = f"{self.meta_path}.{self.pid}"
+        with open(tmp_meta, "w") as f:
+            json.dump(meta, f)
+        os.replace(tmp_meta, self.meta_path)
+
+    def ours(self) -> bool:
+        """Is the socket path still ours (not removed, not replaced by a newer server)?"""
+        try:
+            return os.stat(self.sock_path).st_ino == self.inode
+        except OSError:
+            return False
+
+    def loop(self) -> str:
+        assert self.listener is not None
+        last_busy = time.monotonic()
+        last_check = last_busy
+        while not self.stopping:
+            socks = [self.listener] + [c.sock for c in self.clients.values()]
+            try:
+                ready, _, _ = select.select(socks, [], [], SELECT_S)
+            except InterruptedError:
+                ready = []
+            self.reap()
+            for s in ready:
+                if s is self.listener:
+                    self.accept()
+                else:
+                    self.read(self.clients.get(s.fileno()))
+            now = time.monotonic()
+            if self.workers:
+                last_busy = now
+            elif now - last_busy > self.idle_s:
+                self.stopping = f"idle for {self.idle_s:g} s"
+            if now - last_check > 1.0:
+                last_check = now
+                if not self.ours():
+                    self.stopping = "its socket was removed or taken over"
+        return self.stopping
+
+    def accept(self) -> None:
+        assert self.listener is not None
+        try:
+            conn, _ = self.listener.accept()
+        except OSError:
+            return
+        self.clients[conn.fileno()] = _Client(conn)
+
+    def read(self, client: _Client | None) -> None:
+        if client is None:
+            return
+        try:
+            chunk = client.sock.recv(65536)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self.drop(client)
+            return
+        client.buf += chunk
+        while b"\n" in client.buf:
+            line, client.buf = client.buf.split(b"\n", 1)
+            try:
+                req = json.loads(line)
+                answer = self.handle(req, client)
+            except (ValueError, KeyError, TypeError, AttributeError) as e:
+                answer = {"error": f"{type(e).__name__}: {e}"}
+            try:
+                client.sock.sendall((json.dumps(answer) + "\n").encode())
+            except OSError:
+                self.drop(client)
+                return
+
+    def handle(self, req: dict[str, Any], client: _Client) -> dict[str, Any]:
+        op = req["op"]
+        if op == "ping":
+            return {
+                "ok": True,
+                "pid": self.pid,
+                "key": self.key,
+                "workers": len(self.workers),
+                "runs": self.runs,
+            }
+        if op == "stop":
+            self.stopping = "stopped by a client"
+            return {"ok": True, "pid": self.pid}
+        if op != "spawn":
+            raise ValueError(f"unknown op {op!r}")
+        tags = [t for t in req.get("session_tags", []) if isinstance(t, str)]
+        mine = os.environ.get(lifeline.SESSION_VAR, "").split()
+        socks = [self.listener] + [c.sock for c in self.clients.values()]
+
+        def in_child() -> None:
+            for s in socks:  # the worker holds no end of the pool's connections
+                s.close()
+            lifeline.adopt_session_tags(mine + tags)
+
+        pid = forkserver.fork_worker(req, self.pid, in_child)
+        self.workers[pid] = _Worker(
+            req["status"], (req.get("env") or {}).get(lifeline.RUN_TAG_VAR, ""), client
+        )
+        client.pids.add(pid)
+        self.runs += 1
+        return {"pid": pid}
+
+    def reap(self) -> None:
+        while self.workers:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            w = self.workers.pop(pid, None)
+            if w is None:
+                continue
+            if w.client is not None:
+                w.client.pids.discard(pid)
+            forkserver._write_status(w.status, os.waitstatus_to_exitcode(status))
+
+    def drop(self, client: _Client) -> None:
+        """The client went away: nobody watches its workers any more, so they end now."""
+        self.clients.pop(client.sock.fileno(), None)
+        for pid in list(client.pids):
+            self.kill(pid)
+        client.pids.clear()
+        with contextlib.suppress(OSError):
+            client.sock.close()
+
+    def kill(self, pid: int) -> None:
+        lifeline.kill_descendants(pid)
+        lifeline.kill_group(pid)
+        w = self.workers.get(pid)
+        if w is not None and w.run_tag:
+            lifeline.sweep(w.run_tag, timeout=1.0)
+
+    def shutdown(self) -> None:
+        for pid in list(self.workers):
+            self.kill(pid)
+        end = time.monotonic() + 5
+        while self.workers and time.monotonic() < end:
+            self.reap()
+            time.sleep(0.01)
+        if self.tag:
+            lifeline.sweep(self.tag, timeout=1.0)  # anything of ours a worker left
+        if self.ours():
+            for path in (self.sock_path, self.meta_path):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+        for c in list(self.clients.values()):
+            with contextlib.suppress(OSError):
+                c.sock.close()
+        if self.listener is not None:
+            self.listener.close()
+
+
+def main(argv: list[str]) -> int:
+    sock_path, meta_path, key, idle_s = argv[0], argv[1], argv[2], float(argv[3])
+    server = Server(sock_path, meta_path, key, idle_s)
+
+    def stop(signum, _frame) -> None:
+        server.stopping = f"signal {signal.Signals(signum).name}"
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, stop)
+    t0 = time.monotonic()
+    forkserver.preload()
+    server.bind()
+    print(
+        f"pool server {server.pid} ready in {time.monotonic() - t0:.2f} s (key {key}, "
+        f"idle exit after {idle_s:g} s)",
+        flush=True,
+    )
+    why = "?"
+    try:
+        why = server.loop()
+    finally:
+        server.shutdown()
+        print(f"pool server {server.pid} exits: {why} ({server.runs} run(s))", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    code = 1
+    try:
+        code = main(sys.argv[1:])
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)  # skip the seconds of torch/cutlass teardown

@@ -1,0 +1,299 @@
+"""The warm pool (engine/pool.py, engine/pool_server.py, `cutedebug pool`): a resident fork
+server reused across `cutedebug run` invocations, keyed, replaced when dead or wedged,
+bounded (idle exit, stop), and leaving no process behind."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from cutedebug.engine import lifeline, pool, runner
+from cutedebug.engine import scenario as S
+from cutedebug.engine.verdict import Verdict
+
+ROOT = Path(__file__).resolve().parent.parent
+CLEAN = ROOT / "scenarios" / "minimal" / "clean.toml"
+
+
+# ---- without a server -------------------------------------------------------------------------
+def test_idle_time_is_bounded_and_named_when_wrong():
+    assert pool.idle_seconds("30") == 30.0
+    for bad in ("0", "-5", "nan", "x", str(pool.MAX_IDLE_S + 1)):
+        with pytest.raises(ValueError, match=r"idle time .*\(0, 86400\]"):
+            pool.idle_seconds(bad)
+
+
+def test_the_key_follows_the_environment_but_not_its_volatile_part(monkeypatch):
+    base = dict(os.environ)
+    k0 = pool.key_of(pool.fingerprint(base))
+    assert pool.key_of(pool.fingerprint({**base, "PWD": "/elsewhere", "SHLVL": "7"})) == k0
+    assert pool.key_of(pool.fingerprint({**base, lifeline.SESSION_VAR: "a b"})) == k0
+    assert pool.key_of(pool.fingerprint({**base, "CUTE_DSL_ARCH": "sm_100a"})) != k0
+    assert pool.key_of(pool.fingerprint({**base, "PYTHONPATH": "/other"})) != k0
+    monkeypatch.setattr(sys, "executable", "/usr/bin/another-python")
+    assert pool.key_of(pool.fingerprint(base)) != k0
+
+
+def test_the_key_follows_the_project_sources(tmp_path, monkeypatch):
+    pkg = tmp_path / "cutedebug"
+    pkg.mkdir()
+    mod = pkg / "m.py"
+    mod.write_text("x = 1\n")
+    monkeypatch.setattr(pool, "REPO_ROOT", tmp_path)
+    k0 = pool.key_of(pool.fingerprint())
+    mod.write_text("x = 22\n")  # an edit: size and mtime change
+    assert pool.key_of(pool.fingerprint()) != k0
+    monkeypatch.setattr(pool, "REPO_ROOT", ROOT)
+    assert pool.key_of(pool.fingerprint()) != k0  # another checkout
+
+
+def test_a_pool_folder_others_can_write_is_refused(tmp_path, monkeypatch):
+    d = tmp_path / "p"
+    d.mkdir(mode=0o777)
+    os.chmod(d, 0o777)
+    monkeypatch.setenv(pool.DIR_VAR, str(d))
+    with pytest.raises(pool.PoolError, match="not private"):
+        pool.pool_dir()
+    assert pool.client(start=True) is None  # a run then takes a fresh interpreter
+
+
+def test_session_tags_are_rewritten_in_place_for_the_sweep():
+    """A forked worker takes its command's session tags in the padded slot its server
+    started with: /proc/PID/environ (what the sweep and the keeper read) shows them."""
+    env = dict(os.environ)
+    env[lifeline.SESSION_VAR] = lifeline.padded_session_tags(["a" * 32])
+    code = (
+        "import sys; from cutedebug.engine import lifeline; "
+        "ok = lifeline.adopt_session_tags(['a' * 32, 'b' * 32, 'c' * 32]); "
+        "env = open('/proc/self/environ', 'rb').read().split(b'\\0'); "
+        "v = [e for e in env if e.startswith(b'CUTEDEBUG_SESSION_TAGS=')][0]; "
+        "print(ok, v.split(b'=', 1)[1].split() == [b'a' * 32, b'b' * 32, b'c' * 32])"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True
+    )
+    assert out.stdout.split() == ["True", "True"], out.stderr
+
+
+def test_pool_start_with_a_bad_idle_time_is_a_usage_error():
+    r = subprocess.run(
+        [sys.executable, "-m", "cutedebug", "pool", "start", "--idle", "0"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert r.returncode == 2
+    assert "idle time '0'" in r.stderr and "(0, 86400]" in r.stderr
+
+
+# ---- with servers -------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def pool_env():
+    """A private pool folder (short: a Unix socket path is at most 107 bytes) for this
+    module; every server in it is stopped at the end and must leave nothing."""
+    d = tempfile.mkdtemp(prefix="cdpool-", dir="/tmp")
+    saved = os.environ.get(pool.DIR_VAR)
+    os.environ[pool.DIR_VAR] = d
+    os.environ[pool.IDLE_VAR] = "300"
+    yield d
+    left = []
+    for r in pool.servers():
+        left += pool.stop(r["key"])["left"]
+    os.environ.pop(pool.IDLE_VAR, None)
+    if saved is None:
+        os.environ.pop(pool.DIR_VAR, None)
+    else:
+        os.environ[pool.DIR_VAR] = saved
+    socks = list(Path(d).glob("pool-*.sock"))
+    shutil.rmtree(d, ignore_errors=True)
+    assert left == []
+    assert not socks
+
+
+def cli(*args, env=None, timeout=300):
+    return subprocess.run(
+        [sys.executable, "-m", "cutedebug", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=timeout,
+        env=env,
+    )
+
+
+def report_json(stdout: str) -> dict:
+    line = next(ln for ln in stdout.splitlines() if ln.strip().startswith("report:"))
+    return json.loads(
+        (Path(line.split("report:", 1)[1].strip()).parent / "report.json").read_text()
+    )
+
+
+def server_meta() -> dict:
+    key = pool.key_of(pool.fingerprint())
+    return pool.read_meta(pool.Paths.of(pool.pool_dir(), key).meta) or {}
+
+
+def carrying(tag: str) -> list[int]:
+    return [p.pid for p in lifeline.processes(tag)]
+
+
+@pytest.mark.slow
+def test_two_runs_reuse_one_server_and_skip_the_imports(pool_env, tmp_path):
+    runs = []
+    for warm in ("--warm", "--warm", "--no-warm"):
+        r = cli("run", warm, "--compile-only", "--runs-dir", str(tmp_path), str(CLEAN))
+        assert r.returncode == 0, r.stdout + r.stderr
+        runs.append(report_json(r.stdout))
+    first, second, fresh = runs
+    p1, p2 = first["evidence"]["pool"], second["evidence"]["pool"]
+    assert p1["pid"] == p2["pid"] == server_meta()["pid"]
+    assert (p1["started_now"], p2["started_now"]) == (True, False)
+    assert "pool" not in fresh["evidence"]
+    # the server's start (its imports) is paid once, by the first command
+    assert first["timings"]["pool_s"] > 5 * second["timings"]["pool_s"]
+    # a forked worker skips what a fresh interpreter imports
+    assert second["timings"]["imports_s"] < 0.25 * fresh["timings"]["imports_s"]
+    assert second["timings"]["spawn_s"] < fresh["timings"]["spawn_s"] + 1.0
+    ptx = [(Path(r["run_dir"]) / "kernel.ptx").read_text() for r in runs]
+    assert ptx[0] == ptx[1] == ptx[2]
+    st = cli("pool", "status", "--json")
+    rows = [r for r in json.loads(st.stdout) if r["this_env"]]
+    assert len(rows) == 1 and rows[0]["answers"] and rows[0]["runs"] >= 2
+
+
+@pytest.mark.slow
+def test_a_hang_killed_through_the_pool_leaves_nothing_and_the_next_run_works(pool_env, tmp_path):
+    c = pool.client(start=True)
+    assert c is not None
+    server = c.info["pid"]
+    sc = S.adhoc(
+        str(ROOT / "tests" / "helpers" / "hang_with_child.py") + ":Hang", {}, None, {}, "PASS"
+    )
+    sc = sc.with_overrides(limits=S.Limits(import_s=3.0))
+    try:
+        res = runner.run_scenario(sc, runs_root=tmp_path, forkserver=c)
+    finally:
+        c.close()
+    assert res.evidence["pool"]["pid"] == server
+    assert res.verdict is Verdict.HARNESS_ERROR and "deadline" in res.reason
+    swept = res.evidence["swept_pids"]
+    assert swept  # the grandchild in a session of its own (the worker went with its group)
+    assert not [p for p in swept if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    assert psutil.Process(server).children(recursive=True) == []
+    assert carrying(server_meta()["tag"]) == [server]  # nothing of the pool's but the server
+    r = cli("run", "--warm", "--compile-only", "--runs-dir", str(tmp_path), str(CLEAN))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert report_json(r.stdout)["evidence"]["pool"]["pid"] == server
+
+
+@pytest.mark.slow
+def test_a_command_killed_mid_run_takes_its_worker_along(pool_env, tmp_path):
+    """SIGKILL of the command: nobody watches its worker, so the server kills it (the
+    connection closed) and its grandchild in a session of its own."""
+    server = pool.client(start=True)
+    assert server is not None
+    spid = server.info["pid"]
+    server.close()
+    target = str(ROOT / "tests" / "helpers" / "hang_with_child.py") + ":Hang"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cutedebug", "run", "--warm", target, "--runs-dir", str(tmp_path)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    end = time.monotonic() + 60
+    kids: list[psutil.Process] = []
+    while time.monotonic() < end and len(kids) < 2:  # the worker and its grandchild
+        kids = psutil.Process(spid).children(recursive=True)
+        time.sleep(0.05)
+    assert len(kids) == 2
+    worker_tags = {k.environ().get(lifeline.RUN_TAG_VAR) for k in kids}
+    assert len(worker_tags) == 1 and None not in worker_tags
+    proc.kill()
+    proc.wait()
+    end = time.monotonic() + 10
+    while time.monotonic() < end and (
+        psutil.Process(spid).children(recursive=True) or any(carrying(t) for t in worker_tags)
+    ):
+        time.sleep(0.05)
+    assert psutil.Process(spid).children(recursive=True) == []
+    assert all(carrying(t) == [] for t in worker_tags)
+    assert not [k for k in kids if k.is_running() and k.status() != "zombie"]
+    assert psutil.Process(spid).is_running()  # the server itself stays for the next run
+
+
+@pytest.mark.slow
+def test_a_health_check_forks_from_the_pool(pool_env, tmp_path):
+    c = pool.client(start=True)
+    assert c is not None
+    try:
+        forked = runner.health_check(forkserver=c, run_dir=tmp_path)
+    finally:
+        c.close()
+    fresh = runner.health_check()
+    assert forked.get("forked") and not fresh.get("forked")
+    assert forked["healthy"] == fresh["healthy"]
+
+
+@pytest.mark.slow
+def test_a_wedged_or_dead_server_is_replaced_never_a_traceback(pool_env, tmp_path):
+    c = pool.client(start=True)
+    assert c is not None
+    old = server_meta()
+    c.close()
+    os.kill(old["pid"], signal.SIGSTOP)  # wedged: takes the connection, never answers
+    r = cli("run", "--compile-only", "--runs-dir", str(tmp_path), str(CLEAN))
+    assert r.returncode == 0, r.stdout + r.stderr
+    rep = report_json(r.stdout)
+    new = server_meta()
+    assert new["pid"] != old["pid"] and rep["evidence"]["pool"]["pid"] == new["pid"]
+    assert rep["evidence"]["pool"]["started_now"]
+    assert not psutil.pid_exists(old["pid"]) or (
+        psutil.Process(old["pid"]).status() == psutil.STATUS_ZOMBIE
+    )
+    assert carrying(old["tag"]) == []
+    os.kill(new["pid"], signal.SIGKILL)  # dead: a socket file nobody listens on
+    r = cli("run", "--compile-only", "--runs-dir", str(tmp_path), str(CLEAN))
+    assert r.returncode == 0, r.stdout + r.stderr
+    third = report_json(r.stdout)["evidence"]["pool"]
+    assert third["pid"] not in (old["pid"], new["pid"]) and third["started_now"]
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+def test_another_environment_gets_another_server_which_exits_when_idle(pool_env, tmp_path):
+    mine = pool.client(start=True)
+    assert mine is not None
+    mine.close()
+    env = {**os.environ, "CUTEDEBUG_TEST_OTHER_ENV": "1", pool.IDLE_VAR: "3"}
+    r = cli("pool", "start", env=env)
+    assert r.returncode == 0 and "started server" in r.stdout, r.stdout + r.stderr
+    rows = {row["key"]: row for row in pool.servers()}
+    other = [row for row in rows.values() if not row["this_env"]]
+    assert len(other) == 1 and other[0]["pid"] != mine.info["pid"]
+    pid, tag = other[0]["pid"], other[0]["tag"]
+    end = time.monotonic() + 30
+    while (
+        time.monotonic() < end
+        and pool.servers()
+        and any(row["pid"] == pid for row in pool.servers())
+    ):
+        time.sleep(0.2)
+    assert all(row["pid"] != pid for row in pool.servers())  # gone by itself: idle exit
+    assert carrying(tag) == []
+    log = Path(other[0]["log"]).read_text()
+    assert "exits: idle for 3 s" in log
+    stop = cli("pool", "stop")  # this environment's
+    assert stop.returncode == 0 and "0 process(es) left" in stop.stdout, stop.stdout
+    assert not pool.servers()
+    again = cli("pool", "stop")
+    assert again.returncode == 0 and "no server running" in again.stdout

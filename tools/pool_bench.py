@@ -1,0 +1,98 @@
+"""Wall time of `cutedebug run` cold (a fresh worker interpreter) against warm (a worker forked
+from the warm pool's resident server), alternated in one loop.
+
+    python3 tools/pool_bench.py [SCENARIO] [--rounds N] [--compile-only] [--json OUT]
+
+Each round runs the same command twice, as a user would type it (a new `cutedebug` process
+each time), `--no-warm` then `--warm`, so machine load drifts over both sides alike. The pool's
+server is started before the first round (`cutedebug pool start`, its start reported apart)
+and stopped after the last (`cutedebug pool stop`, with the processes it left). Prints each
+round, then per side the median, min and max wall and the report's phases (spawn, imports,
+compile, launch, exit), and the median of warm/cold per round. Default scenario: the probed
+HANG of the README (scenarios/tma_stream/wrong_expect_tx_plus.toml). Exit 1 when a run's
+verdict was not the expected one or the pool left a process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT = ROOT / "scenarios" / "tma_stream" / "wrong_expect_tx_plus.toml"
+PHASES = ("pool_s", "spawn_s", "imports_s", "compile_s", "launch_s", "exit_s")
+
+
+def cutedebug(*args: str) -> tuple[float, subprocess.CompletedProcess]:
+    t0 = time.monotonic()
+    r = subprocess.run(
+        [sys.executable, "-m", "cutedebug", *args], capture_output=True, text=True, cwd=ROOT
+    )
+    return time.monotonic() - t0, r
+
+
+def report(stdout: str) -> dict:
+    for line in stdout.splitlines():
+        if line.strip().startswith("report:"):
+            md = Path(line.split("report:", 1)[1].strip())
+            return json.loads((md.parent / "report.json").read_text())
+    return {}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("scenario", nargs="?", default=str(DEFAULT))
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--compile-only", action="store_true")
+    ap.add_argument("--json", help="write every run's wall and phases here")
+    args = ap.parse_args()
+    runs_dir = tempfile.mkdtemp(prefix="pool-bench-")
+    common = ["--runs-dir", runs_dir] + (["--compile-only"] if args.compile_only else [])
+    wall, r = cutedebug("pool", "start")
+    print(f"pool start: {wall:.2f} s wall: {r.stdout.strip().splitlines()[0] if r.stdout else ''}")
+    sides: dict[str, list[dict]] = {"cold": [], "warm": []}
+    ok = r.returncode == 0
+    for i in range(args.rounds):
+        for side, flag in (("cold", "--no-warm"), ("warm", "--warm")):
+            wall, r = cutedebug("run", flag, *common, args.scenario)
+            rep = report(r.stdout)
+            t = rep.get("timings", {})
+            row = {"wall_s": round(wall, 3), **{k: t[k] for k in PHASES if k in t}}
+            row["verdict"] = rep.get("verdict")
+            row["pool_pid"] = (rep.get("evidence", {}).get("pool") or {}).get("pid")
+            ok = ok and r.returncode in (0, 4)
+            sides[side].append(row)
+            print(f"round {i + 1} {side}: {row}", flush=True)
+    _, r = cutedebug("pool", "stop")
+    print(r.stdout.strip())
+    ok = ok and r.returncode == 0
+    ratios = [w["wall_s"] / c["wall_s"] for c, w in zip(sides["cold"], sides["warm"])]
+    for side, rows in sides.items():
+        walls = [x["wall_s"] for x in rows]
+        phases = {
+            k: round(statistics.median(x[k] for x in rows if k in x), 3)
+            for k in PHASES
+            if any(k in x for x in rows)
+        }
+        print(
+            f"{side}: wall median {statistics.median(walls):.2f} s "
+            f"(min {min(walls):.2f}, max {max(walls):.2f}, n={len(walls)}); phases {phases}"
+        )
+    print(
+        f"warm/cold wall per round: median {statistics.median(ratios):.2f} "
+        f"(min {min(ratios):.2f}, max {max(ratios):.2f}); load {os.getloadavg()[0]:.1f}"
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps({"sides": sides, "ratios": ratios}, indent=1))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
