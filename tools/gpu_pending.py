@@ -198,6 +198,14 @@ STEPS = [
         "exec on library hangs (the kernel's line, no adapter), mutate over the field tests",
     ),
     Step(
+        "warm",
+        "22",
+        120,
+        False,
+        "python3 tools/pool_bench.py --rounds 5 --json $STEP_OUT/pool.json",
+        "cutedebug run of a probed HANG: cold (<= 5 s) and warm pool (<= 2 s), alternated",
+    ),
+    Step(
         "bench",
         "22",
         240,
