@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from cutedebug.analyses import cudagdb
+from cutedebug.engine.run_report import RunReport
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.gpu
@@ -39,9 +40,9 @@ def test_named_barrier_hang_localized_from_the_core(tmp_path):
         cwd=ROOT,
     )
     assert r.returncode == 0, r.stdout + r.stderr
-    rep = json.loads(next(tmp_path.glob("*/report.json")).read_text())
-    ev = rep["evidence"]
-    assert rep["verdict"] == "HANG" and ev["coredump_grade"]["ok"] is True, ev["coredump_grade"]
+    rep = RunReport.from_json(json.loads(next(tmp_path.glob("*/report.json")).read_text()))
+    ev = rep.evidence
+    assert rep.verdict == "HANG" and ev["coredump_grade"]["ok"] is True, ev["coredump_grade"]
     assert ev["role_answers"]["consumer"]["op"] == "named_barrier"
-    assert ev["coredump"]["dump"]["dump_s"] < 5 and rep["health"]["healthy"] is True
+    assert ev["coredump"]["dump"]["dump_s"] < 5 and rep.health["healthy"] is True
     assert not ev.get("rerun_with_probes")

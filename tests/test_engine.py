@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from cutedebug.engine.run_report import RunReport
+
 ROOT = Path(__file__).resolve().parent.parent
 SCEN = ROOT / "scenarios" / "minimal"
 
@@ -21,26 +23,27 @@ def cutedebug(*args, cwd=ROOT, timeout=300):
     )
 
 
-def report_of(stdout: str) -> dict:
+def report_of(stdout: str) -> RunReport:
+    """The run's report.json, read as its record (every field checked)."""
     line = next(ln for ln in stdout.splitlines() if ln.strip().startswith("report:"))
     md = Path(line.split("report:", 1)[1].strip())
     if not md.is_absolute():
         md = ROOT / md
-    return json.loads((md.parent / "report.json").read_text())
+    return RunReport.from_json(json.loads((md.parent / "report.json").read_text()))
 
 
 def test_compile_only_minimal_for_sm90(tmp_path):
     r = cutedebug("run", str(SCEN / "clean.toml"), "--compile-only", "--runs-dir", str(tmp_path))
     assert r.returncode == 0, r.stdout + r.stderr
     rep = report_of(r.stdout)
-    assert rep["schema_version"] == 1
-    assert rep["verdict"] == "UNSUPPORTED"
-    assert rep["evidence"]["compiled"]["arch"] == "sm_90a"
-    ptx = (Path(rep["run_dir"]) / "kernel.ptx").read_text()
+    assert rep.schema_version == 1
+    assert rep.verdict == "UNSUPPORTED"
+    assert rep.evidence["compiled"]["arch"] == "sm_90a"
+    ptx = (Path(rep.run_dir) / "kernel.ptx").read_text()
     assert ".target sm_90a" in ptx
     assert "mbarrier.try_wait" in ptx and "mbarrier.arrive" in ptx
     # where the seconds went: the phases of a fresh worker cover its whole wall time
-    t = rep["timings"]
+    t = rep.timings
     phases = [t[k] for k in ("spawn_s", "imports_s", "inputs_s", "compile_s", "exit_s")]
     assert min(phases) >= 0 and t["verdict_s"] >= 0
     assert t["imports_s"] > 0.3  # torch and cutlass, in a fresh interpreter
@@ -53,7 +56,7 @@ def test_switch_fault_changes_the_ptx(tmp_path):
         "run", str(SCEN / "spin_hang.toml"), "--compile-only", "--runs-dir", str(tmp_path)
     )
     assert r.returncode == 0, r.stdout + r.stderr
-    ptx = (Path(report_of(r.stdout)["run_dir"]) / "kernel.ptx").read_text()
+    ptx = (Path(report_of(r.stdout).run_dir) / "kernel.ptx").read_text()
     assert "mbarrier.try_wait" in ptx and "mbarrier.arrive" not in ptx
 
 
@@ -65,7 +68,7 @@ def test_without_gpu_run_says_what_it_could_not_do(tmp_path):
     assert r.returncode == 4  # could not run here (exits.EXIT_NOT_RUN): it compiled
     assert "UNSUPPORTED (EXPECTED PASS)" in r.stdout
     assert "compiled for sm_90a" in r.stdout and "not run" in r.stdout
-    md = (Path(report_of(r.stdout)["run_dir"]) / "report.md").read_text()
+    md = (Path(report_of(r.stdout).run_dir) / "report.md").read_text()
     assert "**TL;DR** UNSUPPORTED" in md and "cutedebug run" in md
 
 
@@ -110,9 +113,9 @@ def test_faults_lists_the_registry():
 def test_minimal_verdicts_on_gpu(tmp_path, name, verdict):
     r = cutedebug("run", str(SCEN / f"{name}.toml"), "--runs-dir", str(tmp_path))
     rep = report_of(r.stdout)
-    assert rep["verdict"] == verdict, rep["tldr"]
+    assert rep.verdict == verdict, rep.tldr
     if verdict == "HANG":
-        assert rep["health"]["healthy"] is True
+        assert rep.health["healthy"] is True
 
 
 def test_cpu_run_reports_what_the_static_checks_caught(tmp_path):

@@ -19,11 +19,13 @@ from pathlib import Path
 import psutil
 import pytest
 
+from cutedebug.engine.run_report import ExecReport
+
 ROOT = Path(__file__).resolve().parents[1]
 TARGETS = ROOT / "tests" / "exec_targets"
 
 
-def cutedebug(*args: str, runs: Path, timeout: float = 300) -> tuple[int, str, dict]:
+def cutedebug(*args: str, runs: Path, timeout: float = 300) -> tuple[int, str, ExecReport | None]:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     out = subprocess.run(
         [sys.executable, "-m", "cutedebug", "exec", "--runs-dir", str(runs), *args],
@@ -35,7 +37,12 @@ def cutedebug(*args: str, runs: Path, timeout: float = 300) -> tuple[int, str, d
     )
     text = out.stdout + out.stderr
     m = re.search(r"report: (\S+)", out.stdout)
-    report = json.loads((Path(m.group(1)).parent / "report.json").read_text()) if m else {}
+    # the report.json, read as its record (every field checked); None: no report written
+    report = (
+        ExecReport.from_json(json.loads((Path(m.group(1)).parent / "report.json").read_text()))
+        if m
+        else None
+    )
     return out.returncode, text, report
 
 
@@ -60,31 +67,31 @@ def target(name: str) -> list[str]:
 def test_python_hang_is_killed_at_the_deadline_with_its_stack(tmp_path):
     rc, text, rep = cutedebug("--deadline", "3", *target("hang_python.py"), runs=tmp_path)
     assert rc == 1, text
-    assert rep["verdict"] == "HANG" and rep["killed_by_watchdog"] == "deadline:3s"
+    assert rep.verdict == "HANG" and rep.killed_by_watchdog == "deadline:3s"
     # faulthandler's dump, taken just before the kill, names the line the loop waits on
-    assert "hang_python.py:8 in wait_forever" in rep["reason"]
-    assert 2.9 <= rep["elapsed_s"] < 8.0  # the watchdog starts its clock at the spawn
-    pids = [p["pid"] for p in rep["processes"]]
+    assert "hang_python.py:8 in wait_forever" in rep.reason
+    assert 2.9 <= rep.elapsed_s < 8.0  # the watchdog starts its clock at the spawn
+    pids = [p["pid"] for p in rep.processes]
     assert pids and not any(alive(p) for p in pids)
     # no CuTe DSL kernel was traced: nothing to rerun with probes
-    assert rep["first_run"] is None and rep["kernels_traced"] == 0
+    assert rep.first_run is None and rep.kernels_traced == 0
 
 
 def test_nonzero_exit_is_fail_with_the_last_lines(tmp_path):
     rc, text, rep = cutedebug(*target("exits_nonzero.py"), runs=tmp_path)
-    assert rc == 1 and rep["verdict"] == "FAIL" and rep["returncode"] == 3
-    assert "check failed: max abs error 0.25 > 1e-3" in rep["reason"]
-    assert "computing" in rep["evidence"]["last_lines"]
+    assert rc == 1 and rep.verdict == "FAIL" and rep.returncode == 3
+    assert "check failed: max abs error 0.25 > 1e-3" in rep.reason
+    assert "computing" in rep.evidence["last_lines"]
     assert "check failed: max abs error 0.25" in text  # printed on the terminal too
     rc, _, rep = cutedebug("--expect", "FAIL", *target("exits_nonzero.py"), runs=tmp_path)
-    assert rc == 0 and rep["as_expected"]
+    assert rc == 0 and rep.as_expected
 
 
 def test_cuda_error_in_the_output_is_a_crash_named_like_run(tmp_path):
     rc, text, rep = cutedebug(*target("cuda_error.py"), runs=tmp_path)
-    assert rc == 1 and rep["verdict"] == "CRASH", text
-    assert rep["evidence"]["cuda_error"]["name"] == "cudaErrorIllegalAddress"
-    assert "illegal memory access" in rep["reason"]
+    assert rc == 1 and rep.verdict == "CRASH", text
+    assert rep.evidence["cuda_error"]["name"] == "cudaErrorIllegalAddress"
+    assert "illegal memory access" in rep.reason
 
 
 def test_death_by_signal_is_a_crash(tmp_path):
@@ -95,19 +102,19 @@ def test_death_by_signal_is_a_crash(tmp_path):
         "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)",
         runs=tmp_path,
     )
-    assert rc == 1 and rep["verdict"] == "CRASH" and "SIGSEGV" in rep["reason"], text
+    assert rc == 1 and rep.verdict == "CRASH" and "SIGSEGV" in rep.reason, text
 
 
 def test_children_and_grandchildren_are_instrumented_and_swept(tmp_path):
     rc, text, rep = cutedebug(*target("forks.py"), runs=tmp_path)
-    assert rc == 0 and rep["verdict"] == "PASS", text
-    m = re.search(r"child (\d+) grandchild (\d+)", rep["log_tail"])
+    assert rc == 0 and rep.verdict == "PASS", text
+    m = re.search(r"child (\d+) grandchild (\d+)", rep.log_tail)
     child, grandchild = int(m.group(1)), int(m.group(2))
     # the grandchild left the command's process group (its own session): found by the tag
-    assert {child, grandchild} <= set(rep["swept_pids"])
+    assert {child, grandchild} <= set(rep.swept_pids)
     assert not alive(child) and not alive(grandchild)
     # every Python interpreter of the tree ran the instrumentation's sitecustomize
-    assert {child, grandchild} <= {p["pid"] for p in rep["processes"]}
+    assert {child, grandchild} <= {p["pid"] for p in rep.processes}
 
 
 def test_usage_errors_exit_2(tmp_path):
@@ -128,9 +135,9 @@ def test_compiled_kernel_gets_the_fault_and_the_probes(tmp_path):
     """The script compiles tma_stream for sm_90a and prints facts from its PTX; the clean
     kernel's expect_tx is 33024 B per stage (x 32768 + scale 128 + bias 128)."""
     rc, text, clean = cutedebug(*target("compile_ptx_check.py"), runs=tmp_path)
-    assert rc == 0 and clean["verdict"] == "PASS", text
-    assert "expect_tx [33024]" in clean["log_tail"]
-    assert "globaltimer reads 0" in clean["log_tail"]  # no probes: no bounded waits
+    assert rc == 0 and clean.verdict == "PASS", text
+    assert "expect_tx [33024]" in clean.log_tail
+    assert "globaltimer reads 0" in clean.log_tail  # no probes: no bounded waits
     rc, text, rep = cutedebug(
         "--fault",
         "wrong_expect_tx:delta_bytes=16",
@@ -138,11 +145,11 @@ def test_compiled_kernel_gets_the_fault_and_the_probes(tmp_path):
         *target("compile_ptx_check.py"),
         runs=tmp_path,
     )
-    assert rc == 1 and rep["verdict"] == "FAIL", text
-    assert "expect_tx [33040]" in rep["log_tail"]  # +16 bytes, seen by the script itself
-    assert int(re.search(r"globaltimer reads (\d+)", rep["log_tail"]).group(1)) > 0
-    assert rep["fault_count"] == 1
-    proc = next(p for p in rep["processes"] if p["probe_sites"])
+    assert rc == 1 and rep.verdict == "FAIL", text
+    assert "expect_tx [33040]" in rep.log_tail  # +16 bytes, seen by the script itself
+    assert int(re.search(r"globaltimer reads (\d+)", rep.log_tail).group(1)) > 0
+    assert rep.fault_count == 1
+    proc = next(p for p in rep.processes if p["probe_sites"])
     fault_site = proc["fault_sites"][0]
     assert fault_site["kernel"] == "TmaStream.kernel" and fault_site["line"] == line_of(
         "ring.producer_acquire(state)"
@@ -347,13 +354,13 @@ def test_a_pytest_command_fails_on_the_test_that_sees_the_fault(tmp_path):
         str(TARGETS / "ptx_checks.py"),
     ]
     rc, text, rep = cutedebug(*pytest_cmd, runs=tmp_path)
-    assert rc == 0 and rep["verdict"] == "PASS", text
-    assert "2 passed" in rep["log_tail"] and "Warning" not in rep["log_tail"]
+    assert rc == 0 and rep.verdict == "PASS", text
+    assert "2 passed" in rep.log_tail and "Warning" not in rep.log_tail
     rc, text, rep = cutedebug("--fault", "wrong_arrive_count:delta=1", *pytest_cmd, runs=tmp_path)
-    assert rc == 1 and rep["verdict"] == "FAIL", text
-    assert "FAILED" in rep["evidence"]["last_lines"]
-    assert "test_barrier_init_counts" in rep["evidence"]["last_lines"]
-    assert "1 failed, 1 passed" in rep["reason"] and rep["fault_count"] == 1
+    assert rc == 1 and rep.verdict == "FAIL", text
+    assert "FAILED" in rep.evidence["last_lines"]
+    assert "test_barrier_init_counts" in rep.evidence["last_lines"]
+    assert "1 failed, 1 passed" in rep.reason and rep.fault_count == 1
 
 
 def test_a_fault_with_nothing_to_act_on_is_said_first(tmp_path):
@@ -368,11 +375,11 @@ def test_a_fault_with_nothing_to_act_on_is_said_first(tmp_path):
         "print('no kernels here')",
         runs=tmp_path,
     )
-    assert rep["verdict"] == "PASS" and rep["fault_count"] == 0
-    assert rep["reason"].startswith(
+    assert rep.verdict == "PASS" and rep.fault_count == 0
+    assert rep.reason.startswith(
         "nothing was instrumented: no Python process of the command imported cutlass"
     )
-    assert rep["tldr"].startswith("PASS (as expected)") and "nothing was instrumented" in text
+    assert rep.tldr.startswith("PASS (as expected)") and "nothing was instrumented" in text
 
 
 TWO_KERNELS = """

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from cutedebug.engine.run_report import ExecReport
+
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = ROOT / "tests" / "exec_targets" / "gpu_tma_stream.py"
 
@@ -57,9 +59,9 @@ def test_exec_localizes_a_hang_in_a_plain_script(tmp_path):
         cwd=str(ROOT),
     )
     report = re.search(r"report: (\S+)", out.stdout).group(1)
-    rep = json.loads((Path(report).parent / "report.json").read_text())
-    assert out.returncode == 1 and rep["verdict"] == "HANG", out.stdout + out.stderr
-    ev = rep["evidence"]
+    rep = ExecReport.from_json(json.loads((Path(report).parent / "report.json").read_text()))
+    assert out.returncode == 1 and rep.verdict == "HANG", out.stdout + out.stderr
+    ev = rep.evidence
     assert ev["kernel"] == "TmaStream.kernel"
     consumers = {
         (s["op"], s["barrier"], s["location"]) for s in ev["stuck_sites"] if s["role"] == "consumer"
@@ -68,8 +70,8 @@ def test_exec_localizes_a_hang_in_a_plain_script(tmp_path):
         ("consumer_wait", "full", f"tma_stream.py:{line_of('ring.consumer_wait(state)')}")
     }
     assert ev["timeline"]["stall_to_verdict_s"] <= 2.0
-    assert rep["health"]["healthy"] is True
-    assert rep["left_pids"] == [] and rep["fault_count"] == 1
+    assert rep.health["healthy"] is True
+    assert rep.left_pids == [] and rep.fault_count == 1
 
 
 def test_mutate_two_mutants_at_once_share_the_gpu(tmp_path):

@@ -167,3 +167,56 @@ def test_records_reads_nested_types_and_leaves_absent_keys_out():
     with pytest.raises(RecordError, match=r"field 'by_name.y': expected float, got NoneType"):
         records.from_json(Outer, dict(data, by_name={"y": None}))
     assert not ABSENT and records.present(ABSENT, 3) == 3 and records.present(0, 3) == 0
+
+
+# ---- report.json ----------------------------------------------------------------------------
+RUNS = ROOT / "tests" / "data" / "runs"
+
+
+@pytest.mark.parametrize("case", ["wrong_expect_tx_plus", "missing_phase_flip_producer"])
+def test_the_report_of_a_recorded_h200_run_round_trips(case, tmp_path):
+    """report.json of a run replayed from its H200 events reads back as a RunReport and
+    writes out byte for byte; its stuck map rows are typed."""
+    from cutedebug.engine import runner
+    from cutedebug.engine.run_report import RunReport
+    from cutedebug.reporting import report
+
+    res = runner.replay(RUNS / case)
+    res.run_dir = tmp_path
+    jpath, _ = report.write(res)
+    text = jpath.read_text()
+    rep = RunReport.from_json(json.loads(text))
+    assert json.dumps(rep.to_json(), indent=1, default=str) == text
+    assert rep.verdict is res.verdict and rep.schema_version == 1
+    if rep.stuck_map is not None:
+        assert sum(r.n_ctas for r in rep.stuck_map.rows) > 0
+    bad = dict(json.loads(text), schema_version=2)
+    with pytest.raises(RecordError, match=r"field 'schema_version': 2 is not one of \[1\]"):
+        RunReport.from_json(bad)
+
+
+def test_the_exec_report_of_recorded_h200_events_round_trips(tmp_path):
+    """report.json of `cutedebug exec` over the recorded tma_stream hang's events (one
+    process of an exec'd command) reads back as an ExecReport, byte for byte."""
+    from cutedebug.commands import exec as X
+    from cutedebug.engine.run_report import ExecReport
+
+    tree = X._Tree()
+    for line in (RUNS / "wrong_expect_tx_plus" / "events.jsonl").read_text().splitlines():
+        tree.add({**json.loads(line), "pid": 4242})
+    res = X.ExecResult(
+        settings=X.Settings(argv=["python", "repro.py"]),
+        verdict=Verdict.PASS,
+        reason="",
+        run_dir=tmp_path,
+        returncode=-9,
+        killed_by="stuck records",
+        elapsed_s=1.0,
+        processes=tree.procs,
+    )
+    X.classify(res)
+    X.write_report(res, expect="HANG", command="cutedebug exec -- python repro.py")
+    text = (tmp_path / "report.json").read_text()
+    rep = ExecReport.from_json(json.loads(text))
+    assert json.dumps(rep.to_json(), indent=1, default=str) == text
+    assert rep.verdict is Verdict.HANG and rep.as_expected and rep.processes[0]["pid"] == 4242

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from cutedebug.engine.command import ExecResult, where
+from cutedebug.engine.run_report import ExecReport
 
 
 def tldr(res: ExecResult, expect: str = "PASS") -> str:
@@ -23,7 +24,8 @@ def tldr(res: ExecResult, expect: str = "PASS") -> str:
     return f"{res.verdict.value} ({mark}) — {cmd}" + (f" — {w}" if w else "") + f": {why}"
 
 
-def to_json(res: ExecResult, expect: str = "PASS", command: str = "") -> dict[str, Any]:
+def exec_report(res: ExecResult, expect: str = "PASS", command: str = "") -> ExecReport:
+    """The exec run's report.json record."""
     s = res.settings
     procs = [
         {k: v for k, v in p.items() if k not in ("events", "compiled")}
@@ -35,38 +37,41 @@ def to_json(res: ExecResult, expect: str = "PASS", command: str = "") -> dict[st
         for k, v in res.evidence.items()
         if k not in ("stuck_map_svg", "probe_picture", "probe_sites")  # drawn; sites per process
     }
-    return {
-        "schema_version": 1,
-        "mode": "exec",
-        "argv": s.argv,
-        "cwd": s.cwd or os.getcwd(),
-        "fault": s.fault,
-        "fault_args": s.fault_args,
-        "fault_trace": s.fault_trace,
-        "gpu_token": s.gpu_token,
-        "probes": s.probes,
-        "deadline_s": s.deadline_s,
-        "verdict": res.verdict.value,
-        "expected_verdict": expect,
-        "as_expected": res.verdict.value == expect,
-        "reason": res.reason,
-        "tldr": tldr(res, expect),
-        "returncode": res.returncode,
-        "killed_by_watchdog": res.killed_by,
-        "elapsed_s": res.elapsed_s,
-        "fault_count": res.fault_count,
-        "kernels_traced": res.traced,
-        "evidence": ev,
-        "processes": procs,
-        "health": res.health,
-        "swept_pids": res.swept,
-        "left_pids": res.left,
-        "gpu_wait_s": res.gpu_wait_s,
-        "first_run": res.first_run,
-        "run_dir": str(res.run_dir),
-        "command": command,
-        "log_tail": res.log_tail[-3000:],
-    }
+    return ExecReport(
+        argv=s.argv,
+        cwd=s.cwd or os.getcwd(),
+        fault=s.fault,
+        fault_args=s.fault_args,
+        fault_trace=s.fault_trace,
+        gpu_token=s.gpu_token,
+        probes=s.probes,
+        deadline_s=s.deadline_s,
+        verdict=res.verdict,
+        expected_verdict=expect,
+        as_expected=res.verdict.value == expect,
+        reason=res.reason,
+        tldr=tldr(res, expect),
+        returncode=res.returncode,
+        killed_by_watchdog=res.killed_by,
+        elapsed_s=res.elapsed_s,
+        fault_count=res.fault_count,
+        kernels_traced=res.traced,
+        evidence=ev,
+        processes=procs,
+        health=res.health,
+        swept_pids=res.swept,
+        left_pids=res.left,
+        gpu_wait_s=res.gpu_wait_s,
+        first_run=res.first_run,
+        run_dir=str(res.run_dir),
+        command=command,
+        log_tail=res.log_tail[-3000:],
+    )
+
+
+def to_json(res: ExecResult, expect: str = "PASS", command: str = "") -> dict[str, Any]:
+    """report.json's object (``exec_report(...).to_json()``)."""
+    return exec_report(res, expect, command).to_json()
 
 
 def to_markdown(res: ExecResult, expect: str = "PASS", command: str = "") -> str:

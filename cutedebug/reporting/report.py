@@ -15,21 +15,28 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from cutedebug.engine.run_report import (
+    SCHEMA_VERSION,
+    RunReport,
+    StuckMapRow,
+    StuckMapSummary,
+)
 from cutedebug.engine.runner import RunResult, probe_picture
 from cutedebug.instrument.probes import snapshot_from_json
 from cutedebug.reporting import stuck_map as SM
 from cutedebug.reporting.escape import md_block, md_code, md_link, md_text
 from cutedebug.reporting.files import atomic_write
 
-SCHEMA_VERSION = 1
 STUCK_MAP_SVG = "stuck_map.svg"
 
 __all__ = [
     "SCHEMA_VERSION",
+    "RunReport",
     "atomic_write",
     "command_line",
     "group_sites",
     "reproduce_command",
+    "run_report",
     "stuck_map",
     "tldr",
     "to_json",
@@ -102,49 +109,54 @@ def tldr(result: RunResult) -> str:
     )
 
 
+def run_report(result: RunResult) -> RunReport:
+    """The run's report.json record."""
+    return RunReport(
+        scenario=result.scenario.to_json(),
+        mode=result.mode,
+        verdict=result.verdict,
+        expected_verdict=result.scenario.expect.verdict,
+        verdict_ok=result.verdict_ok,
+        localization=result.localization,
+        as_expected=result.expected,
+        reason=result.reason,
+        tldr=tldr(result),
+        evidence=result.evidence,
+        timings=result.timings,
+        health=result.health,
+        repeats=result.repeats,
+        run_dir=str(result.run_dir),
+        command=result.command,
+        log_tail=result.outcome.log_tail[-2000:],
+        stuck_map=_stuck_map_summary(result),
+    )
+
+
 def to_json(result: RunResult) -> dict[str, Any]:
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "scenario": result.scenario.to_json(),
-        "mode": result.mode,
-        "verdict": result.verdict.to_json(),
-        "expected_verdict": result.scenario.expect.verdict,
-        "verdict_ok": result.verdict_ok,
-        "localization": result.localization,
-        "as_expected": result.expected,
-        "reason": result.reason,
-        "tldr": tldr(result),
-        "evidence": result.evidence,
-        "timings": result.timings,
-        "health": result.health,
-        "repeats": result.repeats,
-        "run_dir": str(result.run_dir),
-        "command": result.command,
-        "log_tail": result.outcome.log_tail[-2000:],
-        "stuck_map": _stuck_map_json(result),
-    }
+    """report.json's object (``run_report(result).to_json()``)."""
+    return run_report(result).to_json()
 
 
-def _stuck_map_json(result: RunResult) -> dict[str, Any] | None:
+def _stuck_map_summary(result: RunResult) -> StuckMapSummary | None:
     sm = stuck_map(result)
     if sm is None:
         return None
     m = sm[0]
-    return {
-        "svg": STUCK_MAP_SVG,
-        "warps": m.warps,
-        "dropped_records": m.dropped_records,
-        "n_stuck_reported": m.n_stuck_reported,
-        "hidden_rows": len(m.hidden_rows),
-        "rows": [
-            {
-                "ctas": SM.cta_ranges(r.ctas, limit=10**6),
-                "n_ctas": len(r.ctas),
-                "cells": [c.label for c in r.cells],
-            }
+    return StuckMapSummary(
+        svg=STUCK_MAP_SVG,
+        warps=m.warps,
+        dropped_records=m.dropped_records,
+        n_stuck_reported=m.n_stuck_reported,
+        hidden_rows=len(m.hidden_rows),
+        rows=[
+            StuckMapRow(
+                ctas=SM.cta_ranges(r.ctas, limit=10**6),
+                n_ctas=len(r.ctas),
+                cells=[c.label for c in r.cells],
+            )
             for r in m.rows
         ],
-    }
+    )
 
 
 def _md_coredump(ev: dict[str, Any]) -> list[str]:
