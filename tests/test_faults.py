@@ -4,8 +4,10 @@ Each patch fault is compiled for sm_90a (CPU only) into two kernels built on cut
 tests/pipeline_kernels/tma_copy.py and kernels/tma_stream.py. The PTX of the faulted compile is
 compared with the clean one on a fixed set of features (expect_tx bytes, mbarrier.init counts,
 try_wait loops, plain arrives, bar.sync, phase-flip xor/selp, ...): the fault must change
-exactly the features it should, by the amount it should, and nothing else among them. A clean
-compile after every faulted one must give the clean PTX again (patches fully restored).
+exactly the features it should, by the amount it should, and nothing else among them. After
+every faulted compile every binding a patch may touch is the original again and no observer is
+left registered (patches fully restored), and once a kernel's tests are done a clean compile
+must still give the clean PTX (what the bindings cannot show: state a leaked patch left behind).
 """
 
 from __future__ import annotations
@@ -197,6 +199,7 @@ class Kernel:
         self.params = params
         self.clean = self.ptx()
         self.features = ptx_features(self.clean)
+        self.faults_run: list[str] = []
 
     def ptx(self, **switches) -> str:
         from cutlass import cute
@@ -207,16 +210,26 @@ class Kernel:
         return compiled.__ptx__
 
     def faulted(self, name: str, args: dict) -> tuple[str, faults.Applied]:
+        from cutedebug.instrument import layer
+
+        before = _patchable_state(callables=True)
         with faults.inject(name, args) as applied:
             ptx = self.ptx()
-        # restored: a clean compile right after gives the clean PTX again
-        assert self.ptx() == self.clean, f"{name}{args}: patches leaked past the context"
+        # restored: every binding back, no observer left (the clean recompile that proves
+        # it once more runs when the kernel's tests are done: the fixture's teardown)
+        after = _patchable_state(callables=True)
+        assert {k: after.get(k) for k in before} == before, f"{name}{args}: patches leaked"
+        assert layer.current() is None, f"{name}{args}: an observer stayed registered"
+        self.faults_run.append(f"{name}{args}")
         return ptx, applied
 
 
 @pytest.fixture(scope="module", params=sorted(KERNELS))
 def kernel(request, dump_dir):
-    return Kernel(request.param, dump_dir)
+    k = Kernel(request.param, dump_dir)
+    yield k
+    # after every fault this kernel's tests injected: a clean compile is still the clean PTX
+    assert k.ptx() == k.clean, f"a clean compile after {k.faults_run} differs from the first"
 
 
 def assert_only(clean: dict, faulted: dict, changed: dict) -> None:
@@ -444,15 +457,18 @@ def test_switch_not_declared_by_the_kernel_is_a_clear_error(kernel):
 # ---- restoration -----------------------------------------------------------------------------
 
 
-def _patchable_state() -> dict:
-    """Every binding a patch may touch: cutlass module globals and pipeline class dicts."""
+def _patchable_state(callables: bool = False) -> dict:
+    """Every binding a patch may touch: cutlass module globals and pipeline class dicts.
+    ``callables``: module globals that are functions or classes only (what patches replace;
+    a trace also fills the DSL's own lazy globals, such as its package roots)."""
     import cutlass.pipeline as pl
 
     state = {}
     for name, module in list(sys.modules.items()):
         if name.startswith("cutlass") and module is not None:
             for attr, value in list(vars(module).items()):
-                state[(name, attr)] = id(value)
+                if not callables or callable(value):
+                    state[(name, attr)] = id(value)
     todo = [pl.PipelineAsync]
     while todo:
         cls = todo.pop()
