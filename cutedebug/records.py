@@ -10,10 +10,18 @@ enums with a ``from_json``) and refuses, with a :class:`RecordError` naming the 
 - a key the type requires (a field without a default) that is not there;
 - a value of the wrong type (``field 'run.verdict': 'MAYBE' is not a verdict; ...``).
 
-Files written by earlier versions lack keys that were added later. Such fields default to
-:data:`ABSENT`, which :func:`to_json` leaves out, so a record read from an old file writes back
-the same object, key for key. ``ABSENT`` is falsy; test ``x is ABSENT`` where None also means
-something.
+Files written by earlier versions lack keys that were added later. Two ways to read them so
+that a record read from an old file writes back the same object, key for key:
+
+- the field defaults to :data:`ABSENT`, which :func:`to_json` leaves out (where "not there" means
+  something of its own, e.g. a triage record's grading before it is graded). ``ABSENT`` is
+  falsy; test ``x is ABSENT`` where None also means something;
+- the field is declared with :func:`later` (its default is what an old file meant) and the
+  record has an :func:`absent_keys` field: ``from_json`` notes there which ``later`` keys the
+  file lacked, and ``to_json`` leaves those out again (the code sees the plain default).
+
+A key that only some writers add (e.g. a probe site's ``kernel`` under ``cutedebug exec``) is
+declared with :func:`optional`: read as its default when missing, written only when set.
 
 Imports no other cutedebug module (every layer may use it).
 """
@@ -27,7 +35,17 @@ import types
 import typing
 from typing import Any, Literal, TypeVar, Union
 
-__all__ = ["ABSENT", "Absent", "RecordError", "from_json", "present", "to_json"]
+__all__ = [
+    "ABSENT",
+    "Absent",
+    "RecordError",
+    "absent_keys",
+    "from_json",
+    "later",
+    "optional",
+    "present",
+    "to_json",
+]
 
 R = TypeVar("R")
 
@@ -56,15 +74,55 @@ def present(value: Any, default: Any = None) -> Any:
     return default if value is ABSENT else value
 
 
+_LATER = "cutedebug.records.later"
+_OPTIONAL = "cutedebug.records.optional"
+_ABSENT_KEYS = "cutedebug.records.absent_keys"
+
+
+def later(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING):
+    """A field added after files were written: a file without it reads as the default (and,
+    with an :func:`absent_keys` field, writes back without it)."""
+    return dataclasses.field(
+        default=default, default_factory=default_factory, metadata={_LATER: True}
+    )
+
+
+def optional(default: Any = None) -> Any:
+    """A key written only when its value is not ``default`` (read as ``default`` when
+    missing)."""
+    return dataclasses.field(default=default, metadata={_OPTIONAL: True})
+
+
+def absent_keys() -> Any:
+    """The field where ``from_json`` notes the :func:`later` keys a file lacked (not a key of
+    the JSON object; not compared, not shown)."""
+    return dataclasses.field(
+        default=frozenset(), compare=False, repr=False, metadata={_ABSENT_KEYS: True}
+    )
+
+
 # ---- writing -------------------------------------------------------------------------------
 def to_json(record: Any) -> dict[str, Any]:
     """The record as a JSON object: its fields in declaration order, ABSENT ones left out."""
     out: dict[str, Any] = {}
-    for f in dataclasses.fields(record):
+    fields = dataclasses.fields(record)
+    lacked = next((getattr(record, f.name) for f in fields if f.metadata.get(_ABSENT_KEYS)), ())
+    for f in fields:
+        if f.metadata.get(_ABSENT_KEYS):
+            continue
         value = getattr(record, f.name)
-        if value is not ABSENT:
-            out[f.name] = _dump(value)
+        if value is ABSENT or (f.name in lacked and value == _default(f)):
+            continue  # the file did not have it, and it was not set since
+        if f.metadata.get(_OPTIONAL) and value == f.default:
+            continue
+        out[f.name] = _dump(value)
     return out
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
 
 
 def _dump(value: Any) -> Any:
@@ -94,7 +152,9 @@ def from_json(cls: type[R], data: Any, where: str = "") -> R:
             f"{_label(where) if where else name}: expected a JSON object ({name}), "
             f"got {type(data).__name__}"
         )
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    all_fields = dataclasses.fields(cls)
+    fields = {f.name: f for f in all_fields if f.init and not f.metadata.get(_ABSENT_KEYS)}
+    tracker = next((f.name for f in all_fields if f.metadata.get(_ABSENT_KEYS)), None)
     unknown = [k for k in data if k not in fields]
     if unknown:
         raise RecordError(
@@ -102,13 +162,18 @@ def from_json(cls: type[R], data: Any, where: str = "") -> R:
         )
     hints = _hints(cls)
     kwargs: dict[str, Any] = {}
+    lacked = []
     for key, f in fields.items():
         if key not in data:
             required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
             if required:
                 raise RecordError(f"{_label(_join(where, key))} missing ({name})")
+            if f.metadata.get(_LATER):
+                lacked.append(key)
             continue
         kwargs[key] = _load(data[key], hints[key], _join(where, key))
+    if tracker and lacked:
+        kwargs[tracker] = frozenset(lacked)
     return cls(**kwargs)
 
 
@@ -141,6 +206,15 @@ def _load(value: Any, tp: Any, path: str) -> Any:
             raise RecordError(f"{where}: expected a list, got {type(value).__name__}")
         (item,) = typing.get_args(tp) or (Any,)
         return [_load(v, item, f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise RecordError(f"{where}: expected a list, got {type(value).__name__}")
+        args = typing.get_args(tp)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_load(v, args[0], f"{path}[{i}]") for i, v in enumerate(value))
+        if len(value) != len(args):
+            raise RecordError(f"{where}: expected {len(args)} items, got {len(value)}")
+        return tuple(_load(v, a, f"{path}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
     if origin is dict:
         if not isinstance(value, dict):
             raise RecordError(f"{where}: expected an object, got {type(value).__name__}")

@@ -220,3 +220,58 @@ def test_the_exec_report_of_recorded_h200_events_round_trips(tmp_path):
     rep = ExecReport.from_json(json.loads(text))
     assert json.dumps(rep.to_json(), indent=1, default=str) == text
     assert rep.verdict is Verdict.HANG and rep.as_expected and rep.processes[0]["pid"] == 4242
+
+
+# ---- probe sites, stuck records, beacons --------------------------------------------------------
+def recorded_events(case: str) -> list[dict[str, Any]]:
+    lines = (RUNS / case / "events.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+@pytest.mark.parametrize("case", ["wrong_expect_tx_plus", "missing_phase_flip_producer"])
+def test_recorded_sites_stuck_records_and_beacons_round_trip(case):
+    """The H200 run's probe sites (written before pipeline_index, via and tx_bytes existed),
+    its stuck records and beacons read as their types and write back key for key."""
+    from cutedebug.instrument.probes import Beacon, Site, SiteTable, StuckRecord
+
+    events = recorded_events(case)
+    sites = next(e for e in events if e["event"] == "compiled")["probe_sites"]
+    assert sites and all("via" not in s for s in sites)  # the older shape
+    typed = [Site.from_json(s) for s in sites]
+    assert [s.to_json() for s in typed] == sites
+    assert all(s.via == "" and s.pipeline_index is None for s in typed)  # their defaults
+    assert SiteTable.from_json(sites).to_json() == sites
+    # the live pictures, and the final report where the kernel finished (the other faulted)
+    pictures = [e["picture"] for e in events if e.get("picture")]
+    pictures += [e for e in events if e["event"] == "probe_report"]
+    n = 0
+    for pic in pictures:
+        for r in pic["stuck"]:
+            rec = StuckRecord.from_json(r)
+            assert rec.to_json() == r and isinstance(rec.block, tuple)
+            n += 1
+        for b in pic["beacons"]:
+            assert Beacon.from_json(b).to_json() == b
+    assert pictures and n or case == "missing_phase_flip_producer"
+    # a field set since the file was written is written
+    moved = dataclasses.replace(typed[0], via="lib.py:12")
+    assert moved.to_json()["via"] == "lib.py:12"
+
+
+def test_a_site_or_stuck_record_that_does_not_fit_is_refused():
+    from cutedebug.instrument.probes import Site, StuckRecord, snapshot_from_json
+
+    events = recorded_events("wrong_expect_tx_plus")
+    site = next(e for e in events if e["event"] == "compiled")["probe_sites"][0]
+    with pytest.raises(RecordError, match=r"field 'op' missing \(Site\)"):
+        Site.from_json({k: v for k, v in site.items() if k != "op"})
+    with pytest.raises(RecordError, match=r"field 'line': expected int, got str"):
+        Site.from_json(dict(site, line="238"))
+    # `cutedebug exec` adds the kernel a site was traced in: written only when known
+    exec_site = dict(site, kernel="TmaStream.kernel", symbol="kernel_0")
+    assert Site.from_json(exec_site).to_json() == exec_site
+    stuck = next(e for e in events if e["event"] == "probe_report")["stuck"][0]
+    with pytest.raises(RecordError, match=r"field 'block': expected 3 items, got 2"):
+        StuckRecord.from_json(dict(stuck, block=[0, 0]))
+    with pytest.raises(RecordError, match=r"field 'stuck\[0\].waited_ns' missing"):
+        snapshot_from_json({"stuck": [{k: v for k, v in stuck.items() if k != "waited_ns"}]})

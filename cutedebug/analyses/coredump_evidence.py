@@ -346,8 +346,6 @@ def patterns(rep: CoreReport) -> list[str]:
 def picture(rep: CoreReport) -> dict[str, Any]:
     """The core as a probe snapshot (stuck records, no beacons) and its site list, so the
     report draws the same stuck map as for probes (cutedebug.reporting.stuck_map)."""
-    from dataclasses import asdict
-
     from cutedebug.instrument import probes
 
     table = probes.SiteTable()
@@ -387,7 +385,7 @@ def picture(rep: CoreReport) -> dict[str, Any]:
         )
     snap = probes.ProbeSnapshot(stuck=stuck, n_stuck_reported=len(stuck))
     return {
-        "stuck": [asdict(r) for r in snap.stuck],
+        "stuck": [r.to_json() for r in snap.stuck],
         "beacons": [],
         "n_stuck_reported": len(stuck),
         "sites": table.to_json(),

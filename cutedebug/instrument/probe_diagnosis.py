@@ -37,8 +37,8 @@ def snapshot_to_json(
     )
     return {
         "warps": warp_evidence(snapshot, by_id),
-        "stuck": [{**vars(r), "block": list(r.block)} for r in stuck],
-        "beacons": [dict(vars(b)) for b in beacons],
+        "stuck": [r.to_json() for r in stuck],
+        "beacons": [b.to_json() for b in beacons],
         "stuck_unlisted": len(snapshot.stuck) - len(stuck) + snapshot.stuck_unlisted,
         "beacons_unlisted": len(snapshot.beacons) - len(beacons) + snapshot.beacons_unlisted,
         "progress_counter_total": snapshot.progress_counter_total,

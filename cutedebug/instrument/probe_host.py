@@ -12,6 +12,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
+from cutedebug import records
 from cutedebug.instrument.probe_layout import (
     BLOCK_MASK,
     HEADER_FMT,
@@ -37,6 +38,8 @@ from cutedebug.instrument.probe_layout import (
 
 @dataclass
 class StuckRecord:
+    """What a bounded wait wrote when its time budget ran out (one per timed-out thread)."""
+
     site_id: int
     block: tuple[int, int, int]
     block_linear: int
@@ -49,9 +52,18 @@ class StuckRecord:
     lane: int
     globaltimer: int
 
+    def to_json(self) -> dict[str, Any]:
+        return records.to_json(self)
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "") -> StuckRecord:
+        return records.from_json(cls, data, where)
+
 
 @dataclass
 class Beacon:
+    """A warp's last completed wait, as its beacon slot holds it."""
+
     cta: int  # linear block id of the last writer (mod 2**20)
     warp: int
     site_id: int
@@ -59,6 +71,13 @@ class Beacon:
     phase: int
     seq: int  # PipelineState.count + 1 (mod 2**23), or a globaltimer tick for raw waits
     word: int
+
+    def to_json(self) -> dict[str, Any]:
+        return records.to_json(self)
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "") -> Beacon:
+        return records.from_json(cls, data, where)
 
 
 @dataclass
@@ -197,10 +216,12 @@ def detect_stall(snapshots: list[tuple[float, ProbeSnapshot]], stall_s: float) -
 
 
 def snapshot_from_json(d: dict[str, Any]) -> ProbeSnapshot:
-    stuck = [StuckRecord(**{**r, "block": tuple(r["block"])}) for r in d.get("stuck", [])]
+    """A probe picture (``snapshot_to_json``, or a core's) as a snapshot; its stuck records and
+    beacons are read strictly (RecordError naming the field)."""
+    stuck = [StuckRecord.from_json(r, f"stuck[{i}]") for i, r in enumerate(d.get("stuck", []))]
     return ProbeSnapshot(
         stuck=stuck,
-        beacons=[Beacon(**b) for b in d.get("beacons", [])],
+        beacons=[Beacon.from_json(b, f"beacons[{i}]") for i, b in enumerate(d.get("beacons", []))],
         progress_counter_total=d.get("progress_counter_total", 0),
         n_stuck_reported=d.get("n_stuck_reported", len(stuck)),
         header_magic=d.get("header_magic", 0),

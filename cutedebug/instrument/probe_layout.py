@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import struct
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+from cutedebug import records
 
 MAGIC = 0x42504443  # b"CDPB" read as a little-endian u32
 VERSION = 1
@@ -149,9 +151,14 @@ class Site:
     stages: int | None = None
     arrive_count: int | None = None
     tx_count: int | None = None
-    pipeline_index: int | None = None  # the layer's identity (create() order); None: raw
-    via: str = ""  # the library wrapper line between the kernel's call and the wait
-    tx_bytes: int | None = None  # raw_op sites: the expect_tx bytes (static)
+    # added after the first recorded runs (tests/data/runs): an older file reads the default
+    pipeline_index: int | None = records.later(None)  # the layer's pipeline (create() order)
+    via: str = records.later("")  # the library wrapper line between the kernel's call and wait
+    tx_bytes: int | None = records.later(None)  # raw_op sites: the expect_tx bytes (static)
+    # `cutedebug exec` (instrument/launch.py): the @cute.kernel the site was traced in
+    kernel: str | None = records.optional(None)
+    symbol: str | None = records.optional(None)
+    absent: frozenset[str] = records.absent_keys()
 
     @property
     def role(self) -> str:
@@ -183,11 +190,11 @@ class Site:
         return f"{self.op} {bar}{idx}{ph} ({self.where})"
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return records.to_json(self)
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Site:
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+    def from_json(cls, data: Any, where: str = "") -> Site:
+        return records.from_json(cls, data, where)
 
 
 _KEY = (
@@ -259,7 +266,7 @@ def _as_sites(sites: Any) -> dict[int, Site]:
         n = len(sites.sites)
         sites = [
             *sites.sites,
-            *(Site(**{**asdict(o), "id": n + i}) for i, o in enumerate(sites.raw_ops)),
+            *(replace(o, id=n + i) for i, o in enumerate(sites.raw_ops)),
         ]
     out = {}
     for s in sites:
