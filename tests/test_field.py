@@ -195,14 +195,22 @@ def test_fault_sites_land_on_the_library_lines(tmp_path):
     }
     assert sites("fa4_fwd_sm90", "skip_producer_tail") == {"producer_tail flash_fwd_sm90.py:919": 1}
     # no static error on the clean kernels (FA-4's sequential reuse of named barrier 1 with
-    # 256 and 288 threads is legal); the backward's one known false alarm, quack's no-op
-    # producer_commit (issue 17 item 6), is the only error allowed there
+    # 256 and 288 threads is legal; quack's no-op producer_commit of PipelineStasAsync, which
+    # the backward never calls, is not paired)
     for family, (file, entry, _) in ADAPTERS.items():
         findings = survey[f"{file}:{entry}"]["clean"]["static_findings"]
         errors = [f for f in findings if f["severity"] == "error"]
-        if family == "quack_rmsnorm_bwd":
-            errors = [f for f in errors if f["check"] != "commit_pairing"]
         assert errors == [], family
+    noop = [
+        f
+        for f in survey["quack_rmsnorm.py:QuackRMSNormBwd"]["clean"]["static_findings"]
+        if f["check"] == "commit_pairing"
+    ]
+    assert [f["severity"] for f in noop] == ["info"]
+    assert (
+        "producer_commit of PipelineStasAsync is a no-op method (pipeline.py:477)"
+        in (noop[0]["message"])
+    )
 
 
 @needs_libs
@@ -244,3 +252,124 @@ def test_adapter_references_agree_with_torch_autograd_and_math():
     t = gemm.make_inputs("cpu")
     want = torch.einsum("mk,nk->mn", t["a"].double(), t["b"].double())
     torch.testing.assert_close(gemm.reference(t).double(), want, atol=1e-3, rtol=1e-5)
+
+
+def _compile(family: str, fault: str | None = None, args: dict | None = None, **params):
+    """One in-process compile of an adapter for sm_90a (fake tensors): (PTX, Applied)."""
+    import tempfile
+
+    import cutlass.cute as cute
+    from cutlass.base_dsl.compiler import DumpDir
+
+    from cutedebug import kernel_api
+    from cutedebug.instrument import faults
+
+    file, entry, _ = ADAPTERS[family]
+    kernel = kernel_api.load_entry(FIELD / file, entry)(**params)
+    with faults.inject(fault, args or {}) as applied:
+        compiled = cute.compile[
+            cute.GPUArch("sm_90a"), cute.KeepPTX(), DumpDir(tempfile.gettempdir())
+        ](kernel, *kernel.fake_args())
+    return compiled.__ptx__, applied
+
+
+def _parities(ptx: str) -> list[str]:
+    """The parity operand of every mbarrier try_wait, in PTX order."""
+    return [
+        line.split(",")[2].strip()
+        for line in ptx.splitlines()
+        if "mbarrier.try_wait.parity" in line
+    ]
+
+
+@needs_libs
+def test_rmsnorm_backward_consumer_phase_flip_freezes_the_raw_wait():
+    """quack reads cons_state_reduce.phase itself (rmsnorm.py:1101) for the raw mbarrier wait
+    in cluster_reduce: the fault freezes that parity at 0 (it applied at 0 sites before)."""
+    clean, _ = _compile("quack_rmsnorm_bwd")
+    ptx, applied = _compile("quack_rmsnorm_bwd", "missing_phase_flip", {"role": "consumer"})
+    (site,) = applied.sites
+    assert (Path(site["file"]).name, site["line"]) == ("rmsnorm.py", 1152)
+    assert "its phase read by the kernel at rmsnorm.py:1101" in site["detail"]
+    before, after = _parities(clean), _parities(ptx)
+    assert len(before) == len(after) == 4
+    assert before[1].startswith("%r") and after[1] == "0"  # the reduction's raw wait
+    assert [p.startswith("%r") for i, p in enumerate(after) if i != 1] == [True] * 3
+
+
+@needs_libs
+def test_advance_iters_of_quack_pingpong_gemm_loses_the_flip():
+    """Pingpong GEMM: each consumer warpgroup skips the other's steps with
+    PipelineStateWAdvance.advance_iters (gemm_sm90.py, and the tile scheduler's)."""
+    clean, _ = _compile("quack_gemm_sm90", tile_m=64, pingpong=True)
+    ptx, applied = _compile(
+        "quack_gemm_sm90", "missing_phase_flip", {"role": "consumer"}, tile_m=64, pingpong=True
+    )
+    where = {(Path(s["file"]).name, s["line"], s.get("via")) for s in applied.sites}
+    assert {
+        ("gemm_sm90.py", 1261, None),  # ab_read_state.advance_iters(k_tile_cnt_static)
+        ("gemm_sm90.py", 1459, None),
+        ("gemm_sm90.py", 1460, "tile_scheduler.py:980"),  # advance_to_next_work(advance_count=2)
+    } <= where
+    assert ptx != clean
+
+
+# The probe site of every wait of the clean kernels (sm_90a, fake tensors): the library
+# kernel's call line, the library helper's line as ``via``. (op, barrier, pipeline, where, via)
+WAIT_SITES = {
+    "quack_gemm_sm90": [
+        ("producer_acquire", "empty", 0, "gemm_base.py:1026", ""),
+        ("producer_acquire", "empty", 1, "gemm_sm90.py:1167", "tile_scheduler.py:923"),
+        ("consumer_wait", "full", 1, "gemm_sm90.py:1168", "tile_scheduler.py:679"),
+        ("producer_tail", "empty", 0, "gemm_sm90.py:1176", ""),
+        ("producer_tail", "empty", 1, "gemm_sm90.py:1178", "tile_scheduler.py:1009"),
+        ("consumer_wait", "full", 0, "gemm_sm90.py:1632", ""),
+        ("consumer_wait", "full", 0, "gemm_sm90.py:1648", ""),
+        ("producer_acquire", "empty", 1, "gemm_sm90.py:1452", "tile_scheduler.py:923"),
+        ("consumer_wait", "full", 1, "gemm_sm90.py:1453", "tile_scheduler.py:679"),
+    ],
+    "fa4_fwd_sm90": [
+        ("producer_acquire", "empty", 1, "flash_fwd_sm90.py:791", ""),
+        ("producer_acquire", "empty", 0, "flash_fwd_sm90.py:797", "pipeline.py:134"),
+        ("producer_acquire", "empty", 1, "flash_fwd_sm90.py:854", ""),
+        ("producer_acquire", "empty", 2, "flash_fwd_sm90.py:860", ""),
+        ("producer_acquire", "empty", 2, "flash_fwd_sm90.py:872", ""),
+        ("producer_tail", "empty", 2, "flash_fwd_sm90.py:919", ""),
+        ("consumer_wait", "full", 0, "flash_fwd_sm90.py:1104", "pipeline.py:152"),
+        ("consumer_wait", "full", 1, "flash_fwd_sm90.py:1295", ""),
+        ("consumer_wait", "full", 1, "flash_fwd_sm90.py:1438", ""),
+        ("consumer_wait", "full", 2, "flash_fwd_sm90.py:1445", ""),
+        ("consumer_wait", "full", 2, "flash_fwd_sm90.py:1349", ""),
+    ],
+}
+
+
+@needs_libs
+@pytest.mark.parametrize("family", sorted(WAIT_SITES))
+def test_probe_sites_are_the_library_kernel_call_lines(family):
+    """quack's tile scheduler waits inside its own get_current_work (tile_scheduler.py:679,
+    what exec reported before the layer): the site is the kernel's call of the helper in
+    gemm_sm90.py, the helper's line kept as via; FA-4's _w_index_phase wrappers likewise."""
+    import tempfile
+
+    import cutlass.cute as cute
+    import torch
+    from cutlass.base_dsl.compiler import DumpDir
+
+    from cutedebug import kernel_api
+    from cutedebug.instrument import probes
+
+    file, entry, _ = ADAPTERS[family]
+    kernel = kernel_api.load_entry(FIELD / file, entry)()
+
+    def allocate(cfg):
+        buf = torch.zeros(probes.buffer_nbytes(cfg), dtype=torch.uint8)
+        probes.init_buffer(buf.numpy(), cfg)
+        return buf, 0x7F0000000000
+
+    with probes.instrument(probes.ProbeConfig(), allocate=allocate) as table:
+        cute.compile[cute.GPUArch("sm_90a"), DumpDir(tempfile.gettempdir())](
+            kernel, *kernel.fake_args()
+        )
+    got = [(s.op, s.barrier, s.pipeline_index, s.where, s.via) for s in table.sites]
+    assert got == WAIT_SITES[family]

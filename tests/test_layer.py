@@ -2,8 +2,9 @@
 
 tests/fieldlib_src/fieldlib is a stand-in for an installed CuTe DSL library (a pipeline
 subclass with its own create() and a no-op producer_commit, one helper line that creates every
-pipeline, its own pipeline state class and factory, a wrapper class that waits inside
-lambdas, a _w_index_phase wrapper). Each test copies it into ``site-packages`` of a fake venv
+pipeline, its own pipeline state class and factory with advance_iters, a wrapper class that
+waits inside lambdas, a _w_index_phase wrapper; ring.py: quack's exchange pattern, a no-op
+producer_commit never called and a raw wait on a phase the kernel reads from its state). Each test copies it into ``site-packages`` of a fake venv
 whose ``lib/pythonX.Y`` is made the stdlib (as sysconfig reports it in a real venv), so the
 frame rule is exercised: the library's files are kernel code, sites land on the kernel's call
 lines in them.
@@ -60,16 +61,24 @@ def venv(tmp_path_factory):
 
 
 class Traced:
-    """One compile of fieldlib's Sum3 under the recorder, a fault and the probes."""
+    """One compile of a fieldlib kernel (Sum3 unless told) under the recorder, a fault and the
+    probes."""
 
-    def __init__(self, pkg: Path, fault: str | None = None, args: dict | None = None):
+    def __init__(
+        self,
+        pkg: Path,
+        fault: str | None = None,
+        args: dict | None = None,
+        kernel: tuple[str, str] = ("sum3.py", "Sum3"),
+        params: dict | None = None,
+    ):
         from cutlass import cute
 
         from cutedebug import kernel_api
 
-        self.kernel_file = pkg / "sum3.py"
+        self.kernel_file = pkg / kernel[0]
         self.library_file = pkg / "pipeline.py"
-        obj = kernel_api.load_entry(self.kernel_file, "Sum3")()
+        obj = kernel_api.load_entry(self.kernel_file, kernel[1])(**(params or {}))
         with contextlib.ExitStack() as stack:
             self.proto = stack.enter_context(record())
             self.applied = stack.enter_context(faults.inject(fault, args or {}))
@@ -252,3 +261,100 @@ def test_a_missing_optional_entry_is_noted_a_missing_required_one_is_unsupported
         with layer.observe("probes", {"array.wait": lambda call: call.proceed()}):
             pass
     assert layer.current() is None
+
+
+RING = ("ring.py", "Ring")
+
+
+@pytest.fixture(scope="module")
+def ring(venv):
+    return Traced(venv, kernel=RING)
+
+
+def test_a_no_op_commit_the_kernel_never_calls_is_not_paired(ring, venv):
+    """quack's PipelineStasAsync: producer_commit does nothing and the kernel never calls it
+    (the data path arrives on the full barrier): no commit_pairing error."""
+    found = ring.findings()
+    assert [f for f in found if f.severity in ("error", "warning")] == []
+    (noop,) = [f for f in found if f.check == "commit_pairing"]
+    (line,) = _lines(
+        venv / "pipeline.py", "def producer_commit(self, state, *, loc=None, ip=None):"
+    )[1:]
+    assert noop.severity == "info"
+    assert f"producer_commit of ExchangePipeline is a no-op method (pipeline.py:{line})" in (
+        noop.message
+    )
+    (rec,) = ring.proto.pipelines.values()
+    assert rec.noop_ops == {"producer_commit": f"pipeline.py:{line}"}
+
+
+def test_no_op_methods_are_found_by_their_body():
+    from cutlass.pipeline import PipelineAsync, PipelineTmaAsync
+
+    from cutedebug.instrument.identity import is_noop_function
+
+    def documented(self, state, *, loc=None, ip=None):
+        """Nothing to do."""
+
+    def ellipsis(self): ...
+
+    def stores(self):
+        x = 1  # noqa: F841
+
+    assert is_noop_function(documented) and is_noop_function(ellipsis)
+    assert not is_noop_function(stores) and not is_noop_function(lambda: 1)
+    assert is_noop_function(vars(PipelineTmaAsync)["producer_commit"])  # the TMA's no-op
+    assert not is_noop_function(vars(PipelineAsync)["producer_commit"])  # arrives
+
+
+def test_missing_phase_flip_reaches_a_phase_the_kernel_reads_for_a_raw_wait(ring, venv):
+    """The consumer state's phase is read by the kernel and handed to a raw mbarrier wait
+    (quack's RMSNorm backward); it advances with advance() here: the fault must freeze it."""
+    k = venv / "ring.py"
+    plain = Traced(venv, kernel=RING, params={"iters": False})
+    t = Traced(
+        venv, "missing_phase_flip", {"role": "consumer"}, kernel=RING, params={"iters": False}
+    )
+    (site,) = t.applied.sites
+    assert (Path(site["file"]).name, site["line"]) == ("ring.py", _lines(k, "cs.advance()")[0])
+    (read,) = _lines(k, "fl.exchange_wait(full, cs.phase)")
+    assert f"its phase read by the kernel at ring.py:{read}" in site["detail"]
+    assert t.ptx != plain.ptx
+
+
+def test_missing_phase_flip_patches_a_library_advance_iters(ring, venv):
+    """StateWAdvance.advance_iters (quack's PipelineStateWAdvance) advances without the flip
+    through the entry point table's subclass_method entry."""
+    k = venv / "ring.py"
+    t = Traced(venv, "missing_phase_flip", {"role": "consumer"}, kernel=RING)
+    assert t.applied.count > 0
+    assert [(Path(s["file"]).name, s["line"]) for s in t.applied.sites] == [
+        ("ring.py", _lines(k, "cs.advance_iters(1)")[0])
+    ]
+    assert t.ptx != ring.ptx
+    entry = layer.ENTRIES["state.advance_iters"]
+    assert entry.kind == "subclass_method" and entry.libraries == (
+        "quack-kernels 0.6.5 (PipelineStateWAdvance)",
+    )
+
+
+def test_a_property_hook_leaves_the_ptx_alone(ring, venv):
+    """Observing PipelineState.phase (installed only while missing_phase_flip is active)
+    changes nothing in what the kernel compiles to."""
+    from cutlass import cute
+
+    from cutedebug import kernel_api
+
+    obj = kernel_api.load_entry(venv / "ring.py", "Ring")()
+
+    def build():
+        with contextlib.chdir(venv.parent):
+            return cute.compile[cute.GPUArch("sm_90a"), cute.KeepPTX()](
+                obj, *obj.fake_args()
+            ).__ptx__
+
+    plain = build()
+    reads = []
+    with layer.observe("faults", {"state.phase": lambda c: reads.append(1) or c.proceed()}):
+        observed = build()
+    assert reads and observed == plain

@@ -54,7 +54,21 @@ def _check_pairing(proto: Protocol) -> list[Finding]:
             or any(e.in_loop for e in acquires)
             or (rec.stages is not None and len(acquires) > rec.stages)
         )
-        if waits and not releases:
+        noop_release = "consumer_release" in rec.noop_ops
+        if waits and not releases and noop_release:
+            out.append(
+                _f(
+                    "info",
+                    "release_pairing",
+                    key,
+                    f"consumer_release of {rec.cls} is a no-op method "
+                    f"({rec.noop_ops['consumer_release']}): its consumer_wait at "
+                    f"{waits[0].where()} is not paired with a release",
+                    f"no-op consumer_release; {len(waits)} consumer_wait call(s)",
+                    waits[0],
+                )
+            )
+        elif waits and not releases:
             w = waits[0]
             if not reacquired:
                 out.append(
@@ -88,7 +102,7 @@ def _check_pairing(proto: Protocol) -> list[Finding]:
                 )
             )
             continue
-        if len(releases) < len(waits):
+        if len(releases) < len(waits) and not noop_release:
             if tails:
                 out.append(
                     _f(
@@ -221,6 +235,8 @@ def _check_pairing(proto: Protocol) -> list[Finding]:
                         c,
                     )
                 )
+            elif len(com) < len(acq) and "producer_commit" in rec.noop_ops:
+                out.append(_noop_commit(proto, key, rec, acq[-1]))
             elif len(com) < len(acq):
                 out.append(
                     _f(
@@ -235,6 +251,29 @@ def _check_pairing(proto: Protocol) -> list[Finding]:
                     )
                 )
     return out
+
+
+def _noop_commit(proto: Protocol, key: str, rec: Any, acquire: Event) -> Finding:
+    """The pipeline's class makes producer_commit a no-op (a library's subclass whose full
+    barrier is completed in the data path): its acquires have no commit to pair with."""
+    where = rec.noop_ops["producer_commit"]
+    armed = [
+        e for e in proto.events if e.pipeline == key and e.kind in ("expect_tx", "mbarrier_arrive")
+    ]
+    by = (
+        f"{armed[0].kind} on its barrier at {armed[0].where()}"
+        if armed
+        else "code outside the pipeline's methods"
+    )
+    return _f(
+        "info",
+        "commit_pairing",
+        key,
+        f"producer_commit of {rec.cls} is a no-op method ({where}): the full barrier is "
+        f"completed by {by}, so producer_acquire is not paired with a commit",
+        f"no-op producer_commit; {len(proto.of('producer_commit', key))} commit call(s)",
+        acquire,
+    )
 
 
 def _check_producer_tail(proto: Protocol) -> list[Finding]:

@@ -36,7 +36,10 @@ class Entry:
     name: str  # how observers name it
     module: str  # where it is defined
     attr: str  # "Class.method" or "function"
-    kind: str  # pipeline_method | method | function | module_function
+    # pipeline_method | method | function | module_function | property (a property's getter,
+    # on the class and every subclass that redefines it) | subclass_method (a method that
+    # libraries add to their subclasses of the DSL class: hooked where a subclass defines it)
+    kind: str
     user_op: bool = True  # takes loc= / ip= (wrapped like the DSL's own ops)
     always: bool = False  # observed even when called by instrumentation code
     checked: tuple[str, ...] = CHECKED_ON
@@ -44,6 +47,11 @@ class Entry:
     # observation only (a recorder's detail): a DSL without it is still supported, the
     # observers just see nothing there (the layer notes it in ``missing``)
     optional: bool = False
+    # subclass_method: the libraries whose subclasses define it, as checked ("pkg version")
+    libraries: tuple[str, ...] = ()
+    # subclass_method: the parameters its definitions must start with (else not hooked,
+    # noted in the layer's ``missing``)
+    params: tuple[str, ...] = ()
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -51,6 +59,7 @@ class Entry:
             "where": f"{self.module}.{self.attr}",
             "kind": self.kind,
             "checked_on": list(self.checked),
+            "libraries": list(self.libraries),
             "used_by": self.used_by,
         }
 
@@ -154,6 +163,23 @@ ENTRY_POINTS: tuple[Entry, ...] = (
         used_by="faults (missing_phase_flip)",
     ),
     Entry(
+        "state.advance_iters",
+        "cutlass.pipeline.helpers",
+        "PipelineState.advance_iters",
+        "subclass_method",
+        used_by="faults (missing_phase_flip)",
+        libraries=("quack-kernels 0.6.5 (PipelineStateWAdvance)",),
+        params=("self", "num_iterations"),
+    ),
+    Entry(
+        "state.phase",
+        "cutlass.pipeline.helpers",
+        "PipelineState.phase",
+        "property",
+        False,
+        used_by="faults (missing_phase_flip: a state's phase read by kernel code for a raw wait)",
+    ),
+    Entry(
         "agent_sync",
         "cutlass.pipeline.helpers",
         "agent_sync",
@@ -221,6 +247,50 @@ _IDENTITY = (
 _LINEAGE = ("state.__init__", "state.clone", "state.__new_from_mlir_values__")
 
 
+# kinds hooked per class (the class and its subclasses that define the attribute themselves)
+PER_CLASS = ("pipeline_method", "method", "property", "subclass_method")
+
+
+def class_targets(entry: Entry, owner: Any, attr: str, missing: dict[str, str]) -> list[type]:
+    """The classes whose own ``attr`` the layer wraps for a per-class entry: PipelineAsync and
+    every subclass defining a pipeline method; a state entry's class and its subclasses; a
+    subclass_method where a library's subclass defines it with the checked parameters (else
+    noted in ``missing``)."""
+    from cutedebug.instrument.frames import _subclasses_defining
+
+    if entry.kind == "pipeline_method":
+        from cutlass.pipeline import PipelineAsync
+
+        classes = _subclasses_defining(PipelineAsync, attr)
+    elif entry.kind == "method" and not entry.name.startswith("state."):
+        classes = [owner]
+    else:
+        classes = _subclasses_defining(owner, attr)
+    out = []
+    for cls in classes:
+        raw = vars(cls)[attr]
+        if entry.kind == "property" and not isinstance(raw, property):
+            continue
+        if entry.kind == "subclass_method" and not _starts_with(raw, entry.params):
+            missing[f"{entry.name} ({cls.__module__}.{cls.__qualname__})"] = (
+                f"{cls.__qualname__}.{attr} does not take ({', '.join(entry.params)}, ...) as "
+                f"checked on {', '.join(entry.libraries)}: not hooked"
+            )
+            continue
+        out.append(cls)
+    return out
+
+
+def _starts_with(fn: Any, params: tuple[str, ...]) -> bool:
+    import inspect
+
+    try:
+        names = list(inspect.signature(inspect.unwrap(fn)).parameters)
+    except (TypeError, ValueError):
+        return False
+    return names[: len(params)] == list(params)
+
+
 def dsl_version() -> str:
     try:
         from importlib.metadata import version
@@ -239,7 +309,10 @@ def resolve(entry: Entry) -> tuple[Any, str, Any]:
         *path, attr = entry.attr.split(".")
         for part in path:
             owner = getattr(owner, part)
-        original = getattr(owner, attr)
+        # a subclass_method lives on libraries' subclasses: the DSL class is what must exist
+        original = getattr(owner, attr, None) if entry.kind == "subclass_method" else None
+        if entry.kind != "subclass_method":
+            original = getattr(owner, attr)
     except (ImportError, AttributeError) as e:
         raise Unsupported(
             f"UNSUPPORTED: cutedebug hooks {entry.module}.{entry.attr} ({entry.used_by}), which "

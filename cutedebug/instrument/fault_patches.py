@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from cutedebug.instrument import frames
 from cutedebug.instrument.layer import Call
 
 Handler = Callable[[Call], Any]
@@ -170,12 +171,35 @@ def apply_missing_phase_flip(fx: FaultContext) -> dict[str, Handler]:
         lineage = call.layer.lineage_of(call.self_obj)
         if fx.wanted >= 0 or lineage is None or lineage.role != role:
             return call.proceed()
+        # advance(count) or a library's advance_iters(num_iterations): count steps, no flip
+        count = call.arg(1, "count" if call.name == "state.advance" else "num_iterations", 1)
+        if isinstance(count, int) and count == 0:
+            return call.proceed()
         where = call.site
         lineage.notes.setdefault("no_flip_advances", []).append(
             (where.file, where.line, where.function, where.via)
         )
-        advance_without_flip(call.self_obj, call.arg(1, "count", 1), call.loc, call.ip)
+        advance_without_flip(call.self_obj, count, call.loc, call.ip)
         return None
+
+    def phase_read(call: Call) -> Any:
+        """Kernel code that reads a state's phase itself (for a raw mbarrier wait, or to build
+        another state) reads the frozen phase: its state counts as read by a wait."""
+        reader = _reader_frame()
+        lineage = call.layer.lineage_of(call.self_obj)
+        if (
+            fx.wanted < 0
+            and reader is not None
+            and lineage is not None
+            and lineage.role == role
+            and call.parent is None
+            and not frames.is_library(reader.f_code.co_filename)
+            and not frames.is_pipeline_code(reader)
+        ):
+            lineage.notes.setdefault("phase_reads", []).append(
+                (reader.f_code.co_filename, reader.f_lineno)
+            )
+        return call.proceed()
 
     def reader(call: Call) -> Any:
         state = call.state()
@@ -216,7 +240,22 @@ def apply_missing_phase_flip(fx: FaultContext) -> dict[str, Handler]:
         call.set_arg(1, "state", frozen)
         return call.proceed()
 
-    return {"state.advance": advance, **{op: reader for op in readers}}
+    return {
+        "state.advance": advance,
+        "state.advance_iters": advance,
+        "state.phase": phase_read,
+        **{op: reader for op in readers},
+    }
+
+
+def _reader_frame() -> Any:
+    """The frame that read the attribute: the first one up the stack outside cutedebug."""
+    import sys
+
+    f = sys._getframe(2)
+    while f is not None and f.f_code.co_filename.startswith(frames.PACKAGE_DIR):
+        f = f.f_back
+    return f
 
 
 def finish_missing_phase_flip(fx: FaultContext, layer: Any) -> None:
@@ -227,22 +266,24 @@ def finish_missing_phase_flip(fx: FaultContext, layer: Any) -> None:
         advances = lineage.notes.get("no_flip_advances") or []
         if lineage.role != role or not advances or lineage.notes.get("shadow"):
             continue
-        if not lineage.notes.get("waited"):
+        reads = sorted({f"{_base(f)}:{n}" for f, n in lineage.notes.get("phase_reads") or []})
+        if not lineage.notes.get("waited") and not reads:
             unread += 1
             continue
+        read = f"; its phase read by the kernel at {', '.join(reads)}" if reads else ""
         for file, line, function, via in advances:
             extra = {"via": via} if via else {}
             fx.applied.add_site(
                 "advance",
                 f"{role} state advanced without phase flip "
-                f"(state made at {_base(lineage.file)}:{lineage.line})",
+                f"(state made at {_base(lineage.file)}:{lineage.line}{read})",
                 where=(file, line, function),
                 **extra,
             )
     if unread:
         fx.applied.notes.append(
             f"{unread} {role} state(s) advanced without the flip but never "
-            "read by a pipeline wait: not counted"
+            "read by a pipeline wait nor their phase by the kernel: not counted"
         )
 
 

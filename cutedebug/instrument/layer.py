@@ -56,10 +56,12 @@ from cutedebug.instrument.entry_points import (  # noqa: F401
     CHECKED_ON,
     ENTRIES,
     ENTRY_POINTS,
+    PER_CLASS,
     PIPELINE_OPS,
     WAIT_OPS,
     Entry,
     Unsupported,
+    class_targets,
     describe_entry_points,
     dsl_version,
     resolve,
@@ -74,6 +76,7 @@ from cutedebug.instrument.identity import (  # noqa: F401
     PipelineInfo,
     Site,
     _static,
+    noop_ops,
 )
 
 ORDER = ("checkpoint", "perturb", "faults", "recorder", "waitsites", "probes")  # outermost first
@@ -213,6 +216,7 @@ class _Layer:
         self.patcher = Patcher()
         self.installed: set[str] = set()
         self.hooked: set[tuple[type, str]] = set()  # (class, attribute) patched
+        self.originals: dict[tuple[type, str], Any] = {}  # (class, attribute) -> unpatched
         self.missing: dict[str, str] = {}  # optional entries this DSL lacks -> why
         self.open: list[OpenOp] = []
         self.modes: list[str] = []  # "handler" | "dsl" for the calls being dispatched
@@ -230,7 +234,7 @@ class _Layer:
         frames.forget_pipeline_classes()  # recomputed with the classes defined by now
         for name in names:
             entry = ENTRIES[name]
-            if name in self.installed and entry.kind not in ("pipeline_method", "method"):
+            if name in self.installed and entry.kind not in PER_CLASS:
                 continue
             try:
                 owner, attr, original = resolve(entry)
@@ -240,25 +244,10 @@ class _Layer:
                 self.missing[name] = str(e)
                 self.installed.add(name)
                 continue
-            if entry.kind == "pipeline_method":
-                for cls in _pipeline_classes(attr):
-                    if (cls, attr) in self.hooked:
-                        continue
-                    raw = vars(cls)[attr]
-                    static = isinstance(raw, staticmethod)
-                    orig = raw.__func__ if static else raw
-                    wrapper = self._wrapper(entry, orig, cls)
-                    self.patcher.set_attr(cls, attr, staticmethod(wrapper) if static else wrapper)
-                    self.hooked.add((cls, attr))
-            elif entry.kind == "method":
-                classes = (
-                    _subclasses_defining(owner, attr) if name.startswith("state.") else [owner]
-                )
-                for cls in classes:
-                    if (cls, attr) in self.hooked:
-                        continue
-                    self.patcher.set_attr(cls, attr, self._wrapper(entry, vars(cls)[attr], cls))
-                    self.hooked.add((cls, attr))
+            if entry.kind in PER_CLASS:
+                for cls in class_targets(entry, owner, attr, self.missing):
+                    if (cls, attr) not in self.hooked:
+                        self._hook(entry, cls, attr)
             elif entry.kind == "module_function":
                 wrapper = self._wrapper(entry, original, None)
                 for mod_name, module in list(sys.modules.items()):
@@ -270,6 +259,20 @@ class _Layer:
             else:
                 self.patcher.replace_everywhere(original, self._wrapper(entry, original, None))
             self.installed.add(name)
+
+    def _hook(self, entry: Entry, cls: type, attr: str) -> None:
+        raw = vars(cls)[attr]
+        if isinstance(raw, property):  # the getter is what the kernel calls
+            getter = self._wrapper(entry, raw.fget, cls)
+            value: Any = property(getter, raw.fset, raw.fdel, raw.__doc__)
+        else:
+            static = isinstance(raw, staticmethod)
+            orig = raw.__func__ if static else raw
+            self.originals[(cls, attr)] = orig
+            wrapper = self._wrapper(entry, orig, cls)
+            value = staticmethod(wrapper) if static else wrapper
+        self.patcher.set_attr(cls, attr, value)
+        self.hooked.add((cls, attr))
 
     def new_trace(self) -> None:
         """Number the pipelines of the next trace from 0 again (a layer that outlives one
@@ -423,6 +426,8 @@ class _Layer:
             self.creating.pop()
         info.obj = pipe
         info.cls = type(pipe).__name__ if pipe is not None else info.cls
+        if pipe is not None:
+            info.noop_ops = noop_ops(type(pipe), PIPELINE_OPS, self.unpatched)
         info.stages = _static(info.kwargs.get("num_stages"))
         for side in ("full", "empty"):
             array = getattr(pipe, f"sync_object_{side}", None)
@@ -437,6 +442,10 @@ class _Layer:
                     info.stages = _static(getattr(array, "num_stages", None))
         self._tag(pipe, info)
         return pipe
+
+    def unpatched(self, cls: type, attr: str) -> Any:
+        """A class's own attribute as the DSL or the library defined it."""
+        return self.originals.get((cls, attr), vars(cls)[attr])
 
     def _array_side(self, call: Call) -> ArrayTag:
         if not self.creating:
@@ -523,13 +532,6 @@ def _accepts_loc(fn: Callable) -> bool:
     except (TypeError, ValueError):
         return True
     return "loc" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
-
-
-def _pipeline_classes(attr: str) -> list[type]:
-    """PipelineAsync and all its subclasses (library or user) that define ``attr`` themselves."""
-    from cutlass.pipeline import PipelineAsync
-
-    return _subclasses_defining(PipelineAsync, attr)
 
 
 # ---- observers -------------------------------------------------------------------------------

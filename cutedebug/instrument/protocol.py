@@ -47,6 +47,8 @@ class PipelineRecord:
     init_seq: int = 0
     index: int | None = None  # the layer's identity: creation order (what pipeline=N selects)
     via: str | None = None  # a library wrapper line between the kernel and create()
+    # ops whose method in the pipeline's class does nothing: op -> "file:line" (layer.noop_ops)
+    noop_ops: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def cluster_size(self) -> int | None:

@@ -150,6 +150,7 @@ class _Recorder:
             return None
         rec = self.record_of(info)
         rec.cls = info.cls  # known once create() returned
+        rec.noop_ops = dict(info.noop_ops)
         return rec.key
 
     def on_array_init(self, call: Call) -> Any:

@@ -32,14 +32,20 @@ class QuackGemmSm90:
         "tile_n": 256,
         "cluster_m": 1,
         "ctas": 32,
+        "pingpong": False,
     }
-    CHOICES = {"tile_m": (64, 128, 256), "cluster_m": (1, 2)}
+    CHOICES = {"tile_m": (64, 128, 256), "cluster_m": (1, 2), "pingpong": (False, True)}
     SHRINKABLE = ("m", "n", "k")
     ARCHS = ("sm_90a",)
     TOLERANCE = (2e-2, 2e-2)  # bf16 output of an fp32 accumulation over k = 2048
 
-    def __init__(self, m=2048, n=2048, k=2048, tile_m=128, tile_n=256, cluster_m=1, ctas=32):
+    def __init__(
+        self, m=2048, n=2048, k=2048, tile_m=128, tile_n=256, cluster_m=1, ctas=32, pingpong=False
+    ):
         self.m, self.n, self.k = m, n, k
+        # pingpong: two consumer warpgroups take alternate tiles, each skipping the other's
+        # pipeline steps with the library's PipelineStateWAdvance.advance_iters
+        self.pingpong = pingpong
         self.tile = (tile_m, tile_n)
         self.cluster = (cluster_m, 1, 1)
         self.ctas = ctas
@@ -47,7 +53,12 @@ class QuackGemmSm90:
     @cute.jit
     def __call__(self, mA: cute.Tensor, mB: cute.Tensor, mD: cute.Tensor, stream):
         gemm = GemmDefaultSm90(
-            Float32, mA.element_type, self.tile, self.cluster, pingpong=False, is_persistent=True
+            Float32,
+            mA.element_type,
+            self.tile,
+            self.cluster,
+            pingpong=self.pingpong,
+            is_persistent=True,
         )
         epi_args = gemm.EpilogueArguments()
         sched = TileSchedulerOptions(

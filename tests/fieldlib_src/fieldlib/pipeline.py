@@ -8,14 +8,19 @@
 - ``make_pipe``: one helper line that creates every pipeline of a kernel;
 - ``StateWAdvance`` / ``make_state``: the library's own pipeline state class and factory
   (not cutlass's make_pipeline_state), rebuilt through its own ``__new_from_mlir_values__``;
-- ``Reader``: a wrapper class whose methods call the pipeline's waits inside lambdas.
+- ``Reader``: a wrapper class whose methods call the pipeline's waits inside lambdas;
+- ``ExchangePipeline`` / ``exchange_wait`` (ring.py, like quack's PipelineStasAsync and
+  cluster_reduce): a subclass whose ``producer_commit`` is a no-op the kernel never calls (the
+  data path arrives on ``producer_get_barrier``'s barrier itself), waited on by a raw
+  mbarrier wait with a phase the kernel reads from its state; ``StateWAdvance.advance_iters``
+  advances several steps at once (quack's PipelineStateWAdvance).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cutlass import Int32
+from cutlass import Int32, cute
 from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.pipeline import (
     Agent,
@@ -29,6 +34,13 @@ from cutlass.pipeline import (
 
 class StateWAdvance(PipelineState):
     """The library's state class (like quack's PipelineStateWAdvance)."""
+
+    @dsl_user_op
+    def advance_iters(self, num_iterations, *, loc=None, ip=None):
+        self._count += Int32(num_iterations)
+        index = self._index + Int32(num_iterations)
+        self._phase ^= index // self.stages
+        self._index = index % self.stages
 
     def __new_from_mlir_values__(self, values):
         return StateWAdvance(self.stages, Int32(values[0]), Int32(values[1]), Int32(values[2]))
@@ -82,3 +94,27 @@ class Reader:
     def release(self, state) -> None:
         run = lambda: self.pipe.consumer_release(state)  # noqa: E731
         run()
+
+
+@dataclass(frozen=True)
+class ExchangePipeline(PipelineAsync):
+    """full[s]: one arrive, by the data path (not by producer_commit); empty[s]: every
+    consumer thread releases."""
+
+    @staticmethod
+    def create(num_stages: int, consumer_threads: int, barrier_storage) -> ExchangePipeline:
+        producer = (PipelineOp.AsyncThread, CooperativeGroup(Agent.Thread, 1))
+        consumer = (PipelineOp.AsyncThread, CooperativeGroup(Agent.Thread, consumer_threads))
+        full = PipelineAsync._make_sync_object(barrier_storage, num_stages, producer)
+        empty = PipelineAsync._make_sync_object(barrier_storage + num_stages, num_stages, consumer)
+        return ExchangePipeline(full, empty, num_stages, None, None)
+
+    @dsl_user_op
+    def producer_commit(self, state, *, loc=None, ip=None):
+        """No-op: the data path arrives on the full barrier."""
+        pass
+
+
+def exchange_wait(mbar, phase) -> None:
+    """The data path's own wait on a stage's full barrier (like quack's cluster_reduce)."""
+    cute.arch.mbarrier_wait(mbar, phase=phase)
