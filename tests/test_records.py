@@ -275,3 +275,38 @@ def test_a_site_or_stuck_record_that_does_not_fit_is_refused():
         StuckRecord.from_json(dict(stuck, block=[0, 0]))
     with pytest.raises(RecordError, match=r"field 'stuck\[0\].waited_ns' missing"):
         snapshot_from_json({"stuck": [{k: v for k, v in stuck.items() if k != "waited_ns"}]})
+
+
+# ---- sanitizer findings -------------------------------------------------------------------------
+SANITIZER_H200 = ROOT / "tests" / "data" / "sanitizer" / "h200"
+
+
+def test_findings_of_the_h200_sanitizer_captures_round_trip():
+    """Every finding parsed from the compute-sanitizer XML captured on the H200 writes out and
+    reads back as the same Finding; every group of each capture's result reads back as its
+    GroupRecord, key for key."""
+    from cutedebug.analyses import sanitizer as san
+    from cutedebug.analyses.sanitizer.findings import Finding
+    from cutedebug.analyses.sanitizer.result import make_result
+    from cutedebug.analyses.sanitizer.triage import GroupRecord
+
+    n, groups, every = 0, 0, []
+    for xml in sorted(SANITIZER_H200.glob("*.xml")):
+        tool = xml.stem.split("_", 1)[0]
+        findings = san.parse_xml(xml, tool)
+        every += findings
+        for f in findings:
+            data = json.loads(json.dumps(f.to_json()))
+            assert Finding.from_json(data) == f and Finding.from_json(data).to_json() == data
+            n += 1
+        result = make_result(tool, ["python", "w.py"], findings, read_source=lambda f, ln: None)
+        for key in ("groups", "filtered_groups"):
+            for g in result[key]:
+                assert GroupRecord.from_json(g).to_json() == g
+                groups += 1
+    assert n > 100 and groups > 0  # hundreds of records, in a few groups
+    sample = json.loads(json.dumps(every[0].to_json()))
+    with pytest.raises(RecordError, match=r"field 'threads\[0\]': expected 3 items, got 2"):
+        Finding.from_json(dict(sample, threads=[[0, 1]]))
+    with pytest.raises(RecordError, match=r"field 'severity' missing \(Finding\)"):
+        Finding.from_json({k: v for k, v in sample.items() if k != "severity"})

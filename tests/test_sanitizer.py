@@ -999,7 +999,7 @@ def test_shrink_finds_threshold_without_rerunning():
     assert_no_rerun(run.calls)
     assert len(res.runs) == len(run.calls)
     assert res.original_seconds == 1 and res.shrunk_seconds == 1
-    assert json.loads(json.dumps(res.to_dict()))["shrunk"]["n"] == 37
+    assert json.loads(json.dumps(res.to_json()))["shrunk"]["n"] == 37
 
 
 def test_shrink_reuses_the_original_run():

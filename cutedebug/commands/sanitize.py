@@ -376,7 +376,7 @@ def sanitize_scenario(
                 scenario, first, run_dir / "shrink" / first.tool, max_runs=shrink_max_runs, **run_kw
             )
             if shrunk is not None:
-                first.result["shrink"] = json.loads(json.dumps(shrunk.to_dict()))
+                first.result["shrink"] = json.loads(json.dumps(shrunk.to_json()))
     return {
         "scenario": scenario.to_json(),
         "expected_verdict": scenario.expect.verdict,

@@ -62,7 +62,7 @@ def other_kernels(
             "records": len(fs),
             "count": sum(f.count for f in fs),
             "class": classify(fs, tool),
-            "groups": [g.to_dict(read) for g in group(fs)[:max_groups]],
+            "groups": [g.record(read).to_json() for g in group(fs)[:max_groups]],
         }
         for name, fs in by_kernel.items()
     ]

@@ -1,13 +1,17 @@
 """The one record type of a sanitizer report, ``Finding`` (and its ``Site``s), the finding
-kinds, and the source line a finding points at."""
+kinds, and the source line a finding points at. Serialised only through ``to_json`` /
+``from_json`` (cutedebug/records.py: an unknown, missing or mistyped field is refused,
+naming it)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from cutedebug import records
 
 # ---- finding kinds -----------------------------------------------------------------------
 RAW_HAZARD, WAR_HAZARD, WAW_HAZARD = "RAW_HAZARD", "WAR_HAZARD", "WAW_HAZARD"
@@ -40,6 +44,13 @@ class Site:
     access: str | None = None  # "Read" / "Write" for hazards
     thread: Triple | None = None
 
+    def to_json(self) -> dict[str, Any]:
+        return records.to_json(self)
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "") -> Site:
+        return records.from_json(cls, data, where)
+
 
 @dataclass(frozen=True)
 class Finding:
@@ -71,8 +82,12 @@ class Finding:
         """What makes two findings "the same": kind + source lines (threads may differ)."""
         return (self.kind, self.lines)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_json(self) -> dict[str, Any]:
+        return records.to_json(self)
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "") -> Finding:
+        return records.from_json(cls, data, where)
 
 
 def parse_failure(tool: str, text: str) -> Finding:

@@ -48,15 +48,15 @@ def make_result(
         "command": list(command),
         "reproduce": (env_part + " " if env_part else "") + shlex.join(command),
         "xml": xml_path,
-        "groups": [g.to_dict(read) for g in group(kept)],
+        "groups": [g.record(read).to_json() for g in group(kept)],
         "filtered": [{"reason": r, "count": n} for r, n in reasons.items()],
         "filtered_groups": [
-            g.to_dict(read) | {"reason": _reason_of(g, filtered)} for g in group(filtered)
+            g.record(read, reason=_reason_of(g, filtered)).to_json() for g in group(filtered)
         ],
         "sanitizer_seconds": sanitizer_seconds,
         "plain_seconds": plain_seconds,
         "slowdown": slowdown,
-        "shrink": shrink_result.to_dict() if shrink_result else None,
+        "shrink": shrink_result.to_json() if shrink_result else None,
         "tma_filter": tma_filter,
         "kernel_names": list(kernel_names),
         "other_kernels": other_kernels(others, tool, read),

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
+from cutedebug import records
 from cutedebug.analyses.sanitizer.findings import Finding
 from cutedebug.analyses.sanitizer.triage import filter_noise, group
 
@@ -22,8 +23,12 @@ class ShrinkResult:
     shrunk_seconds: float | None
     runs: list[dict[str, Any]] = field(default_factory=list)  # every candidate, once
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_json(self) -> dict[str, Any]:
+        return records.to_json(self)
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "") -> ShrinkResult:
+        return records.from_json(cls, data, where)
 
 
 def shrink(

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from cutedebug import records
 from cutedebug.analyses.sanitizer.findings import (
     API_ERROR,
     BARRIER_MISUSE,
@@ -27,6 +28,7 @@ from cutedebug.analyses.sanitizer.findings import (
     source_line,
 )
 from cutedebug.engine.verdict import SanitizerClass
+from cutedebug.records import ABSENT, Absent
 
 # ---- run classes (closed set) ------------------------------------------------------------
 CLEAN = SanitizerClass.CLEAN.value
@@ -135,15 +137,71 @@ class Group:
     text: str = ""  # the first record's message
     accesses: tuple[str | None, ...] = ()
 
-    def to_dict(
-        self, read_source: Callable[[str | None, int | None], str | None] | None = None
-    ) -> dict[str, Any]:
-        d = asdict(self)
-        d["lines"] = [
-            {"file": f, "line": ln, "source": (read_source or source_line)(f, ln)}
-            for f, ln in self.lines
-        ]
-        return d
+    def record(
+        self,
+        read_source: Callable[[str | None, int | None], str | None] | None = None,
+        **extra: Any,
+    ) -> GroupRecord:
+        """The group as it is reported, each line with its source text."""
+        read = read_source or source_line
+        return GroupRecord(
+            kind=self.kind,
+            tool=self.tool,
+            severity=self.severity,
+            lines=[SourceLine(file=f, line=ln, source=read(f, ln)) for f, ln in self.lines],
+            kernel=self.kernel,
+            count=self.count,
+            records=self.records,
+            threads=list(self.threads),
+            blocks=list(self.blocks),
+            address_space=self.address_space,
+            size=self.size,
+            text=self.text,
+            accesses=self.accesses,
+            **extra,
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SourceLine:
+    file: str | None
+    line: int | None
+    source: str | None  # the stripped source text; None when it could not be read
+
+    def to_json(self) -> dict[str, Any]:
+        return records.to_json(self)
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "") -> SourceLine:
+        return records.from_json(cls, data, where)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GroupRecord:
+    """A ``Group`` in a sanitize result (its ``groups``, ``filtered_groups``, and the first
+    groups of each other kernel): its source lines read, ``reason`` only for a filtered one."""
+
+    kind: str
+    tool: str
+    severity: str
+    lines: list[SourceLine]
+    kernel: str | None
+    count: int
+    records: int
+    threads: list[Triple]
+    blocks: list[Triple]
+    address_space: str | None
+    size: int | None
+    text: str
+    accesses: tuple[str | None, ...]
+    reason: str | None | Absent = ABSENT  # why it was filtered as noise
+
+    def to_json(self) -> dict[str, Any]:
+        return records.to_json(self)
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "") -> GroupRecord:
+        return records.from_json(cls, data, where)
 
 
 _MAX_EXAMPLES = 4
