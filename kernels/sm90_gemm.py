@@ -17,9 +17,9 @@ Block = 3 warpgroups (384 threads), one CTA per SM (``min_blocks_per_mp=1`` caps
   232 / 40 is the most the register file allows: 2 * 128 * 232 + 128 * 40 = 64512 <= 65536
   (240 would need 66560).
 - epilogue (both consumer warpgroups): per 128 x 32 sub-tile, fp32 -> dtype, ``stmatrix`` into a
-  4-deep smem ring, ``fence.proxy.async.shared::cta``, named barrier 1 (256 threads), warp 4
-  issues the TMA store (``cp.async.bulk.tensor`` shared -> global) and commits a bulk group, waits
-  until at most 3 groups still read smem, named barrier 1 again. TMA clips rows >= M, cols >= N.
+  4-deep smem ring, ``fence.proxy.async.shared::cta``, named barrier ``Barrier.EPILOGUE`` (id 1,
+  256 threads), warp 4 issues the TMA store (``cp.async.bulk.tensor`` shared -> global) and
+  commits a bulk group, waits until at most 3 groups still read smem, the same barrier again. TMA clips rows >= M, cols >= N.
 
 Persistent schedule with grouped (L2-friendly) raster: work units are cluster tiles
 (cluster_m x 1 CTA tiles that share one B tile); unit u -> (cluster row, tile column) walks
@@ -36,7 +36,9 @@ empty[0..S) in smem, initialised by warp 0 (elect_one) inside ``create``, which 
     + tile_n * 64 * 2   (B tile: whole tile; with multicast this CTA issues 1/cluster_m of it
                          and receives the other slices from its peers)       = 32768 (tile_n 256)
   = 49152 for tile_n = 256 (32768 for tile_n = 128), the same with and without multicast.
-  OOB rows/cols/k of a box are zero-filled and still count.
+  OOB rows/cols/k of a box are zero-filled and still count. Derived, not typed: one stage of
+  SharedStorage's A and B rings, checked at trace time against ``cute.size_in_bytes`` of the
+  TMA boxes' smem layouts.
 - full[s]  arrive count 1: the local producer's elect_one ``mbarrier.arrive.expect_tx`` in
   ``producer_acquire``; the phase completes when that arrive AND all tx bytes have landed.
 - empty[s] arrive count = consumer warps * cluster_m = 8 (single CTA) or 16 (cluster 2x1):
@@ -51,8 +53,9 @@ empty[0..S) in smem, initialised by warp 0 (elect_one) inside ``create``, which 
 - Epilogue store ring: ``PipelineTmaStore`` (bulk groups, no mbarriers); its tail waits until
   every TMA store has read its smem before the CTA exits.
 
-Smem (tile_n 256, S 4): 1024 (2 * S mbarriers, padded to the 1024 B alignment of the 128B-swizzled
-buffers) + 4 * 49152 (A/B ring) + 4 * 8192 (C ring) = 230400 B of the 232448 B a CTA may use.
+Smem: the ``cute.struct`` SharedStorage (``smem_fields``), its size ``smem_bytes``; for tile_n 256,
+S 4: 1024 (2 * S mbarriers, padded to the 1024 B alignment of the 128B-swizzled buffers)
++ 4 * 49152 (A/B ring) + 4 * 8192 (C ring) = 230400 B of the 232448 B a CTA may use.
 
 Ragged shapes: any M, N, K >= 1 with K and N multiples of 8 (TMA needs 16-byte row pitches).
 TMA zero-fills out-of-bounds loads (so padded K contributes 0) and clips out-of-bounds stores.
@@ -98,7 +101,8 @@ ring slots (seq * k_tiles + kt) % stages.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from enum import IntEnum
+from typing import ClassVar, NamedTuple
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -118,8 +122,53 @@ CONSUMER_WARPGROUPS = 2
 CONSUMER_WARPS = 4 * CONSUMER_WARPGROUPS
 THREADS = 128 * (1 + CONSUMER_WARPGROUPS)
 PRODUCER_REGS, CONSUMER_REGS = 40, 232
-EPILOGUE_BARRIER_ID = 1  # 0 is sync_threads
 SMEM_BYTES_MAX = 232448  # 227 KiB: the SM90 per-block opt-in limit
+SWIZZLE_ALIGN = 1024  # a 128B-swizzled buffer starts on a 1024 B boundary
+
+
+class Barrier(IntEnum):
+    """Named barrier ids (16 per CTA)."""
+
+    SYNC_THREADS = 0  # sync_threads and create()'s CTA sync
+    EPILOGUE = 1  # the consumer warpgroups around each TMA store (256 threads)
+
+
+def smem_struct(name: str, **fields) -> cute.struct:
+    """``cute.struct`` with ``fields`` in order. (A class body's annotations would be strings
+    here: this module keeps ``from __future__ import annotations`` for the DSL's signatures.)"""
+    return cute.struct(type(name, (), {"__annotations__": fields}))
+
+
+class Loads(NamedTuple):
+    """The producer's TMA loads: copy atom and TMA view of A, then of B."""
+
+    tma_a: cute.CopyAtom
+    ma: cute.Tensor
+    tma_b: cute.CopyAtom
+    mb: cute.Tensor
+
+
+class Store(NamedTuple):
+    """The epilogue's TMA store: copy atom and TMA view of C."""
+
+    tma_c: cute.CopyAtom
+    mc: cute.Tensor
+
+
+class Rings(NamedTuple):
+    """The staged smem layouts (swizzle + outer layout) of A, B and the C sub-tiles."""
+
+    a: cute.ComposedLayout
+    b: cute.ComposedLayout
+    c: cute.ComposedLayout
+
+
+class Tiles(NamedTuple):
+    """The CTA's smem tensors: A and B rings (S stages), C sub-tile ring (EPI_STAGES)."""
+
+    sa: cute.Tensor
+    sb: cute.Tensor
+    sc: cute.Tensor
 
 
 def grouped_tile(unit, cluster_rows: int, tiles_n: int, group_rows: int, minimum=min):
@@ -194,17 +243,31 @@ class Sm90Gemm:
         self.units = self.cluster_rows * self.tiles_n
         self.clusters = min(ctas // cluster_m, self.units)
         self.grid = self.clusters * cluster_m
-        self.a_stage_bytes = TILE_M * TILE_K * 2
-        self.b_stage_bytes = tile_n * TILE_K * 2
-        self.tx_bytes = self.a_stage_bytes + self.b_stage_bytes
         self.empty_arrivals = CONSUMER_WARPS * cluster_m
         self.epi_tiles = tile_n // EPI_N
-        # mbarriers first (padded to the 1024 B alignment of the swizzled buffers), then rings
-        self.smem_bytes = (-(-2 * stages * 8 // 1024) * 1024 + stages * self.tx_bytes
-                           + EPI_STAGES * TILE_M * EPI_N * 2)
+        fields = self.smem_fields()
+        self.storage = smem_struct("SharedStorage", **fields)
+        self.smem_bytes = self.storage.size_in_bytes()
+        # tx bytes per stage: one stage of each TMA-filled ring (__call__ checks them against
+        # cute.size_in_bytes of the smem layout of each TMA box)
+        self.a_stage_bytes = fields["a"].dtype.size_in_bytes // stages
+        self.b_stage_bytes = fields["b"].dtype.size_in_bytes // stages
+        self.tx_bytes = self.a_stage_bytes + self.b_stage_bytes
         if self.smem_bytes > SMEM_BYTES_MAX:
             raise ValueError(f"~{self.smem_bytes} B of smem for {stages} stages of 128 x "
                              f"{tile_n} x 64: over {SMEM_BYTES_MAX}")
+
+    def smem_fields(self) -> dict:
+        """The CTA's smem, in order: 2 * S mbarriers (full[0..S), empty[0..S)), then the A and
+        B rings (S stages of 128 x 64 and tile_n x 64) and the C sub-tile ring (4 x 128 x 32),
+        each 128B-swizzled, so 1024 B aligned (the mbarriers are padded to 1024 B)."""
+        mem, align = cute.struct.MemRange, cute.struct.Align
+        return {
+            "barriers": mem[cutlass.Int64, 2 * self.stages],
+            "a": align[mem[self.dtype, TILE_M * TILE_K * self.stages], SWIZZLE_ALIGN],
+            "b": align[mem[self.dtype, self.tile_n * TILE_K * self.stages], SWIZZLE_ALIGN],
+            "c": align[mem[self.dtype, TILE_M * EPI_N * EPI_STAGES], SWIZZLE_ALIGN],
+        }
 
     # ---- host side ------------------------------------------------------------------------
     @cute.jit
@@ -229,45 +292,52 @@ class Sm90Gemm:
                                                self.stages)
         c_ring = sm90_utils.make_smem_layout_epi(self.dtype, LayoutEnum.ROW_MAJOR,
                                                  (TILE_M, EPI_N), EPI_STAGES)
+        rings = Rings(a_ring, b_ring, c_ring)
+        a_box, b_box = cute.slice_(a_ring, (None, None, 0)), cute.slice_(b_ring, (None, None, 0))
+        self.check_storage(rings, cute.size_in_bytes(self.dtype, a_box)
+                           + cute.size_in_bytes(self.dtype, b_box))
         tma_a, ma = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileG2SOp(), a, cute.slice_(a_ring, (None, None, 0)),
-            (TILE_M, TILE_K))
+            cpasync.CopyBulkTensorTileG2SOp(), a, a_box, (TILE_M, TILE_K))
         b_op = (cpasync.CopyBulkTensorTileG2SMulticastOp() if self.cluster_m > 1
                 else cpasync.CopyBulkTensorTileG2SOp())
         tma_b, mb = cpasync.make_tiled_tma_atom(
-            b_op, b, cute.slice_(b_ring, (None, None, 0)), (self.tile_n, TILE_K),
-            num_multicast=self.cluster_m)
+            b_op, b, b_box, (self.tile_n, TILE_K), num_multicast=self.cluster_m)
         tma_c, mc = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileS2GOp(), c, cute.slice_(c_ring, (None, None, 0)),
             (TILE_M, EPI_N))
-        self.kernel(tiled_mma, tma_a, ma, tma_b, mb, tma_c, mc, a_ring, b_ring, c_ring).launch(
+        self.kernel(tiled_mma, Loads(tma_a, ma, tma_b, mb), Store(tma_c, mc), rings).launch(
             grid=(self.grid, 1, 1), block=(THREADS, 1, 1),
             # fault cluster_mismatch: 1-CTA clusters under a 2-CTA protocol
             cluster=(self.cluster_m, 1, 1) if self.cluster_m > 1 and not self.cluster_mismatch
             else None,
             min_blocks_per_mp=1, stream=stream)
 
+    def check_storage(self, rings: Rings, tma_bytes: int):
+        """Trace time: SharedStorage holds each staged layout exactly, and the expect_tx count
+        is the bytes of one stage's TMA boxes (``tma_bytes``, from cute.size_in_bytes)."""
+        fields = self.smem_fields()
+        for name, ring in rings._asdict().items():
+            if fields[name].dtype.size != cute.cosize(ring.outer):
+                raise ValueError(f"SharedStorage.{name}: {fields[name].dtype.size} elements for "
+                                 f"a ring of cosize {cute.cosize(ring.outer)}")
+        if tma_bytes != self.tx_bytes:
+            raise ValueError(f"tx bytes {self.tx_bytes}: one stage of TMA boxes is {tma_bytes} B")
+
     # ---- device side ----------------------------------------------------------------------
     @cute.kernel
-    def kernel(self, tiled_mma: cute.TiledMma, tma_a: cute.CopyAtom, ma: cute.Tensor,
-               tma_b: cute.CopyAtom, mb: cute.Tensor, tma_c: cute.CopyAtom, mc: cute.Tensor,
-               a_ring: cute.ComposedLayout, b_ring: cute.ComposedLayout,
-               c_ring: cute.ComposedLayout):
+    def kernel(self, tiled_mma: cute.TiledMma, loads: Loads, store: Store, rings: Rings):
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
 
         # -- prologue: smem, barriers (create() inits them and syncs the CTA / cluster) ------
+        storage = SmemAllocator().allocate(self.storage)
+        barriers = storage.barriers.data_ptr()
+        tiles = Tiles(storage.a.get_tensor(rings.a.outer, swizzle=rings.a.inner),
+                      storage.b.get_tensor(rings.b.outer, swizzle=rings.b.inner),
+                      storage.c.get_tensor(rings.c.outer, swizzle=rings.c.inner))
         if warp == 0:
-            cpasync.prefetch_descriptor(tma_a)
-            cpasync.prefetch_descriptor(tma_b)
-            cpasync.prefetch_descriptor(tma_c)
-        smem = SmemAllocator()
-        barriers = smem.allocate_array(cutlass.Int64, 2 * self.stages, byte_alignment=8)
-        sa = smem.allocate_tensor(self.dtype, a_ring.outer, byte_alignment=1024,
-                                  swizzle=a_ring.inner)
-        sb = smem.allocate_tensor(self.dtype, b_ring.outer, byte_alignment=1024,
-                                  swizzle=b_ring.inner)
-        sc = smem.allocate_tensor(self.dtype, c_ring.outer, byte_alignment=1024,
-                                  swizzle=c_ring.inner)
+            cpasync.prefetch_descriptor(loads.tma_a)
+            cpasync.prefetch_descriptor(loads.tma_b)
+            cpasync.prefetch_descriptor(store.tma_c)
         ring = pipeline.PipelineTmaAsync.create(
             num_stages=self.stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
@@ -287,10 +357,10 @@ class Sm90Gemm:
         if warp < 4:
             cute.arch.setmaxregister_decrease(PRODUCER_REGS)
             if warp == 0:
-                self.load(ring, tma_a, ma, tma_b, mb, sa, sb)
+                self.load(ring, loads, tiles)
         else:
             cute.arch.setmaxregister_increase(CONSUMER_REGS)
-            self.mma_epilogue(ring, tiled_mma, tma_c, mc, sa, sb, sc)
+            self.mma_epilogue(ring, tiled_mma, store, tiles)
 
     @cute.jit
     def work_tile(self, unit: cutlass.Int32, rank: cutlass.Int32):
@@ -300,9 +370,10 @@ class Sm90Gemm:
         return cluster_row * self.cluster_m + rank, tn
 
     @cute.jit
-    def load(self, ring: pipeline.PipelineTmaAsync, tma_a: cute.CopyAtom, ma: cute.Tensor,
-             tma_b: cute.CopyAtom, mb: cute.Tensor, sa: cute.Tensor, sb: cute.Tensor):
+    def load(self, ring: pipeline.PipelineTmaAsync, loads: Loads, tiles: Tiles):
         """Producer warp: per k-tile, acquire a slot, TMA A and (a slice of, multicast) B."""
+        tma_a, ma, tma_b, mb = loads
+        sa, sb, _ = tiles
         bid, _, _ = cute.arch.block_idx()
         rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
         # (TMA, S) smem views, (TMA, tiles, k_tiles) gmem views; B split across the cluster
@@ -336,9 +407,10 @@ class Sm90Gemm:
 
     @cute.jit
     def mma_epilogue(self, ring: pipeline.PipelineTmaAsync, tiled_mma: cute.TiledMma,
-                     tma_c: cute.CopyAtom, mc: cute.Tensor, sa: cute.Tensor, sb: cute.Tensor,
-                     sc: cute.Tensor):
+                     store: Store, tiles: Tiles):
         """Consumer warpgroups: WGMMA mainloop per tile, then the TMA-store epilogue."""
+        tma_c, mc = store
+        sa, sb, sc = tiles
         bid, _, _ = cute.arch.block_idx()
         tid, _, _ = cute.arch.thread_idx()
         rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
@@ -366,7 +438,7 @@ class Sm90Gemm:
         sub_out = cute.make_rmem_tensor(sub_shape, self.dtype)
         sub_size = cute.size(sub_f32)
         gc = cute.local_tile(mc, (TILE_M, self.tile_n), (None, None))
-        epilogue_sync = pipeline.NamedBarrier(barrier_id=EPILOGUE_BARRIER_ID,
+        epilogue_sync = pipeline.NamedBarrier(barrier_id=Barrier.EPILOGUE,
                                               num_threads=128 * CONSUMER_WARPGROUPS)
         store_ring = pipeline.PipelineTmaStore.create(
             num_stages=EPI_STAGES,

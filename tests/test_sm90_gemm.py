@@ -132,6 +132,41 @@ def test_tx_bytes_and_smem_of_the_docstring():
     assert Sm90Gemm(cluster_m=1).empty_arrivals == 8
 
 
+def test_shared_storage_is_the_docstring_layout():
+    """SharedStorage (the cute.struct smem_bytes is the size of) puts 2 * S mbarriers at 0 and
+    each 128B-swizzled ring on a 1024 B boundary: A, B (S stages each), then the C ring."""
+    k = Sm90Gemm(tile_n=256, stages=4)
+    assert k.storage.__alignof__() == 1024
+    ring = 4 * (128 * 64 * 2)  # A: S stages of 128 x 64 bf16
+    assert k.storage._offsets == {
+        "barriers": 0,
+        "a": 1024,
+        "b": 1024 + ring,
+        "c": 1024 + ring + 4 * 256 * 64 * 2,
+    }
+    assert k.smem_bytes == k.storage._offsets["c"] + 4 * 128 * 32 * 2
+
+
+@pytest.mark.parametrize("what", ["ring", "tx"])
+def test_storage_that_disagrees_with_the_layouts_is_refused_at_trace_time(what):
+    """__call__ checks the struct against the staged layouts it builds (cute.cosize) and the
+    tx bytes against cute.size_in_bytes of the TMA boxes, before the kernel is traced."""
+    from cutlass import cute
+
+    k = Sm90Gemm(**SCENARIO_SIZE)
+    if what == "ring":
+        fields = k.smem_fields()
+        mem, align = cute.struct.MemRange, cute.struct.Align
+        fields["b"] = align[mem[k.dtype, fields["b"].dtype.size - 64], 1024]
+        k.smem_fields = lambda: fields
+        match = "SharedStorage.b: 65472 elements for a ring of cosize 65536"
+    else:
+        k.tx_bytes += 16
+        match = "tx bytes 49168: one stage of TMA boxes is 49152 B"
+    with pytest.raises(ValueError, match=match):
+        cute.compile[cute.GPUArch("sm_90a")](k, *k.fake_args())
+
+
 def test_defaults_are_the_fast_configuration():
     p = resolve_params(Sm90Gemm, {}, "test")
     assert (p["tile_n"], p["stages"], p["cluster_m"]) == (256, 4, 2)
