@@ -386,6 +386,7 @@ def cutedebug_run(request: pytest.FixtureRequest):
     """Run a kernel in the watchdog: ``cutedebug_run(kernel="file.py:Entry", params={...},
     fault=None, fault_args={}, expect=None, deadline=None, probes=None, repeat=None,
     archs=("sm_90a",), mode="run") -> RunResult``. See the module docstring."""
+    from cutedebug.analyses import lint
     from cutedebug.engine import runner
     from cutedebug.reporting import report
 
@@ -442,6 +443,7 @@ def cutedebug_run(request: pytest.FixtureRequest):
                 probes=s.probes,
                 repeat=s.repeat,
                 forkserver=session_forkserver(request.config),
+                compile_checks=[lint.static_findings],
             )
         except S.ScenarioError as e:  # the child could not load the kernel
             problem = str(e)

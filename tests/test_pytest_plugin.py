@@ -48,7 +48,8 @@ class FakeForkServer:
 
 
 def fake_run_scenario(sc, *, runs_root="runs", run_dir=None, mode="run", probes=None,
-                      wait_budget_ms=None, repeat=1, command="", forkserver=None):
+                      wait_budget_ms=None, repeat=1, command="", forkserver=None,
+                      compile_checks=()):
     table = json.loads((HERE / "outcomes.json").read_text())
     spec = (table.get(sc.id) or table.get(f"fault:{sc.fault}") or {}).get(mode, {})
     t0 = time.monotonic()
@@ -59,6 +60,8 @@ def fake_run_scenario(sc, *, runs_root="runs", run_dir=None, mode="run", probes=
                             "compile_s": sc.limits.compile_s,
                             "runs_root": str(runs_root), "t0": t0,
                             "forked": isinstance(forkserver, FakeForkServer),
+                            "checks": [f"{c.__module__}:{c.__qualname__}"
+                                       for c in compile_checks],
                             "t1": time.monotonic()}) + "\\n")
     d = Path(runs_root) / sc.id.replace("/", "__") / mode
     d.mkdir(parents=True, exist_ok=True)
@@ -150,6 +153,9 @@ def project(
     for name, text in scenarios.items():
         (fam / f"{name}.toml").write_text(text)
     (pytester.path / "outcomes.json").write_text(json.dumps(outcomes))
+
+
+LINT_CHECK = "cutedebug.analyses.lint:static_findings"
 
 
 def calls(pytester) -> list[dict]:
@@ -439,6 +445,8 @@ def test_runs_dir_option_and_outer_timeout_above_the_watchdog(pytester, fake_gpu
     # one fork server for the session, handed to every run, closed at the end
     assert all(c["forked"] for c in calls(pytester))
     assert (pytester.path / "forkserver_closed").exists()
+    # every item hands the worker the static protocol checks (engine/compile_checks.py)
+    assert all(c["checks"] == [LINT_CHECK] for c in calls(pytester))
     (pytester.path / "calls.jsonl").unlink()
     pytester.runpytest("--cutedebug-forkserver=off").assert_outcomes(passed=4)
     assert not any(c["forked"] for c in calls(pytester))
@@ -518,6 +526,7 @@ def test_fixture_runs_kernels_and_fails_hangs(pytester, fake_gpu):
     assert "localization {'op': 'producer_acquire'} not found" in out
     assert "cutedebug_run: field kernel.entry = 'Nope': no such class" in out
     assert "During handling" not in out
+    assert {tuple(c["checks"]) for c in calls(pytester)} == {(LINT_CHECK,)}
     # every test using the fixture also gets the outer guard
     items, _ = pytester.inline_genitems("test_user.py")
     assert all(i.get_closest_marker("timeout") for i in items)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from cutedebug.analyses import lint
 from cutedebug.commands import cli
 from cutedebug.commands import triage as T
 from cutedebug.engine import runner
@@ -282,6 +283,7 @@ class FakeEngine:
         repeat=1,
         command="",
         forkserver=None,
+        compile_checks=(),
     ):
         with self.lock:
             self.calls.append((sc.id, mode))
@@ -309,7 +311,10 @@ class FakeEngine:
                     "compiled": {
                         "secs": 0.4,
                         "fault_count": 1,
-                        "static_findings": spec.get("findings"),
+                        # as the worker: findings only from the check it was handed
+                        "static_findings": spec.get("findings")
+                        if lint.static_findings in compile_checks
+                        else None,
                     }
                 },
                 timings={"compile_s": 0.4, "kernel_s": 0.1},

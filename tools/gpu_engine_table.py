@@ -15,6 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from cutedebug.analyses import lint  # noqa: E402
 from cutedebug.engine import runner  # noqa: E402
 from cutedebug.engine import scenario as S  # noqa: E402
 from cutedebug.reporting import report  # noqa: E402
@@ -31,7 +32,9 @@ def main() -> int:
     for f in files:
         sc = S.load(f)
         t0 = time.monotonic()
-        res = runner.run_scenario(sc, runs_root=args.out, probes=args.probes)
+        res = runner.run_scenario(
+            sc, runs_root=args.out, probes=args.probes, compile_checks=[lint.static_findings]
+        )
         report.write(res)
         wall = time.monotonic() - t0
         t = res.timings

@@ -99,11 +99,14 @@ def compile_variant(
     """(fingerprint or what came instead, the worker's events) of one compile-only run.
     ``keep``: where to copy the PTX; ``extra``: further request fields (``line_table``,
     ``perturb``)."""
+    from cutedebug.analyses import lint
     from cutedebug.engine import runner, worker
 
     if bisect is not None:
         extra["bisect"] = bisect
-    req, events_path, _ = runner.write_request(workdir, sc, mode="compile", probes=probes, **extra)
+    req, events_path, _ = runner.write_request(
+        workdir, sc, mode="compile", probes=probes, compile_checks=[lint.static_findings], **extra
+    )
     request = json.loads(req.read_text())
     events = worker.Events(str(events_path))
     try:

@@ -41,6 +41,7 @@ from cutedebug.analyses.protocol_checks import (  # noqa: F401  (part of this in
     _check_phase_flip,
     _check_warp_release,
 )
+from cutedebug.engine.compile_checks import HARNESS_CHECK, harness_finding  # noqa: F401
 from cutedebug.instrument.recorder import (  # noqa: F401  (the protocol's types, and record)
     Event,
     PipelineRecord,
@@ -69,27 +70,15 @@ def check(proto: Protocol) -> list[Finding]:
     return sorted(out, key=lambda f: (order[f.severity], f.check, f.file or "", f.line or 0))
 
 
-HARNESS_CHECK = "harness_error"  # the finding a crashed checker leaves: never "clean"
-
-
 def static_findings(proto: Protocol) -> list[dict[str, Any]]:
-    """check() as JSON for the worker's "compiled" event. A checker that crashes does not fail
-    the run but leaves one visible error finding (check "harness_error"), never "clean"."""
+    """check() as JSON: the compile check the runner's callers hand the worker
+    (``runner.run_scenario(..., compile_checks=[lint.static_findings])``; engine/compile_checks.py)
+    for its "compiled" event. A checker that crashes does not fail the run but leaves one
+    visible error finding (check "harness_error"), never "clean"."""
     try:
         return [f.to_json() for f in check(proto)]
     except Exception as e:
-        import traceback
-
-        tb = traceback.extract_tb(e.__traceback__)[-1]
-        return [
-            Finding(
-                "error",
-                HARNESS_CHECK,
-                None,
-                f"HARNESS_ERROR: the static checks crashed ({type(e).__name__}: {str(e)[:300]} "
-                f"at {Path(tb.filename).name}:{tb.lineno}); nothing was checked",
-            ).to_json()
-        ]
+        return [harness_finding("the static checks", e)]
 
 
 # ---- the child: compile one scenario under record() ------------------------------------------

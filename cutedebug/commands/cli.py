@@ -147,6 +147,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _run_one(args, sc, mode, fs, single: bool):
     """Run one scenario, write its report and print its lines; returns the RunResult."""
+    from cutedebug.analyses import lint
     from cutedebug.commands import perturb_args
     from cutedebug.engine import runner
     from cutedebug.reporting import report
@@ -166,6 +167,7 @@ def _run_one(args, sc, mode, fs, single: bool):
         repeat=args.repeat,
         command=report.command_line() if single else "",
         forkserver=fs,
+        compile_checks=[lint.static_findings],
         **({"core": core} if core else {}),
         **({"perturb": pert} if (pert := perturb_args.request_field(args)) else {}),
     )

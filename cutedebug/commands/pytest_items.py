@@ -207,6 +207,7 @@ class ScenarioItem(_Item):
 
     def call_engine(self, s: Settings, forkserver=None):
         """run_scenario + report (thread-safe: touches no pytest state)."""
+        from cutedebug.analyses import lint
         from cutedebug.engine import runner
         from cutedebug.reporting import report
 
@@ -219,6 +220,7 @@ class ScenarioItem(_Item):
                 probes=s.probes,
                 repeat=1 if self.mode == "compile" else s.repeat,
                 forkserver=forkserver,
+                compile_checks=[lint.static_findings],
             )
         except S.ScenarioError as e:  # the kernel could not be loaded in the child
             raise ScenarioFailure(f"{sc.id}: {e}") from None

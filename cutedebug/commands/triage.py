@@ -122,6 +122,7 @@ class _Plan:
 
 def _call(sc: S.Scenario, mode: str, opts: Options, runs_dir: Path, forkserver=None):
     """One run_scenario call in a pool thread: (result, wall seconds)."""
+    from cutedebug.analyses import lint
     from cutedebug.engine import runner
     from cutedebug.reporting import report
 
@@ -139,6 +140,7 @@ def _call(sc: S.Scenario, mode: str, opts: Options, runs_dir: Path, forkserver=N
         probes=probes,
         repeat=1 if mode == "compile" else opts.repeat,
         forkserver=forkserver,
+        compile_checks=[lint.static_findings],
         **({"core": core} if core else {}),
         **({"perturb": opts.perturb} if opts.perturb and mode == "run" else {}),
     )

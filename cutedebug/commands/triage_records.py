@@ -19,6 +19,7 @@ from typing import Any
 
 from cutedebug.engine import scenario as S
 from cutedebug.engine import verdict as V
+from cutedebug.engine.compile_checks import HARNESS_CHECK
 from cutedebug.engine.triage_record import (
     MATRIX_SCHEMA,
     RECORD_SCHEMA,
@@ -40,7 +41,7 @@ __all__ = [
     "TriageRecord",
 ]
 COMPILE_FINAL = V.values(lambda v: v.ends_at_compile)
-STATIC_HARNESS_CHECK = "harness_error"  # analyses/lint.py HARNESS_CHECK: the checker crashed
+STATIC_HARNESS_CHECK = HARNESS_CHECK  # the finding a static checker that crashed leaves
 
 
 # ---- machine facts (never imports torch or cutlass) -----------------------------------------

@@ -14,6 +14,7 @@ import sys
 import time
 import uuid
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from typing import Any
 from cutedebug.engine import health, lifeline, perturb_runs, watchdog
 from cutedebug.engine import timings as timings_mod
 from cutedebug.engine import verdict as V
+from cutedebug.engine.compile_checks import CompileCheck, references
 from cutedebug.engine.scenario import Limits, Scenario, ScenarioError
 
 REPO_ROOT = watchdog.REPO_ROOT
@@ -280,10 +282,12 @@ def write_request(
     mode: str = "run",
     probes: dict[str, Any] | None = None,
     lineinfo: bool = False,
+    compile_checks: Sequence[CompileCheck] = (),
     **extra: Any,
 ) -> tuple[Path, Path, Path]:
     """The worker's request.json in ``sub`` (created), with an empty event file beside it.
-    ``extra``: further request fields (``bisect``). Returns (request, events, log) paths."""
+    ``compile_checks``: engine/compile_checks.py. ``extra``: further request fields
+    (``bisect``). Returns (request, events, log) paths."""
     sub = Path(sub).resolve()
     sub.mkdir(parents=True, exist_ok=True)
     events_path, log_path = sub / "events.jsonl", sub / "worker.log"
@@ -296,6 +300,7 @@ def write_request(
         "lineinfo": lineinfo,
         "ptx_path": str(sub / "kernel.ptx"),
         "dump_dir": str(sub),
+        "compile_checks": references(compile_checks),
         **extra,
     }
     req_path = sub / "request.json"
@@ -317,8 +322,8 @@ def run_once(
     forkserver=None,
     request_extra: dict[str, Any] | None = None,
 ) -> tuple[V.Classified, V.Outcome, dict[str, Any]]:
-    """``request_extra``: further request fields (e.g. the coredump run's ``env``,
-    ``cubin_path``, ``wait_sites``; see the worker)."""
+    """``request_extra``: further request fields (e.g. ``compile_checks``, the coredump
+    run's ``env``, ``cubin_path``, ``wait_sites``; see the worker)."""
     # Absolute: the worker runs in the repository root, not in the caller's directory.
     run_dir = Path(run_dir).resolve()
     sub = run_dir if index == 0 else run_dir / f"repeat{index}"
@@ -405,11 +410,15 @@ def run_scenario(
     forkserver=None,
     core: Any = None,
     perturb: dict[str, Any] | None = None,
+    compile_checks: Sequence[CompileCheck] = (),
 ) -> RunResult:
     """Run a scenario (``repeat`` times) and return its classified result.
 
     ``perturb``: the request's perturbation field (engine/perturb_runs.py: seeds, policy,
     replay, shrink); the worker then runs the seeds after one compile.
+
+    ``compile_checks``: what checks the recorded protocol (``[lint.static_findings]``) for the
+    compiled evidence's ``static_findings`` (None: nothing checked); engine/compile_checks.py.
 
     ``core``: a hang (or crash) without probes is localized from its GPU coredump instead of a
     rerun with probes: an object with ``request_fields(run_dir) -> dict`` (the worker's extra
@@ -435,10 +444,10 @@ def run_scenario(
             index=i,
             forkserver=forkserver,
             request_extra={
+                "compile_checks": compile_checks,
                 **(core.request_fields(run_dir) if use_core else {}),
                 **({"perturb": perturb} if perturb else {}),
-            }
-            or None,
+            },
         )
         # The GPU is checked right after the run that was killed or crashed (before any
         # rerun), so the health recorded is that run's.
@@ -474,6 +483,7 @@ def run_scenario(
                 mode=mode,
                 probes=probe_cfg,
                 forkserver=forkserver,
+                request_extra={"compile_checks": compile_checks},
             )
             facts["rerun_with_probes"] = {
                 "first_verdict": first[0].verdict.value,

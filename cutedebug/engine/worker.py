@@ -22,7 +22,7 @@ from contextlib import ExitStack, nullcontext
 from pathlib import Path
 from typing import Any
 
-from cutedebug.engine import blame, lifeline
+from cutedebug.engine import blame, compile_checks, lifeline
 from cutedebug.engine import events as events_mod
 from cutedebug.engine.health import ARCH_BY_CC  # stdlib only: the arch names by capability
 from cutedebug.engine.launching import (  # noqa: F401  (names other modules import from here)
@@ -168,9 +168,10 @@ def run(request: dict[str, Any], events: Events) -> None:
     with ExitStack() as stack:
         # the instrumentation layer runs every observer in its fixed order (layer.ORDER),
         # whatever order they are entered in
-        from cutedebug.analyses import lint
+        from cutedebug.instrument import recorder
 
-        protocol = stack.enter_context(lint.record())
+        # the barrier protocol, for the compile checks the caller handed in (compile_checks.py)
+        protocol = stack.enter_context(recorder.record())
         # observer: every copy's line and provable alignment (wrong-value diagnoses)
         from cutedebug.engine import valuemap
         from cutedebug.instrument import value_faults
@@ -261,7 +262,7 @@ def run(request: dict[str, Any], events: Events) -> None:
         fault_not_applied=applied.not_applied() if patch_fault else None,
         probe_sites=site_table.to_json() if site_table is not None else None,
         wait_sites=[w.to_json() for w in wait_sites] if wait_sites is not None else None,
-        static_findings=lint.static_findings(protocol),
+        static_findings=compile_checks.run(request.get("compile_checks"), protocol),
         pipelines=protocol.pipeline_table(),  # instrument/recorder: pipeline=N
     )
     # the lines a wrong-value diagnosis can point at
