@@ -7,7 +7,9 @@ process group) and writes its exit status to a file the runner polls.
 
 Protocol (JSON lines): the runner writes {"request", "log", "status", "env"[, "job"]} to the
 server's stdin (job "health": the GPU health check of cutedebug.engine.health instead of a worker);
-the server answers {"pid": N} on stdout. End of stdin stops the server, which kills
+the server imports the run's library modules if it has not yet (engine/preloads.py) and answers
+{"pid": N} on stdout, or {"error", "no_preload": true} when an import initialized CUDA (the
+client then restarts it with --no-preload). End of stdin stops the server, which kills
 any worker still running. The parent-side handle is :class:`ForkServer`.
 
 Lifelines (:mod:`cutedebug.engine.lifeline`): the server starts with the harness's session
@@ -95,13 +97,16 @@ def preload() -> None:
     )
 
 
-def serve(parent_pid: int | None = None) -> int:
-    from cutedebug.engine import lifeline
+def serve(parent_pid: int | None = None, libraries: bool = True) -> int:
+    """``libraries``: import each run's library modules in the server first
+    (engine/preloads.py)."""
+    from cutedebug.engine import lifeline, preloads
 
     lifeline.set_pdeathsig()  # dies with the harness thread that started it
     if parent_pid is not None and os.getppid() != parent_pid:
         return 1
     preload()
+    libs = preloads.Preloader() if libraries else None
     children: dict[int, str] = {}
     server = os.getpid()
     print(json.dumps({"ready": True, "pid": server}), flush=True)
@@ -119,6 +124,10 @@ def serve(parent_pid: int | None = None) -> int:
         while b"\n" in buf:
             line, buf = buf.split(b"\n", 1)
             req = json.loads(line)
+            if libs is not None and (why := libs(req)):
+                # never fork from a process with CUDA initialized: restart me without preloads
+                print(json.dumps({"error": why, "no_preload": True}), flush=True)
+                continue
             pid = fork_worker(req, server)
             children[pid] = req["status"]
             print(json.dumps({"pid": pid}), flush=True)
@@ -227,6 +236,7 @@ class ForkServer:
         self.generation = 0  # +1 per (re)start: a child belongs to one server
         self.restarts = 0
         self.closed = False
+        self.preload_libraries = True  # off once a library import initialized CUDA
 
     def start(self) -> ForkServer:
         from cutedebug.engine import lifeline
@@ -235,7 +245,8 @@ class ForkServer:
         env = lifeline.child_env(self.env, lifeline.PLACEHOLDER_TAG)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "cutedebug.engine.forkserver", str(os.getpid())],
+                [sys.executable, "-m", "cutedebug.engine.forkserver", str(os.getpid())]
+                + ([] if self.preload_libraries else ["--no-preload"]),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=log,
@@ -286,20 +297,36 @@ class ForkServer:
         with self._lock:
             if not self.alive:
                 self._restart()
-            assert self.proc is not None and self.proc.stdin is not None
-            try:
-                self.proc.stdin.write((json.dumps(msg) + "\n").encode())
-                self.proc.stdin.flush()
-                line = self._readline(30.0)
-                pid = int(json.loads(line)["pid"]) if line else None
-            except (OSError, ValueError, KeyError, TypeError):
-                pid = None
-            if pid is None:
+            answer = self._ask(msg)
+            if answer.get("no_preload") and self.preload_libraries:
+                # a library import initialized CUDA in the server: a new one without preloads
+                self.preload_libraries = False
+                self._kill()
+                try:
+                    self.start()
+                except (OSError, ForkServerError) as e:
+                    raise ForkServerError(f"fork server could not be restarted: {e}") from e
+                answer = self._ask(msg)
+            pid = answer.get("pid")
+            if not isinstance(pid, int):
                 self._kill()
                 raise ForkServerError(f"fork server did not answer (log: {self.log_path})")
             child = ForkedChild(pid, status, self)
             child.generation = self.generation
         return child
+
+    def _ask(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Send a request, read the answer ({} when there is none); the server may import the
+        run's libraries first (engine/preloads.py), seconds on a busy machine."""
+        assert self.proc is not None and self.proc.stdin is not None
+        try:
+            self.proc.stdin.write((json.dumps(msg) + "\n").encode())
+            self.proc.stdin.flush()
+            line = self._readline(READY_TIMEOUT_S)
+            answer = json.loads(line) if line else {}
+        except (OSError, ValueError):
+            return {}
+        return answer if isinstance(answer, dict) else {}
 
     def _restart(self) -> None:
         """Start a new server in place of a dead one (at most MAX_RESTARTS times)."""
@@ -359,7 +386,8 @@ class ForkServer:
 
 
 if __name__ == "__main__":
-    code = serve(int(sys.argv[1]) if len(sys.argv) > 1 else None)
+    args = [a for a in sys.argv[1:] if a != "--no-preload"]
+    code = serve(int(args[0]) if args else None, libraries="--no-preload" not in sys.argv)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # skip the seconds of torch/cutlass teardown: nothing is left to clean

@@ -1,0 +1,146 @@
+"""A fork server imports a run's library modules once (engine/preloads.py): which modules, that
+the forked worker finds them imported and compiles what a fresh worker compiles, and that an
+import which initializes CUDA makes the client restart the server without preloads."""
+
+import json
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from cutedebug.engine import preloads, runner
+from cutedebug.engine import scenario as S
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def request_for(tmp_path: Path, kernel_source: str, modules: list[str]) -> Path:
+    kernel = tmp_path / "kernel_file.py"
+    kernel.write_text(kernel_source)
+    req = tmp_path / "request.json"
+    req.write_text(json.dumps({"scenario": {"kernel": {"file": str(kernel)}, "modules": modules}}))
+    return req
+
+
+def test_the_declared_modules_and_the_kernel_files_imports_from_them(tmp_path):
+    src = textwrap.dedent(
+        """
+        import math
+        import cuda.bindings.driver as cuda
+        import cutlass.cute as cute
+        from quack.gemm_default_epi import GemmDefaultSm90
+        from quack.tile_scheduler import TileSchedulerOptions
+        import quack.cute_dsl_utils, os
+        from .local import thing
+
+        def later():
+            import quack.not_at_top_level
+        """
+    )
+    req = request_for(tmp_path, src, ["quack"])
+    assert preloads.modules_for(req) == [
+        "quack",
+        "quack.gemm_default_epi",
+        "quack.tile_scheduler",
+        "quack.cute_dsl_utils",
+    ]
+    # nothing declared: nothing preloaded (the repository's own kernels need torch and cutlass,
+    # which every fork server has imported already)
+    (tmp_path / "none").mkdir()
+    assert preloads.modules_for(request_for(tmp_path / "none", src, [])) == []
+    (tmp_path / "kernel_file.py").unlink()
+    assert preloads.modules_for(req) == ["quack"]  # an unreadable kernel file: declared only
+    assert preloads.modules_for(tmp_path / "missing.json") == []
+
+
+def test_health_checks_and_cuda_free_imports_fork(monkeypatch):
+    p = preloads.Preloader()
+    assert p({"job": "health", "request": "/nowhere"}) is None
+    assert p({"request": "/nowhere"}) is None and p.cuda_error is None
+
+
+LIB = """
+import os
+with open(os.environ["PRELOAD_PROBE_OUT"], "a") as f:
+    f.write(f"{os.getpid()}\\n")
+if os.environ.get("PRELOAD_PROBE_CUDA") == "1":
+    import torch
+    torch.cuda._initialized = True  # what an import that touched the GPU leaves behind
+"""
+
+KERNEL = f"""
+import importlib.util
+
+import preload_probe_lib  # noqa: F401  (the library the scenario declares)
+
+_spec = importlib.util.spec_from_file_location("_preload_minimal", {str(ROOT / "kernels" / "minimal.py")!r})
+_mod = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_mod)
+Minimal = _mod.Minimal
+"""
+
+
+@pytest.fixture
+def probe_lib(tmp_path, monkeypatch):
+    lib = tmp_path / "lib"
+    (lib / "preload_probe_lib").mkdir(parents=True)
+    (lib / "preload_probe_lib" / "__init__.py").write_text(LIB)
+    (tmp_path / "kernel_file.py").write_text(KERNEL)
+    out = tmp_path / "imported_in.txt"
+    monkeypatch.setenv("PRELOAD_PROBE_OUT", str(out))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(lib), os.environ.get("PYTHONPATH", "")]))
+    sc = S.adhoc(str(tmp_path / "kernel_file.py") + ":Minimal", {}, None, {}, "PASS")
+    sc = sc.with_overrides(modules=("preload_probe_lib",))
+    return sc, out
+
+
+@pytest.mark.slow
+def test_forked_workers_find_the_library_imported_once_in_the_server(tmp_path, probe_lib):
+    sc, out = probe_lib
+    fresh = runner.run_scenario(sc, runs_root=tmp_path / "fresh", mode="compile")
+    fresh_pid = out.read_text().split()
+    assert len(fresh_pid) == 1  # the fresh worker imported it itself
+    out.unlink()
+    fs = runner.start_forkserver(tmp_path / "fs")
+    assert fs is not None
+    try:
+        forked = [
+            runner.run_scenario(
+                sc, runs_root=tmp_path / f"forked{i}", mode="compile", forkserver=fs
+            )
+            for i in range(2)
+        ]
+        server = fs.proc.pid
+    finally:
+        fs.close()
+    assert out.read_text().split() == [str(server)]  # once, in the server, for both runs
+    ptx = [(r.run_dir / "kernel.ptx").read_text() for r in [fresh, *forked]]
+    assert ptx[0] == ptx[1] == ptx[2]
+    assert all(r.expected for r in [fresh, *forked]), [r.reason for r in [fresh, *forked]]
+
+
+@pytest.mark.slow
+def test_an_import_that_initializes_cuda_restarts_the_server_without_preloads(
+    tmp_path, probe_lib, monkeypatch
+):
+    sc, out = probe_lib
+    monkeypatch.setenv("PRELOAD_PROBE_CUDA", "1")
+    fs = runner.start_forkserver(tmp_path / "fs")
+    assert fs is not None
+    first_server = fs.proc.pid
+    try:
+        res = runner.run_scenario(sc, runs_root=tmp_path / "r", mode="compile", forkserver=fs)
+        second_server = fs.proc.pid
+        again = runner.run_scenario(sc, runs_root=tmp_path / "r2", mode="compile", forkserver=fs)
+    finally:
+        fs.close()
+    assert second_server != first_server and not fs.preload_libraries
+    pids = out.read_text().split()
+    # the tainted server imported it, then each forked worker imported it itself
+    assert pids[0] == str(first_server) and len(pids) == 3
+    assert str(second_server) not in pids
+    assert res.expected and again.expected, (res.reason, again.reason)
+    assert "forkserver_error" not in res.evidence
+    log = (tmp_path / "fs" / "forkserver.log").read_text()
+    assert "importing preload_probe_lib initialized CUDA in the fork server" in log
