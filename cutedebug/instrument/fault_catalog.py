@@ -99,7 +99,9 @@ for _fault in (
         "stale stages); producer: MISMATCH/RACE (overwrites stages still being read), HANG if "
         "a full barrier is lapped",
         patches=(
-            "PipelineState.advance and overrides (states of the role, however built)",
+            "PipelineState.advance and overrides (states of the role, however built), and a "
+            "library subclass's advance_iters (quack's PipelineStateWAdvance)",
+            "a state whose phase the kernel reads itself (a raw mbarrier wait) counts as read",
             "waits of the role (consumer_wait / producer_acquire / producer_tail) on a "
             "state without a role lineage, or of pipeline N",
         ),
