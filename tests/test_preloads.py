@@ -144,3 +144,22 @@ def test_an_import_that_initializes_cuda_restarts_the_server_without_preloads(
     assert "forkserver_error" not in res.evidence
     log = (tmp_path / "fs" / "forkserver.log").read_text()
     assert "importing preload_probe_lib initialized CUDA in the fork server" in log
+
+
+@pytest.mark.slow
+def test_a_compile_only_worker_does_not_import_torch(tmp_path, monkeypatch):
+    """A fresh compile-only worker never looks for a GPU, so never imports torch (1.7 s of
+    CPU); a run-mode worker does (its device check), and both compile the same PTX."""
+    out = tmp_path / "torch_seen.txt"
+    monkeypatch.setenv("TORCHLESS_OUT", str(out))
+    target = str(ROOT / "tests" / "helpers" / "torchless_kernel.py") + ":TorchlessMinimal"
+    sc = S.adhoc(target, {}, None, {}, "PASS")
+    compiled = runner.run_scenario(sc, runs_root=tmp_path / "c", mode="compile")
+    ran = runner.run_scenario(sc, runs_root=tmp_path / "r", mode="run")
+    assert out.read_text().split() == ["False", "True"]
+    assert compiled.evidence["device"] == {
+        "present": None,
+        "reason": "compile-only run: no GPU looked for",
+    }
+    assert "present" in ran.evidence["device"] and ran.evidence["device"]["present"] is not None
+    assert (compiled.run_dir / "kernel.ptx").read_text() == (ran.run_dir / "kernel.ptx").read_text()

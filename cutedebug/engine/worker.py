@@ -99,7 +99,13 @@ def run(request: dict[str, Any], events: Events) -> None:
         "started", pid=os.getpid(), python=sys.version.split()[0], mono0=round(events.t0, 6)
     )
 
-    device = detect_device()
+    # A compile-only run never touches the GPU: it does not import torch to look for one (the
+    # 1.7 s of CPU a fresh interpreter would spend on it; the kernels import torch lazily).
+    device = (
+        detect_device()
+        if mode == "run"
+        else {"present": None, "reason": "compile-only run: no GPU looked for"}
+    )
     events.emit("device", **device)
     archs = sc["archs"]
     runnable = mode == "run" and device["present"] and device["arch"] in archs
