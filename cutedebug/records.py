@@ -43,8 +43,10 @@ __all__ = [
     "from_json",
     "later",
     "optional",
+    "join",
     "present",
     "to_json",
+    "to_json_value",
 ]
 
 R = TypeVar("R")
@@ -115,7 +117,7 @@ def to_json(record: Any) -> dict[str, Any]:
             continue  # the file did not have it, and it was not set since
         if f.metadata.get(_OPTIONAL) and value == f.default:
             continue
-        out[f.name] = _dump(value)
+        out[f.name] = to_json_value(value)
     return out
 
 
@@ -125,15 +127,16 @@ def _default(f: dataclasses.Field) -> Any:
     return f.default
 
 
-def _dump(value: Any) -> Any:
+def to_json_value(value: Any) -> Any:
+    """A value as JSON: records and enums in it through their ``to_json``, tuples as lists."""
     if hasattr(value, "to_json") and not isinstance(value, type):
         return value.to_json()
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, dict):
-        return {k: _dump(v) for k, v in value.items()}
+        return {k: to_json_value(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_dump(v) for v in value]
+        return [to_json_value(v) for v in value]
     return value
 
 
@@ -158,7 +161,7 @@ def from_json(cls: type[R], data: Any, where: str = "") -> R:
     unknown = [k for k in data if k not in fields]
     if unknown:
         raise RecordError(
-            f"{_label(_join(where, unknown[0]))} unknown ({name}); allowed: {sorted(fields)}"
+            f"{_label(join(where, unknown[0]))} unknown ({name}); allowed: {sorted(fields)}"
         )
     hints = _hints(cls)
     kwargs: dict[str, Any] = {}
@@ -167,17 +170,18 @@ def from_json(cls: type[R], data: Any, where: str = "") -> R:
         if key not in data:
             required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
             if required:
-                raise RecordError(f"{_label(_join(where, key))} missing ({name})")
+                raise RecordError(f"{_label(join(where, key))} missing ({name})")
             if f.metadata.get(_LATER):
                 lacked.append(key)
             continue
-        kwargs[key] = _load(data[key], hints[key], _join(where, key))
+        kwargs[key] = _load(data[key], hints[key], join(where, key))
     if tracker and lacked:
         kwargs[tracker] = frozenset(lacked)
     return cls(**kwargs)
 
 
-def _join(where: str, key: str) -> str:
+def join(where: str, key: str) -> str:
+    """The dotted path of ``key`` inside the object at ``where``."""
     return f"{where}.{key}" if where else key
 
 
@@ -219,7 +223,7 @@ def _load(value: Any, tp: Any, path: str) -> Any:
         if not isinstance(value, dict):
             raise RecordError(f"{where}: expected an object, got {type(value).__name__}")
         _, item = typing.get_args(tp) or (str, Any)
-        return {k: _load(v, item, _join(path, k)) for k, v in value.items()}
+        return {k: _load(v, item, join(path, k)) for k, v in value.items()}
     if isinstance(tp, type):
         if dataclasses.is_dataclass(tp) and hasattr(tp, "from_json"):
             return tp.from_json(value, path)

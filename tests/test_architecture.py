@@ -34,6 +34,8 @@ TOP_LEVEL = {
     "cutedebug.errors": "base",
     # the one place records are serialised (dataclasses <-> JSON); imports nothing of ours
     "cutedebug.records": "base",
+    # one event of a child's event channel: written by the worker and by exec'd processes
+    "cutedebug.event": "base",
     # leaf helpers any layer may use to write files and escape text (they import nothing)
     "cutedebug.reporting.escape": "base",
     "cutedebug.reporting.files": "base",

@@ -310,3 +310,46 @@ def test_findings_of_the_h200_sanitizer_captures_round_trip():
         Finding.from_json(dict(sample, threads=[[0, 1]]))
     with pytest.raises(RecordError, match=r"field 'severity' missing \(Finding\)"):
         Finding.from_json({k: v for k, v in sample.items() if k != "severity"})
+
+
+# ---- events ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("case", ["wrong_expect_tx_plus", "missing_phase_flip_producer"])
+def test_a_recorded_event_stream_round_trips_line_for_line(case):
+    """Every line of the H200 run's events.jsonl reads as an Event (through the watchdog's
+    reader) and writes back as the same line, byte for byte as the worker wrote it."""
+    from cutedebug.engine.watchdog import EventReader
+    from cutedebug.event import Event
+
+    path = RUNS / case / "events.jsonl"
+    events, bad = EventReader(path).poll()
+    lines = path.read_text().splitlines()
+    assert bad == [] and len(events) == len(lines)
+    for ev, line in zip(events, lines):
+        assert isinstance(ev, Event) and ev == json.loads(line)  # reads like its JSON object
+        assert json.dumps(ev.to_json(), default=str) == line
+        assert Event.from_json(json.loads(line)) == ev
+    compiled = next(e for e in events if e.name == "compiled")
+    assert compiled["secs"] == compiled.fields["secs"] and compiled.get("missing") is None
+    assert {**compiled}["event"] == "compiled"
+
+
+def test_a_line_that_is_not_an_event_is_malformed(tmp_path):
+    from cutedebug.engine.watchdog import EventReader
+    from cutedebug.event import Event
+
+    path = tmp_path / "events.jsonl"
+    good = '{"event": "started", "t": 0.1, "pid": 7}'
+    path.write_text(
+        "\n".join([good, '{"t": 1}', '{"event": "x", "t": "soon"}', '{"event": ""}', "[1]"]) + "\n"
+    )
+    events, bad = EventReader(path).poll()
+    assert [e.to_json() for e in events] == [json.loads(good)] and len(bad) == 4
+    with pytest.raises(RecordError, match=r"field 'event' missing \(EventEnvelope\)"):
+        Event.from_json({"t": 1})
+    with pytest.raises(RecordError, match=r"field 't': expected float, got str"):
+        Event.from_json({"event": "x", "t": "soon"})
+    # an event the parent makes up has no time: none is written
+    assert Event.from_json({"event": "harness_error", "message": "m"}).to_json() == {
+        "event": "harness_error",
+        "message": "m",
+    }

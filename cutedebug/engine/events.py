@@ -12,6 +12,8 @@ import threading
 import time
 from typing import Any
 
+from cutedebug.event import Event
+
 MAX_FIELD_CHARS = 16_000  # one string field of an event (messages, tracebacks)
 MAX_LINE_CHARS = 900_000  # one event line (the runner reads lines up to 1 MiB)
 
@@ -43,7 +45,8 @@ class Events:
         self.t0 = time.monotonic()
 
     def emit(self, event: str, **fields: Any) -> None:
-        rec = {"event": event, "t": round(time.monotonic() - self.t0, 6), **_capped(fields)}
+        t = round(time.monotonic() - self.t0, 6)
+        rec = Event(name=event, t=t, fields=_capped(fields)).to_json()
         line = json.dumps(rec, default=str)
         if len(line) > MAX_LINE_CHARS:
             keep = {

@@ -18,6 +18,8 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
+from cutedebug.event import Event
+
 
 class Verdict(str, enum.Enum):
     """The closed set of verdicts of one run. Serialised as its name (``to_json``), read back
@@ -161,23 +163,27 @@ class Outcome:
     """What the runner observed about one child run (raw facts, no interpretation)."""
 
     phase: str = "spawned"  # last phase reached
-    events: list[dict[str, Any]] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
     returncode: int | None = None  # negative: killed by that signal
     killed_by_watchdog: str | None = None  # why: "deadline:<phase>" or "stall"
     malformed_lines: list[str] = field(default_factory=list)
     log_tail: str = ""
     elapsed_s: float = 0.0
 
-    def add(self, ev: dict[str, Any]) -> bool:
-        """Record an event; True when it moves the run to a later phase."""
+    def add(self, ev: Event | dict[str, Any]) -> bool:
+        """Record an event (a JSON object is read as one); True when it moves the run to a
+        later phase."""
+        if not isinstance(ev, Event):
+            ev = Event.from_json(ev)
         self.events.append(ev)
-        name = ev.get("event")
+        name = ev.name
         if name in PHASES and PHASES.index(name) > PHASES.index(self.phase):
             self.phase = name
             return True
         return False
 
-    def event(self, name: str) -> dict[str, Any] | None:
+    def event(self, name: str) -> Event | None:
+        """The last event of kind ``name``."""
         for ev in reversed(self.events):
             if ev.get("event") == name:
                 return ev

@@ -50,6 +50,7 @@ from typing import Any
 from cutedebug.engine import lifeline
 from cutedebug.engine import verdict as V
 from cutedebug.engine.scenario import Limits
+from cutedebug.event import Event
 
 POLL_S = 0.02
 MAX_EVENT_LINE = 1 << 20  # longer lines are cut, reported, never silently lost
@@ -107,7 +108,7 @@ class EventReader:
         self.path, self.offset, self.partial = path, 0, b""
         self.skipping = False  # inside a line over MAX_EVENT_LINE
 
-    def poll(self) -> tuple[list[dict[str, Any]], list[str]]:
+    def poll(self) -> tuple[list[Event], list[str]]:
         if self.path is None:
             return [], []
         try:
@@ -140,11 +141,8 @@ class EventReader:
                     + raw[:200].decode("utf-8", "replace")
                 )
                 continue
-            try:
-                ev = json.loads(raw)
-                if not isinstance(ev, dict) or not isinstance(ev.get("event"), str):
-                    raise ValueError("not an event object")
-                events.append(ev)
+            try:  # a line that is not an event (RecordError is a ValueError) is malformed
+                events.append(Event.from_json(json.loads(raw)))
             except (ValueError, RecursionError):
                 bad.append(raw[:200].decode("utf-8", "replace"))
         return events, bad

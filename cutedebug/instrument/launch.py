@@ -49,6 +49,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from cutedebug.event import Event
 from cutedebug.instrument.launch_gpu import (  # noqa: F401  (part of this interface)
     _WAITS_ATTR,
     InFlight,
@@ -95,13 +96,11 @@ class _Emitter:
         self.pid = os.getpid()
 
     def emit(self, event: str, **fields: Any) -> None:
-        rec = {
-            "event": event,
-            "pid": self.pid,
-            "t": round(time.monotonic() - self.t0, 6),
-            "wall": round(time.time(), 3),
-            **fields,
-        }
+        rec = Event(
+            name=event,
+            t=round(time.monotonic() - self.t0, 6),
+            fields={"pid": self.pid, "wall": round(time.time(), 3), **fields},
+        ).to_json()
         data = (json.dumps(rec, default=str) + "\n").encode()
         with self.lock:
             os.write(self.fd, data)
