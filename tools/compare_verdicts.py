@@ -19,6 +19,9 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from cutedebug.engine.triage_record import TriageMatrix  # noqa: E402
+
 
 def read_side(path: str) -> tuple[dict[str, str], dict[str, list[str]]]:
     """(verdict by scenario id, accepted verdicts by id when known)."""
@@ -35,14 +38,13 @@ def read_side(path: str) -> tuple[dict[str, str], dict[str, list[str]]]:
                 if rank >= verdicts.get(sid, (-1, ""))[0]:
                     verdicts[sid] = (rank, v)
         return {k: v for k, (_, v) in verdicts.items()}, {}
-    m = json.loads(p.read_text())
+    m = TriageMatrix.from_json(json.loads(p.read_text()))  # RecordError names a bad field
     out, accepted = {}, {}
-    for r in m["scenarios"]:
-        if r.get("verdict") is not None:
-            out[r["id"]] = r["verdict"]
-        exp = r.get("expected") or {}
-        if exp.get("verdict"):
-            accepted[r["id"]] = [exp["verdict"], *(exp.get("also") or [])]
+    for r in m.scenarios:
+        if r.verdict:  # None: not run; ABSENT: still pending
+            out[r.id] = r.verdict.value
+        if r.expected.verdict:
+            accepted[r.id] = list(r.expected.expect().verdicts)
     return out, accepted
 
 

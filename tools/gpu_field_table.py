@@ -20,22 +20,31 @@ import sys
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from cutedebug.engine.run_report import RunReport  # noqa: E402
+from cutedebug.engine.triage_record import TriageRecord  # noqa: E402
+from cutedebug.records import present  # noqa: E402
 
-def load_records(out: Path) -> list[dict[str, Any]]:
-    recs = [json.loads(p.read_text()) for p in sorted((out / "results").glob("*.json"))]
-    return sorted(recs, key=lambda r: r["id"])
+
+def load_records(out: Path) -> list[TriageRecord]:
+    """The triage's records (a file that is not one is an error naming its field)."""
+    recs = [
+        TriageRecord.from_json(json.loads(p.read_text()), p.name)
+        for p in sorted((out / "results").glob("*.json"))
+    ]
+    return sorted(recs, key=lambda r: r.id)
 
 
-def run_report(out: Path, rec: dict[str, Any]) -> dict[str, Any]:
-    call = rec.get("run") or rec.get("compile") or {}
-    md = call.get("report")
+def run_report(out: Path, rec: TriageRecord) -> RunReport | None:
+    """The report.json of the record's final call, if it is there and readable."""
+    md = rec.final.report if rec.final else None
     if not md:
-        return {}
+        return None
     path = (out / md).with_name("report.json")
     try:
-        return json.loads(path.read_text())
+        return RunReport.from_json(json.loads(path.read_text()))
     except (OSError, ValueError):
-        return {}
+        return None
 
 
 def _site(s: dict[str, Any]) -> str:
@@ -45,10 +54,9 @@ def _site(s: dict[str, Any]) -> str:
     return f"{s.get('role')}/{s.get('op')}/{s.get('barrier')}{stage}@{where}"
 
 
-def localization_cell(rec: dict[str, Any], report: dict[str, Any]) -> str:
-    exp = rec["expected"]["localization"]
-    call = rec.get("run") or {}
-    loc = call.get("localization") or {}
+def localization_cell(rec: TriageRecord, report: RunReport | None) -> str:
+    exp = rec.expected.localization
+    loc = rec.run.localization if rec.run else {}
     if not exp:
         return "-"
     want = "/".join(str(exp.get(k, "*")) for k in ("role", "op", "barrier"))
@@ -56,41 +64,37 @@ def localization_cell(rec: dict[str, Any], report: dict[str, Any]) -> str:
         return f"{want}: OK {_site(loc.get('matched') or {})}"
     if loc.get("ok") is None:
         return f"{want}: not graded ({loc.get('why', 'no run')})"
-    sites = (report.get("evidence") or {}).get("stuck_sites") or []
+    sites = (report.evidence.get("stuck_sites") if report else None) or []
     seen = list(dict.fromkeys(_site(s) for s in sites))[:3]
     return f"{want}: MISSED, got {'; '.join(seen) or 'no stuck site'}"
 
 
-def row(out: Path, rec: dict[str, Any]) -> dict[str, Any]:
+def row(out: Path, rec: TriageRecord) -> dict[str, Any]:
     report = run_report(out, rec)
-    exp = rec["expected"]
-    freq = rec.get("frequencies") or {}
+    exp = rec.expected
+    freq = rec.frequencies or {}
     why = (
-        rec.get("not_run")
-        or rec.get("invalid")
-        or (
-            f"{rec.get('status')}: the triage ended before its run"
-            if rec.get("status") != "done"
-            else "no verdict"
-        )
+        rec.not_run
+        or rec.invalid
+        or (f"{rec.status}: the triage ended before its run" if not rec.done else "no verdict")
     )
-    verdict = rec.get("verdict") or f"not run ({why})"
+    verdict = rec.verdict.value if rec.verdict else f"not run ({why})"
     if len(freq) > 1:
         verdict += " (" + ", ".join(f"{v} {n}" for v, n in freq.items()) + ")"
-    comp = rec.get("compile") or {}
-    call = rec.get("run") or comp
-    sites = call.get("fault_count", comp.get("fault_count"))
-    errors = [f for f in (comp.get("static_findings") or []) if f.get("severity") == "error"]
+    comp, call = rec.compile, rec.final
+    sites = call.fault_count if call else None
+    static = comp.static_findings if comp else None
+    errors = [f for f in static or [] if f.get("severity") == "error"]
     return {
-        "scenario": rec["id"].removeprefix("field/"),
+        "scenario": rec.id.removeprefix("field/"),
         "verdict": verdict,
-        "expected": exp["verdict"] + ("/" + "/".join(exp["also"]) if exp.get("also") else ""),
-        "ok": {True: "yes", False: "NO", None: "-"}[rec.get("verdict_ok")],
+        "expected": exp.verdict + ("/" + "/".join(exp.also) if exp.also else ""),
+        "ok": {True: "yes", False: "NO"}.get(rec.verdict_ok, "-"),
         "localization": localization_cell(rec, report),
-        "sites": "-" if rec.get("fault") is None else str(sites),
+        "sites": "-" if rec.fault is None else str(sites),
         "static_errors": len(errors),
-        "seconds": rec.get("time_to_verdict_s"),
-        "reason": (rec.get("run") or comp).get("reason", "")[:300],
+        "seconds": present(rec.time_to_verdict_s),
+        "reason": call.reason[:300] if call else "",
         "static": [f"{f.get('check')}: {f.get('message', '')[:160]}" for f in errors],
     }
 
@@ -107,17 +111,13 @@ COLS = [
 ]
 
 
-def targets(recs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[str]:
-    faulted = [(r, w) for r, w in zip(recs, rows) if r.get("fault")]
+def targets(recs: list[TriageRecord], rows: list[dict[str, Any]]) -> list[str]:
+    faulted = [(r, w) for r, w in zip(recs, rows) if r.fault]
     zero = [w["scenario"] for r, w in faulted if w["sites"] == "0"]
-    hangs = [
-        (r, w)
-        for r, w in zip(recs, rows)
-        if r.get("verdict") == "HANG" and r["expected"]["localization"]
-    ]
-    graded = [(r, w) for r, w in hangs if r.get("localization_ok") is not None]
-    located = [w for r, w in graded if r.get("localization_ok")]
-    clean = [(r, w) for r, w in zip(recs, rows) if not r.get("fault")]
+    hangs = [(r, w) for r, w in zip(recs, rows) if r.verdict == "HANG" and r.expected.localization]
+    graded = [(r, w) for r, w in hangs if present(r.localization_ok) is not None]
+    located = [w for r, w in graded if r.localization_ok]
+    clean = [(r, w) for r, w in zip(recs, rows) if not r.fault]
     lines = [
         f"- faults applied at 0 sites: {len(zero)} of {len(faulted)}"
         + (f" ({', '.join(zero)})" if zero else ""),
@@ -128,9 +128,9 @@ def targets(recs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[str]
             f"{w['scenario']} {w['verdict']}, {w['static_errors']} static error(s)"
             for _, w in clean
         ),
-        f"- verdicts as expected: {sum(r.get('verdict_ok') is True for r in recs)} of "
-        f"{sum(r.get('verdict_ok') is not None for r in recs)}; harness errors: "
-        f"{sum(r.get('harness_errors', 0) for r in recs)}",
+        f"- verdicts as expected: {sum(r.verdict_ok is True for r in recs)} of "
+        f"{sum(present(r.verdict_ok) is not None for r in recs)}; harness errors: "
+        f"{sum(r.harness_errors or 0 for r in recs)}",
     ]
     return lines
 
