@@ -53,6 +53,13 @@ def test_old_records_lack_later_keys_and_keep_lacking_them():
     rec = next(r for r in oldest.scenarios if r.run)
     assert rec.expected.also is ABSENT and rec.run.work_s is ABSENT
     assert "also" not in rec.to_json()["expected"] and "work_s" not in rec.to_json()["run"]
+    # its rates predate "exposed_by_perturbation" (read as 0, not written back); no facts yet
+    counts = oldest.rates.counts
+    assert counts.exposed_by_perturbation == 0 and "exposed_by_perturbation" not in counts.to_json()
+    assert oldest.facts is None and oldest.environment.gpu == "NVIDIA H200"
+    assert oldest.rates.detection.text().endswith(
+        f"({oldest.rates.detection.hits}/{oldest.rates.detection.of})"
+    )
     # a pending record of the last session has no grading fields yet
     final = TriageMatrix.from_json(json.loads(read_text(MATRICES[-1])))
     pending = [r for r in final.scenarios if not r.done]

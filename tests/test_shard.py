@@ -79,8 +79,8 @@ def write_shard(d: Path, recs: list[dict], m: dict, total_s: float, health=True)
             [triage.TriageRecord.from_json(r) for r in recs],
             dir_="scenarios",
             command="triage",
-            env=m["environment"],
-            facts=facts,
+            env=triage.Environment.from_json(m["environment"]),
+            facts=triage.Facts.from_json(facts),
         ),
     )
 
@@ -100,9 +100,9 @@ def test_merged_shards_give_the_matrix_of_one_run(tmp_path):
     # and the four rates the recorded H200 triage itself wrote (its counts predate
     # "exposed_by_perturbation")
     keys = ("detection", "classification", "localization", "false_alarms")
-    assert {k: merged.rates[k] for k in keys} == {k: m["rates"][k] for k in keys}
-    assert merged.facts["total_s"] == 53.0  # the slowest shard
-    assert merged.facts["gpu_health"]["healthy"] is True
+    assert {k: merged.rates.rate(k).to_json() for k in keys} == {k: m["rates"][k] for k in keys}
+    assert merged.facts.total_s == 53.0  # the slowest shard
+    assert merged.facts.gpu_health["healthy"] is True
     assert len(list((out / "results").glob("*.json"))) == len(ids)
     md = (out / "matrix.md").read_text()
     assert "# cutedebug triage" in md and "processes of ours left: 0" in md
@@ -124,7 +124,7 @@ def test_merge_refuses_overlapping_shards_and_reports_an_unhealthy_one(tmp_path)
         shard.merge([tmp_path / "a", tmp_path / "b"], tmp_path / "out")
     write_shard(tmp_path / "c", recs[6:], m, 10.0, health=False)
     merged = shard.merge([tmp_path / "a", tmp_path / "c"], tmp_path / "out")
-    assert merged.facts["gpu_health"]["healthy"] is False
+    assert merged.facts.gpu_health["healthy"] is False
     with pytest.raises(shard.ShardError, match="not a readable triage matrix"):
         shard.merge([tmp_path / "a", tmp_path / "missing"], tmp_path / "out")
 

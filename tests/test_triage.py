@@ -126,24 +126,24 @@ RECORDS = [
 def test_rates_count_what_they_say():
     r = T.rates(RECORDS)
     # faulted with a verdict: a b c g h i -> detected a c g i (PASS, HARNESS_ERROR are not)
-    assert (r["detection"]["hits"], r["detection"]["of"]) == (4, 6)
+    assert (r.detection.hits, r.detection.of) == (4, 6)
     # with a verdict: a b c d e g h i -> verdict as expected: a c d g
-    assert (r["classification"]["hits"], r["classification"]["of"]) == (4, 8)
+    assert (r.classification.hits, r.classification.of) == (4, 8)
     # expected localization and a verdict: a c (f was not run)
-    assert (r["localization"]["hits"], r["localization"]["of"]) == (1, 2)
+    assert (r.localization.hits, r.localization.of) == (1, 2)
     # clean: d e -> e is a false alarm
-    assert (r["false_alarms"]["hits"], r["false_alarms"]["of"]) == (1, 2)
-    assert r["false_alarms"]["rate"] == 0.5
-    c = r["counts"]
-    assert (c["scenarios"], c["with_verdict"], c["not_run"], c["invalid"]) == (10, 8, 1, 1)
-    assert c["harness_errors"] == 1 and c["timing_dependent"] == 1
-    assert c["not_run_reasons"] == {"not run: no GPU — nvidia-smi not found": 1}
+    assert (r.false_alarms.hits, r.false_alarms.of) == (1, 2)
+    assert r.false_alarms.rate == 0.5
+    c = r.counts
+    assert (c.scenarios, c.with_verdict, c.not_run, c.invalid) == (10, 8, 1, 1)
+    assert c.harness_errors == 1 and c.timing_dependent == 1
+    assert c.not_run_reasons == {"not run: no GPU — nvidia-smi not found": 1}
 
 
 def test_rates_without_verdicts_are_not_applicable_rather_than_zero():
     r = T.rates([RECORDS[5]])
     assert all(
-        r[k]["rate"] is None and r[k]["of"] == 0
+        r.rate(k).rate is None and r.rate(k).of == 0
         for k in ("detection", "classification", "localization", "false_alarms")
     )
 
@@ -188,21 +188,21 @@ def test_declared_timing_dependent_scenarios_accept_their_alternatives():
     )
     assert mixed.verdict_ok and mixed.frequencies == {"MISMATCH": 2, "PASS": 1}
     md = M.render_markdown(
-        T.build_matrix([alt, other], dir_="s", command="c", env=T.environment(NO_GPU), facts={})
+        T.build_matrix([alt, other], dir_="s", command="c", env=T.environment(NO_GPU), facts=None)
     )
     bad = md.split("## Not as expected")[1]
     assert "k/u" in bad and "k/t" not in bad
 
 
 def matrix():
-    facts = {
-        "harness_errors": 1,
-        "processes_left": [],
-        "gpu_health": None,
-        "overhead_s": {"n": 2, "mean": 1.25, "max": 1.5, "max_id": "k/a"},
-        "total_s": 12.5,
-        "interrupted": False,
-    }
+    facts = T.Facts(
+        harness_errors=1,
+        processes_left=[],
+        gpu_health=None,
+        overhead_s={"n": 2, "mean": 1.25, "max": 1.5, "max_id": "k/a"},
+        total_s=12.5,
+        interrupted=False,
+    )
     return T.build_matrix(
         RECORDS,
         dir_="scenarios",

@@ -32,7 +32,7 @@ from cutedebug.engine.shards import (  # noqa: F401  (the shard logic, re-export
     select,
     stable_shard,
 )
-from cutedebug.engine.triage_record import TriageMatrix, TriageRecord
+from cutedebug.engine.triage_record import Facts, TriageMatrix, TriageRecord
 from cutedebug.records import RecordError
 
 
@@ -88,47 +88,37 @@ def merge(inputs: list[Path], out: Path, *, command: str = "") -> TriageMatrix:
                 )
             owner[sid] = Path(d)
             records.append(_rebase_report(r, Path(d), out))
-        facts = m.facts or {}
-        env = m.environment
+        f = m.facts  # None: the shard's triage did not finish
         shards.append(
             {
                 "dir": str(d),
                 "scenarios": len(recs),
-                "host": env.get("host"),
-                "gpu": env.get("gpu"),
+                "host": m.environment.host,
+                "gpu": m.environment.gpu,
                 "command": m.command,
-                "total_s": facts.get("total_s"),
-                "harness_errors": facts.get("harness_errors", 0),
-                "processes_left": facts.get("processes_left", []),
-                "gpu_health": facts.get("gpu_health"),
-                "interrupted": facts.get("interrupted", False),
+                "total_s": f.total_s if f else None,
+                "harness_errors": f.harness_errors if f else 0,
+                "processes_left": f.processes_left if f else [],
+                "gpu_health": f.gpu_health if f else None,
+                "interrupted": f.interrupted if f else False,
                 "dir_": m.dir,
             }
         )
-    env = dict(envs[0])
-    overheads = triage.overhead_list(records)
     healths = [s["gpu_health"] for s in shards if s["gpu_health"] is not None]
-    facts = {
-        "harness_errors": sum(r.harness_errors or 0 for r in records),
-        "processes_left": [p for s in shards for p in s["processes_left"]],
-        "gpu_health": None
+    facts = Facts(
+        harness_errors=sum(r.harness_errors or 0 for r in records),
+        processes_left=[p for s in shards for p in s["processes_left"]],
+        gpu_health=None
         if not healths
         else {
             "healthy": all(h.get("healthy") for h in healths),
             "per_shard": {s["dir"]: s["gpu_health"] for s in shards},
         },
-        "overhead_s": {
-            "n": len(overheads),
-            "mean": sum(o for o, _ in overheads) / len(overheads),
-            "max": max(overheads)[0],
-            "max_id": max(overheads)[1],
-        }
-        if overheads
-        else {"n": 0},
-        "total_s": max((s["total_s"] or 0.0) for s in shards),
-        "interrupted": any(s["interrupted"] for s in shards),
-        "shards": [{k: v for k, v in s.items() if k != "dir_"} for s in shards],
-    }
+        overhead_s=triage.overhead_summary(records),
+        total_s=max((s["total_s"] or 0.0) for s in shards),
+        interrupted=any(s["interrupted"] for s in shards),
+        shards=[{k: v for k, v in s.items() if k != "dir_"} for s in shards],
+    )
     results = out / "results"
     results.mkdir(parents=True, exist_ok=True)
     for old in results.glob("*.json"):
@@ -138,7 +128,9 @@ def merge(inputs: list[Path], out: Path, *, command: str = "") -> TriageMatrix:
             results / triage.record_name(r.id), json.dumps(r.to_json(), indent=1, default=str)
         )
     dirs = sorted({str(s["dir_"]) for s in shards if s["dir_"]})
-    m = triage.build_matrix(records, dir_=", ".join(dirs), command=command, env=env, facts=facts)
+    m = triage.build_matrix(
+        records, dir_=", ".join(dirs), command=command, env=envs[0], facts=facts
+    )
     triage.write_matrix(out, m)
     return m
 
@@ -152,7 +144,7 @@ def add_parser(sub) -> None:
 
 def cmd_merge(args: argparse.Namespace) -> int:
     from cutedebug.commands import triage
-    from cutedebug.reporting.matrix import facts_lines, rate_text
+    from cutedebug.reporting.matrix import RATE_KEYS, facts_lines, rate_text
     from cutedebug.reporting.report import command_line
 
     try:
@@ -161,11 +153,11 @@ def cmd_merge(args: argparse.Namespace) -> int:
         print(f"cutedebug: error: {e}", file=sys.stderr)
         return 2
     recs, rt, facts = m.scenarios, m.rates, m.facts
-    print(f"merged {len(facts['shards'])} shard(s), {len(recs)} scenario(s)")
-    for key in ("detection", "classification", "localization", "false_alarms"):
-        print(f"{key.replace('_', ' '):>15}: {rate_text(rt[key])}")
+    print(f"merged {len(facts.shards)} shard(s), {len(recs)} scenario(s)")
+    for key in RATE_KEYS:
+        print(f"{key.replace('_', ' '):>15}: {rate_text(rt.rate(key))}")
     for line in facts_lines(facts):
         print(line)
     out = Path(args.out)
     print(f"matrix: {out / 'matrix.md'} | {out / 'matrix.html'} | {out / 'matrix.json'}")
-    return triage.exit_status(recs, facts["processes_left"], facts["gpu_health"])
+    return triage.exit_status(recs, facts.processes_left, facts.gpu_health)

@@ -51,7 +51,12 @@ from cutedebug.commands.triage_records import (  # noqa: F401  (T.<name> for cal
     STATIC_HARNESS_CHECK,
     BisectCall,
     CallRecord,
+    Counts,
+    Environment,
     Expected,
+    Facts,
+    Rate,
+    Rates,
     TriageInputError,
     TriageMatrix,
     TriageRecord,
@@ -74,6 +79,7 @@ from cutedebug.commands.triage_records import (  # noqa: F401  (T.<name> for cal
     new_record,
     not_run_reason,
     overhead_list,
+    overhead_summary,
     rates,
     record_name,
     record_problem,
@@ -85,6 +91,7 @@ from cutedebug.engine import verdict as V
 from cutedebug.engine.health import detect_gpu
 from cutedebug.reporting.files import atomic_write
 from cutedebug.reporting.matrix import (
+    RATE_KEYS,
     facts_lines,
     not_as_expected,
     progress_line,
@@ -275,7 +282,7 @@ def _triage(opts: Options, out) -> int:
         records[p.sc.id] = p.rec
     total = len(records)
 
-    def save(rec: TriageRecord, facts: dict[str, Any] | None = None) -> None:
+    def save(rec: TriageRecord, facts: Facts | None = None) -> None:
         records[rec.id] = rec
         if rec.digest is not None or rec.invalid:
             atomic_write(
@@ -426,33 +433,24 @@ def _triage(opts: Options, out) -> int:
     )
     left = lifeline.sweep(tag)
     recs = list(records.values())
-    overheads = overhead_list(recs)
-    facts = {
-        "harness_errors": sum(r.harness_errors or 0 for r in recs),
-        "processes_left": left,
-        "gpu_health": health,
-        "overhead_s": {
-            "n": len(overheads),
-            "mean": sum(o for o, _ in overheads) / len(overheads),
-            "max": max(overheads)[0],
-            "max_id": max(overheads)[1],
-        }
-        if overheads
-        else {"n": 0},
-        "total_s": round(time.monotonic() - t_start, 3),
-        "interrupted": bool(interrupted),
-    }
-    if len(lanes.lanes) > 1:
-        facts["gpus"] = lanes.summary()
-        if left_by_gpu:
-            facts["processes_left_by_gpu"] = left_by_gpu
+    many = len(lanes.lanes) > 1
+    facts = Facts(
+        harness_errors=sum(r.harness_errors or 0 for r in recs),
+        processes_left=left,
+        gpu_health=health,
+        overhead_s=overhead_summary(recs),
+        total_s=round(time.monotonic() - t_start, 3),
+        interrupted=bool(interrupted),
+        gpus=lanes.summary() if many else None,
+        processes_left_by_gpu=left_by_gpu if many and left_by_gpu else None,
+    )
     m = build_matrix(recs, dir_=str(opts.dir), command=opts.command, env=env, facts=facts)
     write_matrix(opts.out, m)
     rt = m.rates
     out("")
-    for key in ("detection", "classification", "localization", "false_alarms"):
-        out(f"{key.replace('_', ' '):>15}: {rate_text(rt[key])}")
-    for why, n in rt["counts"]["not_run_reasons"].items():
+    for key in RATE_KEYS:
+        out(f"{key.replace('_', ' '):>15}: {rate_text(rt.rate(key))}")
+    for why, n in rt.counts.not_run_reasons.items():
         out(f"{'not run':>15}: {n} (left out of the rates): {why}")
     for line in facts_lines(facts):
         out(line)

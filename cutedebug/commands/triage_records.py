@@ -25,7 +25,12 @@ from cutedebug.engine.triage_record import (
     RECORD_SCHEMA,
     BisectCall,
     CallRecord,
+    Counts,
+    Environment,
     Expected,
+    Facts,
+    Rate,
+    Rates,
     TriageMatrix,
     TriageRecord,
 )
@@ -36,7 +41,12 @@ __all__ = [
     "RECORD_SCHEMA",
     "BisectCall",
     "CallRecord",
+    "Counts",
+    "Environment",
     "Expected",
+    "Facts",
+    "Rate",
+    "Rates",
     "TriageMatrix",
     "TriageRecord",
 ]
@@ -61,18 +71,18 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def environment(gpu: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
-        "host": platform.node(),
-        "python": platform.python_version(),
-        "cutlass": _version("nvidia-cutlass-dsl"),
-        "torch": _version("torch"),
-        "gpu": gpu.get("name"),
-        "arch": gpu.get("arch"),
-        "driver": gpu.get("driver"),
-        "gpu_reason": gpu.get("reason"),
-    }
+def environment(gpu: dict[str, Any]) -> Environment:
+    return Environment(
+        date=time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        host=platform.node(),
+        python=platform.python_version(),
+        cutlass=_version("nvidia-cutlass-dsl"),
+        torch=_version("torch"),
+        gpu=gpu.get("name"),
+        arch=gpu.get("arch"),
+        driver=gpu.get("driver"),
+        gpu_reason=gpu.get("reason"),
+    )
 
 
 # ---- files ---------------------------------------------------------------------------------
@@ -315,54 +325,54 @@ def invalid_record(sid: str, source: str | None, message: str) -> TriageRecord:
 
 
 # ---- rates ---------------------------------------------------------------------------------
-def _rate(hits: int, of: int, what: str) -> dict[str, Any]:
-    return {"hits": hits, "of": of, "rate": round(hits / of, 4) if of else None, "what": what}
+def _rate(hits: int, of: int, what: str) -> Rate:
+    return Rate(hits=hits, of=of, rate=round(hits / of, 4) if of else None, what=what)
 
 
-def rates(records: list[TriageRecord]) -> dict[str, Any]:
+def rates(records: list[TriageRecord]) -> Rates:
     done = [r for r in records if r.done and not r.invalid]
     judged = [r for r in done if r.verdict is not None]
     faulted = [r for r in judged if r.fault]
     clean = [r for r in judged if not r.fault]
     located = [r for r in judged if r.expected.localization]
-    return {
-        "detection": _rate(
+    return Rates(
+        detection=_rate(
             sum(r.verdict.is_failure for r in faulted),
             len(faulted),
             "faulted scenarios whose verdict is a failure",
         ),
-        "classification": _rate(
+        classification=_rate(
             sum(bool(r.verdict_ok) for r in judged),
             len(judged),
             "verdict equals the expected one",
         ),
-        "localization": _rate(
+        localization=_rate(
             sum(r.localization_ok is True for r in located),
             len(located),
             "expected localization matched",
         ),
-        "false_alarms": _rate(
+        false_alarms=_rate(
             sum(r.verdict is not V.Verdict.PASS for r in clean),
             len(clean),
             "clean scenarios (no fault) whose verdict is not PASS",
         ),
-        "counts": {
-            "scenarios": len(records),
-            "with_verdict": len(judged),
-            "not_run": sum(r.not_run is not None for r in done),
-            "invalid": sum(bool(r.invalid) for r in records),
-            "pending": sum(not r.done for r in records),
-            "not_run_reasons": dict(Counter(r.not_run for r in done if r.not_run)),
-            "harness_errors": sum(r.harness_errors or 0 for r in records),
-            "timing_dependent": sum(bool(r.timing_dependent) for r in records),
+        counts=Counts(
+            scenarios=len(records),
+            with_verdict=len(judged),
+            not_run=sum(r.not_run is not None for r in done),
+            invalid=sum(bool(r.invalid) for r in records),
+            pending=sum(not r.done for r in records),
+            not_run_reasons=dict(Counter(r.not_run for r in done if r.not_run)),
+            harness_errors=sum(r.harness_errors or 0 for r in records),
+            timing_dependent=sum(bool(r.timing_dependent) for r in records),
             # faulted scenarios whose failure only a perturbed schedule showed (--perturb)
-            "exposed_by_perturbation": sum(
+            exposed_by_perturbation=sum(
                 bool(r.run and r.run.perturbation)
                 and r.run.perturbation.get("exposed_by") is not None
                 for r in faulted
             ),
-        },
-    }
+        ),
+    )
 
 
 def build_matrix(
@@ -370,8 +380,8 @@ def build_matrix(
     *,
     dir_: str,
     command: str,
-    env: dict[str, Any],
-    facts: dict[str, Any] | None = None,
+    env: Environment,
+    facts: Facts | None = None,
 ) -> TriageMatrix:
     return TriageMatrix(
         dir=dir_,
@@ -393,6 +403,19 @@ def overhead_list(recs: list[TriageRecord]) -> list[tuple[float, str]]:
         if call is not None and call.wall_s:
             out.append((call.overhead_s, r.id))
     return out
+
+
+def overhead_summary(recs: list[TriageRecord]) -> dict[str, Any]:
+    """The facts' overhead: n, mean, max and the scenario of the max ({"n": 0}: none)."""
+    overheads = overhead_list(recs)
+    if not overheads:
+        return {"n": 0}
+    return {
+        "n": len(overheads),
+        "mean": sum(o for o, _ in overheads) / len(overheads),
+        "max": max(overheads)[0],
+        "max_id": max(overheads)[1],
+    }
 
 
 def _harness_call(mode: str, exc: BaseException) -> CallRecord:

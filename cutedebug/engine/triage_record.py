@@ -157,6 +157,119 @@ class TriageRecord:
         return self.run or self.compile
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rate:
+    """One rate of the matrix: ``hits`` of ``of`` (``rate`` None when ``of`` is 0)."""
+
+    hits: int
+    of: int
+    rate: float | None
+    what: str  # what is counted, in words
+
+    def to_json(self) -> dict[str, Any]:
+        return records.to_json(self)
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "") -> Rate:
+        return records.from_json(cls, data, where)
+
+    def text(self) -> str:
+        """ "67% (4/6)", or "n.a." when nothing was counted."""
+        return "n.a." if self.rate is None else f"{100 * self.rate:.0f}% ({self.hits}/{self.of})"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Counts:
+    scenarios: int
+    with_verdict: int
+    not_run: int  # left out of every rate
+    invalid: int
+    pending: int
+    not_run_reasons: dict[str, int]
+    harness_errors: int
+    timing_dependent: int
+    # faulted scenarios whose failure only a perturbed schedule showed (--perturb)
+    exposed_by_perturbation: int = records.later(0)
+    absent: frozenset[str] = records.absent_keys()
+
+    def to_json(self) -> dict[str, Any]:
+        return records.to_json(self)
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "") -> Counts:
+        return records.from_json(cls, data, where)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rates:
+    """The matrix's rates, each over the scenarios that have a verdict (commands/triage.py)."""
+
+    detection: Rate
+    classification: Rate
+    localization: Rate
+    false_alarms: Rate
+    counts: Counts
+
+    def to_json(self) -> dict[str, Any]:
+        return records.to_json(self)
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "") -> Rates:
+        return records.from_json(cls, data, where)
+
+    def rate(self, key: str) -> Rate:
+        """One of RATE_KEYS by name."""
+        return getattr(self, key)
+
+
+RATE_KEYS = ("detection", "classification", "localization", "false_alarms")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Environment:
+    """Where the triage ran (commands/triage_records.py: ``environment``)."""
+
+    date: str
+    host: str | None
+    python: str | None
+    cutlass: str | None  # the nvidia-cutlass-dsl version
+    torch: str | None
+    gpu: str | None  # its name; None: no GPU (gpu_reason says why)
+    arch: str | None
+    driver: str | None
+    gpu_reason: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return records.to_json(self)
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "") -> Environment:
+        return records.from_json(cls, data, where)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Facts:
+    """What the triage run itself did: harness errors, processes of ours left, the GPU's
+    health after it, the harness's overhead, the wall time (merge: per shard too)."""
+
+    harness_errors: int
+    processes_left: list[int]
+    gpu_health: dict[str, Any] | None
+    overhead_s: dict[str, Any]  # n, mean, max, max_id (n 0: nothing measured)
+    total_s: float
+    interrupted: bool
+    gpus: dict[str, Any] | None = records.optional(None)  # --gpus: per lane
+    processes_left_by_gpu: dict[str, Any] | None = records.optional(None)
+    shards: list[dict[str, Any]] | None = records.optional(None)  # `cutedebug merge`
+
+    def to_json(self) -> dict[str, Any]:
+        return records.to_json(self)
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "") -> Facts:
+        return records.from_json(cls, data, where)
+
+
 @dataclass(slots=True, kw_only=True)
 class TriageMatrix:
     """OUT/matrix.json: the records, their rates and the run's facts."""
@@ -164,9 +277,9 @@ class TriageMatrix:
     schema: Literal["cutedebug.triage.matrix/1"] = MATRIX_SCHEMA
     dir: str
     command: str
-    environment: dict[str, Any]
-    rates: dict[str, Any]
-    facts: dict[str, Any] | None
+    environment: Environment
+    rates: Rates
+    facts: Facts | None  # None until the triage ends
     scenarios: list[TriageRecord]
 
     def to_json(self) -> dict[str, Any]:

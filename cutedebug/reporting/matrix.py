@@ -19,13 +19,19 @@ from pathlib import Path
 from typing import Any
 
 from cutedebug.engine import scenario as S
-from cutedebug.engine.triage_record import CallRecord, TriageMatrix, TriageRecord
+from cutedebug.engine.triage_record import (
+    RATE_KEYS,
+    CallRecord,
+    Counts,
+    Environment,
+    Facts,
+    Rate,
+    TriageMatrix,
+    TriageRecord,
+)
 from cutedebug.records import ABSENT
 from cutedebug.reporting.escape import html_link, md_code, md_link, md_text, xml_attr, xml_text
 from cutedebug.reporting.files import atomic_write
-
-RATE_KEYS = ("detection", "classification", "localization", "false_alarms")
-
 
 Record = TriageRecord
 
@@ -169,34 +175,26 @@ def pivot(records: list[Record]) -> tuple[list[str], list[str], dict]:
     return kernels, faults, cells
 
 
-def _rate_text(x: dict[str, Any]) -> str:
-    return "n.a." if x["rate"] is None else f"{100 * x['rate']:.0f}% ({x['hits']}/{x['of']})"
+def rate_text(x: Rate) -> str:
+    return x.text()
 
 
-def rate_text(x: dict[str, Any]) -> str:
-    return "n.a." if x["rate"] is None else f"{100 * x['rate']:.0f}% ({x['hits']}/{x['of']})"
-
-
-def _env_line(env: dict[str, Any]) -> str:
-    gpu = (
-        f" ({env['arch']}, driver {env['driver']})"
-        if env.get("gpu")
-        else f" ({env.get('gpu_reason')})"
-    )
+def _env_line(env: Environment) -> str:
+    gpu = f" ({env.arch}, driver {env.driver})" if env.gpu else f" ({env.gpu_reason})"
     return (
-        f"{env['date']} · GPU {env.get('gpu') or 'none'}{gpu} · cutlass-dsl "
-        f"{env.get('cutlass')} · torch {env.get('torch')} · python {env.get('python')}"
+        f"{env.date} · GPU {env.gpu or 'none'}{gpu} · cutlass-dsl "
+        f"{env.cutlass} · torch {env.torch} · python {env.python}"
     )
 
 
-def _summary(c: dict[str, Any]) -> str:
+def _summary(c: Counts) -> str:
     return (
-        f"{c['scenarios']} scenarios: {c['with_verdict']} with a verdict, {c['not_run']} "
-        f"not run (left out of the rates), {c['invalid']} invalid, {c['pending']} pending; "
-        f"{c['harness_errors']} HARNESS_ERROR; {c['timing_dependent']} timing-dependent"
+        f"{c.scenarios} scenarios: {c.with_verdict} with a verdict, {c.not_run} "
+        f"not run (left out of the rates), {c.invalid} invalid, {c.pending} pending; "
+        f"{c.harness_errors} HARNESS_ERROR; {c.timing_dependent} timing-dependent"
         + (
-            f"; {c['exposed_by_perturbation']} exposed by perturbation (counted in detection)."
-            if c.get("exposed_by_perturbation")
+            f"; {c.exposed_by_perturbation} exposed by perturbation (counted in detection)."
+            if c.exposed_by_perturbation
             else "."
         )
     )
@@ -217,7 +215,7 @@ def _why(r: Record) -> str:
 
 def render_markdown(m: TriageMatrix) -> str:
     env, rt, recs = m.environment, m.rates, m.scenarios
-    c = rt["counts"]
+    c = rt.counts
     lines = [
         f"# cutedebug triage: {md_text(m.dir)}",
         "",
@@ -232,13 +230,13 @@ def render_markdown(m: TriageMatrix) -> str:
     ]
     for key in RATE_KEYS:
         lines.append(
-            f"| {key.replace('_', ' ')} | {rate_text(rt[key])} | {md_text(rt[key]['what'])} |"
+            f"| {key.replace('_', ' ')} | {rt.rate(key).text()} | {md_text(rt.rate(key).what)} |"
         )
     lines += ["", _summary(c), ""]
-    if c["not_run"]:
+    if c.not_run:
         lines += (
             [md_text(NOT_RUN_NOTE), ""]
-            + [f"- {n} × {md_text(why)}" for why, n in c["not_run_reasons"].items()]
+            + [f"- {n} × {md_text(why)}" for why, n in c.not_run_reasons.items()]
             + [""]
         )
     kernels, faults, cells = pivot(recs)
@@ -327,15 +325,15 @@ def render_html(m: TriageMatrix) -> str:
     ]
     for key in RATE_KEYS:
         out.append(
-            f"<tr><td>{key.replace('_', ' ')}</td><td>{e(rate_text(rt[key]))}</td>"
-            f"<td>{e(rt[key]['what'])}</td></tr>"
+            f"<tr><td>{key.replace('_', ' ')}</td><td>{e(rt.rate(key).text())}</td>"
+            f"<td>{e(rt.rate(key).what)}</td></tr>"
         )
-    c = rt["counts"]
+    c = rt.counts
     out.append(f"</table><p>{e(_summary(c))}</p>")
-    if c["not_run"]:
+    if c.not_run:
         out.append(
             f"<p class='notrun'>{e(NOT_RUN_NOTE)}<br>"
-            + "<br>".join(f"{n} × {e(why)}" for why, n in c["not_run_reasons"].items())
+            + "<br>".join(f"{n} × {e(why)}" for why, n in c.not_run_reasons.items())
             + "</p>"
         )
     legend = "".join(
@@ -400,13 +398,13 @@ def progress_line(
     )
 
 
-def facts_lines(f: dict[str, Any]) -> list[str]:
-    ov = f.get("overhead_s") or {}
-    health = f.get("gpu_health")
+def facts_lines(f: Facts) -> list[str]:
+    ov = f.overhead_s or {}
+    health = f.gpu_health
     return [
-        f"HARNESS_ERROR: {f['harness_errors']}",
-        f"processes of ours left: {len(f['processes_left'])}"
-        + (f" (pids {f['processes_left']}, killed)" if f["processes_left"] else ""),
+        f"HARNESS_ERROR: {f.harness_errors}",
+        f"processes of ours left: {len(f.processes_left)}"
+        + (f" (pids {f.processes_left}, killed)" if f.processes_left else ""),
         "GPU health: "
         + (
             "n.a. (no GPU)"
@@ -419,7 +417,7 @@ def facts_lines(f: dict[str, Any]) -> list[str]:
             if ov.get("n")
             else "n.a."
         ),
-        f"total time: {f['total_s']:.1f} s" + (" (interrupted)" if f.get("interrupted") else ""),
+        f"total time: {f.total_s:.1f} s" + (" (interrupted)" if f.interrupted else ""),
     ]
 
 

@@ -163,23 +163,25 @@ def wide_matrix(kernels: int = 24) -> T.TriageMatrix:
     """A triage matrix of ``kernels`` kernel families × 8 faults (clean included)."""
     names = [f"kernel_family_{k:02d}" for k in range(kernels)]
     recs = [wide_record(k, f, i + j) for i, k in enumerate(names) for j, f in enumerate(FAULTS)]
-    facts = {
-        "harness_errors": sum(r.harness_errors for r in recs),
-        "processes_left": [],
-        "gpu_health": {"healthy": True},
-        "total_s": 321.0,
-        "interrupted": False,
-        "overhead_s": {"n": len(recs), "mean": 1.0, "max": 1.0, "max_id": recs[0].id},
-    }
-    env = {
-        "date": "2026-12-01",
-        "gpu": "NVIDIA H200",
-        "arch": "sm_90a",
-        "driver": "580",
-        "cutlass": "4.8.1",
-        "torch": "2.11",
-        "python": "3.12",
-    }
+    facts = T.Facts(
+        harness_errors=sum(r.harness_errors for r in recs),
+        processes_left=[],
+        gpu_health={"healthy": True},
+        total_s=321.0,
+        interrupted=False,
+        overhead_s={"n": len(recs), "mean": 1.0, "max": 1.0, "max_id": recs[0].id},
+    )
+    env = T.Environment(
+        date="2026-12-01",
+        host=None,
+        gpu="NVIDIA H200",
+        arch="sm_90a",
+        driver="580",
+        cutlass="4.8.1",
+        torch="2.11",
+        python="3.12",
+        gpu_reason=None,
+    )
     return T.build_matrix(
         recs, dir_="scenarios", command="cutedebug triage scenarios", env=env, facts=facts
     )
