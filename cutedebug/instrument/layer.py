@@ -232,33 +232,41 @@ class _Layer:
         if not self.installed:
             self._own_frames_are_framework()
         frames.forget_pipeline_classes()  # recomputed with the classes defined by now
-        for name in names:
-            entry = ENTRIES[name]
-            if name in self.installed and entry.kind not in PER_CLASS:
-                continue
-            try:
-                owner, attr, original = resolve(entry)
-            except Unsupported as e:
-                if not entry.optional:
-                    raise
-                self.missing[name] = str(e)
+        everywhere: list[tuple[Any, Any]] = []  # rebound in one pass over the modules
+        try:
+            for name in names:
+                entry = ENTRIES[name]
+                if name in self.installed and entry.kind not in PER_CLASS:
+                    continue
+                try:
+                    owner, attr, original = resolve(entry)
+                    if any(original is o for o, _ in everywhere):  # an alias: as if one at a time
+                        self.patcher.replace_many_everywhere(everywhere)
+                        everywhere = []
+                        owner, attr, original = resolve(entry)
+                except Unsupported as e:
+                    if not entry.optional:
+                        raise
+                    self.missing[name] = str(e)
+                    self.installed.add(name)
+                    continue
+                if entry.kind in PER_CLASS:
+                    for cls in class_targets(entry, owner, attr, self.missing):
+                        if (cls, attr) not in self.hooked:
+                            self._hook(entry, cls, attr)
+                elif entry.kind == "module_function":
+                    wrapper = self._wrapper(entry, original, None)
+                    for mod_name, module in list(sys.modules.items()):
+                        if (
+                            mod_name.startswith("cutlass.pipeline")
+                            and getattr(module, attr, None) is original
+                        ):
+                            self.patcher.set_attr(module, attr, wrapper)
+                else:
+                    everywhere.append((original, self._wrapper(entry, original, None)))
                 self.installed.add(name)
-                continue
-            if entry.kind in PER_CLASS:
-                for cls in class_targets(entry, owner, attr, self.missing):
-                    if (cls, attr) not in self.hooked:
-                        self._hook(entry, cls, attr)
-            elif entry.kind == "module_function":
-                wrapper = self._wrapper(entry, original, None)
-                for mod_name, module in list(sys.modules.items()):
-                    if (
-                        mod_name.startswith("cutlass.pipeline")
-                        and getattr(module, attr, None) is original
-                    ):
-                        self.patcher.set_attr(module, attr, wrapper)
-            else:
-                self.patcher.replace_everywhere(original, self._wrapper(entry, original, None))
-            self.installed.add(name)
+        finally:  # what was hooked so far, as if rebound one at a time
+            self.patcher.replace_many_everywhere(everywhere)
 
     def _hook(self, entry: Entry, cls: type, attr: str) -> None:
         raw = vars(cls)[attr]

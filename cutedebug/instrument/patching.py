@@ -23,13 +23,24 @@ class Patcher:
 
     def replace_everywhere(self, original: Any, replacement: Any) -> int:
         """Rebind every module global that holds ``original`` (names imported with `from`)."""
+        return self.replace_many_everywhere([(original, replacement)])
+
+    def replace_many_everywhere(self, pairs: list[tuple[Any, Any]]) -> int:
+        """:meth:`replace_everywhere` for several originals in one pass over the modules'
+        globals (a process with torch loaded has a thousand modules: a pass per original
+        cost ~0.4 s of every instrumented compile). Each original appears once."""
+        by_id = {id(original): replacement for original, replacement in pairs}
+        if len(by_id) != len(pairs):
+            raise ValueError("replace_many_everywhere: an original appears twice")
         n = 0
-        for module in list(sys.modules.values()):
-            for attr, value in _module_items(module):
-                if value is original:
-                    self.set_attr(module, attr, replacement)
-                    n += 1
-        self._swaps.append((replacement, original))
+        if by_id:
+            for module in list(sys.modules.values()):
+                for attr, value in _module_items(module):
+                    replacement = by_id.get(id(value))
+                    if replacement is not None:
+                        self.set_attr(module, attr, replacement)
+                        n += 1
+        self._swaps.extend((replacement, original) for original, replacement in pairs)
         return n
 
     def restore(self) -> None:
@@ -40,12 +51,16 @@ class Patcher:
             else:
                 with contextlib.suppress(AttributeError):
                     delattr(owner, attr)
-        # A module imported inside the context may have bound a replacement by name.
-        for replacement, original in reversed(self._swaps):
+        # A module imported inside the context may have bound a replacement by name: one pass
+        # puts every original back (a replacement of a replacement: back to the first one).
+        originals = {id(replacement): original for replacement, original in self._swaps}
+        if originals:
             for module in list(sys.modules.values()):
                 for attr, value in _module_items(module):
-                    if value is replacement:
-                        setattr(module, attr, original)
+                    if id(value) in originals:
+                        while id(value) in originals:
+                            value = originals[id(value)]
+                        setattr(module, attr, value)
         self._swaps.clear()
 
 
