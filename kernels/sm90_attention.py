@@ -50,8 +50,8 @@ faults' ``pipeline`` argument selects): 0 = K ring, 1 = V ring (S = ``stages`` s
   ``at_iteration=i`` hits the i-th key block this CTA consumes.
 - ``producer_tail`` of K then V: warp 0 waits on every empty[s] before it exits.
 
-Named barriers (ids; 0 is ``sync_threads`` / the pipeline init sync):
-- 2 and 3, warpgroup scheduler (as FA3): id 2 + w is consumer warpgroup w's turn to issue
+Named barriers (ids, the IntEnum ``Barrier``; 0 is ``sync_threads`` / the pipeline init sync):
+- 2 and 3 (``Barrier.SCHEDULER`` + w), warpgroup scheduler (as FA3): id 2 + w is consumer warpgroup w's turn to issue
   WGMMAs, 256 threads = its 128 ``bar.sync`` + the other warpgroup's 128 ``bar.arrive``. A turn
   is "QK^T of this block + PV of the previous one" (the first turn QK^T only, the last PV
   only), so the two warpgroups alternate tensor-core bursts while the other one does softmax.
@@ -62,7 +62,7 @@ Named barriers (ids; 0 is ``sync_threads`` / the pipeline init sync):
   barriers sees exactly 128 + 128 threads. They order no data (each warpgroup's operands are
   its own), but they are counted: a dropped ``bar.sync`` lets two arrivals complete a phase
   with nobody waiting, and a later sync starves (HANG).
-- 1, epilogue: 256 threads (both consumer warpgroups ``bar.sync``) between the ``stmatrix`` of O
+- 1 (``Barrier.EPILOGUE``), epilogue: 256 threads (both consumer warpgroups ``bar.sync``) between the ``stmatrix`` of O
   and the TMA store that reads all 128 rows: the cross-warpgroup data dependency.
 Trace order of the counted barrier call sites (``which`` of drop_sync / wrong_barrier_threads):
 ``bar.arrive`` id 2 (warpgroup 1's first-turn gift), [first turn: ``bar.sync``, ``bar.arrive``],
@@ -70,8 +70,11 @@ Trace order of the counted barrier call sites (``which`` of drop_sync / wrong_ba
 epilogue ``bar.sync`` id 1. drop_sync counts only ``bar.sync``: 0 = first turn, 1 = loop turn,
 2 = last turn, 3 = epilogue.
 
-Smem (d 128, S 2): 1024 (mbarriers: 2 * (2S + 1) * 8 B, padded to the 1024 B alignment of the
-128B-swizzled buffers) + 32768 (Q) + 2 * 32768 (K) + 2 * 32768 (V) + 32768 (O) = 197632 B.
+Smem: the ``cute.struct`` SharedStorage (``smem_fields``), its size ``smem_bytes``; for d 128,
+S 2: 1024 (mbarriers: 2 * (2S + 1) * 8 B, padded to the 1024 B alignment of the 128B-swizzled
+buffers) + 32768 (Q) + 2 * 32768 (K) + 2 * 32768 (V) + 32768 (O) = 197632 B. The tx bytes above
+are one stage of its Q, K and V buffers, checked at trace time against ``cute.size_in_bytes`` of
+the TMA boxes' smem layouts.
 
 Faults that apply (cutedebug patches them at trace time; none is written here), per pipeline
 (``pipeline`` = 0 K, 1 V; -1 all three):
@@ -103,7 +106,8 @@ when the row max grows -> the earlier blocks are over-weighted: MISMATCH.
 from __future__ import annotations
 
 import math
-from typing import ClassVar
+from enum import IntEnum
+from typing import ClassVar, NamedTuple
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -121,11 +125,77 @@ CONSUMER_WARPS = 4 * CONSUMER_WARPGROUPS
 CONSUMER_THREADS = 128 * CONSUMER_WARPGROUPS
 THREADS = 128 * (1 + CONSUMER_WARPGROUPS)
 PRODUCER_REGS, CONSUMER_REGS = 40, 232
-EPILOGUE_BARRIER_ID = 1
-SCHEDULER_BARRIER_ID = 2  # + consumer warpgroup index
 SMEM_BYTES_MAX = 232448
+SWIZZLE_ALIGN = 1024  # a 128B-swizzled buffer starts on a 1024 B boundary
 LOG2_E = math.log2(math.e)
 LN_2 = math.log(2.0)
+
+
+class Barrier(IntEnum):
+    """Named barrier ids (16 per CTA; the docstring's "Named barriers" says who counts on them)."""
+
+    SYNC_THREADS = 0  # sync_threads and the pipeline init sync
+    EPILOGUE = 1  # both consumer warpgroups between the stmatrix of O and its TMA store
+    SCHEDULER = 2  # + w: consumer warpgroup w's turn to issue WGMMAs (ids 2 and 3)
+
+
+def smem_struct(name: str, **fields) -> cute.struct:
+    """``cute.struct`` with ``fields`` in order. (A class body's annotations would be strings
+    here: this module keeps ``from __future__ import annotations`` for the DSL's signatures.)"""
+    return cute.struct(type(name, (), {"__annotations__": fields}))
+
+
+class Loads(NamedTuple):
+    """The producer's TMA loads: copy atom and TMA view of Q, K and V."""
+
+    tma_q: cute.CopyAtom
+    mq: cute.Tensor
+    tma_k: cute.CopyAtom
+    mk: cute.Tensor
+    tma_v: cute.CopyAtom
+    mv: cute.Tensor
+
+
+class Outputs(NamedTuple):
+    """The epilogue's outputs: TMA store atom and view of O, and lse (plain stores)."""
+
+    tma_o: cute.CopyAtom
+    mo: cute.Tensor
+    lse: cute.Tensor
+
+
+class SmemLayouts(NamedTuple):
+    """The smem layouts (swizzle + outer layout): the Q tile, the K / V ring, the O tile."""
+
+    q: cute.ComposedLayout
+    kv: cute.ComposedLayout
+    o: cute.ComposedLayout
+
+
+class Tiles(NamedTuple):
+    """The CTA's smem tensors: Q, the K and V rings (S stages each), O."""
+
+    sq: cute.Tensor
+    sk: cute.Tensor
+    sv: cute.Tensor
+    so: cute.Tensor
+
+
+class Pipes(NamedTuple):
+    """The three PipelineTmaAsync, in creation order (the faults' ``pipeline`` index)."""
+
+    k: pipeline.PipelineTmaAsync
+    v: pipeline.PipelineTmaAsync
+    q: pipeline.PipelineTmaAsync
+
+
+class Work(NamedTuple):
+    """This CTA's Q tile (``m_block`` of ``head``, ``batch``) and its key blocks [0, n_end)."""
+
+    m_block: cutlass.Int32
+    head: cutlass.Int32
+    batch: cutlass.Int32
+    n_end: cutlass.Int32
 
 
 # ---- register-fragment views (no data movement) ------------------------------------------------
@@ -205,14 +275,50 @@ class Sm90Attention:
         self.skip_rescale = skip_rescale
         self.m_blocks = -(-seqlen // TILE_M)
         self.n_blocks = -(-seqlen // TILE_N)
-        self.tile_bytes = TILE_N * head_dim * 2  # one K or V stage, and the Q / O tile
-        self.k_tx_bytes = self.v_tx_bytes = self.q_tx_bytes = self.tile_bytes
         self.empty_arrivals = CONSUMER_WARPS
         self.scale_log2 = head_dim ** -0.5 * LOG2_E
-        self.smem_bytes = 1024 + (2 + 2 * stages) * self.tile_bytes
+        fields = self.smem_fields()
+        self.storage = smem_struct("SharedStorage", **fields)
+        self.smem_bytes = self.storage.size_in_bytes()
+        # tx bytes per stage: one stage of each TMA-filled buffer (__call__ checks them against
+        # cute.size_in_bytes of the smem layout of each TMA box)
+        self.q_tx_bytes = fields["q"].dtype.size_in_bytes
+        self.k_tx_bytes = fields["k"].dtype.size_in_bytes // stages
+        self.v_tx_bytes = fields["v"].dtype.size_in_bytes // stages
         if self.smem_bytes > SMEM_BYTES_MAX:
             raise ValueError(f"~{self.smem_bytes} B of smem for {stages} stages at d={head_dim}: "
                              f"over {SMEM_BYTES_MAX}")
+
+    def smem_fields(self) -> dict:
+        """The CTA's smem, in order: the K, V and Q mbarriers (full[0..S) then empty[0..S)
+        each; Q has S = 1), then Q, the K ring, the V ring and O, each 128B-swizzled, so
+        1024 B aligned (the mbarriers are padded to 1024 B)."""
+        mem, align, bf16, s = cute.struct.MemRange, cute.struct.Align, cutlass.BFloat16, self.stages
+        return {
+            "k_barriers": mem[cutlass.Int64, 2 * s],
+            "v_barriers": mem[cutlass.Int64, 2 * s],
+            "q_barriers": mem[cutlass.Int64, 2],
+            "q": align[mem[bf16, TILE_M * self.d], SWIZZLE_ALIGN],
+            "k": align[mem[bf16, TILE_N * self.d * s], SWIZZLE_ALIGN],
+            "v": align[mem[bf16, TILE_N * self.d * s], SWIZZLE_ALIGN],
+            "o": align[mem[bf16, TILE_M * self.d], SWIZZLE_ALIGN],
+        }
+
+    def check_storage(self, layouts: SmemLayouts, q_box, kv_box):
+        """Trace time: SharedStorage holds each smem layout exactly, and each pipeline's
+        expect_tx count is the bytes of its TMA box (cute.size_in_bytes)."""
+        fields = self.smem_fields()
+        for name, layout in (("q", layouts.q), ("k", layouts.kv), ("v", layouts.kv),
+                             ("o", layouts.o)):
+            if fields[name].dtype.size != cute.cosize(layout.outer):
+                raise ValueError(f"SharedStorage.{name}: {fields[name].dtype.size} elements for "
+                                 f"a layout of cosize {cute.cosize(layout.outer)}")
+        boxes = {"q": (self.q_tx_bytes, q_box), "k": (self.k_tx_bytes, kv_box),
+                 "v": (self.v_tx_bytes, kv_box)}
+        for name, (tx_bytes, box) in boxes.items():
+            if tx_bytes != cute.size_in_bytes(cutlass.BFloat16, box):
+                raise ValueError(f"{name} tx bytes {tx_bytes}: its TMA box is "
+                                 f"{cute.size_in_bytes(cutlass.BFloat16, box)} B")
 
     # ---- host side ------------------------------------------------------------------------
     def _bshd(self, t: cute.Tensor) -> cute.Tensor:
@@ -236,28 +342,25 @@ class Sm90Attention:
         q_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, tiler, dtype, 1)
         kv_ring = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, tiler, dtype, self.stages)
         o_layout = sm90_utils.make_smem_layout_epi(dtype, LayoutEnum.ROW_MAJOR, (TILE_M, d), 1)
+        layouts = SmemLayouts(q_layout, kv_ring, o_layout)
+        q_box, kv_box = cute.slice_(q_layout, (None, None, 0)), cute.slice_(kv_ring, (None, None, 0))
+        self.check_storage(layouts, q_box, kv_box)
         load = cpasync.CopyBulkTensorTileG2SOp()
-        tma_q, mq = cpasync.make_tiled_tma_atom(load, q, cute.slice_(q_layout, (None, None, 0)),
-                                                (TILE_M, d))
-        tma_k, mk = cpasync.make_tiled_tma_atom(load, k, cute.slice_(kv_ring, (None, None, 0)),
-                                                (TILE_N, d))
-        tma_v, mv = cpasync.make_tiled_tma_atom(load, v, cute.slice_(kv_ring, (None, None, 0)),
-                                                (TILE_N, d))
+        tma_q, mq = cpasync.make_tiled_tma_atom(load, q, q_box, (TILE_M, d))
+        tma_k, mk = cpasync.make_tiled_tma_atom(load, k, kv_box, (TILE_N, d))
+        tma_v, mv = cpasync.make_tiled_tma_atom(load, v, kv_box, (TILE_N, d))
         tma_o, mo = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), o,
                                                 cute.slice_(o_layout, (None, None, 0)),
                                                 (TILE_M, d))
-        self.kernel(tiled_mma_qk, tiled_mma_pv, tma_q, mq, tma_k, mk, tma_v, mv, tma_o, mo, lse,
-                    q_layout, kv_ring, o_layout).launch(
+        self.kernel(tiled_mma_qk, tiled_mma_pv, Loads(tma_q, mq, tma_k, mk, tma_v, mv),
+                    Outputs(tma_o, mo, lse), layouts).launch(
             grid=(self.m_blocks, self.heads, self.batch), block=(THREADS, 1, 1),
             min_blocks_per_mp=1, stream=stream)
 
     # ---- device side ----------------------------------------------------------------------
     @cute.kernel
-    def kernel(self, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
-               tma_q: cute.CopyAtom, mq: cute.Tensor, tma_k: cute.CopyAtom, mk: cute.Tensor,
-               tma_v: cute.CopyAtom, mv: cute.Tensor, tma_o: cute.CopyAtom, mo: cute.Tensor,
-               lse: cute.Tensor, q_layout: cute.ComposedLayout, kv_ring: cute.ComposedLayout,
-               o_layout: cute.ComposedLayout):
+    def kernel(self, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma, loads: Loads,
+               outputs: Outputs, layouts: SmemLayouts):
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         bx, head, batch = cute.arch.block_idx()
         m_block = self.m_blocks - 1 - bx  # heaviest causal tiles first
@@ -266,21 +369,17 @@ class Sm90Attention:
             n_end = cutlass.min(n_end, (m_block * TILE_M + TILE_M + TILE_N - 1) // TILE_N)
 
         # -- prologue: smem, the three pipelines (Q's create fences + syncs for all) ------------
+        storage = SmemAllocator().allocate(self.storage)
+        k_barriers = storage.k_barriers.data_ptr()
+        v_barriers = storage.v_barriers.data_ptr()
+        q_barriers = storage.q_barriers.data_ptr()
+        tiles = Tiles(storage.q.get_tensor(layouts.q.outer, swizzle=layouts.q.inner),
+                      storage.k.get_tensor(layouts.kv.outer, swizzle=layouts.kv.inner),
+                      storage.v.get_tensor(layouts.kv.outer, swizzle=layouts.kv.inner),
+                      storage.o.get_tensor(layouts.o.outer, swizzle=layouts.o.inner))
         if warp == 0:
-            for atom in (tma_q, tma_k, tma_v, tma_o):
+            for atom in (loads.tma_q, loads.tma_k, loads.tma_v, outputs.tma_o):
                 cpasync.prefetch_descriptor(atom)
-        smem = SmemAllocator()
-        k_barriers = smem.allocate_array(cutlass.Int64, 2 * self.stages, byte_alignment=8)
-        v_barriers = smem.allocate_array(cutlass.Int64, 2 * self.stages, byte_alignment=8)
-        q_barriers = smem.allocate_array(cutlass.Int64, 2, byte_alignment=8)
-        sq = smem.allocate_tensor(cutlass.BFloat16, q_layout.outer, byte_alignment=1024,
-                                  swizzle=q_layout.inner)
-        sk = smem.allocate_tensor(cutlass.BFloat16, kv_ring.outer, byte_alignment=1024,
-                                  swizzle=kv_ring.inner)
-        sv = smem.allocate_tensor(cutlass.BFloat16, kv_ring.outer, byte_alignment=1024,
-                                  swizzle=kv_ring.inner)
-        so = smem.allocate_tensor(cutlass.BFloat16, o_layout.outer, byte_alignment=1024,
-                                  swizzle=o_layout.inner)
         producer = pipeline.CooperativeGroup(pipeline.Agent.Thread)
         consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.empty_arrivals)
         k_pipe = pipeline.PipelineTmaAsync.create(
@@ -294,23 +393,22 @@ class Sm90Attention:
             tx_count=self.q_tx_bytes, barrier_storage=q_barriers)
 
         # -- warp roles: one if/else over warpgroups so setmaxnreg applies -------------------
+        pipes, work = Pipes(k_pipe, v_pipe, q_pipe), Work(m_block, head, batch, n_end)
         if warp < 4:
             cute.arch.setmaxregister_decrease(PRODUCER_REGS)
             if warp == 0:
-                self.load(k_pipe, v_pipe, q_pipe, tma_q, mq, tma_k, mk, tma_v, mv, sq, sk, sv,
-                          m_block, head, batch, n_end)
+                self.load(pipes, loads, tiles, work)
         else:
             cute.arch.setmaxregister_increase(CONSUMER_REGS)
-            self.attend(k_pipe, v_pipe, q_pipe, tiled_mma_qk, tiled_mma_pv, tma_o, mo, lse,
-                        sq, sk, sv, so, m_block, head, batch, n_end)
+            self.attend(pipes, tiled_mma_qk, tiled_mma_pv, outputs, tiles, work)
 
     @cute.jit
-    def load(self, k_pipe: pipeline.PipelineTmaAsync, v_pipe: pipeline.PipelineTmaAsync,
-             q_pipe: pipeline.PipelineTmaAsync, tma_q: cute.CopyAtom, mq: cute.Tensor,
-             tma_k: cute.CopyAtom, mk: cute.Tensor, tma_v: cute.CopyAtom, mv: cute.Tensor,
-             sq: cute.Tensor, sk: cute.Tensor, sv: cute.Tensor, m_block: cutlass.Int32,
-             head: cutlass.Int32, batch: cutlass.Int32, n_end: cutlass.Int32):
+    def load(self, pipes: Pipes, loads: Loads, tiles: Tiles, work: Work):
         """Producer warp: the Q tile once, then K[n] and V[n] for n = n_end-1 .. 0."""
+        k_pipe, v_pipe, q_pipe = pipes
+        tma_q, mq, tma_k, mk, tma_v, mv = loads
+        sq, sk, sv, _ = tiles
+        m_block, head, batch, n_end = work
         d = self.d
         one = cute.make_layout(1)
         gq = cute.local_tile(mq[(None, None, head, batch)], (TILE_M, d), (None, 0))
@@ -349,13 +447,13 @@ class Sm90Attention:
         v_pipe.producer_tail(v_state)
 
     @cute.jit
-    def attend(self, k_pipe: pipeline.PipelineTmaAsync, v_pipe: pipeline.PipelineTmaAsync,
-               q_pipe: pipeline.PipelineTmaAsync, tiled_mma_qk: cute.TiledMma,
-               tiled_mma_pv: cute.TiledMma, tma_o: cute.CopyAtom, mo: cute.Tensor,
-               lse: cute.Tensor, sq: cute.Tensor, sk: cute.Tensor, sv: cute.Tensor,
-               so: cute.Tensor, m_block: cutlass.Int32, head: cutlass.Int32,
-               batch: cutlass.Int32, n_end: cutlass.Int32):
+    def attend(self, pipes: Pipes, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma,
+               outputs: Outputs, tiles: Tiles, work: Work):
         """Consumer warpgroups: S = QK^T, online softmax, O += PV per key block; epilogue."""
+        k_pipe, v_pipe, q_pipe = pipes
+        tma_o, mo, lse = outputs
+        sq, sk, sv, so = tiles
+        m_block, head, batch, n_end = work
         tid, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         ctid = tid - 128  # thread index among the 256 consumer threads
@@ -384,7 +482,7 @@ class Sm90Attention:
         row_max.fill(-cutlass.Float32.inf)
         row_sum.fill(0.0)
 
-        sched = SCHEDULER_BARRIER_ID
+        sched = Barrier.SCHEDULER
         if wg == 1:  # warpgroup 0 takes the first turn
             cute.arch.barrier_arrive(barrier_id=sched, number_of_threads=CONSUMER_THREADS)
         q_state = pipeline.PipelineState(1, cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(0))
@@ -462,7 +560,7 @@ class Sm90Attention:
         cute.copy(r2s, thr_r2s.retile(o_out), thr_r2s.partition_D(so)[(None, None, None, 0)])
         # stmatrix writes are generic-proxy; the TMA store reads through the async proxy
         cute.arch.fence_view_async_shared()
-        cute.arch.barrier(barrier_id=EPILOGUE_BARRIER_ID, number_of_threads=CONSUMER_THREADS)
+        cute.arch.barrier(barrier_id=Barrier.EPILOGUE, number_of_threads=CONSUMER_THREADS)
         if warp == 4:
             go = cute.local_tile(mo[(None, None, head, batch)], (TILE_M, d), (None, 0))
             bsg_so, bsg_go = cpasync.tma_partition(tma_o, 0, cute.make_layout(1),

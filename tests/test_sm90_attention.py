@@ -118,6 +118,44 @@ def test_docstring_arithmetic():
         Sm90Attention(head_dim=128, stages=4)  # over the smem limit
 
 
+def test_shared_storage_is_the_docstring_layout():
+    """SharedStorage (the cute.struct smem_bytes is the size of): the K, V and Q mbarriers
+    first, then Q, the K ring, the V ring and O, each on a 1024 B boundary."""
+    k = Sm90Attention(head_dim=128, stages=2)
+    tile = 128 * 128 * 2
+    assert k.storage._offsets == {
+        "k_barriers": 0,
+        "v_barriers": 2 * 2 * 8,
+        "q_barriers": 2 * 2 * 2 * 8,
+        "q": 1024,
+        "k": 1024 + tile,
+        "v": 1024 + 3 * tile,
+        "o": 1024 + 5 * tile,
+    }
+    assert k.storage.__alignof__() == 1024 and k.smem_bytes == 1024 + 6 * tile
+
+
+@pytest.mark.parametrize("what", ["ring", "tx"])
+def test_storage_that_disagrees_with_the_layouts_is_refused_at_trace_time(what):
+    """__call__ checks the struct against the smem layouts (cute.cosize) and each pipeline's
+    tx bytes against cute.size_in_bytes of its TMA box, before the kernel is traced."""
+    import cutlass
+    from cutlass import cute
+
+    k = Sm90Attention(**SCENARIO)
+    if what == "ring":
+        fields = k.smem_fields()
+        mem, align = cute.struct.MemRange, cute.struct.Align
+        fields["v"] = align[mem[cutlass.BFloat16, fields["v"].dtype.size - 64], 1024]
+        k.smem_fields = lambda: fields
+        match = "SharedStorage.v: 16320 elements for a layout of cosize 16384"
+    else:
+        k.v_tx_bytes += 16
+        match = "v tx bytes 16400: its TMA box is 16384 B"
+    with pytest.raises(ValueError, match=match):
+        cute.compile[cute.GPUArch("sm_90a")](k, *k.fake_args())
+
+
 # ---- faults ------------------------------------------------------------------------------
 PIPELINE_FAULTS = {  # scenario suffix -> (fault, args); each run on K and on V
     "wrong_expect_tx_plus": ("wrong_expect_tx", {"delta_bytes": 16}),
