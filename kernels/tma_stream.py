@@ -33,8 +33,11 @@ then empty[0..S) in smem, initialised by warp 0 (elect_one) inside ``create``:
   consumer at phase 0; each ``advance`` past slot S-1 flips the phase.
 - ``producer_tail`` waits on every empty[s] before the producer warp exits.
 
-Smem: mbarriers (2 * S * 8 B), x ring [S][tile_m][tile_n] (128 B aligned), scale and bias rings
-[S][pad32(tile_m)] fp32 (each stage 128 B aligned for the TMA destination).
+Smem: the ``cute.struct`` SharedStorage (``smem_fields``; ``smem_bytes`` is its size): mbarriers
+(2 * S * 8 B), x ring [S][tile_m][tile_n] (128 B aligned), scale and bias rings
+[S][pad32(tile_m)] fp32 (each stage 128 B aligned for the TMA destination). The tx bytes above
+are one stage of its rings, checked at trace time against ``cute.size_in_bytes`` of the TMA
+boxes' smem layouts.
 
 Ragged shapes: M and N need not be multiples of the tile; TMA zero-fills out-of-bounds loads and
 the consumers predicate each 128-bit store on (row < M, col < N). TMA needs the row pitch to be a
@@ -81,7 +84,7 @@ ring slot (seq % stages).
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -94,6 +97,32 @@ DTYPES = {"fp32": cutlass.Float32, "bf16": cutlass.BFloat16}
 ELEM_BYTES = {"fp32": 4, "bf16": 2}
 VECTOR_BYTES = 16  # one 128-bit ld.shared / st.global per thread per row pass
 SMEM_BYTES_MAX = 227 * 1024
+TMA_ALIGN = 128  # each ring starts 128 B aligned (a TMA destination needs it)
+
+
+def smem_struct(name: str, **fields) -> cute.struct:
+    """``cute.struct`` with ``fields`` in order. (A class body's annotations would be strings
+    here: this module keeps ``from __future__ import annotations`` for the DSL's signatures.)"""
+    return cute.struct(type(name, (), {"__annotations__": fields}))
+
+
+class Loads(NamedTuple):
+    """The producer's TMA loads: copy atom and TMA view of x, scale and bias."""
+
+    tma_x: cute.CopyAtom
+    mx: cute.Tensor
+    tma_s: cute.CopyAtom
+    ms: cute.Tensor
+    tma_b: cute.CopyAtom
+    mb: cute.Tensor
+
+
+class Rings(NamedTuple):
+    """The smem rings (S stages): x [tile_m, tile_n, S], scale and bias [tile_m, S] fp32."""
+
+    sx: cute.Tensor
+    ss: cute.Tensor
+    sb: cute.Tensor
 
 
 def tile_origin(tile, tiles_n: int, tile_m: int, tile_n: int):
@@ -173,12 +202,35 @@ class TmaStream:
         self.num_tiles = self.tiles_m * self.tiles_n
         self.grid = min(ctas, self.num_tiles)
         self.threads = self.consumer_threads + 32
-        self.x_stage_bytes = tile_m * tile_n * elem
+        fields = self.smem_fields()
+        self.storage = smem_struct("SharedStorage", **fields)
+        self.smem_bytes = self.storage.size_in_bytes()
+        # tx bytes per stage: one stage of each TMA-filled ring (__call__ checks them against
+        # cute.size_in_bytes of each TMA box's smem layout)
+        self.x_stage_bytes = fields["x"].dtype.size_in_bytes // stages
         self.tx_bytes = self.x_stage_bytes + 2 * tile_m * 4
-        self.smem_bytes = stages * (16 + self.x_stage_bytes + 2 * self.row_pad * 4) + 3 * 128
         if self.smem_bytes > SMEM_BYTES_MAX:
             raise ValueError(f"{self.smem_bytes} bytes of smem for {stages} stages of "
                              f"{tile_m}x{tile_n} {dtype}: over {SMEM_BYTES_MAX}")
+
+    def smem_fields(self) -> dict:
+        """The CTA's smem, in order: full[0..S) then empty[0..S) mbarriers, the x ring, the
+        scale ring and the bias ring (``ring_layouts``), each ring 128 B aligned."""
+        mem, align, s = cute.struct.MemRange, cute.struct.Align, self.stages
+        row_ring = self.tile_m + (s - 1) * self.row_pad  # cosize of (tile_m, S):(1, row_pad)
+        return {
+            "barriers": mem[cutlass.Int64, 2 * s],
+            "x": align[mem[self.dtype, self.tile_m * self.tile_n * s], TMA_ALIGN],
+            "scale": align[mem[cutlass.Float32, row_ring], TMA_ALIGN],
+            "bias": align[mem[cutlass.Float32, row_ring], TMA_ALIGN],
+        }
+
+    def ring_layouts(self) -> tuple[cute.Layout, cute.Layout]:
+        """Trace time: the x ring (tile_m, tile_n, S) and the scale / bias ring (tile_m, S),
+        whose stages are row_pad fp32 apart (each stage 128 B aligned)."""
+        x_ring = cute.make_layout((self.tile_m, self.tile_n, self.stages),
+                                  stride=(self.tile_n, 1, self.tile_m * self.tile_n))
+        return x_ring, cute.make_layout((self.tile_m, self.stages), stride=(1, self.row_pad))
 
     # ---- host side ------------------------------------------------------------------------
     @cute.jit
@@ -192,6 +244,8 @@ class TmaStream:
         bias = cute.make_tensor(bias.iterator, cute.make_layout((rows,)))
         x_stage = cute.make_layout((self.tile_m, self.tile_n), stride=(self.tile_n, 1))
         row_stage = cute.make_layout((self.tile_m,))
+        self.check_storage(cute.size_in_bytes(self.dtype, x_stage)
+                           + 2 * cute.size_in_bytes(cutlass.Float32, row_stage))
         tma_x, mx = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileG2SOp(), x, x_stage, (self.tile_m, self.tile_n))
         tma_s, ms = cpasync.make_tiled_tma_atom(
@@ -201,30 +255,38 @@ class TmaStream:
         self.kernel(tma_x, mx, tma_s, ms, tma_b, mb, out).launch(
             grid=(self.grid, 1, 1), block=(self.threads, 1, 1), stream=stream)
 
+    def check_storage(self, tma_bytes: int):
+        """Trace time: SharedStorage holds each ring exactly, and the expect_tx count is the
+        bytes of one stage's TMA boxes (``tma_bytes``, from cute.size_in_bytes)."""
+        fields = self.smem_fields()
+        x_ring, row_ring = self.ring_layouts()
+        for name, ring in (("x", x_ring), ("scale", row_ring), ("bias", row_ring)):
+            if fields[name].dtype.size != cute.cosize(ring):
+                raise ValueError(f"SharedStorage.{name}: {fields[name].dtype.size} elements for "
+                                 f"a ring of cosize {cute.cosize(ring)}")
+        if tma_bytes != self.tx_bytes:
+            raise ValueError(f"tx bytes {self.tx_bytes}: one stage of TMA boxes is {tma_bytes} B")
+
     # ---- device side ----------------------------------------------------------------------
     @cute.kernel
     def kernel(self, tma_x: cute.CopyAtom, mx: cute.Tensor, tma_s: cute.CopyAtom,
                ms: cute.Tensor, tma_b: cute.CopyAtom, mb: cute.Tensor, out: cute.Tensor):
+        # (the launch signature stays flat: the argument reprs make the kernel's symbol name)
         S = self.stages
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tid, _, _ = cute.arch.thread_idx()
         producer_warp = self.consumer_warps
 
         # -- prologue: smem, barriers (create() inits them and syncs the CTA) --------------
+        storage = SmemAllocator().allocate(self.storage)
+        barriers = storage.barriers.data_ptr()
+        x_ring, row_ring = self.ring_layouts()
+        rings = Rings(storage.x.get_tensor(x_ring), storage.scale.get_tensor(row_ring),
+                      storage.bias.get_tensor(row_ring))
         if warp == producer_warp:
             cpasync.prefetch_descriptor(tma_x)
             cpasync.prefetch_descriptor(tma_s)
             cpasync.prefetch_descriptor(tma_b)
-        smem = SmemAllocator()
-        barriers = smem.allocate_array(cutlass.Int64, 2 * S, byte_alignment=8)
-        sx = smem.allocate_tensor(
-            self.dtype,
-            cute.make_layout((self.tile_m, self.tile_n, S),
-                             stride=(self.tile_n, 1, self.tile_m * self.tile_n)),
-            byte_alignment=128)
-        row_ring = cute.make_layout((self.tile_m, S), stride=(1, self.row_pad))
-        ss = smem.allocate_tensor(cutlass.Float32, row_ring, byte_alignment=128)
-        sb = smem.allocate_tensor(cutlass.Float32, row_ring, byte_alignment=128)
 
         ring = pipeline.PipelineTmaAsync.create(
             num_stages=S,
@@ -237,15 +299,15 @@ class TmaStream:
         )
 
         if warp == producer_warp:
-            self.load(ring, tma_x, mx, tma_s, ms, tma_b, mb, sx, ss, sb)
+            self.load(ring, Loads(tma_x, mx, tma_s, ms, tma_b, mb), rings)
         else:
-            self.compute(ring, sx, ss, sb, out, tid)
+            self.compute(ring, rings, out, tid)
 
     @cute.jit
-    def load(self, ring: pipeline.PipelineTmaAsync, tma_x: cute.CopyAtom, mx: cute.Tensor,
-             tma_s: cute.CopyAtom, ms: cute.Tensor, tma_b: cute.CopyAtom, mb: cute.Tensor,
-             sx: cute.Tensor, ss: cute.Tensor, sb: cute.Tensor):
+    def load(self, ring: pipeline.PipelineTmaAsync, loads: Loads, rings: Rings):
         """Producer warp: one TMA triple per tile into the next ring slot."""
+        tma_x, mx, tma_s, ms, tma_b, mb = loads
+        sx, ss, sb = rings
         bid, _, _ = cute.arch.block_idx()
         one_cta = cute.make_layout(1)
         # (TMA, S) smem views and (TMA, tiles_m, tiles_n) / (TMA, tiles_m) gmem views
@@ -275,9 +337,10 @@ class TmaStream:
         ring.producer_tail(state)
 
     @cute.jit
-    def compute(self, ring: pipeline.PipelineTmaAsync, sx: cute.Tensor, ss: cute.Tensor,
-                sb: cute.Tensor, out: cute.Tensor, tid: cutlass.Int32):
+    def compute(self, ring: pipeline.PipelineTmaAsync, rings: Rings, out: cute.Tensor,
+                tid: cutlass.Int32):
         """Consumer warps: stage -> registers, release, fp32 affine, predicated stores."""
+        sx, ss, sb = rings
         bid, _, _ = cute.arch.block_idx()
         vec = self.vec
         if cutlass.const_expr(self.oob_store):

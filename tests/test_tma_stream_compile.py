@@ -261,3 +261,41 @@ def test_pipeline_ops_go_through_cutlass_pipeline(ptx, monkeypatch):
     text = ptx(m=777, n=1000, stages=3, seed=7)  # params unique to this test: fresh compile
     assert expect_tx_bytes(text) == [33024 + 16]
     assert "mbarrier.arrive.shared.b64" not in text
+
+
+# ---- shared memory: the SharedStorage struct -------------------------------------------------
+def test_shared_storage_is_the_docstring_layout():
+    """mbarriers, then the x ring and the scale / bias rings, each 128 B aligned; a scale /
+    bias stage is row_pad fp32 values apart (the ring's cosize: tile_m + (S - 1) * row_pad)."""
+    k = TmaStream(tile_m=32, tile_n=256, dtype="fp32", stages=4)
+    x_ring = 4 * 32 * 256 * 4
+    rows = (32 + 3 * 32) * 4
+    assert k.storage._offsets == {
+        "barriers": 0,
+        "x": 128,
+        "scale": 128 + x_ring,
+        "bias": 128 + x_ring + rows,
+    }
+    assert k.smem_bytes == 128 + x_ring + 2 * rows and k.storage.__alignof__() == 128
+    assert k.x_stage_bytes == 32 * 256 * 4
+
+
+@pytest.mark.parametrize("what", ["ring", "tx"])
+def test_storage_that_disagrees_with_the_layouts_is_refused_at_trace_time(what):
+    """__call__ checks the struct against the ring layouts (cute.cosize) and tx_bytes against
+    cute.size_in_bytes of the three TMA boxes, before the kernel is traced."""
+    import cutlass
+    from cutlass import cute
+
+    k = TmaStream(m=1000, n=1000, ctas=16)
+    if what == "ring":
+        fields = k.smem_fields()
+        mem, align = cute.struct.MemRange, cute.struct.Align
+        fields["bias"] = align[mem[cutlass.Float32, 32], 128]
+        k.smem_fields = lambda: fields
+        match = "SharedStorage.bias: 32 elements for a ring of cosize 128"
+    else:
+        k.tx_bytes -= 16
+        match = "tx bytes 33008: one stage of TMA boxes is 33024 B"
+    with pytest.raises(ValueError, match=match):
+        cute.compile[cute.GPUArch("sm_90a")](k, *k.fake_args())
