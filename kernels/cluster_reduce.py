@@ -28,10 +28,14 @@ Per row, in every CTA (T = ``threads`` threads, W = T / 32 warps, U = ``unroll``
 5. sum: CTA rank (row % C) thread 0 writes out[row]; rmsnorm: every CTA normalizes its slice
    (second pass over x, 128-bit loads of x and w, 128-bit stores).
 
+Smem: the ``cute.struct`` SharedStorage (``smem_fields``): bar[0..2), partials[2][C] and
+warp_sums[2][W] (fp32, 16 B aligned); ``smem_bytes`` is its size.
+
 Barrier arithmetic (bar[0], bar[1] in smem, initialised by thread 0 with arrive count 1):
 - arrivals per phase: 1 (the arm in step 3, by this CTA's warp 0 lane 0);
 - tx bytes per phase: C partials x 4 bytes = 4C (8, 16, 32 for C = 2, 4, 8), every CTA of the
-  cluster (itself included) delivering 4 bytes through st.async complete_tx;
+  cluster (itself included) delivering 4 bytes through st.async complete_tx (derived: one slot
+  of SharedStorage's partials, checked at trace time against ``cute.size_in_bytes``);
 - a peer's bytes may land before the arm (the tx count goes negative, legal); the phase
   completes once the arm arrived and all 4C bytes landed.
 Slot reuse (no empty barriers): peer P writes slot s for row i + 2 only after P's wait of row
@@ -92,7 +96,7 @@ as M x 1 tiles of one row.
 from __future__ import annotations
 
 import operator
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -103,8 +107,21 @@ from cutlass.memory import SmemAllocator
 DTYPES = {"fp32": cutlass.Float32, "bf16": cutlass.BFloat16}
 ELEM_BYTES = {"fp32": 4, "bf16": 2}
 VECTOR_BYTES = 16
-PARTIAL_BYTES = 4  # one fp32 partial per CTA per row
 SLOTS = 2  # double-buffered partials, barriers and warp_sums
+
+
+def smem_struct(name: str, **fields) -> cute.struct:
+    """``cute.struct`` with ``fields`` in order. (A class body's annotations would be strings
+    here: this module keeps ``from __future__ import annotations`` for the DSL's signatures.)"""
+    return cute.struct(type(name, (), {"__annotations__": fields}))
+
+
+class Span(NamedTuple):
+    """This CTA's vector slice [start, end) of a row, and the thread that walks it."""
+
+    start: cutlass.Int32
+    end: cutlass.Int32
+    tid: cutlass.Int32
 
 
 def slice_bounds(rank: int, nv: int, cluster: int) -> tuple[int, int]:
@@ -187,19 +204,50 @@ class ClusterReduce:
         if self.launch_cluster > cluster:  # grid must be a multiple of the launch cluster
             self.groups += self.groups % 2
         self.grid = cluster * self.groups
-        self.tx_bytes = cluster * PARTIAL_BYTES
+        fields = self.smem_fields()
+        self.storage = smem_struct("SharedStorage", **fields)
+        self.smem_bytes = self.storage.size_in_bytes()
+        # tx bytes per phase: one slot of partials (C fp32 values, one from every CTA;
+        # __call__ checks it against cute.size_in_bytes of the slot's layout)
+        self.tx_bytes = fields["partials"].dtype.size_in_bytes // SLOTS
         if op == "sum":
             self.TOLERANCE = (2e-7 * n + 1e-5, 1e-5)
         else:
             self.TOLERANCE = (1e-5, 1e-5) if dtype == "fp32" else (8e-3, 8e-3)
 
+    def smem_fields(self) -> dict:
+        """The CTA's smem, in order: bar[0..SLOTS) (mbarriers), partials[SLOTS][C] (fp32, one
+        per CTA of the cluster, written by st.async), warp_sums[SLOTS][W] (fp32)."""
+        mem, align = cute.struct.MemRange, cute.struct.Align
+        return {
+            "bars": mem[cutlass.Int64, SLOTS],
+            "partials": align[mem[cutlass.Float32, self.cluster * SLOTS], 16],
+            "warp_sums": align[mem[cutlass.Float32, self.warps * SLOTS], 16],
+        }
+
+    def partials_layout(self) -> cute.Layout:
+        """partials as (rank, slot): a slot's C values are contiguous."""
+        return cute.make_layout((self.cluster, SLOTS), stride=(1, self.cluster))
+
     # ---- host side ------------------------------------------------------------------------
     @cute.jit
     def __call__(self, x: cute.Tensor, w: cute.Tensor, out: cute.Tensor,
                  stream: cuda.CUstream):
+        self.check_storage()
         self.kernel(x, w, out).launch(
             grid=(self.grid, 1, 1), block=(self.threads, 1, 1),
             cluster=(self.launch_cluster, 1, 1), stream=stream)
+
+    def check_storage(self):
+        """Trace time: SharedStorage holds the partials exactly, and the expect_tx count is one
+        slot of them (cute.size_in_bytes)."""
+        layout = self.partials_layout()
+        if self.smem_fields()["partials"].dtype.size != cute.cosize(layout):
+            raise ValueError(f"SharedStorage.partials: not the cosize {cute.cosize(layout)} of "
+                             "its layout")
+        slot_bytes = cute.size_in_bytes(cutlass.Float32, cute.slice_(layout, (None, 0)))
+        if slot_bytes != self.tx_bytes:
+            raise ValueError(f"tx bytes {self.tx_bytes}: a slot of partials is {slot_bytes} B")
 
     # ---- device side ----------------------------------------------------------------------
     @cute.kernel
@@ -212,12 +260,10 @@ class ClusterReduce:
         group, _, _ = cute.arch.cluster_idx()
 
         # -- prologue: smem, barriers, cluster-wide init visibility ---------------------------
-        smem = SmemAllocator()
-        bars = smem.allocate_array(cutlass.Int64, SLOTS, byte_alignment=8)
-        partials = smem.allocate_tensor(
-            cutlass.Float32, cute.make_layout((C, SLOTS), stride=(1, C)), byte_alignment=16)
-        warp_sums = smem.allocate_tensor(
-            cutlass.Float32, cute.make_layout((self.warps, SLOTS)), byte_alignment=16)
+        storage = SmemAllocator().allocate(self.storage)
+        bars = storage.bars.data_ptr()
+        partials = storage.partials.get_tensor(self.partials_layout())
+        warp_sums = storage.warp_sums.get_tensor(cute.make_layout((self.warps, SLOTS)))
         if tid == 0:
             for s in cutlass.range_constexpr(SLOTS):
                 cute.arch.mbarrier_init(bars + s, 1)
@@ -237,7 +283,7 @@ class ClusterReduce:
 
         # vector slice [start, end) of this CTA, thread tid's first vector in it
         start = rank * self.slice
-        end = cutlass.min(start + self.slice, self.nv)
+        span = Span(start, cutlass.min(start + self.slice, self.nv), tid)
 
         # -- mainloop: one row per iteration ------------------------------------------------
         for row in cutlass.range(group, self.m, self.groups, unroll=1):
@@ -245,7 +291,7 @@ class ClusterReduce:
             s = i % SLOTS
             phase = (i // SLOTS) % 2
             xrow = x[(row, None)]
-            part = self.slice_sum(xrow, start, end, tid)
+            part = self.slice_sum(xrow, span)
             part = cute.arch.warp_reduction(part, operator.add)
             if lane == 0:
                 warp_sums[(warp, s)] = part
@@ -258,7 +304,7 @@ class ClusterReduce:
                     out[row] = total
             else:
                 rstd = cute.math.rsqrt(total / self.n + self.eps)
-                self.normalize(xrow, w, out[(row, None)], rstd, start, end, tid)
+                self.normalize(xrow, w, out[(row, None)], rstd, span)
 
         # -- tail: keep smem alive until the whole cluster is done --------------------------
         if cutlass.const_expr(not self.skip_cluster_tail):
@@ -266,13 +312,13 @@ class ClusterReduce:
             cute.arch.cluster_wait()
 
     @cute.jit
-    def slice_sum(self, xrow: cute.Tensor, start: cutlass.Int32, end: cutlass.Int32,
-                  tid: cutlass.Int32) -> cutlass.Float32:
+    def slice_sum(self, xrow: cute.Tensor, span: Span) -> cutlass.Float32:
         """This thread's fp32 sum of x (or x^2) over its vectors of [start, end).
 
         U 128-bit loads are issued back to back per iteration (U * 16 bytes in flight per
         thread); iterations [0, full_iters) need no predicate in any CTA.
         """
+        start, end, tid = span
         vec, U, T = self.vec, self.unroll, self.threads
         rx = cute.make_rmem_tensor((vec, U), self.dtype)
         acc = cute.make_rmem_tensor((vec,), cutlass.Float32)
@@ -340,9 +386,9 @@ class ClusterReduce:
 
     @cute.jit
     def normalize(self, xrow: cute.Tensor, w: cute.Tensor, orow: cute.Tensor,
-                  rstd: cutlass.Float32, start: cutlass.Int32, end: cutlass.Int32,
-                  tid: cutlass.Int32):
+                  rstd: cutlass.Float32, span: Span):
         """rmsnorm second pass: out = x * rstd * w over this CTA's slice (predicated)."""
+        start, end, tid = span
         vec, T = self.vec, self.threads
         rx = cute.make_rmem_tensor((vec,), self.dtype)
         rw = cute.make_rmem_tensor((vec,), cutlass.Float32)

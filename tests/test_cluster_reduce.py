@@ -293,3 +293,21 @@ def test_scenarios_load_and_match_the_faults():
         "missing_init_fence",
         None,
     } <= faults_seen
+
+
+def test_shared_storage_is_the_docstring_layout():
+    """bar[0..2), partials[2][C] and warp_sums[2][W] (fp32, 16 B aligned); the tx bytes of a
+    phase are one slot of partials (C x 4 B)."""
+    k = ClusterReduce(**SMALL)  # C = 4, W = 4
+    assert k.storage._offsets == {"bars": 0, "partials": 16, "warp_sums": 16 + 2 * 4 * 4}
+    assert k.smem_bytes == 16 + 2 * 4 * 4 + 2 * 4 * 4 and k.tx_bytes == 4 * 4
+
+
+def test_tx_bytes_that_disagree_with_the_partials_are_refused_at_trace_time():
+    """__call__ checks tx_bytes against cute.size_in_bytes of one slot of partials."""
+    from cutlass import cute
+
+    k = ClusterReduce(**SMALL)
+    k.tx_bytes += 4
+    with pytest.raises(ValueError, match="tx bytes 20: a slot of partials is 16 B"):
+        cute.compile[cute.GPUArch("sm_90a")](k, *k.fake_args())
