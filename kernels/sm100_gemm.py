@@ -58,8 +58,9 @@ Phases (both pipelines): producers start at phase 1, consumers at phase 0; ``adv
 the last slot flips the phase. ``producer_tail`` drains every empty barrier before the TMA warp
 (ab) and the MMA warp (acc) exit.
 
-Other synchronisation: named barrier 1 (MMA + epilogue warps, 160 threads) publishes the TMEM
-address written by tcgen05.alloc; named barrier 2 (epilogue warps, 128 threads) orders the
+Other synchronisation (named barrier ids: the IntEnum ``Barrier``): named barrier 1
+(``TMEM_ALLOC``, MMA + epilogue warps, 160 threads) publishes the TMEM address written by
+tcgen05.alloc; named barrier 2 (``EPILOGUE``, epilogue warps, 128 threads) orders the
 smem writes of a subtile before its TMA store and the store's smem reads before the buffer is
 rewritten (bulk-group wait). With cta_group = 2, tcgen05.dealloc is preceded by an mbarrier
 handshake with the peer (TmemAllocator.free).
@@ -103,7 +104,8 @@ Kernel-level switch:
 
 from __future__ import annotations
 
-from typing import ClassVar
+from enum import IntEnum
+from typing import ClassVar, NamedTuple
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -122,9 +124,47 @@ TMEM_COLS_MAX = 512
 EPI_WARPS = (0, 1, 2, 3)
 MMA_WARP = 4
 TMA_WARP = 5
-TMEM_ALLOC_BAR = 1  # named barrier: MMA + epilogue warps (TMEM address hand-off)
-EPI_BAR = 2  # named barrier: epilogue warps (smem subtile -> TMA store)
 C_STAGES = 2  # epilogue smem buffers
+SMEM_ALIGN = 128  # each smem buffer (the allocations this kernel always made) starts 128 B aligned
+
+
+class Barrier(IntEnum):
+    """Named barrier ids (16 per CTA)."""
+
+    SYNC_THREADS = 0  # sync_threads and create()'s CTA sync
+    TMEM_ALLOC = 1  # MMA + epilogue warps (160 threads): the TMEM address hand-off
+    EPILOGUE = 2  # epilogue warps (128 threads): smem subtile -> TMA store
+
+
+def smem_struct(name: str, **fields) -> cute.struct:
+    """``cute.struct`` with ``fields`` in order. (A class body's annotations would be strings
+    here: this module keeps ``from __future__ import annotations`` for the DSL's signatures.)"""
+    return cute.struct(type(name, (), {"__annotations__": fields}))
+
+
+class Loads(NamedTuple):
+    """The TMA warp's loads: copy atom and TMA view of A, then of B."""
+
+    tma_a: cute.CopyAtom
+    ga: cute.Tensor
+    tma_b: cute.CopyAtom
+    gb: cute.Tensor
+
+
+class Store(NamedTuple):
+    """The epilogue's TMA store: copy atom and TMA view of C, and its subtile."""
+
+    tma_c: cute.CopyAtom
+    gc: cute.Tensor
+    epi_tile: cute.Tile
+
+
+class SmemLayouts(NamedTuple):
+    """The staged smem layouts (swizzle + outer layout) of A, B and the C subtiles."""
+
+    a: cute.ComposedLayout
+    b: cute.ComposedLayout
+    c: cute.ComposedLayout
 
 
 def tile_origin(tile, tiles_n: int, tile_m: int, tile_n: int):
@@ -181,20 +221,50 @@ class Sm100Gemm:
         self.clusters = min(ctas // cta_group, self.num_tiles)
         self.grid = self.clusters * cta_group
         # -- barrier arithmetic (see the module docstring) --
-        self.a_bytes = CTA_M * tile_k * ELEM_BYTES
-        self.b_bytes = tile_n // cta_group * tile_k * ELEM_BYTES
-        self.tx_bytes = cta_group * (self.a_bytes + self.b_bytes)
         self.acc_empty_arrivals = len(EPI_WARPS) * cta_group
         cols = acc_stages * tile_n
         self.tmem_cols = max(32, 1 << (cols - 1).bit_length())
         if self.tmem_cols > TMEM_COLS_MAX:
             raise ValueError(f"acc_stages * tile_n = {cols} TMEM columns: over {TMEM_COLS_MAX}")
-        self.smem_bytes = (stages * (self.a_bytes + self.b_bytes)
-                           + C_STAGES * CTA_M * 32 * ELEM_BYTES + 1024)
+        fields = self.smem_fields()
+        self.storage = smem_struct("SharedStorage", **fields)
+        self.smem_bytes = self.storage.size_in_bytes()
+        # one stage of this CTA's A and B rings (__call__ checks the tx bytes against
+        # cute.size_in_bytes of the TMA boxes' smem layouts)
+        self.a_bytes = fields["a"].dtype.size_in_bytes // stages
+        self.b_bytes = fields["b"].dtype.size_in_bytes // stages
+        self.tx_bytes = cta_group * (self.a_bytes + self.b_bytes)
         if self.smem_bytes > SMEM_BYTES_MAX:
-            raise ValueError(f"about {self.smem_bytes} bytes of smem for {stages} stages: over "
+            raise ValueError(f"{self.smem_bytes} bytes of smem for {stages} stages: over "
                              f"{SMEM_BYTES_MAX}")
         self.threads = 32 * (len(EPI_WARPS) + 2)
+
+    def smem_fields(self) -> dict:
+        """The CTA's smem, in order: the ab and acc mbarriers (full then empty each), the
+        peer's TMEM-dealloc mbarrier, the TMEM address (written by tcgen05.alloc), then this
+        CTA's A ring (128 x tile_k), B ring (tile_n / cta_group x tile_k) and C subtile ring
+        (C_STAGES epilogue subtiles), each 128 B aligned."""
+        mem, align, bf16, s = cute.struct.MemRange, cute.struct.Align, cutlass.BFloat16, self.stages
+        epi_m, epi_n = sm100_utils.compute_epilogue_tile_size(
+            CTA_M, self.tile_n, self.cta_group == 2, bf16.width, None,
+            LayoutEnum.ROW_MAJOR.is_m_major_c())
+        return {
+            "ab_bars": mem[cutlass.Int64, 2 * s],
+            "acc_bars": mem[cutlass.Int64, 2 * self.acc_stages],
+            "dealloc_bar": mem[cutlass.Int64, 1],
+            "tmem_holder": align[mem[cutlass.Int32, 1], 8],
+            "a": align[mem[bf16, CTA_M * self.tile_k * s], SMEM_ALIGN],
+            "b": align[mem[bf16, self.tile_n // self.cta_group * self.tile_k * s], SMEM_ALIGN],
+            "c": align[mem[bf16, epi_m * epi_n * C_STAGES], SMEM_ALIGN],
+        }
+
+    def check_storage(self, layouts: SmemLayouts):
+        """Trace time: SharedStorage holds each staged layout exactly."""
+        fields = self.smem_fields()
+        for name, layout in layouts._asdict().items():
+            if fields[name].dtype.size != cute.cosize(layout.outer):
+                raise ValueError(f"SharedStorage.{name}: {fields[name].dtype.size} elements for "
+                                 f"a layout of cosize {cute.cosize(layout.outer)}")
 
     # ---- host side ------------------------------------------------------------------------
     @cute.jit
@@ -218,6 +288,8 @@ class Sm100Gemm:
         c_smem = sm100_utils.make_smem_layout_epi(cutlass.BFloat16, LayoutEnum.ROW_MAJOR,
                                                   epi_tile, C_STAGES)
 
+        layouts = SmemLayouts(a_smem, b_smem, c_smem)
+        self.check_storage(layouts)
         a_one = cute.slice_(a_smem, (None, None, None, 0))
         b_one = cute.slice_(b_smem, (None, None, None, 0))
         tma_a, ga = cute.nvgpu.make_tiled_tma_atom_A(
@@ -235,41 +307,36 @@ class Sm100Gemm:
             raise ValueError(f"tx bytes: layouts move {traced_tx}, arithmetic says "
                              f"{self.tx_bytes}")
 
-        self.kernel(tiled_mma, tma_a, ga, tma_b, gb, tma_c, gc, cluster_vmnk, a_smem, b_smem,
-                    c_smem, epi_tile).launch(
+        self.kernel(tiled_mma, Loads(tma_a, ga, tma_b, gb), Store(tma_c, gc, epi_tile),
+                    cluster_vmnk, layouts).launch(
             grid=(self.grid, 1, 1), block=(self.threads, 1, 1),
             cluster=(self.cta_group, 1, 1), stream=stream)
 
     # ---- device side ----------------------------------------------------------------------
     @cute.kernel
-    def kernel(self, tiled_mma: cute.TiledMma, tma_a: cute.CopyAtom, ga: cute.Tensor,
-               tma_b: cute.CopyAtom, gb: cute.Tensor, tma_c: cute.CopyAtom, gc: cute.Tensor,
-               cluster_vmnk: cute.Layout, a_smem: cute.ComposedLayout,
-               b_smem: cute.ComposedLayout, c_smem: cute.ComposedLayout, epi_tile: cute.Tile):
+    def kernel(self, tiled_mma: cute.TiledMma, loads: Loads, store: Store,
+               cluster_vmnk: cute.Layout, layouts: SmemLayouts):
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         use_2cta = self.cta_group == 2
 
         # -- prologue: smem, TMEM allocator, pipelines (create() inits and syncs) ----------
+        storage = SmemAllocator().allocate(self.storage)
+        ab_bars = storage.ab_bars.data_ptr()
+        acc_bars = storage.acc_bars.data_ptr()
+        dealloc_bar = storage.dealloc_bar.data_ptr()
+        tmem_holder = storage.tmem_holder.data_ptr()
+        sa = storage.a.get_tensor(layouts.a.outer, swizzle=layouts.a.inner)
+        sb = storage.b.get_tensor(layouts.b.outer, swizzle=layouts.b.inner)
+        sc = storage.c.get_tensor(layouts.c.outer, swizzle=layouts.c.inner)
         if warp == TMA_WARP:
-            cpasync.prefetch_descriptor(tma_a)
-            cpasync.prefetch_descriptor(tma_b)
-            cpasync.prefetch_descriptor(tma_c)
-        smem = SmemAllocator()
-        ab_bars = smem.allocate_array(cutlass.Int64, 2 * self.stages, byte_alignment=8)
-        acc_bars = smem.allocate_array(cutlass.Int64, 2 * self.acc_stages, byte_alignment=8)
-        dealloc_bar = smem.allocate_array(cutlass.Int64, 1, byte_alignment=8)
-        tmem_holder = smem.allocate_array(cutlass.Int32, 1, byte_alignment=8)
-        sa = smem.allocate_tensor(cutlass.BFloat16, a_smem.outer, byte_alignment=128,
-                                  swizzle=a_smem.inner)
-        sb = smem.allocate_tensor(cutlass.BFloat16, b_smem.outer, byte_alignment=128,
-                                  swizzle=b_smem.inner)
-        sc = smem.allocate_tensor(cutlass.BFloat16, c_smem.outer, byte_alignment=128,
-                                  swizzle=c_smem.inner)
+            cpasync.prefetch_descriptor(loads.tma_a)
+            cpasync.prefetch_descriptor(loads.tma_b)
+            cpasync.prefetch_descriptor(store.tma_c)
 
         tmem = TmemAllocator(
             tmem_holder,
             barrier_for_retrieve=pipeline.NamedBarrier(
-                barrier_id=TMEM_ALLOC_BAR, num_threads=32 * (len(EPI_WARPS) + 1)),
+                barrier_id=Barrier.TMEM_ALLOC, num_threads=32 * (len(EPI_WARPS) + 1)),
             allocator_warp_id=EPI_WARPS[0], is_two_cta=use_2cta,
             two_cta_tmem_dealloc_mbar_ptr=dealloc_bar if use_2cta else None)
         ab = pipeline.PipelineTmaUmma.create(
@@ -289,7 +356,7 @@ class Sm100Gemm:
         acc_layout = tiled_mma.make_fragment_C(cute.append(acc_shape, self.acc_stages)).layout
 
         if warp == TMA_WARP:
-            self.load(tiled_mma, ab, tma_a, ga, tma_b, gb, sa, sb, cluster_vmnk)
+            self.load(tiled_mma, ab, loads, sa, sb)
         if warp == MMA_WARP:
             tmem.wait_for_alloc()
             tacc = cute.make_tensor(tmem.retrieve_ptr(cutlass.Float32), acc_layout)
@@ -303,16 +370,16 @@ class Sm100Gemm:
                 tmem.relinquish_alloc_permit()
                 tmem.free(tmem_ptr)
             tacc = cute.make_tensor(tmem_ptr, acc_layout)
-            self.epilogue(tiled_mma, acc, tacc, tma_c, gc, sc, epi_tile)
+            self.epilogue(tiled_mma, acc, tacc, store, sc)
             if cutlass.const_expr(not self.tmem_dealloc_early):
                 tmem.relinquish_alloc_permit()
                 tmem.free(tmem_ptr)
 
     @cute.jit
-    def load(self, tiled_mma: cute.TiledMma, ab: pipeline.PipelineTmaUmma,
-             tma_a: cute.CopyAtom, ga: cute.Tensor, tma_b: cute.CopyAtom, gb: cute.Tensor,
-             sa: cute.Tensor, sb: cute.Tensor, cluster_vmnk: cute.Layout):
+    def load(self, tiled_mma: cute.TiledMma, ab: pipeline.PipelineTmaUmma, loads: Loads,
+             sa: cute.Tensor, sb: cute.Tensor):
         """TMA warp: per k-tile, acquire a stage and load this CTA's A and B slices into it."""
+        tma_a, ga, tma_b, gb = loads
         bid, _, _ = cute.arch.block_idx()
         v = bid % self.cta_group
         thr_mma = tiled_mma.get_slice(v)
@@ -381,9 +448,9 @@ class Sm100Gemm:
 
     @cute.jit
     def epilogue(self, tiled_mma: cute.TiledMma, acc: pipeline.PipelineUmmaAsync,
-                 tacc: cute.Tensor, tma_c: cute.CopyAtom, gc: cute.Tensor, sc: cute.Tensor,
-                 epi_tile: cute.Tile):
+                 tacc: cute.Tensor, store: Store, sc: cute.Tensor):
         """Epilogue warps: TMEM -> registers -> bf16 -> smem -> TMA store, per subtile."""
+        tma_c, gc, epi_tile = store
         bid, _, _ = cute.arch.block_idx()
         tid, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -422,7 +489,8 @@ class Sm100Gemm:
             num_stages=C_STAGES,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread,
                                                      32 * len(EPI_WARPS)))
-        epi_sync = pipeline.NamedBarrier(barrier_id=EPI_BAR, num_threads=32 * len(EPI_WARPS))
+        epi_sync = pipeline.NamedBarrier(barrier_id=Barrier.EPILOGUE,
+                                         num_threads=32 * len(EPI_WARPS))
         subtiles = cute.size(ttr_tacc, mode=[3]) * cute.size(ttr_tacc, mode=[4])
         subtiles_n = cute.size(ttr_tacc, mode=[4])
 

@@ -436,3 +436,43 @@ def test_on_an_h200_a_blackwell_scenario_compiles_for_sm_100a_and_is_unsupported
     assert outcome.event("launched") is None and outcome.event("done") is not None
     ptx = (tmp_path / "kernel.ptx").read_text()
     assert features(ptx)["expect_tx"] == [32768]
+
+
+def test_shared_storage_is_the_docstring_layout():
+    """The ab, acc and dealloc mbarriers and the TMEM address first, then this CTA's A ring,
+    B ring and C subtile ring (two 128 x 32 bf16 subtiles), each 128 B aligned."""
+    one = Sm100Gemm(cta_group=1, tile_n=256, stages=4, acc_stages=2)
+    a_ring, b_ring = 4 * 128 * 64 * 2, 4 * 256 * 64 * 2
+    assert one.storage._offsets == {
+        "ab_bars": 0,
+        "acc_bars": 2 * 4 * 8,
+        "dealloc_bar": 2 * 4 * 8 + 2 * 2 * 8,
+        "tmem_holder": 2 * 4 * 8 + 2 * 2 * 8 + 8,
+        "a": 128,
+        "b": 128 + a_ring,
+        "c": 128 + a_ring + b_ring,
+    }
+    assert one.smem_bytes == 128 + a_ring + b_ring + 2 * 128 * 32 * 2
+    two = Sm100Gemm(cta_group=2, tile_n=256, stages=4)
+    assert two.storage._offsets["c"] - two.storage._offsets["b"] == 4 * 128 * 64 * 2  # B half
+
+
+@pytest.mark.parametrize("what", ["ring", "tx"])
+def test_storage_that_disagrees_with_the_layouts_is_refused_at_trace_time(what):
+    """__call__ checks the struct against the staged layouts (cute.cosize) and tx_bytes
+    against cute.size_in_bytes of the TMA boxes, before the kernel is traced."""
+    import cutlass
+    from cutlass import cute
+
+    k = Sm100Gemm(m=256, n=256, k=256, ctas=4)
+    if what == "ring":
+        fields = k.smem_fields()
+        mem, align = cute.struct.MemRange, cute.struct.Align
+        fields["c"] = align[mem[cutlass.BFloat16, 128 * 32], 128]
+        k.smem_fields = lambda: fields
+        match = "SharedStorage.c: 4096 elements for a layout of cosize 8192"
+    else:
+        k.tx_bytes += 16
+        match = "tx bytes: layouts move 49152, arithmetic says 49168"
+    with pytest.raises(ValueError, match=match):
+        cute.compile[cute.GPUArch("sm_100a")](k, *k.fake_args())
