@@ -33,13 +33,9 @@ class Patcher:
         if len(by_id) != len(pairs):
             raise ValueError("replace_many_everywhere: an original appears twice")
         n = 0
-        if by_id:
-            for module in list(sys.modules.values()):
-                for attr, value in _module_items(module):
-                    replacement = by_id.get(id(value))
-                    if replacement is not None:
-                        self.set_attr(module, attr, replacement)
-                        n += 1
+        for module, attr, value in _holding(by_id.keys()):
+            self.set_attr(module, attr, by_id[id(value)])
+            n += 1
         self._swaps.extend((replacement, original) for original, replacement in pairs)
         return n
 
@@ -54,18 +50,22 @@ class Patcher:
         # A module imported inside the context may have bound a replacement by name: one pass
         # puts every original back (a replacement of a replacement: back to the first one).
         originals = {id(replacement): original for replacement, original in self._swaps}
-        if originals:
-            for module in list(sys.modules.values()):
-                for attr, value in _module_items(module):
-                    if id(value) in originals:
-                        while id(value) in originals:
-                            value = originals[id(value)]
-                        setattr(module, attr, value)
+        for module, attr, value in _holding(originals.keys()):
+            while id(value) in originals:
+                value = originals[id(value)]
+            setattr(module, attr, value)
         self._swaps.clear()
 
 
-def _module_items(module: Any) -> list[tuple[str, Any]]:
-    try:
-        return list(vars(module).items())
-    except TypeError:
-        return []
+def _holding(ids: Any) -> list[tuple[Any, str, Any]]:
+    """(module, name, value) of every module global whose value's id is in ``ids``."""
+    found: list[tuple[Any, str, Any]] = []
+    if not ids:
+        return found
+    for module in list(sys.modules.values()):
+        try:
+            items = list(vars(module).items())
+        except TypeError:
+            continue
+        found += [(module, attr, value) for attr, value in items if id(value) in ids]
+    return found
