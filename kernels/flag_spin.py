@@ -11,8 +11,9 @@ b, b + grid, ... (grid = min(ctas, chunks)). Block = (consumer_warps + 1) * 32 t
 - warps 0 .. consumer_warps-1: consumers. Per chunk: every thread spins on
   ``ld.acquire.gpu flags[chunk]`` until it reads 1: an unbounded hand-written wait with no
   mbarrier, which the bounded-wait probes cannot bound (checkpoint "flag observed" after it).
-  Then the chunk goes through shared memory: thread t stages tmp[t], named barrier 1 over the
-  consumer threads (``bar.sync 1, 32 * consumer_warps``), thread t writes y for the element of
+  Then the chunk goes through shared memory (the ``cute.struct`` SharedStorage: one C-float
+  stage): thread t stages tmp[t], named barrier ``Barrier.CONSUMERS`` (id 1) over the consumer
+  threads (``bar.sync 1, 32 * consumer_warps``), thread t writes y for the element of
   the neighbouring warp, (t + 32) % C, and a second named barrier protects the stage before
   the next chunk overwrites it.
 
@@ -30,6 +31,7 @@ Faults that apply (patches, see cutedebug/faults.py):
 
 from __future__ import annotations
 
+from enum import IntEnum
 from typing import ClassVar
 
 import cutlass
@@ -45,7 +47,17 @@ except ImportError:  # the kernel also runs without cutedebug installed
         return None
 
 
-CONSUMER_BARRIER = 1  # named barrier id of the consumer warps (0 is sync_threads)
+class Barrier(IntEnum):
+    """Named barrier ids (16 per CTA)."""
+
+    SYNC_THREADS = 0  # the prologue's sync_threads
+    CONSUMERS = 1  # the consumer warps around each chunk's smem stage
+
+
+def smem_struct(name: str, **fields) -> cute.struct:
+    """``cute.struct`` with ``fields`` in order. (A class body's annotations would be strings
+    here: this module keeps ``from __future__ import annotations`` for the DSL's signatures.)"""
+    return cute.struct(type(name, (), {"__annotations__": fields}))
 
 
 class FlagSpin:
@@ -67,6 +79,11 @@ class FlagSpin:
         self.chunks = -(-n // self.chunk)
         self.grid = min(ctas, self.chunks)
         self.threads = self.chunk + 32
+        # the consumers' stage: one fp32 per consumer thread, 16 B aligned
+        self.storage = smem_struct(
+            "SharedStorage",
+            stage=cute.struct.Align[cute.struct.MemRange[cutlass.Float32, self.chunk], 16])
+        self.smem_bytes = self.storage.size_in_bytes()
 
     # ---- host side ------------------------------------------------------------------------
     @cute.jit
@@ -79,9 +96,8 @@ class FlagSpin:
     def kernel(self, x: cute.Tensor, tmp: cute.Tensor, flags: cute.Tensor, y: cute.Tensor):
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tid, _, _ = cute.arch.thread_idx()
-        smem = SmemAllocator()
-        stage = smem.allocate_tensor(cutlass.Float32, cute.make_layout((self.chunk,)),
-                                     byte_alignment=16)
+        storage = SmemAllocator().allocate(self.storage)
+        stage = storage.stage.get_tensor(cute.make_layout((self.chunk,)))
         # -- prologue --------------------------------------------------------------------
         cute.arch.sync_threads()
         if warp == self.consumer_warps:
@@ -125,13 +141,13 @@ class FlagSpin:
             stage[tid] = cutlass.Float32(0.0)
             if i < self.n:
                 stage[tid] = tmp[i]
-            cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=C)
+            cute.arch.barrier(barrier_id=Barrier.CONSUMERS, number_of_threads=C)
             j = (tid + 32) % C
             g = chunk * C + j
             if g < self.n:
                 y[g] = stage[j] + cutlass.Float32(1.0)
             # the next chunk overwrites the stage only after every read of this one
-            cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=C)
+            cute.arch.barrier(barrier_id=Barrier.CONSUMERS, number_of_threads=C)
 
     # ---- interface ------------------------------------------------------------------------
     def fake_args(self):

@@ -586,7 +586,7 @@ def test_tma_stream_sites_follow_the_source_in_program_order():
 def test_flag_spin_roles_come_from_the_role_functions():
     _, table = compile_variant(FLAG, "FlagSpin", FLAG_PARAMS, None)
     got = [(s["op"], s["name"], s["role"], s["line"]) for s in table]
-    barrier_lines = lines_of(FLAG, "cute.arch.barrier(barrier_id=CONSUMER_BARRIER")
+    barrier_lines = lines_of(FLAG, "cute.arch.barrier(barrier_id=Barrier.CONSUMERS")
     assert got == [
         ("named_barrier", "", "all", lines_of(FLAG, "cute.arch.sync_threads()")[0]),
         (

@@ -9,9 +9,10 @@ STEM`` by kernel file, e.g. ``--kernel sm90_gemm`` also takes the bisect/ scenar
 kernel) is compiled in this process exactly as its worker compiles it for ``cutedebug run
 --compile-only`` (the same request, ``engine.worker.run``: kernel params, trace-time fault
 patches, lint recorder), once with the probes off and once on (bounded waits + beacons); the
-clean scenario of each family also with beacons off, with line info (the sanitizer's and the
-coredump's compile), with the perturbation's delay positions, and with each of its first four
-checkpoint sites enabled (the printf-bisection's runs). One line per variant: ``<scenario id>
+clean scenario of each kernel file (its first scenario if it has none) also with beacons off,
+with line info (the sanitizer's and the coredump's compile), with the perturbation's delay
+positions, and with each of its first four checkpoint sites enabled (the printf-bisection's
+runs). One line per variant: ``<scenario id>
 <variant> <sha1 of the PTX>``, or what the worker said instead of PTX (``unsupported: ...`` for
 the field kernels whose libraries are not installed, ``compile_error: ...``). The probe buffer's
 address is a fixed constant on a CPU machine, so the PTX of a probed variant is reproducible.
@@ -142,6 +143,11 @@ def variants(sc, clean: bool):
         yield "perturb", {"perturb": PERTURB}
 
 
+def family(sc) -> str:
+    """A scenario's kernel family: its kernel file (bisect/ scenarios belong to theirs)."""
+    return str(sc.kernel_file)
+
+
 def _saved_name(scenario_id: str, variant: str) -> str:
     return f"{scenario_id.replace('/', '__')}__{variant.replace(' ', '_').replace('=', '-')}"
 
@@ -207,6 +213,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-k", dest="filter", default="", help="only scenario ids containing this")
     p.add_argument("--kernel", default="", help="only scenarios of this kernel file (its stem)")
     p.add_argument("--no-checkpoints", action="store_true", help="skip the checkpoint variants")
+    p.add_argument(
+        "--all-checkpoints",
+        action="store_true",
+        help=f"every checkpoint site of the clean scenario, not the first {CHECKPOINT_SITES}",
+    )
     p.add_argument("--save", type=Path, help="keep every variant's PTX in this directory")
     p.add_argument(
         "--compare",
@@ -230,10 +241,11 @@ def main(argv: list[str] | None = None) -> int:
             ):
                 scenarios.append(sc)
     scenarios.sort(key=lambda s: s.id)
+    # the extra variants go to each kernel file's clean scenario, or to its first scenario
+    # when it has none (flag_spin has only its bisect/ scenarios)
     clean_of_family: dict[str, str] = {}
-    for sc in scenarios:
-        if not sc.fault:
-            clean_of_family.setdefault(sc.id.split("/")[0], sc.id)
+    for sc in sorted(scenarios, key=lambda s: (bool(s.fault), s.id)):
+        clean_of_family.setdefault(family(sc), sc.id)
     saved: dict[str, dict] = {}
 
     def emit(sc, variant: str, workdir: Path, **kw) -> list[dict]:
@@ -246,14 +258,14 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="cutedebug-ptx-") as tmp:
         for n, sc in enumerate(scenarios):
-            is_clean = clean_of_family.get(sc.id.split("/")[0]) == sc.id
+            is_clean = clean_of_family.get(family(sc)) == sc.id
             for name, kw in variants(sc, is_clean):
                 emit(sc, name, Path(tmp) / f"{n}-{name.replace(' ', '_')}", **kw)
             if not is_clean or args.no_checkpoints:
                 continue
             _, evs = compile_variant(sc, Path(tmp) / f"{n}-sites", bisect={"site": None})
             table = next((e["sites"] for e in evs if e["event"] == "checkpoint_sites"), [])
-            for site in table[:CHECKPOINT_SITES]:
+            for site in table if args.all_checkpoints else table[:CHECKPOINT_SITES]:
                 name = f"checkpoint site {site['id']}"
                 emit(sc, name, Path(tmp) / f"{n}-cp{site['id']}", bisect={"site": site["id"]})
     if args.save:
