@@ -159,7 +159,10 @@ STEPS = [
         True,
         _field_copy("/tmp/fq", "quack_*")
         + "; python3 -m cutedebug triage /tmp/fq --out /tmp/fqo; echo rc=$?; "
-        "python3 tools/gpu_field_table.py /tmp/fqo --json $STEP_OUT/rows.json",
+        "python3 tools/gpu_field_table.py /tmp/fqo --json $STEP_OUT/rows.json; "
+        # advance_iters on hardware: the ping-pong GEMM's consumer state advances by it
+        f"python3 -m cutedebug run {S}/field/quack_gemm_sm90/missing_phase_flip_consumer.toml "
+        "--param pingpong=true --param tile_m=64 --runs-dir /tmp/fpp; echo rc=$?",
         "the quack field scenarios: verdicts, localization at the library's line",
     ),
     Step(
