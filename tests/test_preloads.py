@@ -163,3 +163,55 @@ def test_a_compile_only_worker_does_not_import_torch(tmp_path, monkeypatch):
     }
     assert "present" in ran.evidence["device"] and ran.evidence["device"]["present"] is not None
     assert (compiled.run_dir / "kernel.ptx").read_text() == (ran.run_dir / "kernel.ptx").read_text()
+
+
+def test_a_probe_buffer_that_no_kernel_reads_needs_no_torch():
+    """Compile-only (or no GPU): the probe buffer is a bytearray with its header at the same
+    constant address, so a probed compile-only worker does not import torch for it."""
+    code = (
+        "import sys; from cutedebug.instrument import probes; "
+        "from cutedebug.instrument.probe_layout import ProbeConfig, buffer_nbytes; "
+        "cfg = ProbeConfig(); buf, addr = probes.pinned_allocator(False)(cfg); "
+        "print(type(buf).__name__, len(buf) == buffer_nbytes(cfg), hex(addr), "
+        "'torch' in sys.modules)"
+    )
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert out.stdout.split() == ["bytearray", "True", "0x7f0000000000", "False"], out.stderr
+
+
+def test_a_probed_compile_is_the_same_with_the_bytearray_buffer(tmp_path):
+    """The PTX of a probed compile whose buffer is the bytearray equals the one built over
+    the torch buffer the allocator used before (same layout, same constant address)."""
+    import contextlib
+
+    import torch
+    from cutlass import cute
+
+    from cutedebug import kernel_api
+    from cutedebug.instrument import probes
+    from cutedebug.instrument.probe_layout import buffer_nbytes, init_buffer
+
+    def torch_buffer(cfg):
+        buf = torch.zeros(buffer_nbytes(cfg), dtype=torch.uint8)
+        init_buffer(buf.numpy(), cfg)
+        return buf, 0x7F0000000000
+
+    cls = kernel_api.load_entry(str(ROOT / "kernels" / "tma_stream.py"), "TmaStream")
+    texts, headers = [], []
+    for allocate in (torch_buffer, probes.pinned_allocator(False)):
+        k = cls(m=4096, n=512, ctas=4)
+        with (
+            contextlib.chdir(tmp_path),
+            probes.instrument(probes.ProbeConfig(), allocate=allocate) as table,
+        ):
+            compiled = cute.compile[cute.GPUArch("sm_90a"), cute.KeepPTX()](k, *k.fake_args())
+        texts.append(compiled.__ptx__)
+        buf = table.buffer[0]
+        headers.append(bytes(buf.numpy()) if isinstance(buf, torch.Tensor) else bytes(buf))
+    assert texts[0] == texts[1]
+    assert headers[0] == headers[1]
