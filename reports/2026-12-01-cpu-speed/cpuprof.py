@@ -1,10 +1,16 @@
 """Per-test wall and CPU (this process + reaped children + live descendants)."""
-import json, os, resource, time
+
+import json
+import os
+import resource
+import time
+
 import psutil
 
 OUT = os.environ.get("CPUPROF_OUT", "/tmp/speedprof/prof")
 _me = psutil.Process()
 _seen = {}
+
 
 def _tree_cpu():
     s = resource.getrusage(resource.RUSAGE_SELF)
@@ -24,12 +30,15 @@ def _tree_cpu():
         pass
     return tot, live
 
+
 _f = None
 _start = {}
+
 
 def pytest_runtest_logstart(nodeid, location):
     tot, live = _tree_cpu()
     _start[nodeid] = (time.monotonic(), tot, live, time.time())
+
 
 def pytest_runtest_logfinish(nodeid, location):
     global _f
@@ -38,7 +47,18 @@ def pytest_runtest_logfinish(nodeid, location):
         _f = open(f"{OUT}-{wid}.jsonl", "a")
     t0, tot0, live0, wall0 = _start.pop(nodeid, (None, 0, 0, 0))
     tot, live = _tree_cpu()
-    _f.write(json.dumps({"id": nodeid, "wall": time.monotonic() - t0, "self_children": tot - tot0,
-                         "live": live - live0, "t0": wall0, "t1": time.time(),
-                         "w": os.environ.get("PYTEST_XDIST_WORKER", "main")}) + "\n")
+    _f.write(
+        json.dumps(
+            {
+                "id": nodeid,
+                "wall": time.monotonic() - t0,
+                "self_children": tot - tot0,
+                "live": live - live0,
+                "t0": wall0,
+                "t1": time.time(),
+                "w": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+            }
+        )
+        + "\n"
+    )
     _f.flush()
