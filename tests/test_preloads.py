@@ -215,3 +215,61 @@ def test_a_probed_compile_is_the_same_with_the_bytearray_buffer(tmp_path):
         headers.append(bytes(buf.numpy()) if isinstance(buf, torch.Tensor) else bytes(buf))
     assert texts[0] == texts[1]
     assert headers[0] == headers[1]
+
+
+PROGRAM = """
+import sys
+
+sys.path.insert(0, {kernels!r})
+import cutlass.cute as cute
+from tma_stream import TmaStream
+
+k = TmaStream(m=4096, n=512, ctas=4)
+cute.compile[cute.GPUArch("sm_90a")](k, *k.fake_args())
+with open({out!r}, "w") as f:
+    f.write(str("torch" in sys.modules))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg")),
+    reason="a machine with a GPU device node: exec's probes import torch there",
+)
+def test_exec_probes_without_a_gpu_leave_torch_unimported(tmp_path):
+    """`cutedebug exec --probes` on a machine without a GPU: the program's kernel is traced with
+    its bounded waits, and the instrumentation did not import torch for a probe buffer no
+    kernel will read."""
+    import subprocess
+    import sys
+
+    from cutedebug.engine.run_report import ExecReport
+
+    out = tmp_path / "torch_seen.txt"
+    prog = tmp_path / "compile_only.py"
+    prog.write_text(PROGRAM.format(kernels=str(ROOT / "kernels"), out=str(out)))
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cutedebug",
+            "exec",
+            "--probes",
+            "--runs-dir",
+            str(tmp_path / "runs"),
+        ]
+        + ["--", sys.executable, str(prog)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = next(ln for ln in r.stdout.splitlines() if "report:" in ln).split("report:")[1]
+    rep = ExecReport.from_json(
+        json.loads((Path(report.strip()).parent / "report.json").read_text())
+    )
+    assert rep.kernels_traced == 1
+    assert any(p["probe_sites"] for p in rep.processes)  # the waits were instrumented
+    assert out.read_text() == "False"
