@@ -46,6 +46,7 @@ __all__ = [
     "join",
     "present",
     "to_json",
+    "transient",
     "to_json_value",
 ]
 
@@ -77,6 +78,7 @@ def present(value: Any, default: Any = None) -> Any:
 
 
 _LATER = "cutedebug.records.later"
+_TRANSIENT = "cutedebug.records.transient"
 _OPTIONAL = "cutedebug.records.optional"
 _ABSENT_KEYS = "cutedebug.records.absent_keys"
 
@@ -95,6 +97,14 @@ def optional(default: Any = None) -> Any:
     return dataclasses.field(default=default, metadata={_OPTIONAL: True})
 
 
+def transient(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING):
+    """A field that is not part of the JSON object (e.g. trace-time state): never written; a
+    file that has it is refused like any unknown key."""
+    return dataclasses.field(
+        default=default, default_factory=default_factory, repr=False, metadata={_TRANSIENT: True}
+    )
+
+
 def absent_keys() -> Any:
     """The field where ``from_json`` notes the :func:`later` keys a file lacked (not a key of
     the JSON object; not compared, not shown)."""
@@ -110,7 +120,7 @@ def to_json(record: Any) -> dict[str, Any]:
     fields = dataclasses.fields(record)
     lacked = next((getattr(record, f.name) for f in fields if f.metadata.get(_ABSENT_KEYS)), ())
     for f in fields:
-        if f.metadata.get(_ABSENT_KEYS):
+        if f.metadata.get(_ABSENT_KEYS) or f.metadata.get(_TRANSIENT):
             continue
         value = getattr(record, f.name)
         if value is ABSENT or (f.name in lacked and value == _default(f)):
@@ -156,7 +166,11 @@ def from_json(cls: type[R], data: Any, where: str = "") -> R:
             f"got {type(data).__name__}"
         )
     all_fields = dataclasses.fields(cls)
-    fields = {f.name: f for f in all_fields if f.init and not f.metadata.get(_ABSENT_KEYS)}
+    fields = {
+        f.name: f
+        for f in all_fields
+        if f.init and not f.metadata.get(_ABSENT_KEYS) and not f.metadata.get(_TRANSIENT)
+    }
     tracker = next((f.name for f in all_fields if f.metadata.get(_ABSENT_KEYS)), None)
     unknown = [k for k in data if k not in fields]
     if unknown:

@@ -360,3 +360,39 @@ def test_a_line_that_is_not_an_event_is_malformed(tmp_path):
         "event": "harness_error",
         "message": "m",
     }
+
+
+# ---- checkpoint sites and wait sites ------------------------------------------------------------
+COREDUMP = ROOT / "tests" / "data" / "coredump"
+
+
+def _json_any(path: Path) -> Any:
+    return json.loads((gzip.open(path, "rt") if path.suffix == ".gz" else path.open()).read())
+
+
+def test_recorded_checkpoint_and_wait_sites_round_trip():
+    """The checkpoint and wait sites of the H200 coredump captures (wait sites written before
+    pipeline_index and via existed) read as their types and write back key for key."""
+    from cutedebug.instrument.checkpoint import CheckpointSite
+    from cutedebug.instrument.waitsites import WaitSite
+
+    files = sorted(COREDUMP.glob("h200/*/facts.json")) + sorted(COREDUMP.glob("h200-runs/*.gz"))
+    lists = [_json_any(p) for p in sorted(COREDUMP.glob("*.wait_sites.json"))]
+    n_cp = n_ws = 0
+    for p in files:
+        facts = _json_any(p)
+        for d in facts["checkpoint_sites"]:
+            assert CheckpointSite.from_json(d).to_json() == d
+            n_cp += 1
+        lists.append(facts["wait_sites"])
+    for sites in lists:
+        for d in sites:
+            ws = WaitSite.from_json(d)
+            assert ws.to_json() == d and ws.via == "" and ws.pipeline_index is None
+            n_ws += 1
+    assert n_cp > 100 and n_ws > 100
+    with pytest.raises(RecordError, match=r"field 'frames' unknown \(CheckpointSite\)"):
+        CheckpointSite.from_json(dict(d_cp := facts["checkpoint_sites"][0], frames=[]))
+    assert "frames" not in CheckpointSite.from_json(d_cp).to_json()  # trace-time only
+    with pytest.raises(RecordError, match=r"field 'line': expected int, got NoneType"):
+        WaitSite.from_json(dict(sites[0], line=None))

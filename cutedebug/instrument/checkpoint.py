@@ -56,9 +56,10 @@ import sys
 import threading
 import types
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
+from cutedebug import records
 from cutedebug.instrument import frames
 from cutedebug.instrument.probes import device_ids
 
@@ -142,9 +143,7 @@ def decode(buf: bytes | memoryview, cfg: MarkConfig, limit: int = 64) -> dict[st
     }
 
 
-# ---------------------------------------------------------------------------------------------
-# Sites
-# ---------------------------------------------------------------------------------------------
+# ---- Sites ----------------------------------------------------------------------------------
 
 
 @dataclass
@@ -164,8 +163,8 @@ class CheckpointSite:
     code: str = ""
     loops: list[list[Any]] = field(default_factory=list)  # enclosing dynamic loops [file, line]
     explicit_role: str | None = None
-    frames: list[list[Any]] = field(default_factory=list, repr=False)  # [file, func] outer->inner
-    arms: list[list[Any]] = field(default_factory=list, repr=False)  # dynamic if arms, outer->inner
+    frames: list[list[Any]] = records.transient(default_factory=list)  # [file, func], outer first
+    arms: list[list[Any]] = records.transient(default_factory=list)  # dynamic if arms, outer first
 
     @property
     def where(self) -> str:
@@ -177,11 +176,11 @@ class CheckpointSite:
         return f"#{self.id} {what}{bar} ({self.where})"
 
     def to_json(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if k not in ("frames", "arms")}
+        return records.to_json(self)
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> CheckpointSite:
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+    def from_json(cls, data: Any, where: str = "") -> CheckpointSite:
+        return records.from_json(cls, data, where)
 
 
 def assign_roles(sites: list[CheckpointSite]) -> None:
@@ -240,9 +239,7 @@ def roles_of(sites: list[CheckpointSite]) -> dict[str, list[int]]:
     return {r: [s.id for s in sites if s.role in (r, "all")] for r in named}
 
 
-# ---------------------------------------------------------------------------------------------
-# Frames
-# ---------------------------------------------------------------------------------------------
+# ---- Frames ---------------------------------------------------------------------------------
 
 
 def _module_of(frame: Any) -> str:
@@ -316,9 +313,7 @@ def _static(v: Any) -> Any:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
-# ---------------------------------------------------------------------------------------------
-# Device side
-# ---------------------------------------------------------------------------------------------
+# ---- Device side ----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -371,9 +366,7 @@ def _banner(site: CheckpointSite) -> str:
     return text.replace("%", "%%").replace("{", "(").replace("}", ")")
 
 
-# ---------------------------------------------------------------------------------------------
-# Trace-time session
-# ---------------------------------------------------------------------------------------------
+# ---- Trace-time session ---------------------------------------------------------------------
 
 
 class Session:

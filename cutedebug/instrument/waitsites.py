@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
+from cutedebug import records
 from cutedebug.instrument import probes
 
 
@@ -43,8 +44,10 @@ class WaitSite:
     line: int = 0
     function: str = ""
     code: str = ""
-    pipeline_index: int | None = None  # the layer's identity (creation order)
-    via: str = ""  # a library wrapper line between the kernel's call and the wait
+    # added after the recorded H200 cores (tests/data/coredump): an older file reads the default
+    pipeline_index: int | None = records.later(None)  # the layer's identity (creation order)
+    via: str = records.later("")  # a library wrapper line between the kernel's call and wait
+    absent: frozenset[str] = records.absent_keys()
 
     @property
     def role(self) -> str:
@@ -55,11 +58,11 @@ class WaitSite:
         return "any"
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return records.to_json(self)
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> WaitSite:
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+    def from_json(cls, data: Any, where: str = "") -> WaitSite:
+        return records.from_json(cls, data, where)
 
 
 _STATIC = probes._static_int
