@@ -35,6 +35,10 @@ def test_the_key_follows_the_environment_but_not_its_volatile_part(monkeypatch):
     base = dict(os.environ)
     k0 = pool.key_of(pool.fingerprint(base))
     assert pool.key_of(pool.fingerprint({**base, "PWD": "/elsewhere", "SHLVL": "7"})) == k0
+    assert (
+        pool.key_of(pool.fingerprint({**base, "SSH_CONNECTION": "1 2 3 4", "TMUX_PANE": "%3"}))
+        == k0
+    )
     assert pool.key_of(pool.fingerprint({**base, lifeline.SESSION_VAR: "a b"})) == k0
     assert pool.key_of(pool.fingerprint({**base, "CUTE_DSL_ARCH": "sm_100a"})) != k0
     assert pool.key_of(pool.fingerprint({**base, "PYTHONPATH": "/other"})) != k0

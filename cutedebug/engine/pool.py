@@ -74,6 +74,18 @@ VOLATILE_ENV = frozenset(
         "TERM",
         "COLUMNS",
         "LINES",
+        "PS1",
+        "PROMPT_COMMAND",
+        "LS_COLORS",
+        "SSH_CLIENT",
+        "SSH_CONNECTION",
+        "SSH_TTY",
+        "TMUX",
+        "TMUX_PANE",
+        "STY",
+        "WINDOWID",
+        "TERM_SESSION_ID",
+        "XDG_SESSION_ID",
         "PYTEST_CURRENT_TEST",
     }
 )
