@@ -18,18 +18,21 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_forked_compile_matches_a_fresh_worker(tmp_path, shared_forkserver):
     sc = S.load(ROOT / "scenarios" / "minimal" / "spin_hang.toml")
     fresh = runner.run_scenario(sc, runs_root=tmp_path / "fresh", mode="compile")
-    t0 = time.monotonic()
     forked = runner.run_scenario(
         sc, runs_root=tmp_path / "forked", mode="compile", forkserver=shared_forkserver
     )
-    forked_s = time.monotonic() - t0
     assert forked.verdict is fresh.verdict is Verdict.UNSUPPORTED
     assert forked.expected and fresh.expected
     ptx_fresh = (fresh.run_dir / "kernel.ptx").read_text()
     ptx_forked = (forked.run_dir / "kernel.ptx").read_text()
     assert ptx_forked == ptx_fresh
-    # The forked worker skipped the imports a fresh one pays for.
-    assert forked_s < fresh.timings["total_s"]
+    # The forked worker skipped the imports a fresh one pays for (its own phase, from the
+    # report, not the call's wall time: that includes the shared server's start when this
+    # test is the first of its xdist worker to use it, and the machine's load)
+    assert forked.timings["imports_s"] < 0.5 * fresh.timings["imports_s"], (
+        forked.timings,
+        fresh.timings,
+    )
 
 
 def test_forked_worker_stuck_in_import_is_killed_and_swept(tmp_path, shared_forkserver):
