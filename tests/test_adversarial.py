@@ -612,7 +612,15 @@ def test_health_is_checked_on_the_killed_run_not_replaced_by_the_probe_rerun(tmp
         if probes is None:
             o.killed_by_watchdog = "deadline:launched:1s"
             return V.Classified(V.Verdict.HANG, "killed"), o, facts
-        o.events.append({"event": "probe_report", "stuck": [], "warps": []})
+        o.events.append(
+            {
+                "event": "probe_report",
+                "stuck": [],
+                "beacons": [],
+                "warps": [],
+                "n_stuck_reported": 0,
+            }
+        )
         return V.Classified(V.Verdict.PASS, "timing bug"), o, facts
 
     def fake_health(**kw):

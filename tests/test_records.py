@@ -396,3 +396,26 @@ def test_recorded_checkpoint_and_wait_sites_round_trip():
     assert "frames" not in CheckpointSite.from_json(d_cp).to_json()  # trace-time only
     with pytest.raises(RecordError, match=r"field 'line': expected int, got NoneType"):
         WaitSite.from_json(dict(sites[0], line=None))
+
+
+@pytest.mark.parametrize("case", ["wrong_expect_tx_plus", "missing_phase_flip_producer"])
+def test_recorded_probe_pictures_round_trip(case):
+    """The live pictures and the final probe report of the H200 run (written before
+    stuck_unlisted, beacons_unlisted and max_ctas existed) read as ProbePictures and write
+    back key for key; the snapshot they give keeps every stuck record."""
+    from cutedebug.event import Event
+    from cutedebug.instrument.probes import ProbePicture, snapshot_from_json
+
+    events = recorded_events(case)
+    pictures = [e["picture"] for e in events if e.get("picture")]
+    pictures += [Event.from_json(e).fields for e in events if e["event"] == "probe_report"]
+    assert pictures
+    for pic in pictures:
+        typed = ProbePicture.from_json(pic)
+        assert typed.to_json() == pic and "max_ctas" not in pic and typed.max_ctas == 0
+        assert len(typed.snapshot().stuck) == len(pic["stuck"])
+    report = [e for e in events if e["event"] == "probe_report"]
+    for e in report:  # a probe_report event reads as the picture it carries
+        assert snapshot_from_json(e).stuck == ProbePicture.from_json(pic).snapshot().stuck
+    with pytest.raises(RecordError, match=r"field 'n_stuck_reported' missing \(ProbePicture\)"):
+        ProbePicture.from_json({k: v for k, v in pictures[0].items() if k != "n_stuck_reported"})

@@ -99,7 +99,9 @@ class _Emitter:
         rec = Event(
             name=event,
             t=round(time.monotonic() - self.t0, 6),
-            fields={"pid": self.pid, "wall": round(time.time(), 3), **fields},
+            pid=self.pid,
+            wall=round(time.time(), 3),
+            fields=fields,
         ).to_json()
         data = (json.dumps(rec, default=str) + "\n").encode()
         with self.lock:

@@ -10,6 +10,7 @@ from collections import defaultdict
 from typing import Any
 
 from cutedebug.instrument.probe_host import (
+    ProbePicture,
     ProbeSnapshot,
     StuckRecord,
     WarpView,
@@ -35,18 +36,18 @@ def snapshot_to_json(
     beacons = _first_of_each_kind(
         snapshot.beacons, lambda b: (b.site_id, b.warp, b.stage, b.phase), max_items
     )
-    return {
-        "warps": warp_evidence(snapshot, by_id),
-        "stuck": [r.to_json() for r in stuck],
-        "beacons": [b.to_json() for b in beacons],
-        "stuck_unlisted": len(snapshot.stuck) - len(stuck) + snapshot.stuck_unlisted,
-        "beacons_unlisted": len(snapshot.beacons) - len(beacons) + snapshot.beacons_unlisted,
-        "progress_counter_total": snapshot.progress_counter_total,
-        "n_stuck_reported": snapshot.n_stuck_reported,
-        "header_magic": snapshot.header_magic,
-        "max_ctas": snapshot.max_ctas,
-        "diagnosis": diagnose(snapshot, by_id) if by_id or snapshot.stuck else [],
-    }
+    return ProbePicture(
+        warps=warp_evidence(snapshot, by_id),
+        stuck=stuck,
+        beacons=beacons,
+        stuck_unlisted=len(snapshot.stuck) - len(stuck) + snapshot.stuck_unlisted,
+        beacons_unlisted=len(snapshot.beacons) - len(beacons) + snapshot.beacons_unlisted,
+        progress_counter_total=snapshot.progress_counter_total,
+        n_stuck_reported=snapshot.n_stuck_reported,
+        header_magic=snapshot.header_magic,
+        max_ctas=snapshot.max_ctas,
+        diagnosis=diagnose(snapshot, by_id) if by_id or snapshot.stuck else [],
+    ).to_json()
 
 
 def _first_of_each_kind(items: list, kind: Any, limit: int) -> list:

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from cutedebug import records
+from cutedebug.event import Event
 from cutedebug.instrument.probe_layout import (
     BLOCK_MASK,
     HEADER_FMT,
@@ -215,20 +217,54 @@ def detect_stall(snapshots: list[tuple[float, ProbeSnapshot]], stall_s: float) -
     return det._since if stalled else None
 
 
-def snapshot_from_json(d: dict[str, Any]) -> ProbeSnapshot:
-    """A probe picture (``snapshot_to_json``, or a core's) as a snapshot; its stuck records and
-    beacons are read strictly (RecordError naming the field)."""
-    stuck = [StuckRecord.from_json(r, f"stuck[{i}]") for i, r in enumerate(d.get("stuck", []))]
-    return ProbeSnapshot(
-        stuck=stuck,
-        beacons=[Beacon.from_json(b, f"beacons[{i}]") for i, b in enumerate(d.get("beacons", []))],
-        progress_counter_total=d.get("progress_counter_total", 0),
-        n_stuck_reported=d.get("n_stuck_reported", len(stuck)),
-        header_magic=d.get("header_magic", 0),
-        max_ctas=d.get("max_ctas", 0),
-        stuck_unlisted=d.get("stuck_unlisted", 0),
-        beacons_unlisted=d.get("beacons_unlisted", 0),
-    )
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProbePicture:
+    """A probe snapshot as it travels: a ``progress`` event's ``picture``, a ``probe_report``
+    event's payload (probe_diagnosis.snapshot_to_json), or a GPU core's picture (its own
+    ``sites`` and stuck-map ``lines``; analyses/coredump_evidence.py). Keys the older
+    recordings or a core's picture lack are records.later: read as the default, not written."""
+
+    warps: list[dict[str, Any]] = records.later(default_factory=list)  # warp_evidence rows
+    stuck: list[StuckRecord]
+    beacons: list[Beacon]
+    stuck_unlisted: int = records.later(0)  # decoded, left out of a bounded picture
+    beacons_unlisted: int = records.later(0)
+    progress_counter_total: int = records.later(0)
+    n_stuck_reported: int  # counted on the device (may exceed the records kept)
+    header_magic: int = records.later(0)
+    max_ctas: int = records.later(0)
+    diagnosis: list[str] = records.later(default_factory=list)
+    sites: list[Site] | None = records.optional(None)  # a core's picture: its site table
+    lines: list[str] | None = records.optional(None)  # a core's picture: its footnote
+    after_cuda_error: bool = records.optional(False)  # probe_report: read after a fault
+    absent: frozenset[str] = records.absent_keys()
+
+    def to_json(self) -> dict[str, Any]:
+        return records.to_json(self)
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "") -> ProbePicture:
+        return records.from_json(cls, data, where)
+
+    def snapshot(self) -> ProbeSnapshot:
+        return ProbeSnapshot(
+            stuck=list(self.stuck),
+            beacons=list(self.beacons),
+            progress_counter_total=self.progress_counter_total,
+            n_stuck_reported=self.n_stuck_reported,
+            header_magic=self.header_magic,
+            max_ctas=self.max_ctas,
+            stuck_unlisted=self.stuck_unlisted,
+            beacons_unlisted=self.beacons_unlisted,
+        )
+
+
+def snapshot_from_json(d: Any) -> ProbeSnapshot:
+    """A probe picture (or a ``probe_report`` event, whose payload is one) as a snapshot, read
+    strictly (RecordError naming the field)."""
+    if isinstance(d, Mapping) and "event" in d:
+        d = Event.from_json(dict(d)).fields
+    return ProbePicture.from_json(d).snapshot()
 
 
 # ---------------------------------------------------------------------------------------------
