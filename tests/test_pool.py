@@ -99,6 +99,31 @@ def test_pool_start_with_a_bad_idle_time_is_a_usage_error():
     assert "idle time '0'" in r.stderr and "(0, 86400]" in r.stderr
 
 
+@pytest.mark.parametrize(
+    "env, argv",
+    [
+        ({pool.IDLE_VAR: "abc"}, ["pool", "start"]),
+        ({pool.IDLE_VAR: "-1", pool.WARM_VAR: "1"}, ["run", "--compile-only", str(CLEAN)]),
+        ({pool.WARM_VAR: "maybe"}, ["run", "--compile-only", str(CLEAN)]),
+        ({pool.WARM_VAR: "maybe"}, ["exec", "--", sys.executable, "-c", "pass"]),
+    ],
+)
+def test_a_bad_pool_variable_is_a_usage_error_naming_it(env, argv, tmp_path):
+    """A mistyped CUTEDEBUG_POOL_IDLE_S / CUTEDEBUG_WARM is the user's input: exit 2 naming
+    the variable, not a harness error (exit 3, 'no server could be started') nor ignored."""
+    r = subprocess.run(
+        [sys.executable, "-m", "cutedebug", *argv],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT), pool.DIR_VAR: str(tmp_path / "p"), **env},
+    )
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert next(iter(env if len(env) == 1 else [pool.IDLE_VAR])) in r.stderr
+    assert not (tmp_path / "p").exists() or not list((tmp_path / "p").glob("pool-*.sock"))
+
+
 # ---- with servers -------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def pool_env():

@@ -113,7 +113,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     results = []
     # The warm pool's server when there is one for this environment (engine/pool.py); else
     # many runs in a row share a fork server that has imported torch and cutlass once.
-    warm = pool.warm_choice(args.warm)
+    try:
+        warm = pool.warm_choice(args.warm)
+        if warm:
+            pool.idle_seconds(None)  # CUTEDEBUG_POOL_IDLE_S, for the server this may start
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     fs = pool.client(start=True) if warm else None if warm is False else pool.client(start=False)
     if fs is None and warm:
         print(

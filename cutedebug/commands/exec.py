@@ -163,6 +163,12 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
                 "kernel), not a patch: exec can only inject patch faults; allowed: "
                 f"{sorted(n for n, f in faults.FAULTS.items() if f.kind == 'patch')}"
             )
+    from cutedebug.engine import pool
+
+    try:
+        pool.warm_choice(None)  # CUTEDEBUG_WARM, read again by the health check after a kill
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     for name in ("deadline", "wait_budget_ms", "stall"):
         v = getattr(args, name, None)
         if v is not None and v <= 0:

@@ -27,7 +27,8 @@ def _idle(text: str) -> float:
 def cmd_start(args: argparse.Namespace) -> int:
     try:
         d = pool.pool_dir()
-    except pool.PoolError as e:
+        pool.idle_seconds(args.idle)  # --idle is checked already; CUTEDEBUG_POOL_IDLE_S here
+    except (pool.PoolError, ValueError) as e:
         raise UsageError(str(e)) from None
     c = pool.client(start=True, idle_s=args.idle)
     if c is None:

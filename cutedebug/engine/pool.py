@@ -187,7 +187,8 @@ def idle_seconds(value: str | float | None) -> float:
     except (TypeError, ValueError):
         secs = -1.0
     if not 0 < secs <= MAX_IDLE_S:
-        raise ValueError(f"idle time {raw!r}: a number of seconds in (0, {MAX_IDLE_S:g}]")
+        where = f" ({IDLE_VAR})" if value is None else ""
+        raise ValueError(f"idle time {raw!r}{where}: a number of seconds in (0, {MAX_IDLE_S:g}]")
     return secs
 
 
@@ -447,7 +448,7 @@ def kill_server(paths: Paths) -> int | None:
 # ---- what the commands call ------------------------------------------------------------------
 def warm_choice(flag: bool | None) -> bool | None:
     """--warm / --no-warm, else CUTEDEBUG_WARM ("1" start on demand, "0" never); None: use a
-    running server, start none."""
+    running server, start none. ValueError naming the variable for any other value of it."""
     if flag is not None:
         return flag
     raw = os.environ.get(WARM_VAR, "").strip().lower()
@@ -455,6 +456,11 @@ def warm_choice(flag: bool | None) -> bool | None:
         return True
     if raw in ("0", "false", "no", "off"):
         return False
+    if raw:
+        raise ValueError(
+            f"{WARM_VAR}={os.environ[WARM_VAR]!r}: allowed 1/true/yes/on, 0/false/no/off, "
+            "or unset (use a running pool server, start none)"
+        )
     return None
 
 
