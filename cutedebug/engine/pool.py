@@ -406,6 +406,7 @@ def _start_server(paths: Paths, key: str, idle_s: float) -> None:
             cwd=str(REPO_ROOT),
             start_new_session=True,
         )
+    _STARTED.append(proc)  # kept (no "still running" warning when it is collected), never waited
     end = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < end:
         meta = read_meta(paths.meta)
@@ -416,6 +417,9 @@ def _start_server(paths: Paths, key: str, idle_s: float) -> None:
         time.sleep(0.02)
     _kill_pid(proc.pid, tag)
     raise ForkServerError(f"pool server not ready in {READY_TIMEOUT_S:g} s (log: {paths.log})")
+
+
+_STARTED: list[subprocess.Popen] = []  # servers this process started (they outlive it)
 
 
 def _kill_pid(pid: int, tag: str) -> bool:
