@@ -69,6 +69,33 @@ def test_a_pool_folder_others_can_write_is_refused(tmp_path, monkeypatch):
     assert pool.client(start=True) is None  # a run then takes a fresh interpreter
 
 
+def test_a_plain_run_without_a_server_leaves_no_file(tmp_path, monkeypatch):
+    """`cutedebug run` (no --warm) looks for this environment's server: with none running it
+    creates neither the pool folder nor a lock file."""
+    missing = tmp_path / "never"
+    monkeypatch.setenv(pool.DIR_VAR, str(missing))
+    assert pool.client(start=False) is None and not missing.exists()
+    empty = tmp_path / "empty"
+    empty.mkdir(mode=0o700)
+    monkeypatch.setenv(pool.DIR_VAR, str(empty))
+    assert pool.client(start=False) is None and list(empty.iterdir()) == []
+
+
+def test_pool_stop_all_tidies_what_idle_servers_left(tmp_path, monkeypatch, capsys):
+    from cutedebug.commands import cli
+
+    d = tmp_path / "p"
+    d.mkdir(mode=0o700)
+    for name in ("pool-0123456789abcdef.lock", "pool-0123456789abcdef.log", "unrelated.txt"):
+        (d / name).write_text("")
+    monkeypatch.setenv(pool.DIR_VAR, str(d))
+    assert cli.main(["pool", "stop", "--all"]) == 0
+    assert "no server running" in capsys.readouterr().out
+    assert sorted(p.name for p in d.iterdir()) == ["unrelated.txt"]
+    monkeypatch.setenv(pool.DIR_VAR, str(tmp_path / "none"))
+    assert cli.main(["pool", "status"]) == 0 and not (tmp_path / "none").exists()
+
+
 def test_session_tags_are_rewritten_in_place_for_the_sweep():
     """A forked worker takes its command's session tags in the padded slot its server
     started with: /proc/PID/environ (what the sweep and the keeper read) shows them."""

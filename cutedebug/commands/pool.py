@@ -3,12 +3,14 @@ fork server that `cutedebug run` reuses across invocations.
 
     cutedebug pool start [--idle SECONDS]   start this environment's server (or keep the running one)
     cutedebug pool status [--json]          every server: pid, key, this environment's or not, runs
-    cutedebug pool stop [--all]             stop this environment's server (--all: every one)
+    cutedebug pool stop [--all]             stop this environment's server (--all: every one,
+                                            and the files of servers that exited when idle)
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
 
@@ -56,6 +58,9 @@ def cmd_start(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    if not pool.pool_dir_path().is_dir():  # never used here: nothing to list, nothing made
+        print("[]" if args.json else f"pool: no server running (folder {pool.pool_dir_path()})")
+        return exits.EXIT_OK
     try:
         rows = pool.servers()
     except pool.PoolError as e:
@@ -81,6 +86,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
+    if not pool.pool_dir_path().is_dir():
+        print("pool: no server running" + ("" if args.all else " for this environment"))
+        return exits.EXIT_OK
     try:
         if args.all:
             keys = [r["key"] for r in pool.servers()]
@@ -104,6 +112,9 @@ def cmd_stop(args: argparse.Namespace) -> int:
             status = exits.EXIT_HARNESS
     if not stopped:
         print("pool: no server running" + ("" if args.all else " for this environment"))
+    if args.all:
+        with contextlib.suppress(pool.PoolError):
+            pool.tidy()  # the locks and logs of servers that exited when idle
     return status
 
 

@@ -97,15 +97,19 @@ class PoolError(RuntimeError):
 
 
 # ---- where and what -------------------------------------------------------------------------
+def pool_dir_path() -> Path:
+    """Where the pool's files are (whether or not the folder exists)."""
+    if os.environ.get(DIR_VAR):
+        return Path(os.environ[DIR_VAR])
+    if os.environ.get("XDG_RUNTIME_DIR"):
+        return Path(os.environ["XDG_RUNTIME_DIR"]) / "cutedebug"
+    return Path("/tmp") / f"cutedebug-pool-{os.getuid()}"
+
+
 def pool_dir(create: bool = True) -> Path:
     """The user's private folder of pool servers (created 0700 when ``create``; PoolError
     when it is missing, not ours, or another user can write it)."""
-    if os.environ.get(DIR_VAR):
-        d = Path(os.environ[DIR_VAR])
-    elif os.environ.get("XDG_RUNTIME_DIR"):
-        d = Path(os.environ["XDG_RUNTIME_DIR"]) / "cutedebug"
-    else:
-        d = Path("/tmp") / f"cutedebug-pool-{os.getuid()}"
+    d = pool_dir_path()
     try:
         if create:
             d.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -285,6 +289,8 @@ class PoolClient:
         ``start``. False when there is none to use (none running and ``start`` false, or
         none could be started)."""
         t0 = time.monotonic()
+        if not start and not self.paths.sock.exists():
+            return False  # nothing to use or replace: no lock file either
         try:
             with _start_lock(self.paths.lock):
                 state = self._connect()
@@ -534,5 +540,20 @@ def stop(key: str, timeout: float = 10.0) -> dict[str, Any]:
             how = "killed" if kill_server(paths) else how
         for p in (paths.sock, paths.meta):
             p.unlink(missing_ok=True)
+        for p in (paths.lock, paths.log):  # nothing of this server stays behind
+            p.unlink(missing_ok=True)
     left = [p.pid for p in lifeline.processes(tag)] if tag else []
     return {"key": key, "pid": pid, "how": how, "left": left}
+
+
+def tidy() -> list[str]:
+    """Remove the lock and log files of keys with no server (left by servers that exited
+    when idle); returns their names."""
+    d = pool_dir(create=False)
+    gone = []
+    for path in sorted([*d.glob("pool-*.lock"), *d.glob("pool-*.log")]):
+        key = path.stem.removeprefix("pool-")
+        if not Paths.of(d, key).sock.exists():
+            path.unlink(missing_ok=True)
+            gone.append(path.name)
+    return gone
