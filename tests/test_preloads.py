@@ -64,6 +64,9 @@ LIB = """
 import os
 with open(os.environ["PRELOAD_PROBE_OUT"], "a") as f:
     f.write(f"{os.getpid()}\\n")
+if os.environ.get("PRELOAD_PROBE_PRINT") == "1":  # a chatty library: Python and C level
+    print("preload_probe_lib: hello")
+    os.write(1, b"preload_probe_lib: hello from fd 1\\n")
 if os.environ.get("PRELOAD_PROBE_CUDA") == "1":
     import torch
     torch.cuda._initialized = True  # what an import that touched the GPU leaves behind
@@ -118,6 +121,32 @@ def test_forked_workers_find_the_library_imported_once_in_the_server(tmp_path, p
     ptx = [(r.run_dir / "kernel.ptx").read_text() for r in [fresh, *forked]]
     assert ptx[0] == ptx[1] == ptx[2]
     assert all(r.expected for r in [fresh, *forked]), [r.reason for r in [fresh, *forked]]
+
+
+@pytest.mark.slow
+def test_a_library_that_prints_when_imported_does_not_break_the_servers_answers(
+    tmp_path, probe_lib, monkeypatch
+):
+    """The fork server answers on its stdout: what a preloaded library prints there (print or
+    a write to fd 1) goes to the server's log instead, and the runs still fork."""
+    sc, out = probe_lib
+    monkeypatch.setenv("PRELOAD_PROBE_PRINT", "1")
+    fs = runner.start_forkserver(tmp_path / "fs")
+    assert fs is not None
+    try:
+        server = fs.proc.pid
+        runs = [
+            runner.run_scenario(sc, runs_root=tmp_path / f"r{i}", mode="compile", forkserver=fs)
+            for i in range(2)
+        ]
+        assert fs.proc.pid == server  # not restarted
+    finally:
+        fs.close()
+    assert out.read_text().split() == [str(server)]
+    for r in runs:
+        assert r.expected and "forkserver_error" not in r.evidence, r.reason
+    log = (tmp_path / "fs" / "forkserver.log").read_text()
+    assert "preload_probe_lib: hello" in log and "hello from fd 1" in log
 
 
 @pytest.mark.slow

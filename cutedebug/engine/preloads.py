@@ -18,9 +18,12 @@ client restarts it without preloads (:class:`cutedebug.engine.forkserver.ForkSer
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib
 import json
+import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +72,8 @@ class Preloader:
                 continue
             self.done.add(name)
             try:
-                importlib.import_module(name)
+                with _stdout_to_stderr():
+                    importlib.import_module(name)
             except Exception as e:  # noqa: BLE001  (the worker imports it again and says why)
                 print(
                     f"fork server: preloading {name} failed ({type(e).__name__}: {e}); "
@@ -82,6 +86,23 @@ class Preloader:
                 print(f"fork server: {self.cuda_error}; preloading stops", file=sys.stderr)
                 break
         return self.cuda_error
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """The fork server answers on its stdout: what an import prints (``print`` or a write to
+    fd 1 from C) goes to stderr, the server's log, instead."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _cuda_initialized() -> bool:
