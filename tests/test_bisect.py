@@ -767,3 +767,28 @@ def test_probes_do_not_change_the_site_numbering(path, entry, params, fault, arg
     with probes.instrument(probes.ProbeConfig(), C.FAKE_ADDR):
         _, probed = compile_variant(path, entry, params, None, fault=fault, fault_args=args)
     assert _keys(probed) == _keys(plain) and len(plain) >= 3
+
+
+@pytest.mark.parametrize("verdict, rc", [("UNSUPPORTED", 4), ("PASS", 1)])
+def test_bisect_exit_status_when_the_baseline_did_not_hang(monkeypatch, tmp_path, verdict, rc):
+    """A baseline that could not run here (no GPU, another arch) is exit 4, as for `run`;
+    one that ran and did not hang is not as expected (1)."""
+    from cutedebug.commands import bisect as bisect_cmd
+    from cutedebug.commands import cli
+
+    path = ROOT / "scenarios" / "bisect" / "flag_spin_never_set.toml"
+
+    def fake(sc, runs_root, **kw):
+        run_dir = Path(runs_root) / "b"
+        run_dir.mkdir(parents=True)
+        res = B.BisectResult(
+            scenario=sc,
+            run_dir=run_dir,
+            baseline={"verdict": verdict, "reason": "r", "dir": "baseline"},
+            status="nothing_to_bisect",
+            reason=f"the baseline run is {verdict}, not HANG: r",
+        )
+        return res
+
+    monkeypatch.setattr(bisect_cmd.B, "bisect", fake)
+    assert cli.main(["bisect", str(path), "--runs-dir", str(tmp_path)]) == rc
