@@ -93,3 +93,24 @@ def test_unknown_step_is_an_error_naming_the_steps(capsys):
         gpu_pending.main(["--out", "/tmp/x", "nope"])
     assert e.value.code == 2
     assert "unknown step(s) nope" in capsys.readouterr().err
+
+
+def test_the_matrix_copy_keeps_every_scenarios_kernel_path(tmp_path):
+    """The triage and xdist steps run a copy of the sm_90 families; their TOML files name
+    `../../kernels/X.py`, so the copy must sit one level below the repository root (a copy
+    under /tmp made every scenario INVALID: 'no such file (/kernels/...)')."""
+    import subprocess
+
+    from cutedebug.engine import scenario as S
+
+    for d in ("scenarios", "kernels"):
+        (tmp_path / d).symlink_to(ROOT / d)
+    copy = gpu_pending._matrix_copy(gpu_pending.MATRIX_DIR)
+    for name in ("triage", "xdist"):
+        step = gpu_pending.BY_NAME[name].command
+        assert step.startswith(copy) and f" {gpu_pending.MATRIX_DIR} " in step, name
+    subprocess.run(["bash", "-c", copy], cwd=tmp_path, check=True)
+    tomls = sorted((tmp_path / gpu_pending.MATRIX_DIR).rglob("*.toml"))
+    assert {p.parent.name for p in tomls} == set(gpu_pending.FAMILIES)
+    for p in tomls:
+        S.load(p)  # ScenarioError naming the field if its kernel file does not resolve

@@ -67,8 +67,14 @@ def _toml(names: list[str]) -> str:
     return " ".join(f"{S}/{n}.toml" for n in names)
 
 
+# The copy of the sm_90 families: a folder directly under the repository root (the steps run
+# there), so each TOML's `../../kernels/X.py` still names the project's kernel file.
+MATRIX_DIR = "matrix_sm90"
+
+
 def _matrix_copy(dest: str) -> str:
     """Copy the sm_90 families into one folder (triage and pytest take one directory)."""
+    assert "/" not in dest, "one level below the repository root: ../../kernels must resolve"
     dirs = " ".join(f"{S}/{d}" for d in FAMILIES)
     return f"rm -rf {dest}; mkdir -p {dest}; cp -r {dirs} {dest}/"
 
@@ -113,8 +119,9 @@ STEPS = [
         "17,21,22,23",
         240,
         False,
-        _matrix_copy("/tmp/m")
-        + "; s=$(date +%s.%N); python3 -m cutedebug triage /tmp/m --out /tmp/tri --gpus all; "
+        _matrix_copy(MATRIX_DIR)
+        + f"; s=$(date +%s.%N); python3 -m cutedebug triage {MATRIX_DIR} --out /tmp/tri "
+        "--gpus all; "
         "echo rc=$?; python3 -c \"import time,sys; print('triage wall %.1f s' % "
         '(time.time()-float(sys.argv[1])))" $s; cp /tmp/tri/matrix.md $STEP_OUT/; '
         "gzip -c /tmp/tri/matrix.json > $STEP_OUT/matrix.json.gz; "
@@ -126,8 +133,8 @@ STEPS = [
         "23",
         280,
         False,
-        _matrix_copy("/tmp/mx")
-        + "; python3 -m pytest -n 1 --dist worksteal -q -p no:cacheprovider /tmp/mx "
+        _matrix_copy(MATRIX_DIR)
+        + f"; python3 -m pytest -n 1 --dist worksteal -q -p no:cacheprovider {MATRIX_DIR} "
         "--junitxml=$STEP_OUT/pytest-n1.xml; echo rc=$?; "
         "python3 tools/compare_verdicts.py /tmp/tri $STEP_OUT/pytest-n1.xml",
         "pytest -n 1 over the same matrix, compared with the triage step's verdicts",
