@@ -284,6 +284,9 @@ def test_a_no_op_commit_the_kernel_never_calls_is_not_paired(ring, venv):
     assert f"producer_commit of ExchangePipeline is a no-op method (pipeline.py:{line})" in (
         noop.message
     )
+    # lane 0 arrives through producer_get_barrier's pointer, which the layer does not trace:
+    # the finding says so rather than vouch for the barrier
+    assert "not traced" in noop.message and "consumer_wait hangs" in noop.message
     (rec,) = ring.proto.pipelines.values()
     assert rec.noop_ops == {"producer_commit": f"pipeline.py:{line}"}
 

@@ -263,7 +263,8 @@ def _noop_commit(proto: Protocol, key: str, rec: Any, acquire: Event) -> Finding
     by = (
         f"{armed[0].kind} on its barrier at {armed[0].where()}"
         if armed
-        else "code outside the pipeline's methods"
+        else "code outside the pipeline's methods that was not traced (e.g. a raw arrive "
+        "through producer_get_barrier; if nothing arrives there, consumer_wait hangs)"
     )
     return _f(
         "info",
