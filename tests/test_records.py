@@ -306,7 +306,9 @@ def test_findings_of_the_h200_sanitizer_captures_round_trip():
             data = json.loads(json.dumps(f.to_json()))
             assert Finding.from_json(data) == f and Finding.from_json(data).to_json() == data
             n += 1
-        result = make_result(tool, ["python", "w.py"], findings, read_source=lambda f, ln: None)
+        result = make_result(
+            tool, ["python", "w.py"], findings, read_source=lambda f, ln: None
+        ).to_json()
         for key in ("groups", "filtered_groups"):
             for g in result[key]:
                 assert GroupRecord.from_json(g).to_json() == g
@@ -317,6 +319,58 @@ def test_findings_of_the_h200_sanitizer_captures_round_trip():
         Finding.from_json(dict(sample, threads=[[0, 1]]))
     with pytest.raises(RecordError, match=r"field 'severity' missing \(Finding\)"):
         Finding.from_json({k: v for k, v in sample.items() if k != "severity"})
+
+
+# ---- sanitize.json ----------------------------------------------------------------------------
+# No H200 session kept a sanitize.json; these two were written by `cutedebug sanitize` before
+# the result was typed (commit 69b7e67), from the H200 captures replayed by the fake
+# compute-sanitizer (tests/data/sanitizer/README.md): a racecheck run with its plain run, and a
+# memcheck run with --shrink.
+SANITIZE_JSON = sorted((ROOT / "tests" / "data" / "sanitizer" / "recorded").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", SANITIZE_JSON, ids=lambda p: p.name)
+def test_a_recorded_sanitize_json_round_trips_byte_for_byte(path):
+    """Each tool's result of a sanitize.json written before the result was typed reads as a
+    ToolResult (shrink, groups and noise counts typed) and the file writes back byte for
+    byte through the command's own writer."""
+    from cutedebug.analyses.sanitizer.result import KernelSeconds, NoiseCount, ToolResult
+    from cutedebug.analyses.sanitizer.shrink import ShrinkResult
+    from cutedebug.analyses.sanitizer.triage import GroupRecord
+    from cutedebug.commands.sanitize import dump_summary
+
+    text = path.read_text()
+    summary = json.loads(text)
+    tools = {t: ToolResult.from_json(r) for t, r in summary["tools"].items()}
+    assert dump_summary({**summary, "tools": tools}) == text
+    for data, res in zip(summary["tools"].values(), tools.values()):
+        assert ToolResult.from_json(res.to_json()) == res
+        assert list(res.to_json()) == list(data)  # the keys in the order they were written
+        assert all(isinstance(g, GroupRecord) for g in res.groups + res.filtered_groups)
+        assert all(isinstance(n, NoiseCount) for n in res.filtered)
+        assert isinstance(res.kernel_seconds, KernelSeconds)
+        assert res.shrink is None or isinstance(res.shrink, ShrinkResult)
+        assert res.verdict == data["verdict"] and res.records == data["records"]
+    one = next(iter(summary["tools"].values()))
+    with pytest.raises(RecordError, match=r"field 'verdict': 'MAYBE' is not a sanitize verdict"):
+        ToolResult.from_json(dict(one, verdict="MAYBE"))
+    with pytest.raises(RecordError, match=r"field 'kernel_seconds.slowdown' missing"):
+        ToolResult.from_json(dict(one, kernel_seconds={"sanitized": 1.0, "plain": None}))
+    with pytest.raises(RecordError, match=r"field 'filtered\[0\].count': expected int"):
+        ToolResult.from_json(dict(one, filtered=[{"reason": "x", "count": "1"}]))
+
+
+def test_a_result_made_from_a_capture_alone_leaves_the_run_keys_out():
+    """make_result's record (no worker run) writes only its own keys, as it always did, and
+    reads back equal."""
+    from cutedebug.analyses import sanitizer as san
+    from cutedebug.analyses.sanitizer.result import ToolResult, make_result
+
+    findings = san.parse_xml(SANITIZER_H200 / "racecheck_raw.xml", "racecheck")
+    res = make_result("racecheck", ["cs"], findings, read_source=lambda f, ln: None)
+    data = json.loads(json.dumps(res.to_json()))
+    assert "sanitizer_class" not in data and "records" not in data and data["verdict"] == "RACE"
+    assert list(data)[-1] == "other_kernels" and ToolResult.from_json(data) == res
 
 
 # ---- events ----------------------------------------------------------------------------------

@@ -487,8 +487,8 @@ def test_real_api_noise_filtered_with_reason():
     assert san.parse_summary(stdout) == {"errors": 34}
     assert [f.api for f in san.parse_text(stdout, "memcheck")] == ["cuGetProcAddress_v2"] * 34
     result = san.make_result("memcheck", ["cs"], found)
-    assert result["verdict"] == "CLEAN"
-    assert result["filtered"] == [{"reason": san.NOISE_PROC_ADDRESS, "count": 34}]
+    assert result.verdict == "CLEAN"
+    assert result.to_json()["filtered"] == [{"reason": san.NOISE_PROC_ADDRESS, "count": 34}]
     assert sanitize_report.noise_cell(result) == "34 api-probing"
 
 
@@ -786,11 +786,11 @@ def test_tma_hazard_filtered_by_source_line(tmp_path):
     assert kept == [tma, plain] and filtered == []
     on = san.make_result("racecheck", ["cs"], [tma, plain])
     off = san.make_result("racecheck", ["cs"], [tma, plain], tma_filter=False)
-    assert [g["kind"] for g in on["groups"]] == ["RAW_HAZARD"] and sanitize_report.noise_cell(
+    assert [g.kind for g in on.groups] == ["RAW_HAZARD"] and sanitize_report.noise_cell(
         on
     ) == "1 tma"
-    assert [g["kind"] for g in off["groups"]] == ["WAR_HAZARD", "RAW_HAZARD"]
-    assert (off["tma_filter"], sanitize_report.noise_cell(off)) == (False, "0")
+    assert [g.kind for g in off.groups] == ["WAR_HAZARD", "RAW_HAZARD"]
+    assert (off.tma_filter, sanitize_report.noise_cell(off)) == (False, "0")
 
 
 def test_real_race_is_not_taken_for_tma():
@@ -923,7 +923,8 @@ def test_make_result_and_markdown():
         xml_path="/tmp/r.xml",
         read_source=read_here,
     )
-    assert json.loads(json.dumps(result)) == result  # JSON-able as is
+    assert san.ToolResult.from_json(json.loads(json.dumps(result.to_json()))) == result
+    data, result = result, result.to_json()  # the JSON object, as sanitize.json holds it
     assert result["verdict"] == "RACE"
     assert result["slowdown"] == pytest.approx(8.0)
     # filtered counts are records: 2 probing errors, 1 analysis record (of 512 hazards)
@@ -937,7 +938,7 @@ def test_make_result_and_markdown():
     assert g["lines"][1]["source"] == "y[tid] = buf[(tid + 32) % THREADS]  # RACE_READ"
     assert result["reproduce"].startswith("CUTE_DSL_LINEINFO=1 compute-sanitizer --tool racecheck")
 
-    md = sanitize_report.render_markdown(result)
+    md = sanitize_report.render_markdown(data)
     tldr = next(ln for ln in md.splitlines() if ln.startswith("**TL;DR**"))
     assert "racecheck → **RACE**" in tldr
     assert "RAW_HAZARD at race_smem.py:28 / race_smem.py:31" in tldr
@@ -953,7 +954,7 @@ def test_make_result_and_markdown():
 def test_markdown_clean_run():
     result = san.make_result("memcheck", ["cs", "w"], [], sanitizer_seconds=3.0)
     md = sanitize_report.render_markdown(result)
-    assert result["verdict"] == "CLEAN"
+    assert result.verdict == "CLEAN"
     assert "no findings after noise filtering" in md and "- none" in md
 
 
@@ -1071,7 +1072,7 @@ def test_markdown_reports_shrink_sizes_and_times():
     ticks = iter(range(0, 10_000, 3))
     res = san.shrink({"n": 4096}, ("n",), FakeRun(threshold=129), clock=lambda: next(ticks))
     result = san.make_result("memcheck", ["cs", "w"], [oob_at()], shrink_result=res)
-    assert result["shrink"]["shrunk"] == {"n": 129}
+    assert result.to_json()["shrink"]["shrunk"] == {"n": 129}
     md = sanitize_report.render_markdown(result)
     section = md[md.index("## Shrunk") : md.index("## Reproduce")]
     assert "original {'n': 4096} (3.0 s)" in section
@@ -1200,7 +1201,15 @@ def sanitize(fake, case, mode, *args, env=None, timeout=300):
 def report(proc) -> tuple[dict, str]:
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("report: "))
     md = Path(line.split("report: ", 1)[1])
-    return json.loads((md.parent / "sanitize.json").read_text()), md.read_text()
+    text = (md.parent / "sanitize.json").read_text()
+    summary = json.loads(text)
+    # every tool's result reads back as its record and the file writes back byte for byte
+    typed = {
+        **summary,
+        "tools": {t: san.ToolResult.from_json(r) for t, r in summary["tools"].items()},
+    }
+    assert cmd.dump_summary(typed) == text
+    return summary, md.read_text()
 
 
 def test_sanitize_racecheck_finds_the_captured_race(fake_sanitizer, tmp_path):

@@ -72,7 +72,7 @@ def test_mixed_capture_verdict_from_the_kernel_under_test_only():
         findings,
         read_source=read_here,
         kernel_names=[RACE_KERNEL],
-    )
+    ).to_json()
     assert res["verdict"] == "RACE"
     (g,) = res["groups"]
     assert (g["kind"], g["count"], g["kernel"]) == ("RAW_HAZARD", 1, RACE_KERNEL)
@@ -94,8 +94,8 @@ def test_mixed_capture_clean_kernel_is_clean_with_the_others_shown():
         read_source=read_here,
         kernel_names=[MINIMAL_KERNEL],
     )
-    assert res["verdict"] == san.CLEAN and res["groups"] == []
-    counts = {k["kernel"][:24]: k["count"] for k in res["other_kernels"]}
+    assert res.verdict == san.CLEAN and res.groups == []
+    counts = {k["kernel"][:24]: k["count"] for k in res.other_kernels}
     assert counts == {RACE_KERNEL[:24]: 1, TORCH_FLASH[:24]: 3}
     md = sanitize_report.render_markdown(res)
     assert "**TL;DR** racecheck → **CLEAN**" in md

@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from cutedebug.analyses import sanitizer as san
+from cutedebug.analyses.sanitizer.result import ToolResult
 from cutedebug.commands import sanitize as cmd
 from cutedebug.commands.triage import detect_gpu
 from cutedebug.engine import scenario as S
@@ -74,7 +75,7 @@ def plan(targets: list[str], tools: str | None) -> list[tuple[Path, tuple[str, .
     return [(p, cmd.parse_tools(t)) for p, t in items]
 
 
-def row(sc_id: str, tool: str, res: dict | None, plain: dict | None) -> dict:
+def row(sc_id: str, tool: str, res: ToolResult | None, plain: dict | None) -> dict:
     if res is None:
         return {
             "scenario": sc_id,
@@ -89,19 +90,19 @@ def row(sc_id: str, tool: str, res: dict | None, plain: dict | None) -> dict:
             "kernel_slowdown": None,
             "worker_said": "-",
         }
-    kernel = (res.get("kernel_seconds") or {}).get("slowdown")
+    kernel = res.kernel_seconds.slowdown if res.kernel_seconds else None
     return {
         "scenario": sc_id,
         "tool": tool,
-        "verdict": res["verdict"],
+        "verdict": res.verdict,
         "findings": sanitize_report.findings_cell(res),
         "other_kernels": sanitize_report.others_cell(res),
         "noise_filtered": sanitize_report.noise_cell(res),
-        "sanitizer_s": res["sanitizer_seconds"],
-        "plain_s": res["plain_seconds"],
-        "slowdown": round(res["slowdown"], 1) if res.get("slowdown") else None,
+        "sanitizer_s": res.sanitizer_seconds,
+        "plain_s": res.plain_seconds,
+        "slowdown": round(res.slowdown, 1) if res.slowdown else None,
         "kernel_slowdown": round(kernel, 1) if kernel else None,
-        "worker_said": res["kernel_verdict"],
+        "worker_said": res.kernel_verdict,
     }
 
 

@@ -13,14 +13,14 @@ import os
 import shlex
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from cutedebug.analyses.sanitizer.attribution import attribute
 from cutedebug.analyses.sanitizer.findings import PARSE_FAILURE, Finding, source_line
 from cutedebug.analyses.sanitizer.parse import analyze
-from cutedebug.analyses.sanitizer.result import make_result
+from cutedebug.analyses.sanitizer.result import KernelSeconds, ToolResult, make_result
 from cutedebug.analyses.sanitizer.shrink import ShrinkResult, shrink
 from cutedebug.analyses.sanitizer.tool import (
     DEFAULT_PRINT_LIMIT,
@@ -34,6 +34,7 @@ from cutedebug.analyses.sanitizer.triage import CLEAN, filter_noise, group
 from cutedebug.commands import exits
 from cutedebug.engine.limits import limit_arg
 from cutedebug.engine.verdict import values
+from cutedebug.records import ABSENT, to_json_value
 from cutedebug.reporting.files import write_text
 from cutedebug.reporting.sanitize import (
     render_summary_markdown,
@@ -149,7 +150,7 @@ def tool_verdict(
 @dataclass
 class ToolRun:
     tool: str
-    result: dict[str, Any]
+    result: ToolResult
     findings: list[Finding]  # the kernel under test's (other kernels' are in the result only)
     seconds: float
 
@@ -235,7 +236,7 @@ def run_tool(
     findings, others = attribute(findings, names)
     records = len([f for f in findings if f.kind != PARSE_FAILURE])
     verdict, reason = tool_verdict(
-        result["verdict"],
+        result.verdict,
         classified.verdict.value,
         classified.reason,
         launched=outcome.event("launched") is not None,
@@ -246,29 +247,27 @@ def run_tool(
         other_records=len(others),
     )
     k_san, k_plain = _kernel_seconds(outcome), plain.get("kernel_seconds")
-    result.update(
-        {
-            "sanitizer_class": result["verdict"],
-            "verdict": verdict,
-            "reason": reason,
-            "kernel_verdict": classified.verdict.value,
-            "kernel_reason": classified.reason,
-            "killed_by_watchdog": outcome.killed_by_watchdog,
-            "deadline_scale": deadline_scale,
-            "run_dir": str(run_dir),
-            "worker_log": str(run_dir / "worker.log"),
-            "records": records,
-            "filtered_count": len(filtered),
-            "other_kernel_records": len(others),
-            "kernel_seconds": {
-                "sanitized": k_san,
-                "plain": k_plain,
-                "slowdown": k_san / k_plain if k_san and k_plain else None,
-            },
-        }
+    result = replace(
+        result,
+        sanitizer_class=result.verdict,
+        verdict=verdict,
+        reason=reason,
+        kernel_verdict=classified.verdict.value,
+        kernel_reason=classified.reason,
+        killed_by_watchdog=outcome.killed_by_watchdog,
+        deadline_scale=deadline_scale,
+        run_dir=str(run_dir),
+        worker_log=str(run_dir / "worker.log"),
+        records=records,
+        filtered_count=len(filtered),
+        other_kernel_records=len(others),
+        kernel_seconds=KernelSeconds(
+            sanitized=k_san,
+            plain=k_plain,
+            slowdown=k_san / k_plain if k_san and k_plain else None,
+        ),
+        reproduce_cutedebug=reproduce or ABSENT,
     )
-    if reproduce:
-        result["reproduce_cutedebug"] = reproduce
     return ToolRun(tool, result, list(findings), outcome.elapsed_s)
 
 
@@ -321,7 +320,7 @@ def shrink_tool(
         i = next(counter)
         sc = scenario.with_overrides(params=dict(p))
         tr = run_tool(sc, first.tool, Path(run_dir) / f"candidate{i:02d}", **run_kw)
-        if tr.result["verdict"] not in FINDING_VERDICTS:
+        if tr.result.verdict not in FINDING_VERDICTS:
             return []  # hung, never ran, unreadable: not "the same finding"
         return tr.findings
 
@@ -349,7 +348,7 @@ def sanitize_scenario(
     deadlock_timeout_s: int | None = None,
     reproduce: str = "",
     tma_filter: bool = True,
-    on_tool: Callable[[dict[str, Any]], None] | None = None,
+    on_tool: Callable[[ToolResult], None] | None = None,
 ) -> dict[str, Any]:
     """Plain run (for the slowdown), then one sanitized run per tool, then optional shrink."""
     run_dir = Path(run_dir).resolve()
@@ -370,13 +369,13 @@ def sanitize_scenario(
             on_tool(tr.result)
     shrunk = None
     if do_shrink:
-        first = next((r for r in runs if r.result["verdict"] in FINDING_VERDICTS), None)
+        first = next((r for r in runs if r.result.verdict in FINDING_VERDICTS), None)
         if first is not None:
             shrunk = shrink_tool(
                 scenario, first, run_dir / "shrink" / first.tool, max_runs=shrink_max_runs, **run_kw
             )
             if shrunk is not None:
-                first.result["shrink"] = json.loads(json.dumps(shrunk.to_json()))
+                first.result = replace(first.result, shrink=shrunk)
     return {
         "scenario": scenario.to_json(),
         "expected_verdict": scenario.expect.verdict,
@@ -385,6 +384,11 @@ def sanitize_scenario(
         "run_dir": str(run_dir),
         "reproduce": reproduce,
     }
+
+
+def dump_summary(summary: Mapping[str, Any]) -> str:
+    """sanitize.json's text: the summary with each tool's ``ToolResult`` as its JSON object."""
+    return json.dumps(to_json_value(summary), indent=1, default=str)
 
 
 def as_expected(expected: str, verdicts: Mapping[str, str]) -> bool:
@@ -473,9 +477,9 @@ def cmd_sanitize(args: Any) -> int:
     run_dir = runner.new_run_dir(sc, args.runs_dir).resolve() / "sanitize"
     run_dir.mkdir(parents=True, exist_ok=True)
 
-    def progress(r: Mapping[str, Any]) -> None:
+    def progress(r: ToolResult) -> None:
         print(
-            f"{r['tool']}: {r['verdict']} — {top_line(r)} ({secs(r.get('sanitizer_seconds'))})",
+            f"{r.tool}: {r.verdict} — {top_line(r)} ({secs(r.sanitizer_seconds)})",
             flush=True,
         )
 
@@ -494,29 +498,24 @@ def cmd_sanitize(args: Any) -> int:
         tma_filter=args.tma_filter,
         on_tool=progress,
     )
-    verdicts = {t: r["verdict"] for t, r in summary["tools"].items()}
+    verdicts = {t: r.verdict for t, r in summary["tools"].items()}
     ok, verdict_line = judge(
         summary["expected_verdict"], verdicts, (summary.get("plain") or {}).get("verdict")
     )
     summary["as_expected"] = ok
     json_path, md_path = run_dir / "sanitize.json", run_dir / "sanitize.md"
-    write_text(json_path, json.dumps(summary, indent=1, default=str))
-    _, verdict_line = judge(
-        summary["expected_verdict"],
-        {t: r["verdict"] for t, r in summary["tools"].items()},
-        (summary.get("plain") or {}).get("verdict"),
-    )
+    write_text(json_path, dump_summary(summary))
     write_text(md_path, render_summary_markdown(summary, verdict_line))
     for r in summary["tools"].values():
-        if r.get("shrink"):
-            s = r["shrink"]
-            print(f"  shrunk {s['original']} → {s['shrunk']} in {len(s['runs'])} run(s)")
+        if r.shrink:
+            s = r.shrink
+            print(f"  shrunk {s.original} → {s.shrunk} in {len(s.runs)} run(s)")
     plain = summary.get("plain")
     if plain:
         print(f"plain run: {plain['verdict']} ({secs(plain['seconds'])})")
     print(verdict_line)
     print(f"report: {md_path}")
-    ours = [t for t, r in summary["tools"].items() if r["verdict"] == "HARNESS_ERROR"]
+    ours = [t for t, r in summary["tools"].items() if r.verdict == "HARNESS_ERROR"]
     if ours or (plain or {}).get("verdict") == "HARNESS_ERROR":
         return exits.EXIT_HARNESS  # a bug of ours, not the kernel's
     return EXIT_NOT_AS_EXPECTED if ok is False else EXIT_OK

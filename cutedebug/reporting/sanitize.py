@@ -1,7 +1,7 @@
 """compute-sanitizer reports: one tool's triage report (Markdown) and `cutedebug sanitize`'s
 summary (report.md), plus the short table cells the GPU tables reuse. The results they read
-are built by ``cutedebug.analyses.sanitizer.result.make_result`` and
-``cutedebug.commands.sanitize``; kernel names, source lines, messages and commands are
+are ``ToolResult`` records (``cutedebug.analyses.sanitizer.result``: ``make_result``, then
+``cutedebug.commands.sanitize`` adds the worker run's keys); kernel names, source lines, messages and commands are
 escaped."""
 
 from __future__ import annotations
@@ -10,23 +10,24 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from cutedebug.analyses.sanitizer.result import ToolResult
 from cutedebug.analyses.sanitizer.triage import (
     CLEAN,
     NOISE_ANALYSIS_DUP,
     NOISE_PROC_ADDRESS,
     NOISE_TMA,
+    GroupRecord,
+    SourceLine,
 )
 from cutedebug.engine.verdict import values
+from cutedebug.records import present
 from cutedebug.reporting.escape import md_block, md_code, md_text
 
 FINDING_VERDICTS = values(lambda v: v.is_sanitizer_finding)
 
 
-def where_lines(lines: Sequence[Mapping[str, Any]]) -> str:
-    parts = []
-    for ln in lines:
-        if ln.get("file"):
-            parts.append(f"{os.path.basename(ln['file'])}:{ln.get('line')}")
+def where_lines(lines: Sequence[SourceLine]) -> str:
+    parts = [f"{os.path.basename(ln.file)}:{ln.line}" for ln in lines if ln.file]
     return " / ".join(parts) or "(no line info)"
 
 
@@ -34,109 +35,112 @@ def triples(ts: Sequence[Sequence[int]]) -> str:
     return ", ".join("(" + ",".join(str(v) for v in t) + ")" for t in ts)
 
 
-def render_markdown(result: Mapping[str, Any]) -> str:
+def _first_source(g: GroupRecord) -> str | None:
+    return next((ln.source for ln in g.lines if ln.source), None)
+
+
+def render_markdown(result: ToolResult) -> str:
     """Triage report: TL;DR, grouped findings with source, noise and why, reproduce."""
-    tool, verdict = result["tool"], result["verdict"]
-    groups = result.get("groups", [])
+    tool, verdict, groups = result.tool, result.verdict, result.groups
     out = [f"# compute-sanitizer {md_text(tool)}: {md_text(verdict)}", ""]
-    from_findings = verdict == result.get("sanitizer_class", verdict) and verdict != CLEAN
+    from_findings = verdict == present(result.sanitizer_class, verdict) and verdict != CLEAN
     if groups and from_findings:
         g = groups[0]
-        src = next((ln.get("source") for ln in g["lines"] if ln.get("source")), None)
+        src = _first_source(g)
         tldr = (
-            f"**TL;DR** {md_text(tool)} → **{md_text(verdict)}**: {md_text(g['kind'])} at "
-            f"{md_text(where_lines(g['lines']))} ({g['count']}× in kernel "
-            f"{md_code(g.get('kernel') or '?')})"
+            f"**TL;DR** {md_text(tool)} → **{md_text(verdict)}**: {md_text(g.kind)} at "
+            f"{md_text(where_lines(g.lines))} ({g.count}× in kernel "
+            f"{md_code(g.kernel or '?')})"
         )
         out.append(tldr + (f": {md_code(src)}" if src else "") + ".")
         more = len(groups) - 1
         if more:
             out.append(f"{more} more distinct finding(s) below.")
     else:
-        why = result.get("reason") or "no findings after noise filtering"
+        why = present(result.reason) or "no findings after noise filtering"
         out.append(f"**TL;DR** {md_text(tool)} → **{md_text(verdict)}**: {md_text(why)}.")
-    if result.get("other_kernels"):
-        n = sum(k["count"] for k in result["other_kernels"])
+    if result.other_kernels:
+        n = sum(k["count"] for k in result.other_kernels)
         out.append(
             f"Other kernels of the process: {n} finding(s) in "
-            f"{len(result['other_kernels'])} kernel(s), counted apart below."
+            f"{len(result.other_kernels)} kernel(s), counted apart below."
         )
-    if result.get("kernel_verdict"):
+    if result.kernel_verdict:
         out.append("")
         out.append(
-            f"The worker under the sanitizer said: {md_text(result['kernel_verdict'])} "
-            f"({md_text(result.get('kernel_reason') or '')})."
+            f"The worker under the sanitizer said: {md_text(result.kernel_verdict)} "
+            f"({md_text(present(result.kernel_reason) or '')})."
         )
     out.append("")
     if groups:
         out += ["## Findings", ""]
         for i, g in enumerate(groups, 1):
             out.append(
-                f"{i}. **{md_text(g['kind'])}** ({md_text(g['severity'])}) ×{g['count']} "
-                f"({g['records']} record(s)) in {md_code(g.get('kernel') or '?')}"
+                f"{i}. **{md_text(g.kind)}** ({md_text(g.severity)}) ×{g.count} "
+                f"({g.records} record(s)) in {md_code(g.kernel or '?')}"
             )
-            for ln, acc in zip(g["lines"], list(g.get("accesses") or []) + [None] * 9):
+            for ln, acc in zip(g.lines, list(g.accesses or []) + [None] * 9):
                 label = f"{acc} " if acc else ""
-                loc = f"{ln.get('file')}:{ln.get('line')}" if ln.get("file") else "(no line)"
+                loc = f"{ln.file}:{ln.line}" if ln.file else "(no line)"
                 out.append(f"   - {md_text(label)}at {md_code(loc)}")
-                if ln.get("source"):
-                    out.append(f"     {md_code(ln['source'])}")
+                if ln.source:
+                    out.append(f"     {md_code(ln.source)}")
             extra = []
-            if g.get("address_space"):
-                extra.append(f"space {g['address_space']}")
-            if g.get("size"):
-                extra.append(f"size {g['size']} B")
-            if g.get("threads"):
-                extra.append(f"threads {triples(g['threads'])}")
-            if g.get("blocks"):
-                extra.append(f"blocks {triples(g['blocks'])}")
+            if g.address_space:
+                extra.append(f"space {g.address_space}")
+            if g.size:
+                extra.append(f"size {g.size} B")
+            if g.threads:
+                extra.append(f"threads {triples(g.threads)}")
+            if g.blocks:
+                extra.append(f"blocks {triples(g.blocks)}")
             if extra:
                 out.append("   - " + "; ".join(extra))
-            first_line = (g.get("text") or "").splitlines()[:1]
+            first_line = (g.text or "").splitlines()[:1]
             if first_line:
                 out.append(f"   - message: {md_text(first_line[0])}")
         out.append("")
-    if result.get("other_kernels"):
+    if result.other_kernels:
         out += ["## Other kernels of the process (not the kernel under test; not the verdict)", ""]
-        for k in result["other_kernels"]:
+        for k in result.other_kernels:
             name = k["kernel"] if len(k["kernel"]) <= 100 else k["kernel"][:97] + "..."
-            top = k["groups"][0] if k.get("groups") else None
-            where = md_text(f": {top['kind']} at {where_lines(top['lines'])}") if top else ""
+            top = GroupRecord.from_json(k["groups"][0]) if k.get("groups") else None
+            where = md_text(f": {top.kind} at {where_lines(top.lines)}") if top else ""
             out.append(
                 f"- {md_code(name)}: {md_text(k['class'])}, {k['count']} "
                 f"({k['records']} record(s)){where}"
             )
         out.append("")
     out += ["## Noise filtered", ""]
-    if result.get("filtered"):
-        for item in result["filtered"]:
-            out.append(f"- {item['count']} × {md_text(item['reason'])}")
+    if result.filtered:
+        for item in result.filtered:
+            out.append(f"- {item.count} × {md_text(item.reason)}")
     else:
         out.append("- none")
     out.append("")
-    shrink_info = result.get("shrink")
-    if shrink_info:
-        sig_lines = [{"file": f, "line": ln} for f, ln in shrink_info["signature"][1]]
+    shrunk = result.shrink
+    if shrunk:
+        kind, lines = shrunk.signature
+        sig_lines = [SourceLine(file=f, line=ln, source=None) for f, ln in lines]
         out += [
             "## Shrunk",
             "",
-            (f"- original {shrink_info['original']} ({secs(shrink_info.get('original_seconds'))})"),
+            f"- original {shrunk.original} ({secs(shrunk.original_seconds)})",
             (
-                f"- shrunk {shrink_info['shrunk']} "
-                f"({secs(shrink_info.get('shrunk_seconds'))}), same finding "
-                f"{shrink_info['signature'][0]} at {where_lines(sig_lines)}"
+                f"- shrunk {shrunk.shrunk} ({secs(shrunk.shrunk_seconds)}), same finding "
+                f"{kind} at {where_lines(sig_lines)}"
             ),
-            f"- {len(shrink_info['runs'])} candidate run(s), none repeated",
+            f"- {len(shrunk.runs)} candidate run(s), none repeated",
             "",
         ]
-    out += ["## Reproduce", ""] + md_block(result.get("reproduce", "")) + [""]
-    timing = [f"sanitizer run {secs(result.get('sanitizer_seconds'))}"]
-    if result.get("plain_seconds"):
-        timing.append(f"plain run {secs(result['plain_seconds'])}")
-    if result.get("slowdown"):
-        timing.append(f"slowdown {result['slowdown']:.1f}×")
-    if result.get("exit_code") is not None:
-        timing.append(f"exit code {result['exit_code']}")
+    out += ["## Reproduce", ""] + md_block(result.reproduce) + [""]
+    timing = [f"sanitizer run {secs(result.sanitizer_seconds)}"]
+    if result.plain_seconds:
+        timing.append(f"plain run {secs(result.plain_seconds)}")
+    if result.slowdown:
+        timing.append(f"slowdown {result.slowdown:.1f}×")
+    if result.exit_code is not None:
+        timing.append(f"exit code {result.exit_code}")
     out.append("; ".join(timing) + ".")
     return "\n".join(out) + "\n"
 
@@ -145,19 +149,17 @@ def secs(s: float | None) -> str:
     return f"{s:.1f} s" if isinstance(s, (int, float)) else "? s"
 
 
-def top_line(result: Mapping[str, Any], *, md: bool = False) -> str:
+def top_line(result: ToolResult, *, md: bool = False) -> str:
     """The tool's verdict in one line: its first finding with the source line, or why none.
     ``md``: escaped for Markdown (the source line as code)."""
     text = md_text if md else str
-    groups = result.get("groups") or []
-    if not groups or result["verdict"] not in FINDING_VERDICTS:
-        return text(result.get("reason") or "")
+    groups = result.groups
+    if not groups or result.verdict not in FINDING_VERDICTS:
+        return text(present(result.reason) or "")
     g = groups[0]
-    src = next((ln.get("source") for ln in g["lines"] if ln.get("source")), None)
+    src = _first_source(g)
     code = (md_code(src) if md else f"`{src}`") if src else ""
-    return text(f"{g['kind']} at {where_lines(g['lines'])} ×{g['count']}") + (
-        f": {code}" if src else ""
-    )
+    return text(f"{g.kind} at {where_lines(g.lines)} ×{g.count}") + (f": {code}" if src else "")
 
 
 NOISE_LABELS = {
@@ -167,29 +169,24 @@ NOISE_LABELS = {
 }
 
 
-def noise_cell(result: Mapping[str, Any]) -> str:
+def noise_cell(result: ToolResult) -> str:
     """Filtered records by reason, short (a table cell): ``34 api-probing; 1 analysis-dup``."""
-    cells = [
-        f"{item['count']} {NOISE_LABELS.get(item['reason'], item['reason'])}"
-        for item in result.get("filtered") or []
-    ]
+    cells = [f"{i.count} {NOISE_LABELS.get(i.reason, i.reason)}" for i in result.filtered]
     return "; ".join(cells) or "0"
 
 
-def others_cell(result: Mapping[str, Any]) -> str:
+def others_cell(result: ToolResult) -> str:
     """Other kernels' findings, short (a table cell): ``RACE ×1000 in 1 kernel(s)``."""
-    kernels = result.get("other_kernels") or []
+    kernels = result.other_kernels
     if not kernels:
         return "0"
     classes = sorted({k["class"] for k in kernels})
     return f"{'/'.join(classes)} ×{sum(k['count'] for k in kernels)} in {len(kernels)} kernel(s)"
 
 
-def findings_cell(result: Mapping[str, Any]) -> str:
+def findings_cell(result: ToolResult) -> str:
     """``KIND@file:line ×N`` per kept group (a table cell)."""
-    cells = [
-        f"{g['kind']}@{where_lines(g['lines'])} ×{g['count']}" for g in result.get("groups") or []
-    ]
+    cells = [f"{g.kind}@{where_lines(g.lines)} ×{g.count}" for g in result.groups]
     return "; ".join(cells) or "-"
 
 
@@ -201,7 +198,7 @@ def render_summary_markdown(summary: Mapping[str, Any], verdict_line: str) -> st
     plain = summary.get("plain") or {}
     out = [f"# cutedebug sanitize: {md_text(sc['id'])}", ""]
     for tool, r in tools.items():
-        out.append(f"- **{md_text(tool)} → {md_text(r['verdict'])}**: {top_line(r, md=True)}")
+        out.append(f"- **{md_text(tool)} → {md_text(r.verdict)}**: {top_line(r, md=True)}")
     out += ["", md_text(verdict_line[0].upper() + verdict_line[1:]) + "."]
     if plain:
         out.append(
@@ -215,13 +212,13 @@ def render_summary_markdown(summary: Mapping[str, Any], verdict_line: str) -> st
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for tool, r in tools.items():
-        slow = f"{r['slowdown']:.1f}×" if r.get("slowdown") else "-"
-        k = (r.get("kernel_seconds") or {}).get("slowdown")
+        slow = f"{r.slowdown:.1f}×" if r.slowdown else "-"
+        k = r.kernel_seconds.slowdown if r.kernel_seconds else None
         out.append(
-            f"| {md_text(tool)} | {md_text(r['verdict'])} | {md_text(findings_cell(r))} | "
+            f"| {md_text(tool)} | {md_text(r.verdict)} | {md_text(findings_cell(r))} | "
             f"{md_text(others_cell(r))} | {md_text(noise_cell(r))} | "
-            f"{secs(r.get('sanitizer_seconds'))} | "
-            f"{secs(r.get('plain_seconds'))} | {slow} | "
+            f"{secs(r.sanitizer_seconds)} | "
+            f"{secs(r.plain_seconds)} | {slow} | "
             f"{f'{k:.1f}×' if k else '-'} |"
         )
     if summary.get("reproduce"):

@@ -14,7 +14,7 @@ same finding persists. One module per step:
   an H200, are in its docstring), ``analyze`` = all of it for one run;
 - ``triage``: noise filter, grouping, the run classes and ``classify``;
 - ``attribution``: which kernel of the process a finding belongs to;
-- ``result``: ``make_result``, the JSON-able record of one tool's run;
+- ``result``: ``ToolResult``, one tool's run in sanitize.json, and ``make_result``;
 - ``shrink``: the smallest problem size that still shows the same finding;
 - ``__main__``: ``python -m cutedebug.analyses.sanitizer`` (the capture script uses it).
 
@@ -53,7 +53,7 @@ from cutedebug.analyses.sanitizer.parse import (
     parse_text,
     parse_xml,
 )
-from cutedebug.analyses.sanitizer.result import make_result
+from cutedebug.analyses.sanitizer.result import KernelSeconds, NoiseCount, ToolResult, make_result
 from cutedebug.analyses.sanitizer.shrink import ShrinkResult, Signature, shrink
 from cutedebug.analyses.sanitizer.tool import (
     DEFAULT_PRINT_LIMIT,
@@ -120,6 +120,9 @@ __all__ = [
     "is_launched_kernel",
     "kind_class",
     "make_result",
+    "KernelSeconds",
+    "NoiseCount",
+    "ToolResult",
     "other_kernels",
     "parse_summary",
     "parse_text",

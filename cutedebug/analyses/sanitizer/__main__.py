@@ -40,7 +40,7 @@ def _main(argv: Sequence[str]) -> int:
         tool, xml = argv[1], argv[2]
         stdout = Path(argv[3]).read_text(errors="replace") if len(argv) > 3 else ""
         result = make_result(tool, [], analyze(tool, xml, stdout), xml_path=xml)
-        print(json.dumps(result, indent=2, default=str))
+        print(json.dumps(result.to_json(), indent=2, default=str))
         return 0
     print(_main.__doc__, file=sys.stderr)
     return 2

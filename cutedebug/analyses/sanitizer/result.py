@@ -1,16 +1,109 @@
-"""The JSON-able triage record of one tool's run (``cutedebug.reporting.sanitize`` renders it)."""
+"""One tool's result in ``sanitize.json`` (``ToolResult``), built by ``make_result`` from the
+findings of one run; ``cutedebug.reporting.sanitize`` renders it."""
 
 from __future__ import annotations
 
-import json
 import shlex
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from cutedebug import records
 from cutedebug.analyses.sanitizer.attribution import attribute, other_kernels
 from cutedebug.analyses.sanitizer.findings import Finding, source_line
 from cutedebug.analyses.sanitizer.shrink import ShrinkResult
-from cutedebug.analyses.sanitizer.triage import Group, classify, filter_noise, group
+from cutedebug.analyses.sanitizer.triage import Group, GroupRecord, classify, filter_noise, group
+from cutedebug.engine.verdict import sanitize_verdict
+from cutedebug.records import ABSENT, Absent
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NoiseCount:
+    """How many findings one noise rule filtered (``ToolResult.filtered``)."""
+
+    reason: str
+    count: int
+
+    def to_json(self) -> dict[str, Any]:
+        return records.to_json(self)
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "") -> NoiseCount:
+        return records.from_json(cls, data, where)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KernelSeconds:
+    """The kernel's own time (its "synced" event) under the sanitizer and without it."""
+
+    sanitized: float | None
+    plain: float | None
+    slowdown: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return records.to_json(self)
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "") -> KernelSeconds:
+        return records.from_json(cls, data, where)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolResult:
+    """One tool's run in ``sanitize.json`` (``tools.<tool>``), key for key.
+
+    ``make_result`` fills the first part from the findings alone (``verdict`` is then the
+    sanitizer's class). ``cutedebug sanitize`` adds the rest from the worker's run
+    (``with_run``): those keys are ABSENT in a result made from a capture alone, and then
+    ``verdict`` is the run's verdict and ``sanitizer_class`` what the findings said.
+    ``other_kernels`` stays a list of JSON objects: its key ``class`` is not a field name.
+    """
+
+    tool: str
+    verdict: str  # a Verdict or a SanitizerClass name (checked on reading)
+    exit_code: int | None
+    command: list[str]
+    reproduce: str
+    xml: str | None
+    groups: list[GroupRecord]
+    filtered: list[NoiseCount]
+    filtered_groups: list[GroupRecord]
+    sanitizer_seconds: float | None
+    plain_seconds: float | None
+    slowdown: float | None
+    shrink: ShrinkResult | None
+    tma_filter: bool
+    kernel_names: list[str]
+    other_kernels: list[dict[str, Any]]
+    # ---- from the worker's run under the tool (ABSENT in a result made from findings alone)
+    sanitizer_class: str | Absent = ABSENT
+    reason: str | Absent = ABSENT
+    kernel_verdict: str | Absent = ABSENT
+    kernel_reason: str | None | Absent = ABSENT
+    killed_by_watchdog: str | None | Absent = ABSENT
+    deadline_scale: float | Absent = ABSENT
+    run_dir: str | Absent = ABSENT
+    worker_log: str | Absent = ABSENT
+    records: int | Absent = ABSENT  # the kernel under test's records (parse failures not)
+    filtered_count: int | Absent = ABSENT
+    other_kernel_records: int | Absent = ABSENT
+    kernel_seconds: KernelSeconds | Absent = ABSENT
+    reproduce_cutedebug: str | Absent = ABSENT  # the cutedebug command line, when given
+
+    def to_json(self) -> dict[str, Any]:
+        return records.to_json(self)
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "") -> ToolResult:
+        result = records.from_json(cls, data, where)
+        for key in ("verdict", "sanitizer_class", "kernel_verdict"):
+            value = getattr(result, key)
+            if value is not ABSENT:
+                try:
+                    sanitize_verdict(value, f"field {records.join(where, key)!r}")
+                except ValueError as e:
+                    raise records.RecordError(str(e)) from None
+        return result
 
 
 def make_result(
@@ -27,8 +120,8 @@ def make_result(
     read_source: Callable[[str | None, int | None], str | None] | None = None,
     tma_filter: bool = True,
     kernel_names: Sequence[str] = (),
-) -> dict[str, Any]:
-    """The JSON-able triage record of one tool's run (``render_markdown`` reads it).
+) -> ToolResult:
+    """The result of one tool's run from its findings (``render_markdown`` reads it).
 
     ``kernel_names``: the kernels the worker launched; findings of other kernels are listed
     under ``other_kernels`` and never decide the verdict (see ``attribute``).
@@ -41,27 +134,24 @@ def make_result(
         reasons[f.noise_reason or ""] = reasons.get(f.noise_reason or "", 0) + 1  # records
     env_part = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted((env or {}).items()))
     slowdown = sanitizer_seconds / plain_seconds if sanitizer_seconds and plain_seconds else None
-    result = {
-        "tool": tool,
-        "verdict": classify(kept, tool),
-        "exit_code": exit_code,
-        "command": list(command),
-        "reproduce": (env_part + " " if env_part else "") + shlex.join(command),
-        "xml": xml_path,
-        "groups": [g.record(read).to_json() for g in group(kept)],
-        "filtered": [{"reason": r, "count": n} for r, n in reasons.items()],
-        "filtered_groups": [
-            g.record(read, reason=_reason_of(g, filtered)).to_json() for g in group(filtered)
-        ],
-        "sanitizer_seconds": sanitizer_seconds,
-        "plain_seconds": plain_seconds,
-        "slowdown": slowdown,
-        "shrink": shrink_result.to_json() if shrink_result else None,
-        "tma_filter": tma_filter,
-        "kernel_names": list(kernel_names),
-        "other_kernels": other_kernels(others, tool, read),
-    }
-    return json.loads(json.dumps(result))  # plain lists/dicts: equal to its stored JSON
+    return ToolResult(
+        tool=tool,
+        verdict=classify(kept, tool),
+        exit_code=exit_code,
+        command=list(command),
+        reproduce=(env_part + " " if env_part else "") + shlex.join(command),
+        xml=xml_path,
+        groups=[g.record(read) for g in group(kept)],
+        filtered=[NoiseCount(reason=r, count=n) for r, n in reasons.items()],
+        filtered_groups=[g.record(read, reason=_reason_of(g, filtered)) for g in group(filtered)],
+        sanitizer_seconds=sanitizer_seconds,
+        plain_seconds=plain_seconds,
+        slowdown=slowdown,
+        shrink=shrink_result,
+        tma_filter=tma_filter,
+        kernel_names=list(kernel_names),
+        other_kernels=other_kernels(others, tool, read),
+    )
 
 
 def _reason_of(g: Group, filtered: Sequence[Finding]) -> str | None:
