@@ -353,3 +353,25 @@ def test_another_environment_gets_another_server_which_exits_when_idle(pool_env,
     assert not pool.servers()
     again = cli("pool", "stop")
     assert again.returncode == 0 and "no server running" in again.stdout
+
+
+@pytest.mark.slow
+def test_a_run_folder_removed_under_a_worker_does_not_end_the_server(pool_env, tmp_path):
+    """The server writes a worker's exit status into its run folder; a folder gone by then
+    (the user removed it, a test's tmp_path cleaned up) must not end the resident server
+    and with it every other command's workers."""
+    c = pool.client(start=True)
+    assert c is not None
+    server = c.info["pid"]
+    gone = tmp_path / "removed"  # never created: the status cannot be written there
+    try:
+        child = c.spawn(gone / "request.json", tmp_path / "worker.log", dict(os.environ))
+        end = time.monotonic() + 30
+        while psutil.pid_exists(child.pid) and time.monotonic() < end:
+            time.sleep(0.05)
+        time.sleep(0.5)  # the server's next reap
+    finally:
+        c.close()
+    again = pool.client(start=False)
+    assert again is not None and again.info["pid"] == server
+    again.close()

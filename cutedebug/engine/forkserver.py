@@ -44,10 +44,15 @@ class ForkServerError(RuntimeError):
 
 # ---- server side (python -m cutedebug.engine.forkserver) ----------------------------------------
 def _write_status(path: str, returncode: int) -> None:
+    """A worker's exit status for its runner; a run folder gone by then (removed under the
+    run) loses that run's status only, it does not end the server that serves the others."""
     tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump({"returncode": returncode}, f)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            json.dump({"returncode": returncode}, f)
+        os.replace(tmp, path)
+    except OSError as e:
+        print(f"fork server: exit status {returncode} not written: {e}", file=sys.stderr)
 
 
 def _child(req: dict[str, Any], server_pid: int) -> int:
