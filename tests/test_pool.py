@@ -84,7 +84,7 @@ def test_a_plain_run_without_a_server_leaves_no_file(tmp_path, monkeypatch):
 def test_pool_stop_all_tidies_what_idle_servers_left(tmp_path, monkeypatch, capsys):
     from cutedebug.commands import cli
 
-    d = tmp_path / "p"
+    d = tmp_path / ("long-folder-name-" * 6)  # too long for a socket path: tidied all the same
     d.mkdir(mode=0o700)
     for name in ("pool-0123456789abcdef.lock", "pool-0123456789abcdef.log", "unrelated.txt"):
         (d / name).write_text("")

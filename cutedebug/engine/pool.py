@@ -552,8 +552,7 @@ def tidy() -> list[str]:
     d = pool_dir(create=False)
     gone = []
     for path in sorted([*d.glob("pool-*.lock"), *d.glob("pool-*.log")]):
-        key = path.stem.removeprefix("pool-")
-        if not Paths.of(d, key).sock.exists():
+        if not path.with_suffix(".sock").exists():  # (no Paths.of: a long folder is fine here)
             path.unlink(missing_ok=True)
             gone.append(path.name)
     return gone
