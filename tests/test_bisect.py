@@ -261,10 +261,10 @@ def test_probes_agree_or_are_consistent_with_the_bisection():
         },
     ]
     cmp = B.compare_with_probes(_expect_tx_hang(), by_id, stuck)
-    assert cmp["roles"]["consumer"]["agreement"] == "agree"
+    assert cmp.roles["consumer"].agreement == "agree"
     # the producer passed acquire (4 stages) and is stuck in a later lap of the same loop
-    assert cmp["roles"]["producer"]["agreement"] == "consistent"
-    assert cmp["agree"] is True
+    assert cmp.roles["producer"].agreement == "consistent"
+    assert cmp.agree is True
     wrong = [
         {
             "role": "consumer",
@@ -274,8 +274,8 @@ def test_probes_agree_or_are_consistent_with_the_bisection():
         }
     ]
     cmp = B.compare_with_probes(_expect_tx_hang(), by_id, wrong)
-    assert cmp["roles"]["consumer"]["agreement"] == "disagree" and cmp["agree"] is False
-    assert B.compare_with_probes(_expect_tx_hang(), by_id, [])["agree"] is None
+    assert cmp.roles["consumer"].agreement == "disagree" and cmp.agree is False
+    assert B.compare_with_probes(_expect_tx_hang(), by_id, []).agree is None
 
 
 def test_grade_matches_a_role_first_unreached_site_and_ignores_stage():
@@ -285,13 +285,13 @@ def test_grade_matches_a_role_first_unreached_site_and_ignores_stage():
         _expect_tx_hang(),
         by_id,
     )
-    assert good["ok"] is True and good["matched"]["where"] == "tma_stream.py:269"
+    assert good.ok is True and good.matched.where == "tma_stream.py:269"
     assert (
-        B.grade({"role": "producer", "op": "producer_acquire"}, _expect_tx_hang(), by_id)["ok"]
+        B.grade({"role": "producer", "op": "producer_acquire"}, _expect_tx_hang(), by_id).ok
         is False
     )
-    assert B.grade({"role": "any", "op": "producer_tail"}, _expect_tx_hang(), by_id)["ok"]
-    assert B.grade({}, _expect_tx_hang(), by_id)["ok"] is None
+    assert B.grade({"role": "any", "op": "producer_tail"}, _expect_tx_hang(), by_id).ok
+    assert B.grade({}, _expect_tx_hang(), by_id).ok is None
 
 
 def test_loop_caveat_in_the_answer():
@@ -424,7 +424,7 @@ def test_bisect_localizes_the_flag_spin_and_writes_the_report(monkeypatch, tmp_p
     reached = {0, by_name["payload written"], by_name["flag published"]}
     calls = _fake_runs(monkeypatch, flag_table, reached)
     res = B.bisect(sc, runs_root=tmp_path, window_s=0.4, probes=False, forkserver=False)
-    assert res.status == "localized" and res.ok and res.grade["ok"] is True
+    assert res.status == "localized" and res.ok and res.grade.ok is True
     assert res.searches["producer"].finished
     assert res.searches["consumer"].first_unreached == by_name["flag observed"]
     assert calls[0][1] is None and all(c[3] == 0.4 and c[2] is None for c in calls[1:])
@@ -432,6 +432,7 @@ def test_bisect_localizes_the_flag_spin_and_writes_the_report(monkeypatch, tmp_p
     jp, mp = R.write(res)
     data = json.loads(jp.read_text())
     assert data["n_runs"] == len(res.runs) and data["timing_bug"] == [] and data["ok"]
+    assert B.BisectReport.from_json(data).to_json() == data  # the file reads back as its record
     md = mp.read_text()
     assert (
         "**consumer**: never gets past its first own site #3 checkpoint 'flag observed' "
@@ -472,7 +473,7 @@ def test_bisect_through_the_real_worker_on_a_cpu(tmp_path):
     pytest.importorskip("cutlass")
     sc = S.load(ROOT / "scenarios" / "bisect" / "flag_spin_barrier_threads_plus.toml")
     res = B.bisect(sc, runs_root=tmp_path, forkserver=False)
-    if res.baseline["verdict"] != "UNSUPPORTED":
+    if res.baseline.verdict != "UNSUPPORTED":
         pytest.skip("a GPU is present: tools/gpu_bisect_table.py covers the real runs")
     assert res.status == "nothing_to_bisect"
     assert [s["op"] for s in res.sites] == [
@@ -747,7 +748,7 @@ def test_grade_accepts_the_pipeline_role_of_a_function_named_role():
         {"load": [0, 1, 2, 3], "consumer": [0, 4, 5]}, Oracle(SimKernel(reached={0, 1}).run)
     )
     g = B.grade({"role": "producer", "op": "producer_commit"}, res, {s["id"]: s for s in table})
-    assert g["ok"] is True and g["matched"]["role"] == "load"
+    assert g.ok is True and g.matched.role == "load"
 
 
 @pytest.mark.parametrize(
@@ -784,7 +785,9 @@ def test_bisect_exit_status_when_the_baseline_did_not_hang(monkeypatch, tmp_path
         res = B.BisectResult(
             scenario=sc,
             run_dir=run_dir,
-            baseline={"verdict": verdict, "reason": "r", "dir": "baseline"},
+            baseline=B.Baseline(
+                verdict=verdict, reason="r", probes=True, seconds=1.0, dir="baseline", compile_s=1.0
+            ),
             status="nothing_to_bisect",
             reason=f"the baseline run is {verdict}, not HANG: r",
         )

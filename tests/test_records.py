@@ -373,6 +373,73 @@ def test_a_result_made_from_a_capture_alone_leaves_the_run_keys_out():
     assert list(data)[-1] == "other_kernels" and ToolResult.from_json(data) == res
 
 
+# ---- bisect.json ------------------------------------------------------------------------------
+# No H200 session kept a bisect.json; these three were written by `cutedebug bisect` before it
+# was typed (commit d045c7b): on this CPU through the real worker (the baseline compiles, the
+# site table is real, the run is UNSUPPORTED), and over the same real compiled site table with
+# the checkpoint runs of tests/test_bisect.py's fake (localized; and with a timing bug).
+BISECT_JSON = sorted((ROOT / "tests" / "data" / "bisect").glob("*.bisect.json"))
+
+
+@pytest.mark.parametrize("path", BISECT_JSON, ids=lambda p: p.name)
+def test_a_recorded_bisect_json_round_trips_byte_for_byte(path):
+    from cutedebug.analyses.bisect_record import BisectReport, Grade, GradeMatch
+    from cutedebug.analyses.bisect_search import RunRecord, SearchRecord
+    from cutedebug.instrument.checkpoint import CheckpointSite
+
+    text = path.read_text()
+    report = BisectReport.from_json(json.loads(text))
+    assert json.dumps(report.to_json(), indent=1, default=str) == text  # as reporting writes it
+    assert BisectReport.from_json(report.to_json()) == report
+    assert len(report.sites) == 6 and all(isinstance(s, CheckpointSite) for s in report.sites)
+    assert all(isinstance(r, RunRecord) for r in report.runs) and report.n_runs == len(report.runs)
+    assert all(isinstance(st, SearchRecord) for st in report.searches.values())
+    assert isinstance(report.grade, Grade)
+    if report.status == "nothing_to_bisect":
+        assert report.grade.to_json() == {} and report.grade.passed is None
+    else:
+        assert report.searches["consumer"].first_unreached in (3, 4)
+    if report.ok:
+        assert isinstance(report.grade.matched, GradeMatch) and report.grade.matched.site == 3
+
+
+def test_bisect_json_with_the_probes_answer_round_trips_and_refuses_a_bad_field():
+    """The probes' answer and the baseline's stuck sites (a run with probes) read back typed;
+    a wrong status or a run without its timing_bug is refused naming the field."""
+    from cutedebug.analyses.bisect_record import BisectReport, ProbesAnswer, RoleAgreement
+
+    data = json.loads(
+        (ROOT / "tests/data/bisect/flag_spin_never_set.localized.bisect.json").read_text()
+    )
+    stuck = [{"role": "consumer", "op": "consumer_wait", "location": "flag_spin.py:139"}]
+    data["baseline"] = {**data["baseline"], "probes": True, "stuck_sites": stuck, "diagnosis": []}
+    data["probes_answer"] = {
+        "roles": {
+            "consumer": {
+                "probe": "consumer_wait at flag_spin.py:139",
+                "location": "flag_spin.py:139",
+                "op": "consumer_wait",
+                "agreement": "agree",
+                "n_stuck_warps": 1,
+            }
+        },
+        "agree": True,
+    }
+    report = BisectReport.from_json(data)
+    assert isinstance(report.probes_answer, ProbesAnswer) and report.probes_answer.agree is True
+    assert isinstance(report.probes_answer.roles["consumer"], RoleAgreement)
+    assert report.baseline.stuck_sites == stuck and report.to_json() == data
+    with pytest.raises(RecordError, match=r"field 'status': 'done' is not one of"):
+        BisectReport.from_json(dict(data, status="done"))
+    run = {k: v for k, v in data["runs"][0].items() if k != "timing_bug"}
+    with pytest.raises(RecordError, match=r"field 'runs\[0\].timing_bug' missing"):
+        BisectReport.from_json(dict(data, runs=[run]))
+    bad = copy.deepcopy(data)
+    bad["probes_answer"]["roles"]["consumer"]["agreement"] = "maybe"
+    with pytest.raises(RecordError, match=r"probes_answer.roles.consumer.agreement"):
+        BisectReport.from_json(bad)
+
+
 # ---- events ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("case", ["wrong_expect_tx_plus", "missing_phase_flip_producer"])
 def test_a_recorded_event_stream_round_trips_line_for_line(case):

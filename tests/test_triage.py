@@ -644,7 +644,9 @@ def fake_bisect(fake, *, found_op="named_barrier", fail=False):
         res = B.BisectResult(
             scenario=sc,
             run_dir=d,
-            baseline={},
+            baseline=B.Baseline(
+                verdict="HANG", reason="", probes=False, seconds=0.0, dir="baseline", compile_s=None
+            ),
             sites=[site],
             roles={"consumer": [3]},
             searches={"consumer": search},

@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT))
 from cutedebug.analyses import bisect as B  # noqa: E402
 from cutedebug.commands.triage import detect_gpu  # noqa: E402
 from cutedebug.engine import scenario as S  # noqa: E402
+from cutedebug.records import present  # noqa: E402
 from cutedebug.reporting import bisect as R  # noqa: E402
 
 TARGET_S = 60.0
@@ -43,7 +44,7 @@ def row(res: B.BisectResult, wall: float) -> dict:
         )
         for role, st in res.searches.items()
     }
-    pa = res.probes_answer or {}
+    pa = res.probes_answer
     return {
         "scenario": res.scenario.id,
         "status": res.status,
@@ -51,12 +52,12 @@ def row(res: B.BisectResult, wall: float) -> dict:
         "runs": len(res.runs),
         "budget": sum(st.budget for st in res.searches.values()),
         "wall_s": round(wall, 1),
-        "baseline_s": res.baseline.get("seconds"),
+        "baseline_s": res.baseline.seconds,
         "found": "; ".join(f"{r}: {f}" for r, f in found.items()) or res.reason[:80],
-        "expected": res.grade.get("expected"),
-        "ok": res.grade.get("ok"),
+        "expected": present(res.grade.expected),
+        "ok": res.grade.passed,
         "timing_bug": ",".join(f"#{p.site}" for p in res.timing_bugs) or "-",
-        "probes": "-" if not pa else ("agree" if pa.get("agree") else "DISAGREE"),
+        "probes": "-" if pa is None else ("agree" if pa.agree else "DISAGREE"),
         "under_60s": wall < TARGET_S,
     }
 

@@ -30,11 +30,19 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cutedebug.analyses.bisect_answer import compare_with_probes, grade, role_answer, site_where
+from cutedebug.analyses.bisect_record import (
+    SCHEMA_VERSION,
+    Baseline,
+    BisectReport,
+    Grade,
+    ProbesAnswer,
+    TimingBug,
+)
 from cutedebug.analyses.bisect_search import (
     FINISHED,
     CheckpointRun,
@@ -47,13 +55,19 @@ from cutedebug.analyses.bisect_search import (
 from cutedebug.engine import runner
 from cutedebug.engine import scenario as S
 from cutedebug.engine import verdict as V
+from cutedebug.instrument.checkpoint import CheckpointSite
+from cutedebug.records import ABSENT
 
 # The bisection's names in one place (``from cutedebug.analyses import bisect as B``).
 __all__ = [
     "DEFAULT_WINDOW_S",
     "FINISHED",
+    "Baseline",
+    "BisectReport",
     "BisectResult",
     "CheckpointRun",
+    "Grade",
+    "ProbesAnswer",
     "Oracle",
     "RoleSearch",
     "bisect",
@@ -73,13 +87,13 @@ DEFAULT_WINDOW_S = 0.5
 class BisectResult:
     scenario: S.Scenario
     run_dir: Path
-    baseline: dict[str, Any]
-    sites: list[dict[str, Any]] = field(default_factory=list)
+    baseline: Baseline
+    sites: list[dict[str, Any]] = field(default_factory=list)  # the checkpoint_sites event's
     roles: dict[str, list[int]] = field(default_factory=dict)
     searches: dict[str, RoleSearch] = field(default_factory=dict)
     runs: list[CheckpointRun] = field(default_factory=list)
-    probes_answer: dict[str, Any] | None = None
-    grade: dict[str, Any] = field(default_factory=dict)
+    probes_answer: ProbesAnswer | None = None
+    grade: Grade = field(default_factory=Grade)
     status: str = "localized"  # localized | nothing_to_bisect | no_sites | error
     reason: str = ""
     seconds: float = 0.0
@@ -96,35 +110,40 @@ class BisectResult:
 
     @property
     def ok(self) -> bool:
-        return self.status == "localized" and self.grade.get("ok") is not False
+        return self.status == "localized" and self.grade.passed is not False
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "schema_version": 1,
-            "scenario": self.scenario.to_json(),
-            "status": self.status,
-            "reason": self.reason,
-            "seconds": round(self.seconds, 3),
-            "window_s": self.window_s,
-            "baseline": self.baseline,
-            "sites": self.sites,
-            "roles": self.roles,
-            "searches": {r: s.to_json() for r, s in self.searches.items()},
-            "runs": [asdict(p) | {"timing_bug": p.timing_bug} for p in self.runs],
-            "n_runs": len(self.runs),
-            "timing_bug": [
-                {
-                    "site": p.site,
-                    "verdict": p.verdict,
-                    "where": site_where(self.by_id[p.site]) if p.site in self.by_id else None,
-                }
+    def report(self) -> BisectReport:
+        """bisect.json's record."""
+        by_id = self.by_id
+        return BisectReport(
+            schema_version=SCHEMA_VERSION,
+            scenario=self.scenario.to_json(),
+            status=self.status,
+            reason=self.reason,
+            seconds=round(self.seconds, 3),
+            window_s=self.window_s,
+            baseline=self.baseline,
+            sites=[CheckpointSite.from_json(s, f"sites[{i}]") for i, s in enumerate(self.sites)],
+            roles=self.roles,
+            searches={r: s.record() for r, s in self.searches.items()},
+            runs=[p.record() for p in self.runs],
+            n_runs=len(self.runs),
+            timing_bug=[
+                TimingBug(
+                    site=p.site,
+                    verdict=p.verdict,
+                    where=site_where(by_id[p.site]) if p.site in by_id else None,
+                )
                 for p in self.timing_bugs
             ],
-            "probes_answer": self.probes_answer,
-            "grade": self.grade,
-            "ok": self.ok,
-            "command": self.command,
-        }
+            probes_answer=self.probes_answer,
+            grade=self.grade,
+            ok=self.ok,
+            command=self.command,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return self.report().to_json()
 
 
 class _Runner:
@@ -221,14 +240,17 @@ def _bisect(
         stall_s=lim.stall_s if probes else None,
     )
     table = out.event("checkpoint_sites") or {}
-    baseline = {
-        "verdict": cls.verdict.value,
-        "reason": cls.reason,
-        "probes": probes,
-        "seconds": round(time.monotonic() - tb, 3),
-        "dir": "baseline",
-        "compile_s": (out.event("compiled") or {}).get("secs"),
-    }
+    pe = runner.probe_evidence(out) if probes else None
+    baseline = Baseline(
+        verdict=cls.verdict.value,
+        reason=cls.reason,
+        probes=probes,
+        seconds=round(time.monotonic() - tb, 3),
+        dir="baseline",
+        compile_s=(out.event("compiled") or {}).get("secs"),
+        stuck_sites=pe.get("stuck_sites", []) if pe else ABSENT,
+        diagnosis=pe.get("diagnosis", []) if pe else ABSENT,
+    )
     res = BisectResult(
         scenario=sc,
         run_dir=run_dir,
@@ -238,9 +260,6 @@ def _bisect(
         window_s=window_s,
         command=command,
     )
-    if probes and (pe := runner.probe_evidence(out)):
-        baseline["stuck_sites"] = pe.get("stuck_sites", [])
-        baseline["diagnosis"] = pe.get("diagnosis", [])
     if cls.verdict is not V.Verdict.HANG:
         res.status, res.reason = (
             "nothing_to_bisect",
@@ -293,7 +312,7 @@ def _bisect(
     res.searches = search_all(res.roles, oracle)
     res.runs = oracle.order
     res.grade = grade(sc.expect.localization(), res.searches, res.by_id)
-    if baseline.get("stuck_sites"):
-        res.probes_answer = compare_with_probes(res.searches, res.by_id, baseline["stuck_sites"])
+    if baseline.stuck_sites:
+        res.probes_answer = compare_with_probes(res.searches, res.by_id, baseline.stuck_sites)
     res.seconds = time.monotonic() - t0
     return res

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from cutedebug.analyses.bisect_record import Grade, GradeMatch, ProbesAnswer, RoleAgreement
 from cutedebug.analyses.bisect_search import RoleSearch
 from cutedebug.instrument import checkpoint as C
 
@@ -14,7 +15,7 @@ def compare_with_probes(
     searches: dict[str, RoleSearch],
     sites: dict[int, dict[str, Any]],
     stuck_sites: list[dict[str, Any]],
-) -> dict[str, Any]:
+) -> ProbesAnswer:
     """Per role: does the bounded-wait probes' stuck site agree with the bisection?
 
     agree: the probes' stuck wait is the role's first unreached site (same file:line).
@@ -50,17 +51,17 @@ def compare_with_probes(
             verdict = "consistent"
         else:
             verdict = "disagree"
-        rows[role] = {
-            "probe": f"{s0.get('op')} {s0.get('barrier') or ''} at {loc}".replace("  ", " "),
-            "location": loc,
-            "op": s0.get("op"),
-            "agreement": verdict,
-            "n_stuck_warps": len(mine),
-        }
-    return {
-        "roles": rows,
-        "agree": all(r["agreement"] != "disagree" for r in rows.values()) if rows else None,
-    }
+        rows[role] = RoleAgreement(
+            probe=f"{s0.get('op')} {s0.get('barrier') or ''} at {loc}".replace("  ", " "),
+            location=loc,
+            op=s0.get("op"),
+            agreement=verdict,
+            n_stuck_warps=len(mine),
+        )
+    return ProbesAnswer(
+        roles=rows,
+        agree=all(r.agreement != "disagree" for r in rows.values()) if rows else None,
+    )
 
 
 def site_where(site: dict[str, Any]) -> str:
@@ -76,12 +77,12 @@ def _site_at(st: RoleSearch, sites: dict[int, dict[str, Any]], loc: str | None):
 
 def grade(
     expected: dict[str, Any], searches: dict[str, RoleSearch], sites: dict[int, dict[str, Any]]
-) -> dict[str, Any]:
+) -> Grade:
     """Does some role's first unreached site agree with the scenario's expected localization?
     (``stage`` is not graded: a checkpoint does not know the stage.)"""
     want = {k: v for k, v in expected.items() if k != "stage"}
     if not want:
-        return {"ok": None, "expected": {}}
+        return Grade(ok=None, expected={})
     for role, st in searches.items():
         if st.first_unreached is None:
             continue
@@ -92,16 +93,16 @@ def grade(
             C.PIPELINE_OPS.get(s.get("op"), (None,))[0] if s.get("kind") == "pipeline" else None
         )
         if all(got.get(k) == v or (k == "role" and v in ("any", op_role)) for k, v in want.items()):
-            return {
-                "ok": True,
-                "expected": want,
-                "matched": {**got, "site": s["id"], "where": site_where(s)},
-            }
-    return {
-        "ok": False,
-        "expected": want,
-        "why": "no role's first unreached site agrees with every expected field",
-    }
+            return Grade(
+                ok=True,
+                expected=want,
+                matched=GradeMatch(**got, site=s["id"], where=site_where(s)),
+            )
+    return Grade(
+        ok=False,
+        expected=want,
+        why="no role's first unreached site agrees with every expected field",
+    )
 
 
 def describe_site(site: dict[str, Any] | None) -> str:

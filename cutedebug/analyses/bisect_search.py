@@ -32,9 +32,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
+from cutedebug import records
 from cutedebug.engine import verdict as V
 
 FINISHED = V.values(lambda v: v.ran_to_completion)  # the hang vanished
@@ -68,6 +69,46 @@ class CheckpointRun:
     @property
     def timing_bug(self) -> bool:
         return self.verdict in FINISHED
+
+    def record(self) -> RunRecord:
+        """The run as bisect.json lists it (with ``timing_bug``)."""
+        return RunRecord(
+            site=self.site,
+            reached=self.reached,
+            verdict=self.verdict,
+            seconds=self.seconds,
+            role=self.role,
+            hits=self.hits,
+            warps=self.warps,
+            ctas=self.ctas,
+            note=self.note,
+            run_dir=self.run_dir,
+            timing_bug=self.timing_bug,
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunRecord:
+    """A ``CheckpointRun`` in bisect.json's ``runs``."""
+
+    site: int
+    reached: bool | None
+    verdict: str
+    seconds: float
+    role: str
+    hits: int
+    warps: int
+    ctas: int
+    note: str
+    run_dir: str
+    timing_bug: bool  # the hang vanished with this checkpoint enabled
+
+    def to_json(self) -> dict[str, Any]:
+        return records.to_json(self)
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "") -> RunRecord:
+        return records.from_json(cls, data, where)
 
 
 class Oracle:
@@ -128,9 +169,18 @@ class RoleSearch:
     def finished(self) -> bool:
         return self.exact and self.hi == len(self.sites)
 
-    def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
-        d.update(
+    def record(self) -> SearchRecord:
+        """The search as bisect.json lists it: its state and its answer."""
+        return SearchRecord(
+            role=self.role,
+            sites=list(self.sites),
+            lo=self.lo,
+            hi=self.hi,
+            runs=self.runs,
+            budget=self.budget,
+            asked=list(self.asked),
+            inconclusive=list(self.inconclusive),
+            non_monotone=list(self.non_monotone),
             last_reached=self.last_reached,
             first_unreached=self.first_unreached,
             exact=self.exact,
@@ -138,7 +188,35 @@ class RoleSearch:
             started=self.started,
             finished=self.finished,
         )
-        return d
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SearchRecord:
+    """A ``RoleSearch`` in bisect.json's ``searches``: its fields, then its answer (the
+    properties of the same names)."""
+
+    role: str
+    sites: list[int]
+    lo: int
+    hi: int
+    runs: int
+    budget: int
+    asked: list[int]
+    inconclusive: list[int]
+    non_monotone: list[str]
+    last_reached: int | None
+    first_unreached: int | None
+    exact: bool
+    between: list[int]
+    started: bool
+    finished: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return records.to_json(self)
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "") -> SearchRecord:
+        return records.from_json(cls, data, where)
 
 
 def search_role(role: str, sites: list[int], oracle: Oracle) -> RoleSearch:

@@ -33,7 +33,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
         print(f"  report: {md}")
     if res.status == "error":
         return exits.EXIT_HARNESS  # the bisection itself failed: ours, not the kernel's
-    if res.status == "nothing_to_bisect" and res.baseline.get("verdict") == "UNSUPPORTED":
+    if res.status == "nothing_to_bisect" and res.baseline.verdict == "UNSUPPORTED":
         return exits.EXIT_NOT_RUN  # it compiled, but could not run here (no GPU, another arch)
     return exits.EXIT_OK if res.ok else exits.EXIT_UNEXPECTED
 

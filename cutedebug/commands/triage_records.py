@@ -475,8 +475,8 @@ def bisect_record(fut: Future, out_dir: Path) -> BisectCall:
         )
     return BisectCall(
         status=res.status,
-        ok=res.grade.get("ok"),
-        grade=res.grade,
+        ok=res.grade.passed,
+        grade=res.grade.to_json(),
         reason=res.reason[:500],
         answer={role: role_answer(st, res.by_id) for role, st in res.searches.items()},
         runs=len(res.runs),

@@ -22,16 +22,13 @@ def to_markdown(res: BisectResult) -> str:
     else:
         for role, st in res.searches.items():
             out.append(f"- **{md_text(role)}**: {md_text(role_answer(st, by_id))}")
-        if res.grade.get("ok") is not None:
-            m = res.grade.get("matched") or {}
+        if res.grade.passed is not None:
+            m = res.grade.matched
             out.append(
-                f"- expected localization {md_text(res.grade['expected'])}: "
+                f"- expected localization {md_text(res.grade.expected)}: "
                 + (
-                    md_text(
-                        f"found ({m.get('role')} at #{m.get('site')} {m.get('op')}, "
-                        f"{m.get('where')})"
-                    )
-                    if res.grade["ok"]
+                    md_text(f"found ({m.role} at #{m.site} {m.op}, {m.where})")
+                    if res.grade.passed and m
                     else "NOT found"
                 )
             )
@@ -46,15 +43,13 @@ def to_markdown(res: BisectResult) -> str:
                 )
             )
         pa = res.probes_answer
-        if pa and pa.get("roles"):
+        if pa and pa.roles:
             out.append(
                 "- bounded-wait probes: "
-                + "; ".join(
-                    md_text(f"{r}: {v['probe']} → {v['agreement']}") for r, v in pa["roles"].items()
-                )
-                + f" (overall {'agree' if pa['agree'] else 'DISAGREE'})"
+                + "; ".join(md_text(f"{r}: {v.probe} → {v.agreement}") for r, v in pa.roles.items())
+                + f" (overall {'agree' if pa.agree else 'DISAGREE'})"
             )
-        elif res.baseline.get("probes"):
+        elif res.baseline.probes:
             out.append(
                 "- bounded-wait probes: no wait timed out (the hang is outside mbarrier waits)"
             )
@@ -66,10 +61,10 @@ def to_markdown(res: BisectResult) -> str:
         "",
         "## Baseline",
         "",
-        f"verdict {md_text(res.baseline.get('verdict'))} "
-        f"({md_text(res.baseline.get('reason', '')[:200])}), "
-        f"probes {'on' if res.baseline.get('probes') else 'off'}, "
-        f"{res.baseline.get('seconds')} s",
+        f"verdict {md_text(res.baseline.verdict)} "
+        f"({md_text(res.baseline.reason[:200])}), "
+        f"probes {'on' if res.baseline.probes else 'off'}, "
+        f"{res.baseline.seconds} s",
         "",
     ]
     if res.searches:
@@ -155,7 +150,7 @@ def tldr(res: BisectResult) -> str:
             f"checkpoint #{p.site} makes the hang vanish ({p.verdict})" for p in res.timing_bugs
         )
     grade_s = {True: " [as expected]", False: " [EXPECTED LOCALIZATION NOT FOUND]", None: ""}[
-        res.grade.get("ok")
+        res.grade.passed
     ]
     return (
         f"{res.scenario.id}: {len(res.runs)} runs, {res.seconds:.1f} s{grade_s}{flag}"
