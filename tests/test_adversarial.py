@@ -682,6 +682,23 @@ def test_exit_codes_are_distinct_and_documented(capsys):
     assert "could not run here" in readme and "harness error" in readme
 
 
+@pytest.mark.parametrize("argv", [["faults"], ["list", "scenarios/minimal"]])
+def test_a_reader_that_goes_away_is_no_traceback(argv):
+    """`cutedebug ... | head`: the pipe's reader closes early. The command ends with
+    128 + SIGPIPE and no traceback (it printed BrokenPipeError's, or Python's 'Exception
+    ignored ... BrokenPipeError' at exit)."""
+    p = subprocess.Popen(
+        [sys.executable, "-m", "cutedebug", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+    )
+    p.stdout.close()  # the reader is gone before anything was written
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == exits.EXIT_BROKEN_PIPE, err
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
 def test_no_probes_says_localization_was_not_graded():
     r = result("HANG", "HANG", probes_used=False)
     assert r.localization["ok"] is None and r.localization["why"].startswith("not graded")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
@@ -412,7 +413,16 @@ def main(argv: list[str] | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         previous = {sig: signal.signal(sig, _terminate) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        return args.func(args)
+        status = args.func(args)
+        sys.stdout.flush()  # a reader that went away shows here, inside this handler
+        return status
+    except BrokenPipeError:
+        # `cutedebug ... | head`: what the reader did not take is dropped, without a traceback
+        # (the command's own cleanup ran on the way here, as for an interrupt)
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+        return exits.EXIT_BROKEN_PIPE
     except (S.ScenarioError, UsageError) as e:
         print(f"cutedebug: error: {str(e)[:4000]}", file=sys.stderr)
         return EXIT_USAGE
