@@ -53,7 +53,10 @@ pytest-xdist
     ``pytest -n <GPUs> --dist worksteal scenarios``: one worker per GPU, one fork server per
     worker, each compile item compiled once in the whole session (by the worker that runs
     it: under xdist the compile items do not prefetch, the workers are the parallelism), no
-    state shared between workers, every child of a worker killed at its session end.
+    state shared between workers, every child of a worker killed at its session end. A
+    worker dies with the pytest process that started it (SIGKILL included: its first
+    cutedebug item ties it, ``lifeline.tie_to_parent``), and its keeper then kills its fork
+    server, workers and their descendants.
 
 Signals and interrupts
     While a cutedebug item (or a test using the fixture) runs, SIGTERM (a CI cancel,
