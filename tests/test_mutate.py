@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from cutedebug.analyses import mutate as M
+from cutedebug.analyses.mutate_record import MutantRecord, MutationMatrix, Trace
 from cutedebug.commands import exec as X
 from cutedebug.engine import verdict as V
 
@@ -28,6 +29,7 @@ TARGET = ROOT / "tests" / "exec_targets" / "compile_ptx_check.py"
 # TARGET: the trace's function name shortened).
 TMA_STREAM_TRACE = {
     "t": 0,
+    "pid": 1,
     "function": "cutlass___call___tma_streamTmaStream_object_at__FakeTensor",
     "occurrence": 0,
     "kernel": "TmaStream.kernel",
@@ -51,6 +53,7 @@ TMA_STREAM_TRACE = {
     ],
     "arch_ops": {"mbarrier_init_fence": 1, "sync_warp": 1},
 }
+TMA_STREAM = Trace.from_json(TMA_STREAM_TRACE)
 
 
 def mutate(*args: str, out: Path, timeout: float = 900) -> tuple[int, str]:
@@ -69,7 +72,7 @@ def mutate(*args: str, out: Path, timeout: float = 900) -> tuple[int, str]:
 def test_plan_follows_the_recorded_ops():
     from cutedebug.instrument import faults
 
-    mutants = M.plan([TMA_STREAM_TRACE], None, None)
+    mutants = M.plan([TMA_STREAM], None, None)
     assert [m.id for m in mutants] == [
         "t0.p0.wrong_expect_tx+16",
         "t0.p0.missing_phase_flip.consumer",
@@ -91,18 +94,20 @@ def test_plan_follows_the_recorded_ops():
         assert m.trace == {"function": TMA_STREAM_TRACE["function"], "occurrence": 0}
         assert m.target == "t0.kernel-wide" or m.args.get("pipeline") == 0
     # a second trace: a consumer-only pipeline, a PipelineTmaUmma, named barriers, a cluster
-    other = {
-        "t": 1,
-        "function": "f",
-        "occurrence": 2,
-        "kernels": ["kernel_x_0"],
-        "pipelines": [
+    other = Trace(
+        t=1,
+        function="f",
+        occurrence=2,
+        kernels=["kernel_x_0"],
+        kernel=None,
+        pipelines=[
             {"index": 0, "class": "PipelineAsync", "ops": {"consumer_wait": 2}},
             {"index": 1, "class": "PipelineTmaUmma", "ops": {"producer_acquire": 1}},
         ],
-        "arch_ops": {"barrier": 2, "cluster_arrive": 1},
-    }
-    mutants = M.plan([TMA_STREAM_TRACE, other], None, [1])
+        arch_ops={"barrier": 2, "cluster_arrive": 1},
+        pid=2,
+    )
+    mutants = M.plan([TMA_STREAM, other], None, [1])
     assert [m.id for m in mutants if m.target.startswith("t1")] == [
         "t1.p1.wrong_expect_tx+16",
         "t1.p1.missing_phase_flip.producer",
@@ -119,7 +124,7 @@ def test_plan_follows_the_recorded_ops():
         "t1.p0.missing_phase_flip.consumer",
         "t1.p1.missing_phase_flip.producer",
     ]
-    labels = M.targets([TMA_STREAM_TRACE, other])
+    labels = M.targets([TMA_STREAM, other])
     assert labels["t0.p0"] == "t0.p0: PipelineTmaAsync @tma_stream.py:200 in TmaStream.kernel"
     assert labels["t1.kernel-wide"] == "t1: kernel-wide in kernel_x_0"
 
@@ -188,6 +193,8 @@ def test_mutate_over_a_compile_only_target_then_resume(tmp_path):
     assert "processes of ours left: 0" in text and m["facts"]["processes_left"] == []
     assert m["facts"]["gpu_health"] is None  # nothing ran on a GPU
     assert len((out / "results.jsonl").read_text().splitlines()) == 4
+    text_json = (out / "matrix.json").read_text()  # reads back as its record, byte for byte
+    assert json.dumps(MutationMatrix.from_json(m).to_json(), indent=1, default=str) == text_json
     # --resume: the clean run and the four mutants are kept, nothing runs again
     rc, text = mutate(
         "--resume",
@@ -255,7 +262,67 @@ def test_a_mutant_that_changed_nothing_says_why(tmp_path):
         }
     ]
     r = M.mutant_record(m, res, tmp_path)
-    assert r["status"] == "NOT_APPLIED" and "NOT APPLIED: 0 sites" in r["reason"]
+    assert r.status == "NOT_APPLIED" and "NOT APPLIED: 0 sites" in r.reason
+    assert MutantRecord.from_json(json.loads(M.result_line(r))) == r
     res.processes[1]["traces"] = [{"function": "g"}]  # the trace never came in this run
     r = M.mutant_record(m, res, tmp_path)
-    assert "not traced in this run" in r["reason"]
+    assert "not traced in this run" in r.reason
+
+
+# ---- recorded matrices ---------------------------------------------------------------------------
+# tests/data/mutate/: OUT folders of `cutedebug mutate` over TARGET on this CPU, written before the
+# matrix was typed: ff954a1/ by the version that ran on the H200 (reports/2026-12-01-h200/exec:
+# its mutant records lack trace, gpu_wait_s, killed_by, used_gpu, left_pids), current/ by
+# ff91d99 (6 mutants, with facts), clean_fails/ by ff91d99 over exits_nonzero.py.
+MUTATE_DATA = ROOT / "tests" / "data" / "mutate"
+
+
+@pytest.mark.parametrize("name", ["ff954a1", "current", "clean_fails"])
+def test_a_recorded_matrix_and_its_results_round_trip_byte_for_byte(name):
+    from cutedebug.records import RecordError
+
+    text = (MUTATE_DATA / name / "matrix.json").read_text()
+    m = MutationMatrix.from_json(json.loads(text))
+    assert json.dumps(m.to_json(), indent=1, default=str) == text
+    results = MUTATE_DATA / name / "results.jsonl"
+    if results.exists():
+        lines = results.read_text().splitlines()
+        done = M.load_results(results)
+        assert [M.result_line(done[json.loads(ln)["id"]]) for ln in lines] == lines
+        assert list(done.values()) == [r for r in m.mutants if r.id in done]
+        old = name == "ff954a1"
+        assert all(bool(r.lacked) == old for r in done.values())
+        if old:  # the keys it lacks read as what that version did: no token, nothing left
+            assert {r.gpu_wait_s for r in done.values()} == {0.0}
+            assert all(r.left_pids == [] and r.trace == {} for r in done.values())
+        one = json.loads(lines[0])
+        with pytest.raises(RecordError, match=r"field 'status': 'CAUGHTX' is not one of"):
+            MutantRecord.from_json(dict(one, status="CAUGHTX"))
+        with pytest.raises(RecordError, match=r"field 'verdict': 'MAYBE' is not a verdict"):
+            MutantRecord.from_json(dict(one, verdict="MAYBE"))
+        with pytest.raises(RecordError, match=r"field 'sites\[0\].pid' missing"):
+            MutantRecord.from_json(
+                dict(one, sites=[{k: v for k, v in one["sites"][0].items() if k != "pid"}])
+            )
+    else:
+        assert m.mutants == [] and m.score.score is None and m.clean.verdict == "FAIL"
+
+
+def test_resume_keeps_the_mutants_an_earlier_version_recorded(tmp_path):
+    """--resume over the OUT folder of the version that ran on the H200: nothing runs again,
+    results.jsonl stays as it was, the matrix lists its records unchanged and scores them."""
+    import shutil
+
+    out = tmp_path / "m"
+    shutil.copytree(MUTATE_DATA / "ff954a1", out)
+    clean = json.loads((out / "clean.json").read_text())
+    before = (out / "results.jsonl").read_text()
+    rc, text = mutate(
+        "--resume", "--faults", "wrong_expect_tx,skip_producer_tail", "--", *clean["argv"], out=out
+    )
+    assert rc == 0 and "2 mutant(s), 2 already done" in text, text
+    assert "clean run: /" not in text and (out / "results.jsonl").read_text() == before
+    m = json.loads((out / "matrix.json").read_text())
+    old = {r["id"]: r for r in map(json.loads, before.splitlines())}
+    assert {r["id"]: r for r in m["mutants"]} == old  # key for key, nothing added
+    assert m["score"]["score"] == 0.5 and m["facts"]["processes_left"] == []

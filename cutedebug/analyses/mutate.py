@@ -19,10 +19,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cutedebug.analyses.mutate_record import (
+    MATRIX_SCHEMA,
+    CleanRun,
+    FaultSite,
+    MutantRecord,
+    MutationMatrix,
+    RunFacts,
+    Score,
+    Trace,
+)
 from cutedebug.engine import command as X
 from cutedebug.engine import verdict as V
 
-MATRIX_SCHEMA = 1
 CAUGHT, SURVIVED, NOT_APPLIED, HARNESS = "CAUGHT", "SURVIVED", "NOT_APPLIED", "HARNESS_ERROR"
 CAUGHT_BY = ("HANG", "CRASH", "FAIL")
 KERNEL_WIDE = "kernel-wide"
@@ -162,12 +171,12 @@ def _kernel_wide_mutants(
     return out
 
 
-def recorded(clean: dict[str, Any]) -> list[dict[str, Any]]:
+def recorded(clean: dict[str, Any]) -> list[Trace]:
     """The traces of the clean run, each with what the recorder saw: its pipelines (numbered
     from 0 in the trace, as a fault's ``pipeline`` argument counts them), their ops and the
     kernel-wide syncs. A trace is its function name and occurrence (the n-th trace of that
     function in its process); the same trace in several processes (pytest-xdist) counts once."""
-    out: list[dict[str, Any]] = []
+    out: list[Trace] = []
     seen = set()
     for p in clean.get("processes", []):
         for tr in p.get("traces") or []:
@@ -177,39 +186,37 @@ def recorded(clean: dict[str, Any]) -> list[dict[str, Any]]:
             seen.add(key)
             proto = tr["protocol"]
             out.append(
-                {
-                    "t": len(out),
-                    "function": key[0],
-                    "occurrence": key[1],
-                    "kernels": tr.get("kernels") or [],
-                    "kernel": ", ".join(proto.get("kernel_names") or []) or None,
-                    "pipelines": proto.get("pipelines") or [],
-                    "arch_ops": proto.get("arch_ops") or {},
-                    "pid": p.get("pid"),
-                }
+                Trace(
+                    t=len(out),
+                    function=key[0],
+                    occurrence=key[1],
+                    kernels=tr.get("kernels") or [],
+                    kernel=", ".join(proto.get("kernel_names") or []) or None,
+                    pipelines=proto.get("pipelines") or [],
+                    arch_ops=proto.get("arch_ops") or {},
+                    pid=p.get("pid"),
+                )
             )
     return out
 
 
 def plan(
-    traces: list[dict[str, Any]],
+    traces: list[Trace],
     faults_wanted: list[str] | None,
     pipelines_wanted: list[int] | None,
 ) -> list[Mutant]:
     out: list[Mutant] = []
     for tr in traces:
-        trace = {"function": tr["function"], "occurrence": tr["occurrence"]}
-        t = f"t{tr['t']}"
-        for p in tr["pipelines"]:
+        trace = {"function": tr.function, "occurrence": tr.occurrence}
+        t = f"t{tr.t}"
+        for p in tr.pipelines:
             if pipelines_wanted is not None and p["index"] not in pipelines_wanted:
                 continue
             target = f"{t}.p{p['index']}"
             for fault, args, variant, why in _pipeline_mutants(p):
                 out.append(Mutant(f"{target}.{variant}", fault, args, trace, target, variant, why))
         target = f"{t}.{KERNEL_WIDE}"
-        for fault, args, variant, why in _kernel_wide_mutants(
-            tr["arch_ops"], bool(tr["pipelines"])
-        ):
+        for fault, args, variant, why in _kernel_wide_mutants(tr.arch_ops, bool(tr.pipelines)):
             out.append(Mutant(f"{target}.{variant}", fault, args, trace, target, variant, why))
     from cutedebug.instrument.faults import FAULTS
 
@@ -219,19 +226,19 @@ def plan(
     return out
 
 
-def _kernel_of(tr: dict[str, Any]) -> str:
-    if tr.get("kernel"):
-        return tr["kernel"]
-    k = (tr.get("kernels") or ["?"])[0]
+def _kernel_of(tr: Trace) -> str:
+    if tr.kernel:
+        return tr.kernel
+    k = (tr.kernels or ["?"])[0]
     return k if len(k) <= 60 else k[:57] + "..."
 
 
-def targets(traces: list[dict[str, Any]]) -> dict[str, str]:
+def targets(traces: list[Trace]) -> dict[str, str]:
     """Target id -> label: each pipeline of each trace, then the trace's kernel-wide row."""
     out = {}
     for tr in traces:
-        t = f"t{tr['t']}"
-        for p in tr["pipelines"]:
+        t = f"t{tr.t}"
+        for p in tr.pipelines:
             out[f"{t}.p{p['index']}"] = (
                 f"{t}.p{p['index']}: {p['class']} @{os.path.basename(p.get('file') or '?')}:"
                 f"{p.get('line')} in {p.get('kernel') or _kernel_of(tr)}"
@@ -253,15 +260,17 @@ def status_of(res: X.ExecResult) -> str:
     return HARNESS  # a verdict exec does not give: ours to explain
 
 
-def mutant_record(m: Mutant, res: X.ExecResult, out: Path) -> dict[str, Any]:
+def mutant_record(m: Mutant, res: X.ExecResult, out: Path) -> MutantRecord:
     from cutedebug.instrument import faults
 
     sites = []
     for p in res.processes.values():
         for s in p.get("fault_sites") or []:
             sites.append(
-                {k: s.get(k) for k in ("kernel", "file", "line", "function", "op", "detail")}
-                | {"pid": p["pid"]}
+                FaultSite(
+                    **{k: s.get(k) for k in ("kernel", "file", "line", "function", "op", "detail")},
+                    pid=p["pid"],
+                )
             )
     expected, note = faults.expected_verdict(m.fault, m.args)
     status = status_of(res)
@@ -290,30 +299,30 @@ def mutant_record(m: Mutant, res: X.ExecResult, out: Path) -> dict[str, Any]:
                 else "not traced in this run: the command traced in another order"
             )
         )
-    return {
+    return MutantRecord(
         **m.to_json(),
-        "status": status,
-        "verdict": res.verdict.value,
-        "reason": reason,
-        "where": X.where(res),
-        "fault_count": res.fault_count or 0,
-        "sites": sites[:20],
-        "changes": faults.FAULTS[m.fault].description,
-        "registry_expects": expected,
-        "registry_note": note,
-        "elapsed_s": res.elapsed_s,
-        "gpu_wait_s": res.gpu_wait_s,
-        "killed_by": res.killed_by,
-        "used_gpu": X.used_gpu(res),
-        "left_pids": res.left,
-        "swept_pids": res.swept,
-        "report": os.path.relpath(res.run_dir / "report.md", out),
-    }
+        status=status,
+        verdict=res.verdict.value,
+        reason=reason,
+        where=X.where(res),
+        fault_count=res.fault_count or 0,
+        sites=sites[:20],
+        changes=faults.FAULTS[m.fault].description,
+        registry_expects=expected,
+        registry_note=note,
+        elapsed_s=res.elapsed_s,
+        gpu_wait_s=res.gpu_wait_s,
+        killed_by=res.killed_by,
+        used_gpu=X.used_gpu(res),
+        left_pids=list(res.left),
+        swept_pids=list(res.swept),
+        report=os.path.relpath(res.run_dir / "report.md", out),
+    )
 
 
 def run_mutant(
     m: Mutant, clean: X.Settings, deadline_s: float, out: Path
-) -> tuple[dict[str, Any], X.ExecResult]:
+) -> tuple[MutantRecord, X.ExecResult]:
     """The command with this mutant's fault in its trace; its record and the run (whose report
     the caller writes)."""
     s = X.Settings(
@@ -345,76 +354,81 @@ def release_gpu_token(path: Path, tag: str) -> None:
         pass
 
 
-def load_results(path: Path) -> dict[str, dict[str, Any]]:
-    done: dict[str, dict[str, Any]] = {}
+def load_results(path: Path) -> dict[str, MutantRecord]:
+    """The mutants OUT/results.jsonl holds (earlier versions' records included), by id."""
+    done: dict[str, MutantRecord] = {}
     if path.exists():
         for line in path.read_text().splitlines():
             try:
-                r = json.loads(line)
-                done[r["id"]] = r
-            except (ValueError, KeyError):
-                continue  # a line cut by a kill: that mutant runs again
+                r = MutantRecord.from_json(json.loads(line))
+            except ValueError:
+                continue  # a line cut by a kill (or not a mutant record): that mutant runs again
+            done[r.id] = r
     return done
 
 
+def result_line(r: MutantRecord) -> str:
+    """The mutant's line in OUT/results.jsonl."""
+    return json.dumps(r.to_json(), default=str)
+
+
 # ---- matrix --------------------------------------------------------------------------------------
-def score(results: list[dict[str, Any]]) -> dict[str, Any]:
-    n = {
-        k: sum(r["status"] == k for r in results) for k in (CAUGHT, SURVIVED, NOT_APPLIED, HARNESS)
-    }
+def score(results: list[MutantRecord]) -> Score:
+    n = {k: sum(r.status == k for r in results) for k in (CAUGHT, SURVIVED, NOT_APPLIED, HARNESS)}
     scored = n[CAUGHT] + n[SURVIVED]
-    by = {v: sum(r["status"] == CAUGHT and r["verdict"] == v for r in results) for v in CAUGHT_BY}
-    return {
-        "counts": n,
-        "caught_by": by,
-        "score": round(n[CAUGHT] / scored, 4) if scored else None,
-        "scored": scored,
-        "mutants": len(results),
-    }
+    by = {v: sum(r.status == CAUGHT and r.verdict == v for r in results) for v in CAUGHT_BY}
+    return Score(
+        counts=n,
+        caught_by=by,
+        score=round(n[CAUGHT] / scored, 4) if scored else None,
+        scored=scored,
+        mutants=len(results),
+    )
 
 
 def build_matrix(
     clean: dict[str, Any],
-    traces: list[dict[str, Any]],
-    results: list[dict[str, Any]],
+    traces: list[Trace],
+    results: list[MutantRecord],
     planned: list[Mutant],
     command: str,
-) -> dict[str, Any]:
+) -> MutationMatrix:
     order = {m.id: i for i, m in enumerate(planned)}
-    results = sorted(results, key=lambda r: order.get(r["id"], len(order)))
-    return {
-        "schema": MATRIX_SCHEMA,
-        "command": command,
-        "argv": clean["argv"],
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "clean": {
-            k: clean.get(k) for k in ("verdict", "reason", "elapsed_s", "run_dir", "kernels_traced")
-        },
-        "targets": targets(traces),
-        "traces": traces,
-        "score": score(results),
-        "planned": len(planned),
-        "mutants": results,
-    }
+    results = sorted(results, key=lambda r: order.get(r.id, len(order)))
+    return MutationMatrix(
+        schema=MATRIX_SCHEMA,
+        command=command,
+        argv=clean["argv"],
+        date=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        clean=CleanRun(
+            **{
+                k: clean.get(k)
+                for k in ("verdict", "reason", "elapsed_s", "run_dir", "kernels_traced")
+            }
+        ),
+        targets=targets(traces),
+        traces=traces,
+        score=score(results),
+        planned=len(planned),
+        mutants=results,
+    )
 
 
-def run_facts(
-    clean: dict[str, Any], results: list[dict[str, Any]], wall_s: float
-) -> dict[str, Any]:
+def run_facts(clean: dict[str, Any], results: list[MutantRecord], wall_s: float) -> RunFacts:
     """Leftover processes, GPU health after the kills, each mutant's time against the clean
     run's (interpreter start + compile + run; a mutant may take 2 s more)."""
     from cutedebug.engine import runner
 
-    killed_gpu = [r for r in results if r.get("killed_by") and r.get("used_gpu")]
+    killed_gpu = [r for r in results if r.killed_by and r.used_gpu]
     limit = clean["elapsed_s"] + 2.0
     # A mutant's own time: what it spent waiting for the GPU token is the others'.
-    over = [r["id"] for r in results if r["elapsed_s"] - r.get("gpu_wait_s", 0.0) > limit]
-    return {
-        "clean_s": clean["elapsed_s"],
-        "wall_s": round(wall_s, 1),
-        "max_mutant_s": max((r["elapsed_s"] for r in results), default=None),
-        "over_clean_plus_2s": over,
-        "processes_left": sorted({p for r in results for p in r.get("left_pids") or []}),
-        "gpu_health": runner.health_check() if killed_gpu else None,
-        "killed_on_gpu": len(killed_gpu),
-    }
+    over = [r.id for r in results if r.elapsed_s - r.gpu_wait_s > limit]
+    return RunFacts(
+        clean_s=clean["elapsed_s"],
+        wall_s=round(wall_s, 1),
+        max_mutant_s=max((r.elapsed_s for r in results), default=None),
+        over_clean_plus_2s=over,
+        processes_left=sorted({p for r in results for p in r.left_pids}),
+        gpu_health=runner.health_check() if killed_gpu else None,
+        killed_on_gpu=len(killed_gpu),
+    )

@@ -34,6 +34,7 @@ import shlex
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,7 @@ from cutedebug.reporting.mutation_matrix import _score_text, facts_lines, surviv
 
 
 # ---- command line --------------------------------------------------------------------------------
-def run_and_report(m: M.Mutant, clean: X.Settings, deadline_s: float, out: Path) -> dict[str, Any]:
+def run_and_report(m: M.Mutant, clean: X.Settings, deadline_s: float, out: Path) -> M.MutantRecord:
     """One mutant: run it, write its report.md / report.json, return its record."""
     record, res = M.run_mutant(m, clean, deadline_s, out)
     X.write_report(res, "PASS")
@@ -157,7 +158,7 @@ def cmd_mutate(args: argparse.Namespace) -> int:
         )
         write_matrix(out, M.build_matrix(clean, traces, [], [], command))
         return X.EXIT_MISMATCH
-    n_pipes = max((len(tr["pipelines"]) for tr in traces), default=0)
+    n_pipes = max((len(tr.pipelines) for tr in traces), default=0)
     if pipes is not None and (bad := [i for i in pipes if i >= n_pipes]):
         print(
             f"cutedebug: error: --pipelines {bad}: no trace of the clean run created that "
@@ -167,9 +168,9 @@ def cmd_mutate(args: argparse.Namespace) -> int:
         return X.EXIT_USAGE
     labels = M.targets(traces)
     for tr in traces:
-        print(f"  trace t{tr['t']}: {M._kernel_of(tr)}, {len(tr['pipelines'])} pipeline(s)")
-        for p in tr["pipelines"]:
-            label = labels[f"t{tr['t']}.p{p['index']}"]
+        print(f"  trace t{tr.t}: {M._kernel_of(tr)}, {len(tr.pipelines)} pipeline(s)")
+        for p in tr.pipelines:
+            label = labels[f"t{tr.t}.p{p['index']}"]
             print(f"    {label} ops {p['ops']}")
     deadline = args.deadline or max(30.0, 2 * clean["elapsed_s"] + 10.0)
     todo = [m for m in planned if m.id not in done]
@@ -184,15 +185,15 @@ def cmd_mutate(args: argparse.Namespace) -> int:
     results = [done[m.id] for m in planned if m.id in done]
     t0 = time.monotonic()
 
-    def finished(r: dict[str, Any]) -> None:
+    def finished(r: M.MutantRecord) -> None:
         results.append(r)
         with open(results_path, "a") as f:
-            f.write(json.dumps(r, default=str) + "\n")
+            f.write(M.result_line(r) + "\n")
         write_matrix(out, M.build_matrix(clean, traces, results, planned, command))
         print(
-            f"[{len(results):>3}/{len(planned)}] {r['id']}: {r['status']}"
-            + (f" ({r['verdict']})" if r["status"] == CAUGHT else "")
-            + f" in {r['elapsed_s']} s — {(r['where'] or r['reason'])[:120]}",
+            f"[{len(results):>3}/{len(planned)}] {r.id}: {r.status}"
+            + (f" ({r.verdict})" if r.status == CAUGHT else "")
+            + f" in {r.elapsed_s} s — {(r.where or r.reason)[:120]}",
             flush=True,
         )
 
@@ -207,20 +208,22 @@ def cmd_mutate(args: argparse.Namespace) -> int:
             futures = [pool.submit(run_and_report, m, clean_run, deadline, out) for m in todo]
             for fut in as_completed(futures):
                 finished(fut.result())
-    m = M.build_matrix(clean, traces, results, planned, command)
-    m["facts"] = M.run_facts(clean, results, time.monotonic() - t0)
+    m = replace(
+        M.build_matrix(clean, traces, results, planned, command),
+        facts=M.run_facts(clean, results, time.monotonic() - t0),
+    )
     write_matrix(out, m)
-    print(_score_text(m["score"]) + f" ({time.monotonic() - t0:.1f} s)")
-    for line in facts_lines(m["facts"]):
+    print(_score_text(m.score) + f" ({time.monotonic() - t0:.1f} s)")
+    for line in facts_lines(m.facts):
         print(f"  {line}")
     for s in survivors(m):
         print(f"  survivor: {s}")
     print(f"matrix: {out / 'matrix.md'} | {out / 'matrix.html'} | {out / 'matrix.json'}")
-    health = m["facts"]["gpu_health"]
-    bad = m["facts"]["processes_left"] or (health is not None and not health.get("healthy"))
+    health = m.facts.gpu_health
+    bad = m.facts.processes_left or (health is not None and not health.get("healthy"))
     bad = (
         bad
-        or m["score"]["counts"][HARNESS] > 0
-        or (args.min_score is not None and (m["score"]["score"] or 0.0) < args.min_score)
+        or m.score.counts[HARNESS] > 0
+        or (args.min_score is not None and (m.score.score or 0.0) < args.min_score)
     )
     return X.EXIT_MISMATCH if bad else X.EXIT_OK

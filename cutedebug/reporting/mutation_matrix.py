@@ -10,62 +10,62 @@ import json
 import os
 import shlex
 from pathlib import Path
-from typing import Any
 
 from cutedebug.analyses.mutate import CAUGHT, HARNESS, NOT_APPLIED, SURVIVED
+from cutedebug.analyses.mutate_record import MutantRecord, MutationMatrix, RunFacts, Score
 from cutedebug.reporting.escape import html_link, md_code, md_link, md_text
 
 
-def _cell(r: dict[str, Any]) -> str:
-    return r["verdict"] if r["status"] == CAUGHT else r["status"]
+def _cell(r: MutantRecord) -> str:
+    return r.verdict if r.status == CAUGHT else r.status
 
 
-def _pivot(m: dict[str, Any]) -> tuple[list[str], list[str], dict[tuple[str, str], dict]]:
-    targets = [t for t in m["targets"] if any(r["target"] == t for r in m["mutants"])]
+def _pivot(
+    m: MutationMatrix,
+) -> tuple[list[str], list[str], dict[tuple[str, str], MutantRecord]]:
+    targets = [t for t in m.targets if any(r.target == t for r in m.mutants)]
     variants: list[str] = []
-    for r in m["mutants"]:
-        if r["variant"] not in variants:
-            variants.append(r["variant"])
-    return targets, variants, {(r["target"], r["variant"]): r for r in m["mutants"]}
+    for r in m.mutants:
+        if r.variant not in variants:
+            variants.append(r.variant)
+    return targets, variants, {(r.target, r.variant): r for r in m.mutants}
 
 
-def _score_text(sc: dict[str, Any]) -> str:
-    c = sc["counts"]
-    pct = f"{100 * sc['score']:.0f}%" if sc["score"] is not None else "n/a"
+def _score_text(sc: Score) -> str:
+    c = sc.counts
+    pct = f"{100 * sc.score:.0f}%" if sc.score is not None else "n/a"
     return (
-        f"mutation score {pct} ({c[CAUGHT]} caught of {sc['scored']} applied: "
-        + ", ".join(f"{v} {n}" for v, n in sc["caught_by"].items())
+        f"mutation score {pct} ({c[CAUGHT]} caught of {sc.scored} applied: "
+        + ", ".join(f"{v} {n}" for v, n in sc.caught_by.items())
         + f"; {c[SURVIVED]} "
         f"survived); {c[NOT_APPLIED]} not applied, {c[HARNESS]} harness error(s)"
     )
 
 
-def survivors(m: dict[str, Any]) -> list[str]:
+def survivors(m: MutationMatrix) -> list[str]:
     out = []
-    for r in m["mutants"]:
-        if r["status"] != SURVIVED:
+    for r in m.mutants:
+        if r.status != SURVIVED:
             continue
         sites = "; ".join(
-            f"{os.path.basename(s.get('file') or '?')}:{s.get('line')} "
-            f"{s.get('op')}: {s.get('detail')}"
-            for s in r["sites"][:4]
+            f"{os.path.basename(s.file or '?')}:{s.line} {s.op}: {s.detail}" for s in r.sites[:4]
         )
         out.append(
-            f"`{r['id']}` ({r['fault']} {json.dumps(r['args'])}) changes {sites} — "
-            f"{r['changes']}; the command still passed"
+            f"`{r.id}` ({r.fault} {json.dumps(r.args)}) changes {sites} — "
+            f"{r.changes}; the command still passed"
         )
     return out
 
 
-def render_markdown(m: dict[str, Any]) -> str:
+def render_markdown(m: MutationMatrix) -> str:
     targets, variants, cells = _pivot(m)
     lines = [
-        f"# cutedebug mutate: `{shlex.join(m['argv'])}`",
+        f"# cutedebug mutate: `{shlex.join(m.argv)}`",
         "",
-        f"**{_score_text(m['score'])}**",
+        f"**{_score_text(m.score)}**",
         "",
-        f"Clean run: {m['clean']['verdict']} in {m['clean']['elapsed_s']} s, "
-        f"{m['clean']['kernels_traced']} trace(s). Command: `{m['command']}`. {m['date']}.",
+        f"Clean run: {m.clean.verdict} in {m.clean.elapsed_s} s, "
+        f"{m.clean.kernels_traced} trace(s). Command: `{m.command}`. {m.date}.",
         "",
         "## Matrix (target x fault)",
         "",
@@ -74,18 +74,16 @@ def render_markdown(m: dict[str, Any]) -> str:
     ]
     for t in targets:
         lines.append(
-            f"| {m['targets'][t]} | "
+            f"| {m.targets[t]} | "
             + " | ".join(_cell(cells[(t, v)]) if (t, v) in cells else "" for v in variants)
             + " |"
         )
     surv = survivors(m)
     lines += ["", "## Survivors", ""] + ([f"- {s}" for s in surv] or ["none"])
-    unapplied = [r for r in m["mutants"] if r["status"] in (NOT_APPLIED, HARNESS)]
+    unapplied = [r for r in m.mutants if r.status in (NOT_APPLIED, HARNESS)]
     if unapplied:
         lines += ["", "## Not applied / harness errors", ""]
-        lines += [
-            f"- {md_code(r['id'])} {r['status']}: {md_text(r['reason'][:300])}" for r in unapplied
-        ]
+        lines += [f"- {md_code(r.id)} {r.status}: {md_text(r.reason[:300])}" for r in unapplied]
     lines += [
         "",
         "## Mutants",
@@ -93,23 +91,21 @@ def render_markdown(m: dict[str, Any]) -> str:
         "| mutant | status | verdict | fault applied at | where / why | secs | report |",
         "|---|---|---|---|---|---|---|",
     ]
-    for r in m["mutants"]:
-        sites = ", ".join(
-            f"{os.path.basename(s.get('file') or '?')}:{s.get('line')}" for s in r["sites"][:3]
-        )
+    for r in m.mutants:
+        sites = ", ".join(f"{os.path.basename(s.file or '?')}:{s.line}" for s in r.sites[:3])
         lines.append(
-            f"| {md_code(r['id'])} | {r['status']} | {r['verdict']} | "
-            f"{r['fault_count']} site(s) {md_text(sites)} | "
-            f"{md_text((r['where'] or r['reason'])[:160])}"
-            f" | {r['elapsed_s']} | {md_link(r['report'], 'report')} |"
+            f"| {md_code(r.id)} | {r.status} | {r.verdict} | "
+            f"{r.fault_count} site(s) {md_text(sites)} | "
+            f"{md_text((r.where or r.reason)[:160])}"
+            f" | {r.elapsed_s} | {md_link(r.report, 'report')} |"
         )
-    lines += ["", f"{m['planned']} mutant(s) planned, {len(m['mutants'])} done."]
-    if m.get("facts"):
-        lines += ["", "## Run facts", ""] + [f"- {x}" for x in facts_lines(m["facts"])]
+    lines += ["", f"{m.planned} mutant(s) planned, {len(m.mutants)} done."]
+    if m.facts:
+        lines += ["", "## Run facts", ""] + [f"- {x}" for x in facts_lines(m.facts)]
     return "\n".join(lines) + "\n"
 
 
-def render_html(m: dict[str, Any]) -> str:
+def render_html(m: MutationMatrix) -> str:
     from cutedebug.reporting.matrix import CSS
 
     e = html.escape
@@ -118,10 +114,10 @@ def render_html(m: dict[str, Any]) -> str:
     out = [
         "<!doctype html><html><head><meta charset='utf-8'>",
         f"<title>cutedebug mutate</title><style>{CSS}</style></head><body>",
-        f"<h1>cutedebug mutate: <code>{e(shlex.join(m['argv']))}</code></h1>",
-        f"<p><b>{e(_score_text(m['score']))}</b></p>",
-        f"<p>Clean run {e(str(m['clean']['verdict']))} in {m['clean']['elapsed_s']} s · "
-        f"{e(m['date'])} · command <code>{e(m['command'])}</code></p>",
+        f"<h1>cutedebug mutate: <code>{e(shlex.join(m.argv))}</code></h1>",
+        f"<p><b>{e(_score_text(m.score))}</b></p>",
+        f"<p>Clean run {e(str(m.clean.verdict))} in {m.clean.elapsed_s} s · "
+        f"{e(m.date)} · command <code>{e(m.command)}</code></p>",
         "<p>"
         + " ".join(f"<span class='{c}'>&nbsp;{s}&nbsp;</span>" for s, c in klass.items())
         + "</p>",
@@ -130,38 +126,37 @@ def render_html(m: dict[str, Any]) -> str:
         + "</tr>",
     ]
     for t in targets:
-        out.append(f"<tr><th>{e(m['targets'][t])}</th>")
+        out.append(f"<tr><th>{e(m.targets[t])}</th>")
         for v in variants:
             r = cells.get((t, v))
             if r is None:
                 out.append("<td></td>")
                 continue
-            tip = e((r["where"] or r["reason"])[:400])
+            tip = e((r.where or r.reason)[:400])
             out.append(
-                f"<td class='{klass[r['status']]}' title='{tip}'>"
-                f"{html_link(r['report'], _cell(r))}</td>"
+                f"<td class='{klass[r.status]}' title='{tip}'>{html_link(r.report, _cell(r))}</td>"
             )
         out.append("</tr>")
     out.append("</table><h2>Survivors</h2><ul>")
     out += [f"<li>{e(s)}</li>" for s in survivors(m)] or ["<li>none</li>"]
     out.append("</ul>")
-    if m.get("facts"):
-        out += ["<h2>Run facts</h2><ul>"] + [f"<li>{e(x)}</li>" for x in facts_lines(m["facts"])]
+    if m.facts:
+        out += ["<h2>Run facts</h2><ul>"] + [f"<li>{e(x)}</li>" for x in facts_lines(m.facts)]
         out.append("</ul>")
     out.append("</body></html>\n")
     return "\n".join(out)
 
 
-def facts_lines(f: dict[str, Any]) -> list[str]:
+def facts_lines(f: RunFacts) -> list[str]:
     if not f:
         return []
-    health = f["gpu_health"]
+    health = f.gpu_health
     return [
-        f"clean run {f['clean_s']} s; slowest mutant {f['max_mutant_s']} s; "
-        f"{len(f['over_clean_plus_2s'])} mutant(s) over clean + 2 s"
-        + (f" ({', '.join(f['over_clean_plus_2s'][:5])})" if f["over_clean_plus_2s"] else ""),
-        f"processes of ours left: {len(f['processes_left'])}"
-        + (f" {f['processes_left']}" if f["processes_left"] else ""),
+        f"clean run {f.clean_s} s; slowest mutant {f.max_mutant_s} s; "
+        f"{len(f.over_clean_plus_2s)} mutant(s) over clean + 2 s"
+        + (f" ({', '.join(f.over_clean_plus_2s[:5])})" if f.over_clean_plus_2s else ""),
+        f"processes of ours left: {len(f.processes_left)}"
+        + (f" {f.processes_left}" if f.processes_left else ""),
         "GPU health after the kills: "
         + (
             "not checked (no mutant killed on a GPU)"
@@ -170,13 +165,13 @@ def facts_lines(f: dict[str, Any]) -> list[str]:
             if health.get("healthy")
             else f"UNHEALTHY {health}"
         ),
-        f"mutate wall time {f['wall_s']} s",
+        f"mutate wall time {f.wall_s} s",
     ]
 
 
-def write_matrix(out: Path, m: dict[str, Any]) -> None:
+def write_matrix(out: Path, m: MutationMatrix) -> None:
     from cutedebug.reporting.files import atomic_write
 
-    atomic_write(out / "matrix.json", json.dumps(m, indent=1, default=str))
+    atomic_write(out / "matrix.json", json.dumps(m.to_json(), indent=1, default=str))
     atomic_write(out / "matrix.md", render_markdown(m))
     atomic_write(out / "matrix.html", render_html(m))

@@ -1,0 +1,149 @@
+"""The mutation matrix of `cutedebug mutate` as records (OUT/matrix.json: ``MutationMatrix``;
+OUT/results.jsonl: one ``MutantRecord`` a line), serialised through ``cutedebug.records``.
+
+Mutant records of earlier versions (the one that ran on the H200, ff954a1) lack ``trace``,
+``gpu_wait_s``, ``killed_by``, ``used_gpu`` and ``left_pids``: they read as the defaults and
+write back without them, so ``--resume`` keeps them and the matrix lists them as they were.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from cutedebug import records
+from cutedebug.engine.verdict import Verdict
+from cutedebug.records import ABSENT, Absent, later
+
+MATRIX_SCHEMA = 1
+Status = Literal["CAUGHT", "SURVIVED", "NOT_APPLIED", "HARNESS_ERROR"]
+
+
+class _Record:
+    __slots__ = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return records.to_json(self)
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = ""):
+        return records.from_json(cls, data, where)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FaultSite(_Record):
+    """A traced call the mutant's fault changed (the first 20 of a mutant)."""
+
+    kernel: str | None
+    file: str | None
+    line: int | None
+    function: str | None
+    op: str | None
+    detail: str | None
+    pid: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MutantRecord(_Record):
+    """One finished mutant: what was injected where, what the command said, the status."""
+
+    id: str
+    fault: str
+    args: dict[str, Any]
+    trace: dict[str, Any] = later(default_factory=dict)  # {"function", "occurrence"}
+    target: str
+    variant: str
+    why: str
+    status: Status
+    verdict: str  # a Verdict name (checked on reading)
+    reason: str
+    where: str
+    fault_count: int
+    sites: list[FaultSite]
+    changes: str
+    registry_expects: str
+    registry_note: str
+    elapsed_s: float
+    gpu_wait_s: float = later(0.0)  # waiting for the GPU token: off the deadline clock
+    killed_by: str | None = later(None)
+    used_gpu: bool = later(False)
+    left_pids: list[int] = later(default_factory=list)
+    swept_pids: list[int]
+    report: str  # its report.md, relative to OUT
+    lacked: frozenset[str] = records.absent_keys()
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "") -> MutantRecord:
+        rec = records.from_json(cls, data, where)
+        try:
+            Verdict.from_json(rec.verdict, f"field {records.join(where, 'verdict')!r}")
+        except ValueError as e:
+            raise records.RecordError(str(e)) from None
+        return rec
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Score(_Record):
+    """caught / (caught + survived); NOT_APPLIED and HARNESS_ERROR are not scored."""
+
+    counts: dict[str, int]
+    caught_by: dict[str, int]  # HANG / CRASH / FAIL
+    score: float | None  # None: nothing scored
+    scored: int
+    mutants: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CleanRun(_Record):
+    """The clean run, as the matrix sums it up (clean.json holds all of it)."""
+
+    verdict: str | None
+    reason: str | None
+    elapsed_s: float | None
+    run_dir: str | None
+    kernels_traced: int | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Trace(_Record):
+    """A trace of the clean run with what the recorder saw (``pipelines``: the recorder's
+    pipeline entries, as it wrote them)."""
+
+    t: int
+    function: str | None
+    occurrence: int
+    kernels: list[str]
+    kernel: str | None
+    pipelines: list[dict[str, Any]]
+    arch_ops: dict[str, int]
+    pid: int | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunFacts(_Record):
+    """Leftover processes, GPU health after the kills, mutant times against the clean run."""
+
+    clean_s: float
+    wall_s: float
+    max_mutant_s: float | None
+    over_clean_plus_2s: list[str]
+    processes_left: list[int]
+    gpu_health: dict[str, Any] | None
+    killed_on_gpu: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MutationMatrix(_Record):
+    """OUT/matrix.json (``schema`` 1), key for key; ``facts`` only once every mutant ran."""
+
+    schema: Literal[1]
+    command: str
+    argv: list[str]
+    date: str
+    clean: CleanRun
+    targets: dict[str, str]  # target id -> label, in row order
+    traces: list[Trace]
+    score: Score
+    planned: int
+    mutants: list[MutantRecord]
+    facts: RunFacts | Absent = ABSENT
