@@ -334,15 +334,26 @@ def test_a_recorded_sanitize_json_round_trips_byte_for_byte(path):
     """Each tool's result of a sanitize.json written before the result was typed reads as a
     ToolResult (shrink, groups and noise counts typed) and the file writes back byte for
     byte through the command's own writer."""
-    from cutedebug.analyses.sanitizer.result import KernelSeconds, NoiseCount, ToolResult
+    from cutedebug.analyses.sanitizer.result import (
+        KernelSeconds,
+        NoiseCount,
+        PlainRun,
+        SanitizeSummary,
+        ToolResult,
+    )
     from cutedebug.analyses.sanitizer.shrink import ShrinkResult
     from cutedebug.analyses.sanitizer.triage import GroupRecord
     from cutedebug.commands.sanitize import dump_summary
 
     text = path.read_text()
     summary = json.loads(text)
-    tools = {t: ToolResult.from_json(r) for t, r in summary["tools"].items()}
-    assert dump_summary({**summary, "tools": tools}) == text
+    typed = SanitizeSummary.from_json(summary)
+    assert dump_summary(typed) == text
+    assert typed.as_expected is True and typed.verdicts() == {
+        t: r["verdict"] for t, r in summary["tools"].items()
+    }
+    assert typed.plain is None or isinstance(typed.plain, PlainRun)
+    tools = typed.tools
     for data, res in zip(summary["tools"].values(), tools.values()):
         assert ToolResult.from_json(res.to_json()) == res
         assert list(res.to_json()) == list(data)  # the keys in the order they were written

@@ -1203,12 +1203,8 @@ def report(proc) -> tuple[dict, str]:
     md = Path(line.split("report: ", 1)[1])
     text = (md.parent / "sanitize.json").read_text()
     summary = json.loads(text)
-    # every tool's result reads back as its record and the file writes back byte for byte
-    typed = {
-        **summary,
-        "tools": {t: san.ToolResult.from_json(r) for t, r in summary["tools"].items()},
-    }
-    assert cmd.dump_summary(typed) == text
+    # the file reads back as its record and writes back byte for byte
+    assert cmd.dump_summary(san.SanitizeSummary.from_json(summary)) == text
     return summary, md.read_text()
 
 

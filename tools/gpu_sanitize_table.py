@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from cutedebug.analyses import sanitizer as san
-from cutedebug.analyses.sanitizer.result import ToolResult
+from cutedebug.analyses.sanitizer.result import PlainRun, ToolResult
 from cutedebug.commands import sanitize as cmd
 from cutedebug.commands.triage import detect_gpu
 from cutedebug.engine import scenario as S
@@ -75,7 +75,7 @@ def plan(targets: list[str], tools: str | None) -> list[tuple[Path, tuple[str, .
     return [(p, cmd.parse_tools(t)) for p, t in items]
 
 
-def row(sc_id: str, tool: str, res: ToolResult | None, plain: dict | None) -> dict:
+def row(sc_id: str, tool: str, res: ToolResult | None, plain: PlainRun | None) -> dict:
     if res is None:
         return {
             "scenario": sc_id,
@@ -85,7 +85,7 @@ def row(sc_id: str, tool: str, res: ToolResult | None, plain: dict | None) -> di
             "other_kernels": "-",
             "noise_filtered": "-",
             "sanitizer_s": None,
-            "plain_s": plain and plain["seconds"],
+            "plain_s": plain.seconds if plain else None,
             "slowdown": None,
             "kernel_slowdown": None,
             "worker_said": "-",

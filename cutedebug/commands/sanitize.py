@@ -20,7 +20,13 @@ from typing import Any
 from cutedebug.analyses.sanitizer.attribution import attribute
 from cutedebug.analyses.sanitizer.findings import PARSE_FAILURE, Finding, source_line
 from cutedebug.analyses.sanitizer.parse import analyze
-from cutedebug.analyses.sanitizer.result import KernelSeconds, ToolResult, make_result
+from cutedebug.analyses.sanitizer.result import (
+    KernelSeconds,
+    PlainRun,
+    SanitizeSummary,
+    ToolResult,
+    make_result,
+)
 from cutedebug.analyses.sanitizer.shrink import ShrinkResult, shrink
 from cutedebug.analyses.sanitizer.tool import (
     DEFAULT_PRINT_LIMIT,
@@ -34,7 +40,7 @@ from cutedebug.analyses.sanitizer.triage import CLEAN, filter_noise, group
 from cutedebug.commands import exits
 from cutedebug.engine.limits import limit_arg
 from cutedebug.engine.verdict import values
-from cutedebug.records import ABSENT, to_json_value
+from cutedebug.records import ABSENT
 from cutedebug.reporting.files import write_text
 from cutedebug.reporting.sanitize import (
     render_summary_markdown,
@@ -175,7 +181,7 @@ def run_tool(
     deadline_scale: float = DEFAULT_DEADLINE_SCALE,
     print_limit: int = DEFAULT_PRINT_LIMIT,
     deadlock_timeout_s: int | None = None,
-    plain: Mapping[str, Any] | None = None,
+    plain: PlainRun | None = None,
     reproduce: str = "",
     tma_filter: bool = True,
 ) -> ToolRun:
@@ -217,7 +223,6 @@ def run_tool(
     def read(file: str | None, line: int | None) -> str | None:
         return source_line(file, line, roots=roots)
 
-    plain = plain or {}
     names = launched_kernels(outcome)
     result = make_result(
         tool,
@@ -226,7 +231,7 @@ def run_tool(
         env=env,
         exit_code=outcome.returncode,
         sanitizer_seconds=outcome.elapsed_s,
-        plain_seconds=plain.get("seconds"),
+        plain_seconds=plain.seconds if plain else None,
         xml_path=str(command["xml"]),
         read_source=read,
         tma_filter=tma_filter,
@@ -246,7 +251,7 @@ def run_tool(
         records=records,
         other_records=len(others),
     )
-    k_san, k_plain = _kernel_seconds(outcome), plain.get("kernel_seconds")
+    k_san, k_plain = _kernel_seconds(outcome), plain.kernel_seconds if plain else None
     result = replace(
         result,
         sanitizer_class=result.verdict,
@@ -271,18 +276,18 @@ def run_tool(
     return ToolRun(tool, result, list(findings), outcome.elapsed_s)
 
 
-def plain_run(scenario: Any, run_dir: Path) -> dict[str, Any]:
+def plain_run(scenario: Any, run_dir: Path) -> PlainRun:
     """The same worker without the sanitizer (line info on, probes off): the slowdown base."""
     from cutedebug.engine import runner
 
     classified, outcome, _ = runner.run_once(scenario, Path(run_dir).resolve(), lineinfo=True)
-    return {
-        "verdict": classified.verdict.value,
-        "reason": classified.reason,
-        "seconds": outcome.elapsed_s,
-        "kernel_seconds": _kernel_seconds(outcome),
-        "run_dir": str(run_dir),
-    }
+    return PlainRun(
+        verdict=classified.verdict.value,
+        reason=classified.reason,
+        seconds=outcome.elapsed_s,
+        kernel_seconds=_kernel_seconds(outcome),
+        run_dir=str(run_dir),
+    )
 
 
 def _resolved_params(scenario: Any, names: Sequence[str]) -> dict[str, Any]:
@@ -349,7 +354,7 @@ def sanitize_scenario(
     reproduce: str = "",
     tma_filter: bool = True,
     on_tool: Callable[[ToolResult], None] | None = None,
-) -> dict[str, Any]:
+) -> SanitizeSummary:
     """Plain run (for the slowdown), then one sanitized run per tool, then optional shrink."""
     run_dir = Path(run_dir).resolve()
     plain_info = plain_run(scenario, run_dir / "plain") if plain else None
@@ -376,19 +381,19 @@ def sanitize_scenario(
             )
             if shrunk is not None:
                 first.result = replace(first.result, shrink=shrunk)
-    return {
-        "scenario": scenario.to_json(),
-        "expected_verdict": scenario.expect.verdict,
-        "tools": {r.tool: r.result for r in runs},
-        "plain": plain_info,
-        "run_dir": str(run_dir),
-        "reproduce": reproduce,
-    }
+    return SanitizeSummary(
+        scenario=scenario.to_json(),
+        expected_verdict=scenario.expect.verdict,
+        tools={r.tool: r.result for r in runs},
+        plain=plain_info,
+        run_dir=str(run_dir),
+        reproduce=reproduce,
+    )
 
 
-def dump_summary(summary: Mapping[str, Any]) -> str:
-    """sanitize.json's text: the summary with each tool's ``ToolResult`` as its JSON object."""
-    return json.dumps(to_json_value(summary), indent=1, default=str)
+def dump_summary(summary: SanitizeSummary) -> str:
+    """sanitize.json's text."""
+    return json.dumps(summary.to_json(), indent=1, default=str)
 
 
 def as_expected(expected: str, verdicts: Mapping[str, str]) -> bool:
@@ -498,25 +503,24 @@ def cmd_sanitize(args: Any) -> int:
         tma_filter=args.tma_filter,
         on_tool=progress,
     )
-    verdicts = {t: r.verdict for t, r in summary["tools"].items()}
+    plain = summary.plain
     ok, verdict_line = judge(
-        summary["expected_verdict"], verdicts, (summary.get("plain") or {}).get("verdict")
+        summary.expected_verdict, summary.verdicts(), plain.verdict if plain else None
     )
-    summary["as_expected"] = ok
+    summary = replace(summary, as_expected=ok)
     json_path, md_path = run_dir / "sanitize.json", run_dir / "sanitize.md"
     write_text(json_path, dump_summary(summary))
     write_text(md_path, render_summary_markdown(summary, verdict_line))
-    for r in summary["tools"].values():
+    for r in summary.tools.values():
         if r.shrink:
             s = r.shrink
             print(f"  shrunk {s.original} → {s.shrunk} in {len(s.runs)} run(s)")
-    plain = summary.get("plain")
     if plain:
-        print(f"plain run: {plain['verdict']} ({secs(plain['seconds'])})")
+        print(f"plain run: {plain.verdict} ({secs(plain.seconds)})")
     print(verdict_line)
     print(f"report: {md_path}")
-    ours = [t for t, r in summary["tools"].items() if r.verdict == "HARNESS_ERROR"]
-    if ours or (plain or {}).get("verdict") == "HARNESS_ERROR":
+    ours = [t for t, v in summary.verdicts().items() if v == "HARNESS_ERROR"]
+    if ours or (plain and plain.verdict == "HARNESS_ERROR"):
         return exits.EXIT_HARNESS  # a bug of ours, not the kernel's
     return EXIT_NOT_AS_EXPECTED if ok is False else EXIT_OK
 

@@ -7,10 +7,9 @@ escaped."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
-from cutedebug.analyses.sanitizer.result import ToolResult
+from cutedebug.analyses.sanitizer.result import SanitizeSummary, ToolResult
 from cutedebug.analyses.sanitizer.triage import (
     CLEAN,
     NOISE_ANALYSIS_DUP,
@@ -190,20 +189,20 @@ def findings_cell(result: ToolResult) -> str:
     return "; ".join(cells) or "-"
 
 
-def render_summary_markdown(summary: Mapping[str, Any], verdict_line: str) -> str:
+def render_summary_markdown(summary: SanitizeSummary, verdict_line: str) -> str:
     """report.md of `cutedebug sanitize`: each tool's verdict, ``verdict_line`` (the
     expectation's check, from the command), the table, then each tool's report."""
-    sc = summary["scenario"]
-    tools = summary["tools"]
-    plain = summary.get("plain") or {}
+    sc = summary.scenario
+    tools = summary.tools
+    plain = summary.plain
     out = [f"# cutedebug sanitize: {md_text(sc['id'])}", ""]
     for tool, r in tools.items():
         out.append(f"- **{md_text(tool)} → {md_text(r.verdict)}**: {top_line(r, md=True)}")
     out += ["", md_text(verdict_line[0].upper() + verdict_line[1:]) + "."]
     if plain:
         out.append(
-            f"Plain run (no sanitizer): {md_text(plain['verdict'])} in "
-            f"{secs(plain.get('seconds'))} ({md_text(plain.get('reason'))})."
+            f"Plain run (no sanitizer): {md_text(plain.verdict)} in "
+            f"{secs(plain.seconds)} ({md_text(plain.reason)})."
         )
     out += [
         "",
@@ -221,8 +220,8 @@ def render_summary_markdown(summary: Mapping[str, Any], verdict_line: str) -> st
             f"{secs(r.plain_seconds)} | {slow} | "
             f"{f'{k:.1f}×' if k else '-'} |"
         )
-    if summary.get("reproduce"):
-        out += ["", "Reproduce all of it: " + md_code(summary["reproduce"])]
+    if summary.reproduce:
+        out += ["", "Reproduce all of it: " + md_code(summary.reproduce)]
     out.append("")
     for r in tools.values():
         body = render_markdown(r).replace("\n## ", "\n### ").replace("# compute", "## compute", 1)

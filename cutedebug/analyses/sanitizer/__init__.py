@@ -53,7 +53,14 @@ from cutedebug.analyses.sanitizer.parse import (
     parse_text,
     parse_xml,
 )
-from cutedebug.analyses.sanitizer.result import KernelSeconds, NoiseCount, ToolResult, make_result
+from cutedebug.analyses.sanitizer.result import (
+    KernelSeconds,
+    NoiseCount,
+    PlainRun,
+    SanitizeSummary,
+    ToolResult,
+    make_result,
+)
 from cutedebug.analyses.sanitizer.shrink import ShrinkResult, Signature, shrink
 from cutedebug.analyses.sanitizer.tool import (
     DEFAULT_PRINT_LIMIT,
@@ -122,6 +129,8 @@ __all__ = [
     "make_result",
     "KernelSeconds",
     "NoiseCount",
+    "PlainRun",
+    "SanitizeSummary",
     "ToolResult",
     "other_kernels",
     "parse_summary",

@@ -106,6 +106,50 @@ class ToolResult:
         return result
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlainRun:
+    """The worker without the sanitizer (line info on, probes off): the slowdown's base."""
+
+    verdict: str
+    reason: str
+    seconds: float
+    kernel_seconds: float | None
+    run_dir: str
+
+    def to_json(self) -> dict[str, Any]:
+        return records.to_json(self)
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "") -> PlainRun:
+        return records.from_json(cls, data, where)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SanitizeSummary:
+    """``sanitize.json``: the scenario, each tool's result, the plain run, and whether the
+    scenario's expectation held (``as_expected``: set once judged; None: nothing the command
+    ran could check it)."""
+
+    scenario: dict[str, Any]  # the scenario as loaded (Scenario.to_json)
+    expected_verdict: str
+    tools: dict[str, ToolResult]
+    plain: PlainRun | None
+    run_dir: str
+    reproduce: str
+    as_expected: bool | None | Absent = ABSENT
+
+    def to_json(self) -> dict[str, Any]:
+        return records.to_json(self)
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "") -> SanitizeSummary:
+        return records.from_json(cls, data, where)
+
+    def verdicts(self) -> dict[str, str]:
+        """Each tool's verdict."""
+        return {t: r.verdict for t, r in self.tools.items()}
+
+
 def make_result(
     tool: str,
     command: Sequence[str],
