@@ -551,3 +551,30 @@ def test_recorded_probe_pictures_round_trip(case):
         assert snapshot_from_json(e).stuck == ProbePicture.from_json(pic).snapshot().stuck
     with pytest.raises(RecordError, match=r"field 'n_stuck_reported' missing \(ProbePicture\)"):
         ProbePicture.from_json({k: v for k, v in pictures[0].items() if k != "n_stuck_reported"})
+
+
+# ---- tools/records_roundtrip.py ---------------------------------------------------------------
+def test_the_roundtrip_tool_passes_the_recorded_files_and_names_what_differs(tmp_path, capsys):
+    """The tool the GPU session runs on its sanitize/bisect/mutate outputs: OK for every file
+    under tests/data, DIFFERS with the line for a file not written the commands' way, REFUSED
+    with the field for one that is not a record, 2 when there is nothing to check."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("rt", ROOT / "tools" / "records_roundtrip.py")
+    rt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rt)
+    assert rt.main([str(ROOT / "tests" / "data")]) == 0
+    out = capsys.readouterr().out
+    assert out.count("OK ") == 10 and "DIFFERS" not in out
+    src = ROOT / "tests/data/bisect/flag_spin_never_set.localized.bisect.json"
+    compact = tmp_path / "a" / "bisect.json"
+    compact.parent.mkdir()
+    compact.write_text(json.dumps(json.loads(src.read_text())))  # not indented as written
+    bad = tmp_path / "b" / "bisect.json"
+    bad.parent.mkdir()
+    bad.write_text(json.dumps(dict(json.loads(src.read_text()), status="done"), indent=1))
+    assert rt.main([str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert f"DIFFERS {compact} (BisectReport): line 1:" in out
+    assert f"REFUSED {bad}: field 'status': 'done' is not one of" in out
+    assert rt.main([str(tmp_path / "none")]) == 2
