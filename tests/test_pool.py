@@ -375,3 +375,29 @@ def test_a_run_folder_removed_under_a_worker_does_not_end_the_server(pool_env, t
     again = pool.client(start=False)
     assert again is not None and again.info["pid"] == server
     again.close()
+
+
+@pytest.mark.parametrize("verb, rc", [("start", 2), ("stop", 0)])
+def test_a_pool_folder_too_long_for_a_socket_is_no_traceback(verb, rc):
+    """CUTEDEBUG_POOL_DIR whose socket path would pass the 107-byte limit (a PoolError
+    traceback, exit 3, before): `pool start` is a usage error naming the variable; `pool stop`
+    finds no server there (none can bind), as `pool stop --all` does."""
+    d = Path(tempfile.mkdtemp(prefix="cdpool-", dir="/tmp")) / ("x" * 90)
+    d.mkdir(mode=0o700)
+    try:
+        r = subprocess.run(
+            [sys.executable, "-m", "cutedebug", "pool", verb],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=60,
+            env={**os.environ, pool.DIR_VAR: str(d)},
+        )
+    finally:
+        shutil.rmtree(d.parent, ignore_errors=True)
+    assert r.returncode == rc, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr
+    if verb == "start":
+        assert "too long for a Unix socket" in r.stderr and pool.DIR_VAR in r.stderr
+    else:
+        assert "no server running" in r.stdout

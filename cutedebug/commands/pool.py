@@ -29,15 +29,13 @@ def _idle(text: str) -> float:
 def cmd_start(args: argparse.Namespace) -> int:
     try:
         d = pool.pool_dir()
+        paths = pool.Paths.of(d, pool.key_of(pool.fingerprint()))  # socket path not too long
         pool.idle_seconds(args.idle)  # --idle is checked already; CUTEDEBUG_POOL_IDLE_S here
     except (pool.PoolError, ValueError) as e:
         raise UsageError(str(e)) from None
     c = pool.client(start=True, idle_s=args.idle)
     if c is None:
-        key = pool.key_of(pool.fingerprint())
-        print(
-            f"cutedebug pool: no server could be started (log: {pool.Paths.of(d, key).log})",
-        )
+        print(f"cutedebug pool: no server could be started (log: {paths.log})")
         return exits.EXIT_HARNESS
     info = c.info
     c.close()
@@ -99,7 +97,10 @@ def cmd_stop(args: argparse.Namespace) -> int:
     status = exits.EXIT_OK
     stopped = 0
     for key in keys:
-        res = pool.stop(key)
+        try:
+            res = pool.stop(key)
+        except pool.PoolError:  # a folder too long for a socket path holds no server
+            continue
         if res["how"] == "not running":
             continue
         stopped += 1
