@@ -401,3 +401,19 @@ def test_a_pool_folder_too_long_for_a_socket_is_no_traceback(verb, rc):
         assert "too long for a Unix socket" in r.stderr and pool.DIR_VAR in r.stderr
     else:
         assert "no server running" in r.stdout
+
+
+def test_unreadable_server_metadata_is_skipped_not_a_traceback(tmp_path, monkeypatch, capsys):
+    """A metadata file that is not a server's (not an object, a pid that is not a number) is
+    no server: status and stop --all go on (an AttributeError / ValueError, exit 3, before)."""
+    from cutedebug.commands import cli
+
+    d = tmp_path / "p"
+    d.mkdir(mode=0o700)
+    (d / "pool-0123456789abcdef.json").write_text("[1]")
+    (d / "pool-1123456789abcdef.json").write_text('{"pid": "abc", "tag": "t"}')
+    monkeypatch.setenv(pool.DIR_VAR, str(d))
+    assert pool.read_meta(d / "pool-0123456789abcdef.json") is None
+    assert cli.main(["pool", "status"]) == 0
+    assert cli.main(["pool", "stop", "--all"]) == 0
+    assert "no server running" in capsys.readouterr().out

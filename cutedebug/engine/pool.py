@@ -176,10 +176,15 @@ class Paths:
 
 
 def read_meta(path: Path) -> dict[str, Any] | None:
+    """A server's metadata; None when unreadable or not a server's (not an object, a pid
+    that is not a number)."""
     try:
-        return json.loads(path.read_text())
+        meta = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+    if not isinstance(meta, dict) or type(meta.get("pid", 0)) is not int:
+        return None
+    return meta
 
 
 def idle_seconds(value: str | float | None) -> float:
