@@ -23,6 +23,9 @@ that a record read from an old file writes back the same object, key for key:
 A key that only some writers add (e.g. a probe site's ``kernel`` under ``cutedebug exec``) is
 declared with :func:`optional`: read as its default when missing, written only when set.
 
+A key that cannot be a field name (a Python keyword, e.g. ``class``) is declared with
+:func:`named`: the field ``class_ = named("class")`` is the JSON key ``class``.
+
 Imports no other cutedebug module (every layer may use it).
 """
 
@@ -42,6 +45,7 @@ __all__ = [
     "absent_keys",
     "from_json",
     "later",
+    "named",
     "optional",
     "join",
     "present",
@@ -81,6 +85,7 @@ _LATER = "cutedebug.records.later"
 _TRANSIENT = "cutedebug.records.transient"
 _OPTIONAL = "cutedebug.records.optional"
 _ABSENT_KEYS = "cutedebug.records.absent_keys"
+_KEY = "cutedebug.records.key"
 
 
 def later(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING):
@@ -95,6 +100,15 @@ def optional(default: Any = None) -> Any:
     """A key written only when its value is not ``default`` (read as ``default`` when
     missing)."""
     return dataclasses.field(default=default, metadata={_OPTIONAL: True})
+
+
+def named(key: str) -> Any:
+    """A required field whose JSON key is ``key`` (one that cannot be a field name)."""
+    return dataclasses.field(metadata={_KEY: key})
+
+
+def _key(f: dataclasses.Field) -> str:
+    return f.metadata.get(_KEY, f.name)
 
 
 def transient(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING):
@@ -127,7 +141,7 @@ def to_json(record: Any) -> dict[str, Any]:
             continue  # the file did not have it, and it was not set since
         if f.metadata.get(_OPTIONAL) and value == f.default:
             continue
-        out[f.name] = to_json_value(value)
+        out[_key(f)] = to_json_value(value)
     return out
 
 
@@ -167,7 +181,7 @@ def from_json(cls: type[R], data: Any, where: str = "") -> R:
         )
     all_fields = dataclasses.fields(cls)
     fields = {
-        f.name: f
+        _key(f): f
         for f in all_fields
         if f.init and not f.metadata.get(_ABSENT_KEYS) and not f.metadata.get(_TRANSIENT)
     }
@@ -186,9 +200,9 @@ def from_json(cls: type[R], data: Any, where: str = "") -> R:
             if required:
                 raise RecordError(f"{_label(join(where, key))} missing ({name})")
             if f.metadata.get(_LATER):
-                lacked.append(key)
+                lacked.append(f.name)
             continue
-        kwargs[key] = _load(data[key], hints[key], join(where, key))
+        kwargs[f.name] = _load(data[key], hints[f.name], join(where, key))
     if tracker and lacked:
         kwargs[tracker] = frozenset(lacked)
     return cls(**kwargs)

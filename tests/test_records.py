@@ -176,6 +176,30 @@ def test_records_reads_nested_types_and_leaves_absent_keys_out():
     assert not ABSENT and records.present(ABSENT, 3) == 3 and records.present(0, 3) == 0
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Keyword:
+    kernel: str
+    class_: str = records.named("class")
+    n: int = records.later(0)
+    lacked: frozenset = records.absent_keys()
+
+
+def test_a_named_field_is_its_json_key():
+    """``named``: the field ``class_`` is the key ``class``, in writing, reading and errors."""
+    data = {"kernel": "k", "class": "RACE"}
+    o = records.from_json(Keyword, data)
+    assert o.class_ == "RACE" and o.lacked == {"n"} and records.to_json(o) == data
+    assert list(records.to_json(dataclasses.replace(o, n=2))) == ["kernel", "class", "n"]
+    with pytest.raises(RecordError, match=r"field 'class' missing \(Keyword\)"):
+        records.from_json(Keyword, {"kernel": "k"})
+    with pytest.raises(
+        RecordError, match=r"field 'class_' unknown \(Keyword\); allowed: \['class'"
+    ):
+        records.from_json(Keyword, dict(data, class_="RACE"))
+    with pytest.raises(RecordError, match=r"field 'class': expected str, got int"):
+        records.from_json(Keyword, dict(data, **{"class": 1}))
+
+
 # ---- report.json ----------------------------------------------------------------------------
 RUNS = ROOT / "tests" / "data" / "runs"
 
@@ -369,6 +393,26 @@ def test_a_recorded_sanitize_json_round_trips_byte_for_byte(path):
         ToolResult.from_json(dict(one, kernel_seconds={"sanitized": 1.0, "plain": None}))
     with pytest.raises(RecordError, match=r"field 'filtered\[0\].count': expected int"):
         ToolResult.from_json(dict(one, filtered=[{"reason": "x", "count": "1"}]))
+
+
+def test_other_kernels_of_a_mixed_capture_read_back_with_their_class():
+    """The findings of a kernel the worker did not launch: an OtherKernel whose JSON key
+    ``class`` (not a field name) reads and writes back, its groups typed."""
+    from cutedebug.analyses import sanitizer as san
+    from cutedebug.analyses.sanitizer.result import ToolResult
+
+    xml = ROOT / "tests" / "data" / "sanitizer" / "synthetic_mixed_kernels.xml"
+    findings = san.parse_xml(xml, "racecheck")
+    mine = [f.kernel for f in findings if f.kernel and "pytorch" not in f.kernel][:1]
+    res = san.make_result("racecheck", ["cs"], findings, kernel_names=mine)
+    data = json.loads(json.dumps(res.to_json()))
+    (other,) = data["other_kernels"]
+    assert list(other) == ["kernel", "records", "count", "class", "groups"]
+    assert other["class"] == "RACE" and res.other_kernels[0].class_ == "RACE"
+    back = ToolResult.from_json(data)
+    assert back == res and back.to_json() == data
+    assert isinstance(back.other_kernels[0], san.OtherKernel)
+    assert isinstance(back.other_kernels[0].groups[0], san.triage.GroupRecord)
 
 
 def test_a_result_made_from_a_capture_alone_leaves_the_run_keys_out():

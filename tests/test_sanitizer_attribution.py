@@ -95,7 +95,7 @@ def test_mixed_capture_clean_kernel_is_clean_with_the_others_shown():
         kernel_names=[MINIMAL_KERNEL],
     )
     assert res.verdict == san.CLEAN and res.groups == []
-    counts = {k["kernel"][:24]: k["count"] for k in res.other_kernels}
+    counts = {k.kernel[:24]: k.count for k in res.other_kernels}
     assert counts == {RACE_KERNEL[:24]: 1, TORCH_FLASH[:24]: 3}
     md = sanitize_report.render_markdown(res)
     assert "**TL;DR** racecheck → **CLEAN**" in md

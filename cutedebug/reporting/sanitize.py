@@ -59,7 +59,7 @@ def render_markdown(result: ToolResult) -> str:
         why = present(result.reason) or "no findings after noise filtering"
         out.append(f"**TL;DR** {md_text(tool)} → **{md_text(verdict)}**: {md_text(why)}.")
     if result.other_kernels:
-        n = sum(k["count"] for k in result.other_kernels)
+        n = sum(k.count for k in result.other_kernels)
         out.append(
             f"Other kernels of the process: {n} finding(s) in "
             f"{len(result.other_kernels)} kernel(s), counted apart below."
@@ -102,12 +102,11 @@ def render_markdown(result: ToolResult) -> str:
     if result.other_kernels:
         out += ["## Other kernels of the process (not the kernel under test; not the verdict)", ""]
         for k in result.other_kernels:
-            name = k["kernel"] if len(k["kernel"]) <= 100 else k["kernel"][:97] + "..."
-            top = GroupRecord.from_json(k["groups"][0]) if k.get("groups") else None
+            name = k.kernel if len(k.kernel) <= 100 else k.kernel[:97] + "..."
+            top = k.groups[0] if k.groups else None
             where = md_text(f": {top.kind} at {where_lines(top.lines)}") if top else ""
             out.append(
-                f"- {md_code(name)}: {md_text(k['class'])}, {k['count']} "
-                f"({k['records']} record(s)){where}"
+                f"- {md_code(name)}: {md_text(k.class_)}, {k.count} ({k.records} record(s)){where}"
             )
         out.append("")
     out += ["## Noise filtered", ""]
@@ -179,8 +178,8 @@ def others_cell(result: ToolResult) -> str:
     kernels = result.other_kernels
     if not kernels:
         return "0"
-    classes = sorted({k["class"] for k in kernels})
-    return f"{'/'.join(classes)} ×{sum(k['count'] for k in kernels)} in {len(kernels)} kernel(s)"
+    classes = sorted({k.class_ for k in kernels})
+    return f"{'/'.join(classes)} ×{sum(k.count for k in kernels)} in {len(kernels)} kernel(s)"
 
 
 def findings_cell(result: ToolResult) -> str:

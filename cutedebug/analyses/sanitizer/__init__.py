@@ -24,7 +24,12 @@ package's public API (``from cutedebug.analyses import sanitizer as san``; ``san
 
 from __future__ import annotations
 
-from cutedebug.analyses.sanitizer.attribution import attribute, is_launched_kernel, other_kernels
+from cutedebug.analyses.sanitizer.attribution import (
+    OtherKernel,
+    attribute,
+    is_launched_kernel,
+    other_kernels,
+)
 from cutedebug.analyses.sanitizer.findings import (
     API_ERROR,
     BARRIER_MISUSE,
@@ -129,6 +134,7 @@ __all__ = [
     "make_result",
     "KernelSeconds",
     "NoiseCount",
+    "OtherKernel",
     "PlainRun",
     "SanitizeSummary",
     "ToolResult",

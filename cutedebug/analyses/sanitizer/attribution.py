@@ -9,10 +9,31 @@ symbols the sanitizer reports in <func>); findings of any other kernel are count
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from cutedebug import records
 from cutedebug.analyses.sanitizer.findings import Finding
-from cutedebug.analyses.sanitizer.triage import classify, group
+from cutedebug.analyses.sanitizer.triage import GroupRecord, classify, group
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OtherKernel:
+    """Findings of a kernel the worker did not launch (a sanitize result's ``other_kernels``):
+    counted apart, never the verdict."""
+
+    kernel: str
+    records: int
+    count: int
+    class_: str = records.named("class")  # the class its findings would have had
+    groups: list[GroupRecord]  # its first groups, most first
+
+    def to_json(self) -> dict[str, Any]:
+        return records.to_json(self)
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "") -> OtherKernel:
+        return records.from_json(cls, data, where)
 
 
 def is_launched_kernel(name: str | None, kernel_names: Sequence[str]) -> bool:
@@ -51,20 +72,20 @@ def other_kernels(
     tool: str,
     read: Callable[[str | None, int | None], str | None] | None = None,
     max_groups: int = 4,
-) -> list[dict[str, Any]]:
+) -> list[OtherKernel]:
     """Per other kernel: its name, records, count, class and first groups (most first)."""
     by_kernel: dict[str, list[Finding]] = {}
     for f in others:
         by_kernel.setdefault(f.kernel or "?", []).append(f)
     out = [
-        {
-            "kernel": name,
-            "records": len(fs),
-            "count": sum(f.count for f in fs),
-            "class": classify(fs, tool),
-            "groups": [g.record(read).to_json() for g in group(fs)[:max_groups]],
-        }
+        OtherKernel(
+            kernel=name,
+            records=len(fs),
+            count=sum(f.count for f in fs),
+            class_=classify(fs, tool),
+            groups=[g.record(read) for g in group(fs)[:max_groups]],
+        )
         for name, fs in by_kernel.items()
     ]
-    out.sort(key=lambda k: -k["count"])
+    out.sort(key=lambda k: -k.count)
     return out

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cutedebug import records
-from cutedebug.analyses.sanitizer.attribution import attribute, other_kernels
+from cutedebug.analyses.sanitizer.attribution import OtherKernel, attribute, other_kernels
 from cutedebug.analyses.sanitizer.findings import Finding, source_line
 from cutedebug.analyses.sanitizer.shrink import ShrinkResult
 from cutedebug.analyses.sanitizer.triage import Group, GroupRecord, classify, filter_noise, group
@@ -56,7 +56,6 @@ class ToolResult:
     sanitizer's class). ``cutedebug sanitize`` adds the rest from the worker's run
     (``with_run``): those keys are ABSENT in a result made from a capture alone, and then
     ``verdict`` is the run's verdict and ``sanitizer_class`` what the findings said.
-    ``other_kernels`` stays a list of JSON objects: its key ``class`` is not a field name.
     """
 
     tool: str
@@ -74,7 +73,7 @@ class ToolResult:
     shrink: ShrinkResult | None
     tma_filter: bool
     kernel_names: list[str]
-    other_kernels: list[dict[str, Any]]
+    other_kernels: list[OtherKernel]
     # ---- from the worker's run under the tool (ABSENT in a result made from findings alone)
     sanitizer_class: str | Absent = ABSENT
     reason: str | Absent = ABSENT
