@@ -417,3 +417,23 @@ def test_unreadable_server_metadata_is_skipped_not_a_traceback(tmp_path, monkeyp
     assert cli.main(["pool", "status"]) == 0
     assert cli.main(["pool", "stop", "--all"]) == 0
     assert "no server running" in capsys.readouterr().out
+
+
+def test_run_warm_says_why_no_server_could_be_had(tmp_path):
+    """--warm over a pool folder others can write: the run goes on in a fresh interpreter and
+    says that the folder is the reason (it pointed at a server log that does not exist)."""
+    d = tmp_path / "shared"
+    d.mkdir()
+    os.chmod(d, 0o777)
+    r = subprocess.run(
+        [sys.executable, "-m", "cutedebug", "run", "--warm", "--compile-only"]
+        + ["--runs-dir", str(tmp_path / "runs"), str(CLEAN)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+        env={**os.environ, pool.DIR_VAR: str(d)},
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "no pool server could be had here" in r.stderr
+    assert f"pool folder {d} is not private" in r.stderr

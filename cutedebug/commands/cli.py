@@ -122,9 +122,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     fs = pool.client(start=True) if warm else None if warm is False else pool.client(start=False)
     if fs is None and warm:
+        try:  # the pool's folder is the reason, or else the server's log says it
+            pool.Paths.of(pool.pool_dir(), pool.key_of(pool.fingerprint()))
+            why = "`cutedebug pool status` shows its log"
+        except pool.PoolError as e:
+            why = str(e)
         print(
-            "cutedebug: --warm: no pool server could be had here; fresh interpreters instead "
-            "(`cutedebug pool status` shows its log)",
+            f"cutedebug: --warm: no pool server could be had here ({why}); fresh interpreters "
+            "instead",
             file=sys.stderr,
         )
     if fs is None and (len(scenarios) > 1 or args.repeat > 1):
