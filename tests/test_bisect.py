@@ -225,17 +225,17 @@ TMA_TABLE = [
 ]
 
 
-def _site(i: int) -> dict:
-    return {
-        "id": i,
-        "op": "consumer_wait",
-        "kind": "pipeline",
-        "barrier": "full",
-        "role": "consumer",
-        "file": "/k/k.py",
-        "line": 10 + i,
-        "loops": [],
-    }
+def _site(i: int) -> C.CheckpointSite:
+    return C.CheckpointSite(
+        id=i,
+        op="consumer_wait",
+        kind="pipeline",
+        barrier="full",
+        role="consumer",
+        file="/k/k.py",
+        line=10 + i,
+        loops=[],
+    )
 
 
 def _expect_tx_hang():
@@ -245,7 +245,7 @@ def _expect_tx_hang():
 
 
 def test_probes_agree_or_are_consistent_with_the_bisection():
-    by_id = {s["id"]: s for s in TMA_TABLE}
+    by_id = {s.id: s for s in map(C.CheckpointSite.from_json, TMA_TABLE)}
     stuck = [
         {
             "role": "consumer",
@@ -279,7 +279,7 @@ def test_probes_agree_or_are_consistent_with_the_bisection():
 
 
 def test_grade_matches_a_role_first_unreached_site_and_ignores_stage():
-    by_id = {s["id"]: s for s in TMA_TABLE}
+    by_id = {s.id: s for s in map(C.CheckpointSite.from_json, TMA_TABLE)}
     good = B.grade(
         {"role": "consumer", "op": "consumer_wait", "barrier": "full", "stage": 0},
         _expect_tx_hang(),
@@ -295,7 +295,7 @@ def test_grade_matches_a_role_first_unreached_site_and_ignores_stage():
 
 
 def test_loop_caveat_in_the_answer():
-    by_id = {s["id"]: s for s in TMA_TABLE}
+    by_id = {s.id: s for s in map(C.CheckpointSite.from_json, TMA_TABLE)}
     text = B.role_answer(_expect_tx_hang()["producer"], by_id)
     assert text.startswith(
         "never gets past #3 producer_tail empty (tma_stream.py:246); "
@@ -476,7 +476,7 @@ def test_bisect_through_the_real_worker_on_a_cpu(tmp_path):
     if res.baseline.verdict != "UNSUPPORTED":
         pytest.skip("a GPU is present: tools/gpu_bisect_table.py covers the real runs")
     assert res.status == "nothing_to_bisect"
-    assert [s["op"] for s in res.sites] == [
+    assert [s.op for s in res.sites] == [
         "named_barrier",
         "checkpoint",
         "checkpoint",
@@ -747,7 +747,8 @@ def test_grade_accepts_the_pipeline_role_of_a_function_named_role():
     res = search_all(
         {"load": [0, 1, 2, 3], "consumer": [0, 4, 5]}, Oracle(SimKernel(reached={0, 1}).run)
     )
-    g = B.grade({"role": "producer", "op": "producer_commit"}, res, {s["id"]: s for s in table})
+    by_id = {s.id: s for s in map(C.CheckpointSite.from_json, table)}
+    g = B.grade({"role": "producer", "op": "producer_commit"}, res, by_id)
     assert g.ok is True and g.matched.role == "load"
 
 

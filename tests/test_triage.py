@@ -616,6 +616,7 @@ NAMED = (
 
 def fake_bisect(fake, *, found_op="named_barrier", fail=False):
     from cutedebug.analyses import bisect as B
+    from cutedebug.instrument.checkpoint import CheckpointSite
 
     def bisect_call(sc, runs_dir, forkserver=None):
         with fake.lock:
@@ -623,16 +624,16 @@ def fake_bisect(fake, *, found_op="named_barrier", fail=False):
             fake.bisect_seen.append((threading.current_thread().name, dict(fake.active)))
         if fail:
             raise RuntimeError("bisect broke")
-        site = {
-            "id": 3,
-            "kind": "named_barrier",
-            "op": found_op,
-            "barrier": "named",
-            "file": "/k.py",
-            "line": 12,
-            "role": "consumer",
-            "detail": "bar.sync 1, 256",
-        }
+        site = CheckpointSite(
+            id=3,
+            kind="named_barrier",
+            op=found_op,
+            barrier="named",
+            file="/k.py",
+            line=12,
+            role="consumer",
+            detail="bar.sync 1, 256",
+        )
         search = B.RoleSearch(role="consumer", sites=[3], lo=-1, hi=0, runs=1, budget=2)
         grade = B.grade(
             {"role": "consumer", "op": "named_barrier", "barrier": "named"},

@@ -38,7 +38,7 @@ def row(res: B.BisectResult, wall: float) -> dict:
     by_id = res.by_id
     found = {
         role: (
-            f"{by_id[st.first_unreached]['op']}@{B.site_where(by_id[st.first_unreached])}"
+            f"{by_id[st.first_unreached].op}@{B.site_where(by_id[st.first_unreached])}"
             if st.first_unreached is not None
             else "end"
         )

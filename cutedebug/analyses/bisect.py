@@ -88,7 +88,7 @@ class BisectResult:
     scenario: S.Scenario
     run_dir: Path
     baseline: Baseline
-    sites: list[dict[str, Any]] = field(default_factory=list)  # the checkpoint_sites event's
+    sites: list[CheckpointSite] = field(default_factory=list)  # program order
     roles: dict[str, list[int]] = field(default_factory=dict)
     searches: dict[str, RoleSearch] = field(default_factory=dict)
     runs: list[CheckpointRun] = field(default_factory=list)
@@ -101,8 +101,8 @@ class BisectResult:
     command: str = ""
 
     @property
-    def by_id(self) -> dict[int, dict[str, Any]]:
-        return {s["id"]: s for s in self.sites}
+    def by_id(self) -> dict[int, CheckpointSite]:
+        return {s.id: s for s in self.sites}
 
     @property
     def timing_bugs(self) -> list[CheckpointRun]:
@@ -123,7 +123,7 @@ class BisectResult:
             seconds=round(self.seconds, 3),
             window_s=self.window_s,
             baseline=self.baseline,
-            sites=[CheckpointSite.from_json(s, f"sites[{i}]") for i, s in enumerate(self.sites)],
+            sites=list(self.sites),
             roles=self.roles,
             searches={r: s.record() for r, s in self.searches.items()},
             runs=[p.record() for p in self.runs],
@@ -255,7 +255,10 @@ def _bisect(
         scenario=sc,
         run_dir=run_dir,
         baseline=baseline,
-        sites=table.get("sites") or [],
+        sites=[
+            CheckpointSite.from_json(s, f"checkpoint_sites.sites[{i}]")
+            for i, s in enumerate(table.get("sites") or [])
+        ],
         roles=table.get("roles") or {},
         window_s=window_s,
         command=command,
@@ -272,7 +275,7 @@ def _bisect(
         return res
 
     run_limits = S.Limits(**{**vars(lim), "deadline_s": window_s})
-    base_keys = [_site_key(s) for s in res.sites]
+    base_keys = [_site_key(s) for s in table.get("sites") or []]
 
     def run_site(site: int, role: str) -> CheckpointRun:
         name = f"run{len(oracle.order) + 1:02d}-site{site}"

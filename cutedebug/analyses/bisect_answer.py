@@ -9,11 +9,12 @@ from typing import Any
 from cutedebug.analyses.bisect_record import Grade, GradeMatch, ProbesAnswer, RoleAgreement
 from cutedebug.analyses.bisect_search import RoleSearch
 from cutedebug.instrument import checkpoint as C
+from cutedebug.instrument.checkpoint import CheckpointSite
 
 
 def compare_with_probes(
     searches: dict[str, RoleSearch],
-    sites: dict[int, dict[str, Any]],
+    sites: dict[int, CheckpointSite],
     stuck_sites: list[dict[str, Any]],
 ) -> ProbesAnswer:
     """Per role: does the bounded-wait probes' stuck site agree with the bisection?
@@ -42,11 +43,9 @@ def compare_with_probes(
             verdict = "agree"
         elif (
             hit is not None
-            and st.sites.index(hit["id"]) <= st.lo
+            and st.sites.index(hit.id) <= st.lo
             and last is not None
-            and (
-                {tuple(x) for x in hit.get("loops", [])} & {tuple(x) for x in last.get("loops", [])}
-            )
+            and ({tuple(x) for x in hit.loops} & {tuple(x) for x in last.loops})
         ):
             verdict = "consistent"
         else:
@@ -64,11 +63,13 @@ def compare_with_probes(
     )
 
 
-def site_where(site: dict[str, Any]) -> str:
-    return f"{os.path.basename(site.get('file', ''))}:{site.get('line')}"
+def site_where(site: CheckpointSite) -> str:
+    return site.where
 
 
-def _site_at(st: RoleSearch, sites: dict[int, dict[str, Any]], loc: str | None):
+def _site_at(
+    st: RoleSearch, sites: dict[int, CheckpointSite], loc: str | None
+) -> CheckpointSite | None:
     for sid in st.sites:
         if loc and site_where(sites[sid]) == loc:
             return sites[sid]
@@ -76,7 +77,7 @@ def _site_at(st: RoleSearch, sites: dict[int, dict[str, Any]], loc: str | None):
 
 
 def grade(
-    expected: dict[str, Any], searches: dict[str, RoleSearch], sites: dict[int, dict[str, Any]]
+    expected: dict[str, Any], searches: dict[str, RoleSearch], sites: dict[int, CheckpointSite]
 ) -> Grade:
     """Does some role's first unreached site agree with the scenario's expected localization?
     (``stage`` is not graded: a checkpoint does not know the stage.)"""
@@ -87,16 +88,14 @@ def grade(
         if st.first_unreached is None:
             continue
         s = sites[st.first_unreached]
-        got = {"role": role, "op": s.get("op"), "barrier": s.get("barrier") or None}
+        got = {"role": role, "op": s.op, "barrier": s.barrier or None}
         # a role named after its function still plays its pipeline op's role
-        op_role = (
-            C.PIPELINE_OPS.get(s.get("op"), (None,))[0] if s.get("kind") == "pipeline" else None
-        )
+        op_role = C.PIPELINE_OPS.get(s.op, (None,))[0] if s.kind == "pipeline" else None
         if all(got.get(k) == v or (k == "role" and v in ("any", op_role)) for k, v in want.items()):
             return Grade(
                 ok=True,
                 expected=want,
-                matched=GradeMatch(**got, site=s["id"], where=site_where(s)),
+                matched=GradeMatch(**got, site=s.id, where=site_where(s)),
             )
     return Grade(
         ok=False,
@@ -105,17 +104,17 @@ def grade(
     )
 
 
-def describe_site(site: dict[str, Any] | None) -> str:
+def describe_site(site: CheckpointSite | None) -> str:
     if site is None:
         return "-"
-    what = f"checkpoint {site['name']!r}" if site.get("kind") == "checkpoint" else site["op"]
-    bar = f" {site['barrier']}" if site.get("kind") == "pipeline" and site.get("barrier") else ""
-    if site.get("kind") == "named_barrier" and site.get("detail"):
-        bar = f" [{site['detail']}]"
-    return f"#{site['id']} {what}{bar} ({site_where(site)})"
+    what = f"checkpoint {site.name!r}" if site.kind == "checkpoint" else site.op
+    bar = f" {site.barrier}" if site.kind == "pipeline" and site.barrier else ""
+    if site.kind == "named_barrier" and site.detail:
+        bar = f" [{site.detail}]"
+    return f"#{site.id} {what}{bar} ({site_where(site)})"
 
 
-def role_answer(st: RoleSearch, by_id: dict[int, dict[str, Any]]) -> str:
+def role_answer(st: RoleSearch, by_id: dict[int, CheckpointSite]) -> str:
     """One sentence: where this role is stuck."""
     last, first = by_id.get(st.last_reached), by_id.get(st.first_unreached)
     if st.finished:
@@ -130,8 +129,8 @@ def role_answer(st: RoleSearch, by_id: dict[int, dict[str, Any]]) -> str:
     if st.lo < 0:
         return f"never reached its first site {describe_site(first)}: never started or stuck before"
     if (
-        all(by_id.get(s, {}).get("role") == "all" for s in st.sites[: st.hi])
-        and (first or {}).get("role") != "all"
+        all(getattr(by_id.get(s), "role", None) == "all" for s in st.sites[: st.hi])
+        and (first.role if first else None) != "all"
     ):
         text = (
             f"never gets past its first own site {describe_site(first)}; it passed the shared "
@@ -139,8 +138,8 @@ def role_answer(st: RoleSearch, by_id: dict[int, dict[str, Any]]) -> str:
         )
     else:
         text = f"never gets past {describe_site(first)}; last reached {describe_site(last)}"
-    loops_last = {tuple(x) for x in (last or {}).get("loops", [])}
-    loops_first = {tuple(x) for x in (first or {}).get("loops", [])}
+    loops_last = {tuple(x) for x in (last.loops if last else [])}
+    loops_first = {tuple(x) for x in (first.loops if first else [])}
     outer = loops_last - loops_first
     if outer:
         f, line = sorted(outer)[0]

@@ -95,12 +95,12 @@ def to_markdown(res: BisectResult) -> str:
             "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for i, p in enumerate(res.runs, 1):
-            s = by_id.get(p.site, {})
+            s = by_id.get(p.site)
             reached = {True: "yes", False: "no", None: "?"}[p.reached]
             cells = [
                 i,
                 p.site,
-                f"{s.get('op')} {s.get('name') or ''}",
+                f"{s.op} {s.name}" if s else "None ",
                 site_where(s) if s else "-",
                 p.role,
                 reached,
@@ -121,12 +121,10 @@ def to_markdown(res: BisectResult) -> str:
             "|---|---|---|---|---|---|",
         ]
         for s in res.sites:
-            what = s["op"] + (f" {s['name']!r}" if s.get("name") else "")
-            cells = [s["id"], s["role"], what, site_where(s), s.get("detail", "")]
+            what = s.op + (f" {s.name!r}" if s.name else "")
+            cells = [s.id, s.role, what, site_where(s), s.detail]
             out.append(
-                "| "
-                + " | ".join(md_text(x) for x in cells)
-                + f" | {md_code((s.get('code') or '')[:80])} |"
+                "| " + " | ".join(md_text(x) for x in cells) + f" | {md_code(s.code[:80])} |"
             )
         out.append("")
     out += ["## Reproduce", ""] + md_block(res.command or f"cutedebug bisect {sc.source}") + [""]
