@@ -138,17 +138,23 @@ def test_pool_start_with_a_bad_idle_time_is_a_usage_error():
 def test_a_bad_pool_variable_is_a_usage_error_naming_it(env, argv, tmp_path):
     """A mistyped CUTEDEBUG_POOL_IDLE_S / CUTEDEBUG_WARM is the user's input: exit 2 naming
     the variable, not a harness error (exit 3, 'no server could be started') nor ignored."""
-    r = subprocess.run(
-        [sys.executable, "-m", "cutedebug", *argv],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=120,
-        env={**os.environ, "PYTHONPATH": str(ROOT), pool.DIR_VAR: str(tmp_path / "p"), **env},
-    )
-    assert r.returncode == 2, r.stdout + r.stderr
-    assert next(iter(env if len(env) == 1 else [pool.IDLE_VAR])) in r.stderr
-    assert not (tmp_path / "p").exists() or not list((tmp_path / "p").glob("pool-*.sock"))
+    # a short pool folder: under tmp_path (xdist's popen-gwN, this test's long name) the
+    # socket path can pass 107 bytes, and that error would come first
+    d = Path(tempfile.mkdtemp(prefix="cdpool-", dir="/tmp")) / "p"
+    try:
+        r = subprocess.run(
+            [sys.executable, "-m", "cutedebug", *argv],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            timeout=120,
+            env={**os.environ, "PYTHONPATH": str(ROOT), pool.DIR_VAR: str(d), **env},
+        )
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert next(iter(env if len(env) == 1 else [pool.IDLE_VAR])) in r.stderr
+        assert not d.exists() or not list(d.glob("pool-*.sock"))
+    finally:
+        shutil.rmtree(d.parent, ignore_errors=True)
 
 
 # ---- with servers -------------------------------------------------------------------------------
