@@ -109,10 +109,11 @@ STEPS = [
     Step(
         "pytest_gpu",
         "18",
-        280,
+        320,
         False,
-        "python3 -m pytest -m gpu -q -p no:cacheprovider -rfEs --durations=15; echo rc=$?",
-        "every GPU test on the final code",
+        "python3 -m pytest -m gpu -q -p no:cacheprovider -rfEs --durations=15; echo rc=$?; "
+        "python3 tools/gpu_trust_check.py --out $STEP_OUT/trust; echo rc=$?",
+        "every GPU test on the final code, then the lifeline attacked on a real GPU hang",
     ),
     Step(
         "triage",
