@@ -76,6 +76,20 @@ class RecordError(ValueError):
     """A JSON object that is not a record of the expected type; the message names the field."""
 
 
+class Record:
+    """The base of every record dataclass: its one ``to_json`` / ``from_json`` pair, this
+    module's (a record class adds fields, never its own serialiser)."""
+
+    __slots__ = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return to_json(self)
+
+    @classmethod
+    def from_json(cls: type[R], data: Any, where: str = "") -> R:
+        return from_json(cls, data, where)
+
+
 def present(value: Any, default: Any = None) -> Any:
     """``value``, or ``default`` when the file did not have it."""
     return default if value is ABSENT else value

@@ -18,19 +18,8 @@ Status = Literal["localized", "nothing_to_bisect", "no_sites", "error"]
 Agreement = Literal["agree", "consistent", "disagree"]
 
 
-class _Record:
-    __slots__ = ()
-
-    def to_json(self) -> dict[str, Any]:
-        return records.to_json(self)
-
-    @classmethod
-    def from_json(cls, data: Any, where: str = ""):
-        return records.from_json(cls, data, where)
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Baseline(_Record):
+class Baseline(records.Record):
     """The baseline run (the scenario as it is, no checkpoint enabled)."""
 
     verdict: str
@@ -45,7 +34,7 @@ class Baseline(_Record):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class GradeMatch(_Record):
+class GradeMatch(records.Record):
     """The role and first unreached site that agreed with the expected localization."""
 
     role: str
@@ -56,7 +45,7 @@ class GradeMatch(_Record):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Grade(_Record):
+class Grade(records.Record):
     """The bisection against the scenario's expected localization. Every key ABSENT: not
     graded (the bisection did not run its search); ``ok`` None: nothing was expected."""
 
@@ -72,7 +61,7 @@ class Grade(_Record):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RoleAgreement(_Record):
+class RoleAgreement(records.Record):
     """One role: the probes' stuck wait and whether it agrees with the bisection."""
 
     probe: str
@@ -83,7 +72,7 @@ class RoleAgreement(_Record):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ProbesAnswer(_Record):
+class ProbesAnswer(records.Record):
     """The bounded-wait probes' answer per role; ``agree`` None when they named no role."""
 
     roles: dict[str, RoleAgreement] = field(default_factory=dict)
@@ -91,7 +80,7 @@ class ProbesAnswer(_Record):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class TimingBug(_Record):
+class TimingBug(records.Record):
     """A checkpoint whose run made the hang vanish."""
 
     site: int
@@ -100,7 +89,7 @@ class TimingBug(_Record):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class BisectReport(_Record):
+class BisectReport(records.Record):
     """bisect.json (``schema_version`` 1), key for key."""
 
     schema_version: Literal[1]

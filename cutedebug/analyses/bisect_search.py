@@ -33,7 +33,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from cutedebug import records
 from cutedebug.engine import verdict as V
@@ -88,7 +87,7 @@ class CheckpointRun:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RunRecord:
+class RunRecord(records.Record):
     """A ``CheckpointRun`` in bisect.json's ``runs``."""
 
     site: int
@@ -102,13 +101,6 @@ class RunRecord:
     note: str
     run_dir: str
     timing_bug: bool  # the hang vanished with this checkpoint enabled
-
-    def to_json(self) -> dict[str, Any]:
-        return records.to_json(self)
-
-    @classmethod
-    def from_json(cls, data: Any, where: str = "") -> RunRecord:
-        return records.from_json(cls, data, where)
 
 
 class Oracle:
@@ -191,7 +183,7 @@ class RoleSearch:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class SearchRecord:
+class SearchRecord(records.Record):
     """A ``RoleSearch`` in bisect.json's ``searches``: its fields, then its answer (the
     properties of the same names)."""
 
@@ -210,13 +202,6 @@ class SearchRecord:
     between: list[int]
     started: bool
     finished: bool
-
-    def to_json(self) -> dict[str, Any]:
-        return records.to_json(self)
-
-    @classmethod
-    def from_json(cls, data: Any, where: str = "") -> SearchRecord:
-        return records.from_json(cls, data, where)
 
 
 def search_role(role: str, sites: list[int], oracle: Oracle) -> RoleSearch:

@@ -19,19 +19,8 @@ MATRIX_SCHEMA = 1
 Status = Literal["CAUGHT", "SURVIVED", "NOT_APPLIED", "HARNESS_ERROR"]
 
 
-class _Record:
-    __slots__ = ()
-
-    def to_json(self) -> dict[str, Any]:
-        return records.to_json(self)
-
-    @classmethod
-    def from_json(cls, data: Any, where: str = ""):
-        return records.from_json(cls, data, where)
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
-class FaultSite(_Record):
+class FaultSite(records.Record):
     """A traced call the mutant's fault changed (the first 20 of a mutant)."""
 
     kernel: str | None
@@ -44,7 +33,7 @@ class FaultSite(_Record):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class MutantRecord(_Record):
+class MutantRecord(records.Record):
     """One finished mutant: what was injected where, what the command said, the status."""
 
     id: str
@@ -83,7 +72,7 @@ class MutantRecord(_Record):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Score(_Record):
+class Score(records.Record):
     """caught / (caught + survived); NOT_APPLIED and HARNESS_ERROR are not scored."""
 
     counts: dict[str, int]
@@ -94,7 +83,7 @@ class Score(_Record):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class CleanRun(_Record):
+class CleanRun(records.Record):
     """The clean run, as the matrix sums it up (clean.json holds all of it)."""
 
     verdict: str | None
@@ -105,7 +94,7 @@ class CleanRun(_Record):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Trace(_Record):
+class Trace(records.Record):
     """A trace of the clean run with what the recorder saw (``pipelines``: the recorder's
     pipeline entries, as it wrote them)."""
 
@@ -120,7 +109,7 @@ class Trace(_Record):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RunFacts(_Record):
+class RunFacts(records.Record):
     """Leftover processes, GPU health after the kills, mutant times against the clean run."""
 
     clean_s: float
@@ -133,7 +122,7 @@ class RunFacts(_Record):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class MutationMatrix(_Record):
+class MutationMatrix(records.Record):
     """OUT/matrix.json (``schema`` 1), key for key; ``facts`` only once every mutant ran."""
 
     schema: Literal[1]

@@ -21,23 +21,16 @@ SCHEMA_VERSION = 1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class StuckMapRow:
+class StuckMapRow(records.Record):
     """One row of the stuck map: CTAs whose warps are all in the same state."""
 
     ctas: str  # "0-15,17"
     n_ctas: int
     cells: list[str]  # one label per warp
 
-    def to_json(self) -> dict[str, Any]:
-        return records.to_json(self)
-
-    @classmethod
-    def from_json(cls, data: Any, where: str = "") -> StuckMapRow:
-        return records.from_json(cls, data, where)
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class StuckMapSummary:
+class StuckMapSummary(records.Record):
     """The stuck map in report.json (the picture itself is stuck_map.svg beside it)."""
 
     svg: str
@@ -47,16 +40,9 @@ class StuckMapSummary:
     hidden_rows: int
     rows: list[StuckMapRow]
 
-    def to_json(self) -> dict[str, Any]:
-        return records.to_json(self)
-
-    @classmethod
-    def from_json(cls, data: Any, where: str = "") -> StuckMapSummary:
-        return records.from_json(cls, data, where)
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RunReport:
+class RunReport(records.Record):
     """report.json of one scenario run (``cutedebug run``, a triage call, a pytest item)."""
 
     schema_version: Literal[1] = SCHEMA_VERSION
@@ -78,16 +64,9 @@ class RunReport:
     log_tail: str
     stuck_map: StuckMapSummary | None
 
-    def to_json(self) -> dict[str, Any]:
-        return records.to_json(self)
-
-    @classmethod
-    def from_json(cls, data: Any, where: str = "") -> RunReport:
-        return records.from_json(cls, data, where)
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ExecReport:
+class ExecReport(records.Record):
     """report.json of one ``cutedebug exec`` run (any command, watched and instrumented)."""
 
     schema_version: Literal[1] = SCHEMA_VERSION
@@ -120,10 +99,3 @@ class ExecReport:
     run_dir: str
     command: str
     log_tail: str
-
-    def to_json(self) -> dict[str, Any]:
-        return records.to_json(self)
-
-    @classmethod
-    def from_json(cls, data: Any, where: str = "") -> ExecReport:
-        return records.from_json(cls, data, where)

@@ -32,7 +32,7 @@ Mode = Literal["compile", "run"]
 
 
 @dataclass(slots=True, kw_only=True)
-class Expected:
+class Expected(records.Record):
     """What the scenario expects: the verdict (a Verdict name; "?" for an invalid scenario
     file), those it also accepts (timing-dependent scenarios), the localization graded."""
 
@@ -40,20 +40,13 @@ class Expected:
     also: list[str] | Absent = ABSENT
     localization: dict[str, Any]
 
-    def to_json(self) -> dict[str, Any]:
-        return records.to_json(self)
-
-    @classmethod
-    def from_json(cls, data: Any, where: str = "") -> Expected:
-        return records.from_json(cls, data, where)
-
     def expect(self) -> S.Expect:
         """The scenario's Expect for these verdicts (what ``accepts`` a verdict)."""
         return S.Expect(verdict=self.verdict, also=tuple(self.also or ()))
 
 
 @dataclass(slots=True, kw_only=True)
-class CallRecord:
+class CallRecord(records.Record):
     """One compile or run call of a scenario (``runner.run_scenario``)."""
 
     mode: Mode
@@ -76,16 +69,9 @@ class CallRecord:
     value_diagnosis: dict[str, Any] | None | Absent = ABSENT
     gpu: str | Absent = ABSENT  # the GPU lane that ran it (--gpus)
 
-    def to_json(self) -> dict[str, Any]:
-        return records.to_json(self)
-
-    @classmethod
-    def from_json(cls, data: Any, where: str = "") -> CallRecord:
-        return records.from_json(cls, data, where)
-
 
 @dataclass(slots=True, kw_only=True)
-class BisectCall:
+class BisectCall(records.Record):
     """What a printf-bisection of the scenario answered (status "error": it raised)."""
 
     status: str
@@ -98,16 +84,9 @@ class BisectCall:
     wall_s: float | Absent = ABSENT
     report: str | None | Absent = ABSENT
 
-    def to_json(self) -> dict[str, Any]:
-        return records.to_json(self)
-
-    @classmethod
-    def from_json(cls, data: Any, where: str = "") -> BisectCall:
-        return records.from_json(cls, data, where)
-
 
 @dataclass(slots=True, kw_only=True)
-class TriageRecord:
+class TriageRecord(records.Record):
     """One scenario of a triage. Mutable: it goes pending -> compiled -> (bisecting) -> done
     as its calls finish, and is written after each step."""
 
@@ -140,13 +119,6 @@ class TriageRecord:
     bisect: BisectCall | Absent = ABSENT
     core_vs_bisect: dict[str, Any] | Absent = ABSENT
 
-    def to_json(self) -> dict[str, Any]:
-        return records.to_json(self)
-
-    @classmethod
-    def from_json(cls, data: Any, where: str = "") -> TriageRecord:
-        return records.from_json(cls, data, where)
-
     @property
     def done(self) -> bool:
         return self.status == "done"
@@ -158,7 +130,7 @@ class TriageRecord:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Rate:
+class Rate(records.Record):
     """One rate of the matrix: ``hits`` of ``of`` (``rate`` None when ``of`` is 0)."""
 
     hits: int
@@ -166,20 +138,13 @@ class Rate:
     rate: float | None
     what: str  # what is counted, in words
 
-    def to_json(self) -> dict[str, Any]:
-        return records.to_json(self)
-
-    @classmethod
-    def from_json(cls, data: Any, where: str = "") -> Rate:
-        return records.from_json(cls, data, where)
-
     def text(self) -> str:
         """ "67% (4/6)", or "n.a." when nothing was counted."""
         return "n.a." if self.rate is None else f"{100 * self.rate:.0f}% ({self.hits}/{self.of})"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Counts:
+class Counts(records.Record):
     scenarios: int
     with_verdict: int
     not_run: int  # left out of every rate
@@ -192,16 +157,9 @@ class Counts:
     exposed_by_perturbation: int = records.later(0)
     absent: frozenset[str] = records.absent_keys()
 
-    def to_json(self) -> dict[str, Any]:
-        return records.to_json(self)
-
-    @classmethod
-    def from_json(cls, data: Any, where: str = "") -> Counts:
-        return records.from_json(cls, data, where)
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Rates:
+class Rates(records.Record):
     """The matrix's rates, each over the scenarios that have a verdict (commands/triage.py)."""
 
     detection: Rate
@@ -209,13 +167,6 @@ class Rates:
     localization: Rate
     false_alarms: Rate
     counts: Counts
-
-    def to_json(self) -> dict[str, Any]:
-        return records.to_json(self)
-
-    @classmethod
-    def from_json(cls, data: Any, where: str = "") -> Rates:
-        return records.from_json(cls, data, where)
 
     def rate(self, key: str) -> Rate:
         """One of RATE_KEYS by name."""
@@ -226,7 +177,7 @@ RATE_KEYS = ("detection", "classification", "localization", "false_alarms")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Environment:
+class Environment(records.Record):
     """Where the triage ran (commands/triage_records.py: ``environment``)."""
 
     date: str
@@ -239,16 +190,9 @@ class Environment:
     driver: str | None
     gpu_reason: str | None
 
-    def to_json(self) -> dict[str, Any]:
-        return records.to_json(self)
-
-    @classmethod
-    def from_json(cls, data: Any, where: str = "") -> Environment:
-        return records.from_json(cls, data, where)
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Facts:
+class Facts(records.Record):
     """What the triage run itself did: harness errors, processes of ours left, the GPU's
     health after it, the harness's overhead, the wall time (merge: per shard too)."""
 
@@ -262,16 +206,9 @@ class Facts:
     processes_left_by_gpu: dict[str, Any] | None = records.optional(None)
     shards: list[dict[str, Any]] | None = records.optional(None)  # `cutedebug merge`
 
-    def to_json(self) -> dict[str, Any]:
-        return records.to_json(self)
-
-    @classmethod
-    def from_json(cls, data: Any, where: str = "") -> Facts:
-        return records.from_json(cls, data, where)
-
 
 @dataclass(slots=True, kw_only=True)
-class TriageMatrix:
+class TriageMatrix(records.Record):
     """OUT/matrix.json: the records, their rates and the run's facts."""
 
     schema: Literal["cutedebug.triage.matrix/1"] = MATRIX_SCHEMA
@@ -281,10 +218,3 @@ class TriageMatrix:
     rates: Rates
     facts: Facts | None  # None until the triage ends
     scenarios: list[TriageRecord]
-
-    def to_json(self) -> dict[str, Any]:
-        return records.to_json(self)
-
-    @classmethod
-    def from_json(cls, data: Any, where: str = "") -> TriageMatrix:
-        return records.from_json(cls, data, where)

@@ -147,7 +147,7 @@ def decode(buf: bytes | memoryview, cfg: MarkConfig, limit: int = 64) -> dict[st
 
 
 @dataclass
-class CheckpointSite:
+class CheckpointSite(records.Record):
     """One traced call that bisection can enable. ``id`` is its trace (program) order."""
 
     id: int
@@ -174,13 +174,6 @@ class CheckpointSite:
         what = f"checkpoint {self.name!r}" if self.kind == "checkpoint" else self.op
         bar = f" {self.barrier}" if self.barrier and self.kind == "pipeline" else ""
         return f"#{self.id} {what}{bar} ({self.where})"
-
-    def to_json(self) -> dict[str, Any]:
-        return records.to_json(self)
-
-    @classmethod
-    def from_json(cls, data: Any, where: str = "") -> CheckpointSite:
-        return records.from_json(cls, data, where)
 
 
 def assign_roles(sites: list[CheckpointSite]) -> None:

@@ -39,7 +39,7 @@ from cutedebug.instrument.probe_layout import (
 
 
 @dataclass
-class StuckRecord:
+class StuckRecord(records.Record):
     """What a bounded wait wrote when its time budget ran out (one per timed-out thread)."""
 
     site_id: int
@@ -54,16 +54,9 @@ class StuckRecord:
     lane: int
     globaltimer: int
 
-    def to_json(self) -> dict[str, Any]:
-        return records.to_json(self)
-
-    @classmethod
-    def from_json(cls, data: Any, where: str = "") -> StuckRecord:
-        return records.from_json(cls, data, where)
-
 
 @dataclass
-class Beacon:
+class Beacon(records.Record):
     """A warp's last completed wait, as its beacon slot holds it."""
 
     cta: int  # linear block id of the last writer (mod 2**20)
@@ -73,13 +66,6 @@ class Beacon:
     phase: int
     seq: int  # PipelineState.count + 1 (mod 2**23), or a globaltimer tick for raw waits
     word: int
-
-    def to_json(self) -> dict[str, Any]:
-        return records.to_json(self)
-
-    @classmethod
-    def from_json(cls, data: Any, where: str = "") -> Beacon:
-        return records.from_json(cls, data, where)
 
 
 @dataclass
@@ -218,7 +204,7 @@ def detect_stall(snapshots: list[tuple[float, ProbeSnapshot]], stall_s: float) -
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ProbePicture:
+class ProbePicture(records.Record):
     """A probe snapshot as it travels: a ``progress`` event's ``picture``, a ``probe_report``
     event's payload (probe_diagnosis.snapshot_to_json), or a GPU core's picture (its own
     ``sites`` and stuck-map ``lines``; analyses/coredump_evidence.py). Keys the older
@@ -238,13 +224,6 @@ class ProbePicture:
     lines: list[str] | None = records.optional(None)  # a core's picture: its footnote
     after_cuda_error: bool = records.optional(False)  # probe_report: read after a fault
     absent: frozenset[str] = records.absent_keys()
-
-    def to_json(self) -> dict[str, Any]:
-        return records.to_json(self)
-
-    @classmethod
-    def from_json(cls, data: Any, where: str = "") -> ProbePicture:
-        return records.from_json(cls, data, where)
 
     def snapshot(self) -> ProbeSnapshot:
         return ProbeSnapshot(

@@ -135,7 +135,7 @@ def pack_beacon(site_id: int, stage: int | None, phase: int, seq: int, block: in
 
 
 @dataclass
-class Site:
+class Site(records.Record):
     """One instrumented wait in the kernel source, numbered at trace time."""
 
     id: int
@@ -188,13 +188,6 @@ class Site:
         idx = f"[{stage}]" if stage is not None and stage >= 0 else ""
         ph = f" phase {phase}" if phase is not None else ""
         return f"{self.op} {bar}{idx}{ph} ({self.where})"
-
-    def to_json(self) -> dict[str, Any]:
-        return records.to_json(self)
-
-    @classmethod
-    def from_json(cls, data: Any, where: str = "") -> Site:
-        return records.from_json(cls, data, where)
 
 
 _KEY = (

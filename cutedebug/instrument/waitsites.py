@@ -27,7 +27,7 @@ from cutedebug.instrument import probes
 
 
 @dataclass
-class WaitSite:
+class WaitSite(records.Record):
     seq: int  # emission order while tracing
     kind: str  # mbarrier_wait | mbarrier_try_wait | named_barrier_sync | named_barrier_arrive
     #            | sync_threads | cluster_wait
@@ -56,13 +56,6 @@ class WaitSite:
         if self.op.startswith("consumer"):
             return "consumer"
         return "any"
-
-    def to_json(self) -> dict[str, Any]:
-        return records.to_json(self)
-
-    @classmethod
-    def from_json(cls, data: Any, where: str = "") -> WaitSite:
-        return records.from_json(cls, data, where)
 
 
 _STATIC = probes._static_int

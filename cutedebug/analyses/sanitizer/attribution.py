@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from cutedebug import records
 from cutedebug.analyses.sanitizer.findings import Finding
@@ -18,7 +17,7 @@ from cutedebug.analyses.sanitizer.triage import GroupRecord, classify, group
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class OtherKernel:
+class OtherKernel(records.Record):
     """Findings of a kernel the worker did not launch (a sanitize result's ``other_kernels``):
     counted apart, never the verdict."""
 
@@ -27,13 +26,6 @@ class OtherKernel:
     count: int
     class_: str = records.named("class")  # the class its findings would have had
     groups: list[GroupRecord]  # its first groups, most first
-
-    def to_json(self) -> dict[str, Any]:
-        return records.to_json(self)
-
-    @classmethod
-    def from_json(cls, data: Any, where: str = "") -> OtherKernel:
-        return records.from_json(cls, data, where)
 
 
 def is_launched_kernel(name: str | None, kernel_names: Sequence[str]) -> bool:

@@ -9,7 +9,6 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from cutedebug import records
 
@@ -35,7 +34,7 @@ Triple = tuple[int, int, int]
 
 
 @dataclass(frozen=True)
-class Site:
+class Site(records.Record):
     """One source location a finding points at (a hazard has two: both accesses)."""
 
     file: str | None
@@ -44,16 +43,9 @@ class Site:
     access: str | None = None  # "Read" / "Write" for hazards
     thread: Triple | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        return records.to_json(self)
-
-    @classmethod
-    def from_json(cls, data: Any, where: str = "") -> Site:
-        return records.from_json(cls, data, where)
-
 
 @dataclass(frozen=True)
-class Finding:
+class Finding(records.Record):
     tool: str
     kind: str
     severity: str  # "error" | "warning" | "info"
@@ -81,13 +73,6 @@ class Finding:
     def signature(self) -> tuple[str, tuple[tuple[str | None, int | None], ...]]:
         """What makes two findings "the same": kind + source lines (threads may differ)."""
         return (self.kind, self.lines)
-
-    def to_json(self) -> dict[str, Any]:
-        return records.to_json(self)
-
-    @classmethod
-    def from_json(cls, data: Any, where: str = "") -> Finding:
-        return records.from_json(cls, data, where)
 
 
 def parse_failure(tool: str, text: str) -> Finding:

@@ -18,38 +18,24 @@ from cutedebug.records import ABSENT, Absent
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class NoiseCount:
+class NoiseCount(records.Record):
     """How many findings one noise rule filtered (``ToolResult.filtered``)."""
 
     reason: str
     count: int
 
-    def to_json(self) -> dict[str, Any]:
-        return records.to_json(self)
-
-    @classmethod
-    def from_json(cls, data: Any, where: str = "") -> NoiseCount:
-        return records.from_json(cls, data, where)
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class KernelSeconds:
+class KernelSeconds(records.Record):
     """The kernel's own time (its "synced" event) under the sanitizer and without it."""
 
     sanitized: float | None
     plain: float | None
     slowdown: float | None
 
-    def to_json(self) -> dict[str, Any]:
-        return records.to_json(self)
-
-    @classmethod
-    def from_json(cls, data: Any, where: str = "") -> KernelSeconds:
-        return records.from_json(cls, data, where)
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ToolResult:
+class ToolResult(records.Record):
     """One tool's run in ``sanitize.json`` (``tools.<tool>``), key for key.
 
     ``make_result`` fills the first part from the findings alone (``verdict`` is then the
@@ -89,9 +75,6 @@ class ToolResult:
     kernel_seconds: KernelSeconds | Absent = ABSENT
     reproduce_cutedebug: str | Absent = ABSENT  # the cutedebug command line, when given
 
-    def to_json(self) -> dict[str, Any]:
-        return records.to_json(self)
-
     @classmethod
     def from_json(cls, data: Any, where: str = "") -> ToolResult:
         result = records.from_json(cls, data, where)
@@ -106,7 +89,7 @@ class ToolResult:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class PlainRun:
+class PlainRun(records.Record):
     """The worker without the sanitizer (line info on, probes off): the slowdown's base."""
 
     verdict: str
@@ -115,16 +98,9 @@ class PlainRun:
     kernel_seconds: float | None
     run_dir: str
 
-    def to_json(self) -> dict[str, Any]:
-        return records.to_json(self)
-
-    @classmethod
-    def from_json(cls, data: Any, where: str = "") -> PlainRun:
-        return records.from_json(cls, data, where)
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class SanitizeSummary:
+class SanitizeSummary(records.Record):
     """``sanitize.json``: the scenario, each tool's result, the plain run, and whether the
     scenario's expectation held (``as_expected``: set once judged; None: nothing the command
     ran could check it)."""
@@ -136,13 +112,6 @@ class SanitizeSummary:
     run_dir: str
     reproduce: str
     as_expected: bool | None | Absent = ABSENT
-
-    def to_json(self) -> dict[str, Any]:
-        return records.to_json(self)
-
-    @classmethod
-    def from_json(cls, data: Any, where: str = "") -> SanitizeSummary:
-        return records.from_json(cls, data, where)
 
     def verdicts(self) -> dict[str, str]:
         """Each tool's verdict."""

@@ -15,20 +15,13 @@ Signature = tuple[str, tuple[tuple[str | None, int | None], ...]]
 
 
 @dataclass
-class ShrinkResult:
+class ShrinkResult(records.Record):
     original: dict[str, Any]
     shrunk: dict[str, Any]
     signature: Signature
     original_seconds: float | None
     shrunk_seconds: float | None
     runs: list[dict[str, Any]] = field(default_factory=list)  # every candidate, once
-
-    def to_json(self) -> dict[str, Any]:
-        return records.to_json(self)
-
-    @classmethod
-    def from_json(cls, data: Any, where: str = "") -> ShrinkResult:
-        return records.from_json(cls, data, where)
 
 
 def shrink(

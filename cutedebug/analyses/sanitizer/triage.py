@@ -163,21 +163,14 @@ class Group:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class SourceLine:
+class SourceLine(records.Record):
     file: str | None
     line: int | None
     source: str | None  # the stripped source text; None when it could not be read
 
-    def to_json(self) -> dict[str, Any]:
-        return records.to_json(self)
-
-    @classmethod
-    def from_json(cls, data: Any, where: str = "") -> SourceLine:
-        return records.from_json(cls, data, where)
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class GroupRecord:
+class GroupRecord(records.Record):
     """A ``Group`` in a sanitize result (its ``groups``, ``filtered_groups``, and the first
     groups of each other kernel): its source lines read, ``reason`` only for a filtered one."""
 
@@ -195,13 +188,6 @@ class GroupRecord:
     text: str
     accesses: tuple[str | None, ...]
     reason: str | None | Absent = ABSENT  # why it was filtered as noise
-
-    def to_json(self) -> dict[str, Any]:
-        return records.to_json(self)
-
-    @classmethod
-    def from_json(cls, data: Any, where: str = "") -> GroupRecord:
-        return records.from_json(cls, data, where)
 
 
 _MAX_EXAMPLES = 4
