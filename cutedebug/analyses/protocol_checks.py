@@ -12,14 +12,6 @@ from cutedebug.instrument.protocol import _prod
 from cutedebug.instrument.recorder import PipelineRecord, Protocol
 
 SEVERITIES = ("error", "warning", "info")
-PIPELINE_OPS = (
-    "producer_acquire",
-    "producer_commit",
-    "consumer_wait",
-    "consumer_release",
-    "producer_tail",
-    "producer_get_barrier",
-)
 # Pipelines whose create() passes the declared groups to mbarrier.init unchanged (unless
 # enable_multicast_signaling recomputes the consumer count).
 _KNOWN_GROUP_RULES = (
