@@ -79,23 +79,18 @@ def shrinkable_params(kernel_file: str | os.PathLike, entry: str) -> tuple[str, 
     """The entry class's ``SHRINKABLE`` names, read from the source (cutlass never imported)."""
     import ast
 
+    from cutedebug.engine import scenario as S
+
     try:
         tree = ast.parse(Path(kernel_file).read_text(), filename=str(kernel_file))
     except (OSError, SyntaxError):
         return ()
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name == entry:
-            for stmt in node.body:
-                target = (
-                    stmt.targets[0]
-                    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
-                    else stmt.target
-                    if isinstance(stmt, ast.AnnAssign) and stmt.value
-                    else None
-                )
-                if isinstance(target, ast.Name) and target.id == "SHRINKABLE":
+            for name, expr in S.class_constants(node):
+                if name == "SHRINKABLE":
                     try:
-                        value = ast.literal_eval(stmt.value)
+                        value = ast.literal_eval(expr)
                     except ValueError:
                         return ()
                     if isinstance(value, (tuple, list)):

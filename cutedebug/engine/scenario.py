@@ -50,6 +50,7 @@ import io
 import re
 import tokenize
 import tomllib
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -284,6 +285,21 @@ def _choice(where: str, name: str, value: Any, allowed: tuple) -> None:
         raise ScenarioError(f"{where}: field {name} = {value!r}: allowed values {list(allowed)}")
 
 
+def class_constants(cls: ast.ClassDef) -> Iterator[tuple[str, ast.expr]]:
+    """``NAME = value`` and ``NAME: T = value`` statements of a class body, as (name, value
+    expression): how the kernel interface's class constants (PARAMS, SWITCHES, SHRINKABLE) are
+    read from the source without importing it."""
+    for stmt in cls.body:
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+            target = stmt.targets[0]
+        elif isinstance(stmt, ast.AnnAssign) and stmt.value:
+            target = stmt.target
+        else:
+            continue
+        if isinstance(target, ast.Name):
+            yield target.id, stmt.value
+
+
 def kernel_params_from_source(path: Path, entry: str, where: str) -> dict[str, Any] | None:
     """The entry's PARAMS and SWITCHES read from the source without importing it.
 
@@ -313,26 +329,17 @@ def kernel_params_from_source(path: Path, entry: str, where: str) -> dict[str, A
         )
     params: dict[str, Any] | None = None
     switches: list[str] = []
-    for stmt in cls.body:
-        target = (
-            stmt.targets[0]
-            if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
-            else stmt.target
-            if isinstance(stmt, ast.AnnAssign) and stmt.value
-            else None
-        )
-        if isinstance(target, ast.Name):
-            name = target.id
-            try:
-                value = _const_eval(stmt.value)
-            except ValueError:
-                if name == "PARAMS":
-                    return None
-                continue
-            if name == "PARAMS" and isinstance(value, dict):
-                params = dict(value)
-            elif name == "SWITCHES" and isinstance(value, dict):
-                switches = list(value)
+    for name, expr in class_constants(cls):
+        try:
+            value = _const_eval(expr)
+        except ValueError:
+            if name == "PARAMS":
+                return None
+            continue
+        if name == "PARAMS" and isinstance(value, dict):
+            params = dict(value)
+        elif name == "SWITCHES" and isinstance(value, dict):
+            switches = list(value)
     if params is None:
         return None
     for s in switches:
