@@ -32,6 +32,7 @@ from typing import Any
 
 from cutedebug.engine import lifeline, runner, watchdog
 from cutedebug.engine import verdict as V
+from cutedebug.engine.run_report import stuck_site_phrase
 from cutedebug.errors import UsageError
 from cutedebug.instrument import launch
 
@@ -525,15 +526,4 @@ def used_gpu(res: ExecResult) -> bool:
 # ---- reports -----------------------------------------------------------------------------------
 def where(res: ExecResult) -> str:
     sites = res.evidence.get("stuck_sites") or []
-    if sites:
-        s = sites[0]
-        parts = [
-            f"in {s.get('kernel')}" if s.get("kernel") else None,
-            s.get("role"),
-            s.get("op"),
-            f"{s.get('barrier')}[{s.get('stage')}]" if s.get("barrier") else None,
-            f"phase {s.get('phase')}" if s.get("phase") is not None else None,
-            s.get("location"),
-        ]
-        return " ".join(str(p) for p in parts if p)
-    return ""
+    return stuck_site_phrase(sites[0], kernel=True) if sites else ""

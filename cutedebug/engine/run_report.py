@@ -99,3 +99,17 @@ class ExecReport(records.Record):
     run_dir: str
     command: str
     log_tail: str
+
+
+def stuck_site_phrase(site: dict[str, Any], kernel: bool = False) -> str:
+    """One phrase for a stuck site of the evidence (role, op, barrier[stage], phase,
+    location; ``kernel``: the kernel's name first, for exec, where several kernels run)."""
+    parts = [
+        f"in {site.get('kernel')}" if kernel and site.get("kernel") else None,
+        site.get("role"),
+        site.get("op"),
+        f"{site.get('barrier')}[{site.get('stage')}]" if site.get("barrier") else None,
+        f"phase {site.get('phase')}" if site.get("phase") is not None else None,
+        site.get("location"),
+    ]
+    return " ".join(str(p) for p in parts if p)

@@ -20,6 +20,7 @@ from cutedebug.engine.run_report import (
     RunReport,
     StuckMapRow,
     StuckMapSummary,
+    stuck_site_phrase,
 )
 from cutedebug.engine.runner import RunResult, probe_picture
 from cutedebug.instrument.probes import snapshot_from_json
@@ -69,15 +70,7 @@ def where(result: RunResult) -> str:
     """One phrase for where the problem is, if known."""
     sites = result.evidence.get("stuck_sites") or []
     if sites:
-        s = sites[0]
-        parts = [
-            s.get("role"),
-            s.get("op"),
-            f"{s.get('barrier')}[{s.get('stage')}]" if s.get("barrier") else None,
-            f"phase {s.get('phase')}" if s.get("phase") is not None else None,
-            s.get("location"),
-        ]
-        return " ".join(str(p) for p in parts if p)
+        return stuck_site_phrase(sites[0])
     checked = result.evidence.get("checked") or {}
     if checked.get("first_bad_index") is not None:
         return f"first bad element at index {checked['first_bad_index']}"
