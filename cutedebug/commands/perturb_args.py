@@ -12,46 +12,43 @@ from cutedebug.instrument.perturb_plan import POLICIES, PerturbError, Policy
 MAX_SEEDS = 4096
 
 
-def _seeds(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: a whole number of seeds, 1..{MAX_SEEDS}"
-        ) from None
-    if not 1 <= n <= MAX_SEEDS:
-        raise argparse.ArgumentTypeError(f"{n}: allowed 1..{MAX_SEEDS}")
-    return n
+def _ranged(convert, ok, not_a_number: str, out_of_range: str):
+    """An argparse type: ``convert`` the text, then ``ok`` it; each failure an
+    ArgumentTypeError naming the value and what is allowed ({} is the text / the value)."""
+
+    def parse(text: str):
+        try:
+            x = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(not_a_number.format(repr(text))) from None
+        if not ok(x):  # a comparison with nan is False: refused too
+            raise argparse.ArgumentTypeError(out_of_range.format(x))
+        return x
+
+    return parse
 
 
-def _seed(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: a seed is a whole number >= 0") from None
-    if not 0 <= n < 2**31:
-        raise argparse.ArgumentTypeError(f"{n}: allowed 0..{2**31 - 1}")
-    return n
-
-
-def _density(text: str) -> float:
-    try:
-        x = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: a fraction in (0, 1]") from None
-    if not 0.0 < x <= 1.0:  # also refuses nan
-        raise argparse.ArgumentTypeError(f"{x}: allowed (0, 1]")
-    return x
-
-
-def _delay(text: str) -> float:
-    try:
-        x = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: microseconds, (0, 10000]") from None
-    if not 0.0 < x <= 10_000.0:
-        raise argparse.ArgumentTypeError(f"{x}: allowed (0, 10000] microseconds")
-    return x
+_seeds = _ranged(
+    int,
+    lambda n: 1 <= n <= MAX_SEEDS,
+    f"{{}}: a whole number of seeds, 1..{MAX_SEEDS}",
+    f"{{}}: allowed 1..{MAX_SEEDS}",
+)
+_seed = _ranged(
+    int,
+    lambda n: 0 <= n < 2**31,
+    "{}: a seed is a whole number >= 0",
+    f"{{}}: allowed 0..{2**31 - 1}",
+)
+_density = _ranged(
+    float, lambda x: 0.0 < x <= 1.0, "{}: a fraction in (0, 1]", "{}: allowed (0, 1]"
+)
+_delay = _ranged(
+    float,
+    lambda x: 0.0 < x <= 10_000.0,
+    "{}: microseconds, (0, 10000]",
+    "{}: allowed (0, 10000] microseconds",
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
