@@ -59,6 +59,19 @@ def test_the_key_follows_the_project_sources(tmp_path, monkeypatch):
     assert pool.key_of(pool.fingerprint()) != k0  # another checkout
 
 
+def test_a_server_is_superseded_only_by_other_code_in_the_same_place():
+    now = pool.home(pool.fingerprint())
+    assert set(now) == {"repo", "python", "prefix", "sources", "dists"} and all(now.values())
+    edited = {"home": {**now, "sources": "0" * 16}}
+    upgraded = {"home": {**now, "dists": {"torch": ["torch-0.0.dist-info", "/x", 1]}}}
+    assert pool.superseded(edited, now) and pool.superseded(upgraded, now)
+    assert not pool.superseded({"home": now}, now)  # the same code: another environment's
+    assert not pool.superseded({"home": {**edited["home"], "repo": "/other/checkout"}}, now)
+    assert not pool.superseded({"home": {**edited["home"], "python": "/other/python"}}, now)
+    assert not pool.superseded({"pid": 1}, now)  # a server from before homes were recorded
+    assert not pool.superseded({"home": {**edited["home"], "sources": None}}, now)
+
+
 def test_a_pool_folder_others_can_write_is_refused(tmp_path, monkeypatch):
     d = tmp_path / "p"
     d.mkdir(mode=0o777)
@@ -359,6 +372,47 @@ def test_another_environment_gets_another_server_which_exits_when_idle(pool_env,
     assert not pool.servers()
     again = cli("pool", "stop")
     assert again.returncode == 0 and "no server running" in again.stdout
+
+
+@pytest.mark.slow
+def test_a_server_left_by_a_source_edit_retires_once_its_command_is_done(pool_env):
+    """After an edit of the project's sources a command's key changes and it starts a new
+    server; the old one can serve nobody again. The command that starts the new one retires
+    it: it exits as soon as its last connected command is gone (not after its idle time),
+    leaving nothing; a server of another checkout is left alone."""
+    d = pool.pool_dir()
+    now = pool.home(pool.fingerprint())
+    pool.stop(pool.key_of(pool.fingerprint()))  # the next client must start its server
+    old_key, other_key = "0ld0000000000000", "0ther00000000000"
+    pool._start_server(pool.Paths.of(d, old_key), old_key, 300, {**now, "sources": "f" * 16})
+    pool._start_server(
+        pool.Paths.of(d, other_key), other_key, 300, {**now, "sources": "f" * 16, "repo": "/co"}
+    )
+    old = pool.read_meta(pool.Paths.of(d, old_key).meta)
+    other = pool.read_meta(pool.Paths.of(d, other_key).meta)
+    busy = pool.PoolClient(pool.Paths.of(d, old_key), old_key, {}, 300)
+    assert busy._connect() == "ok"  # a command of the old code, still running
+    c = pool.client(start=True)
+    assert c is not None and c.info["started_now"]
+    c.close()
+    time.sleep(1.5)
+    assert psutil.pid_exists(old["pid"])  # not while a command of it is connected
+    rows = {r["key"]: r for r in pool.servers()}
+    assert "superseded by server" in rows[old_key]["retired"]
+    assert not rows[other_key]["retired"] and not rows[c.key]["retired"]
+    st = cli("pool", "status")
+    assert "retired (superseded by server" in st.stdout, st.stdout
+    busy.close()
+    end = time.monotonic() + 10
+    while time.monotonic() < end and psutil.pid_exists(old["pid"]):
+        time.sleep(0.05)
+    assert not psutil.pid_exists(old["pid"]) or (
+        psutil.Process(old["pid"]).status() == psutil.STATUS_ZOMBIE
+    )
+    assert carrying(old["tag"]) == []
+    assert "exits: retired: superseded by server" in pool.Paths.of(d, old_key).log.read_text()
+    assert psutil.pid_exists(other["pid"])  # another checkout's: its idle exit stands
+    assert pool.stop(other_key)["how"] == "stopped"
 
 
 @pytest.mark.slow

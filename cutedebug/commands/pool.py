@@ -72,6 +72,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     now = time.time()
     for r in rows:
         state = "answers" if r["answers"] else ("alive, not answering" if r["alive"] else "dead")
+        if r.get("retired"):
+            state += f"; retired ({r['retired']}), exits when its last command is done"
         age = now - float(r.get("started") or now)
         print(
             f"pool: server {r.get('pid')} key {r['key']} "

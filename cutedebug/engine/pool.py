@@ -18,7 +18,11 @@ cutlass imported already instead of paying the imports in a fresh interpreter.
   traceback.
 - **Bounded**: the server exits after ``idle_s`` seconds without a worker (default
   :data:`DEFAULT_IDLE_S`, ``--idle``, ``CUTEDEBUG_POOL_IDLE_S``), and ``cutedebug pool stop``
-  stops it; ``cutedebug pool status`` lists what runs.
+  stops it; ``cutedebug pool status`` lists what runs. A server that a source edit or an
+  upgraded DSL / torch made unusable (same checkout and interpreter, other sources or
+  installs: no command can match its key again) is retired by the command that starts its
+  successor: it exits as soon as no worker of it runs and no command is connected to it,
+  not after its idle time.
 
 Servers live in :func:`pool_dir` (``CUTEDEBUG_POOL_DIR``, else ``$XDG_RUNTIME_DIR/cutedebug``
 or ``/tmp/cutedebug-pool-UID``; private to the user): per key a socket, a metadata file, a
@@ -154,6 +158,30 @@ def fingerprint(env: dict[str, str] | None = None) -> dict[str, Any]:
         "cutlass": cutlass,
         "env": hashlib.sha256(json.dumps(kept).encode()).hexdigest()[:16],
     }
+
+
+HOME_FIELDS = ("repo", "python", "prefix")  # what makes two servers the same place
+CODE_FIELDS = ("sources", "dists")  # what only moves forward there (edits, upgrades)
+
+
+def home(fp: dict[str, Any]) -> dict[str, Any]:
+    """What a server records of the place it serves and the code it loaded: two servers with
+    the same place and other code are an old one and its successor."""
+    return {k: fp.get(k) for k in HOME_FIELDS + CODE_FIELDS}
+
+
+def superseded(meta: dict[str, Any], current: dict[str, Any]) -> bool:
+    """Is the server of ``meta`` one that no command can use again: same checkout and
+    interpreter as ``current`` (a :func:`home`), other sources or installs? A server from
+    before homes were recorded, or of another place, is never judged superseded."""
+    h = meta.get("home")
+    if not isinstance(h, dict) or not all(h.get(k) for k in HOME_FIELDS + CODE_FIELDS):
+        return False
+    same_place = all(h.get(k) == current.get(k) for k in HOME_FIELDS)
+    return same_place and any(
+        json.dumps(h.get(k), sort_keys=True) != json.dumps(current.get(k), sort_keys=True)
+        for k in CODE_FIELDS
+    )
 
 
 def key_of(fp: dict[str, Any]) -> str:
@@ -306,9 +334,12 @@ class PoolClient:
                     start = True  # someone wanted a pool here: replace it
                 if not start:
                     return False
-                _start_server(self.paths, self.key, self.idle_s)
+                _start_server(self.paths, self.key, self.idle_s, home(self.fp))
                 self.started_now = self.started_now or self.generation == 0
-                return self._connect() == "ok"
+                ok = self._connect() == "ok"
+            if ok:
+                retire_superseded(self.paths.sock.parent, self.key, home(self.fp))
+            return ok
         except (OSError, TimeoutError, ForkServerError):
             return False
         finally:
@@ -382,7 +413,9 @@ def _start_lock(path: Path, timeout: float = READY_TIMEOUT_S + 10) -> Iterator[N
         os.close(fd)  # releases the lock
 
 
-def _start_server(paths: Paths, key: str, idle_s: float) -> None:
+def _start_server(
+    paths: Paths, key: str, idle_s: float, home_: dict[str, Any] | None = None
+) -> None:
     """Start a server for ``key`` detached from this command (its own session, no parent tie,
     none of this command's session tags: the command's keeper must not take it along) and
     wait until it answers; ForkServerError when it does not within READY_TIMEOUT_S."""
@@ -409,6 +442,7 @@ def _start_server(paths: Paths, key: str, idle_s: float) -> None:
                 str(paths.meta),
                 key,
                 f"{idle_s:g}",
+                json.dumps(home_ or {}),
             ],
             stdin=subprocess.DEVNULL,
             stdout=log,
@@ -458,6 +492,28 @@ def kill_server(paths: Paths) -> int | None:
     for p in (paths.sock, paths.meta):
         p.unlink(missing_ok=True)
     return killed
+
+
+def retire_superseded(d: Path, key: str, current: dict[str, Any]) -> list[int]:
+    """Ask every server in ``d`` that :func:`superseded` says no command can use again to
+    exit once it is free (its workers done, its commands gone); returns their pids. Never
+    raises: a server that does not answer keeps its idle exit."""
+    retired = []
+    for meta_path in sorted(d.glob("pool-*.json")):
+        other = meta_path.stem.removeprefix("pool-")
+        meta = read_meta(meta_path)
+        if other == key or not meta or not superseded(meta, current):
+            continue
+        try:
+            c = PoolClient(Paths.of(d, other), other, {}, DEFAULT_IDLE_S)
+        except PoolError:
+            continue
+        if c._connect() == "ok":
+            why = f"superseded by server {key} (the sources or installs changed)"
+            if c._ask({"op": "retire", "why": why}, PING_TIMEOUT_S):
+                retired.append(int(meta["pid"]))
+        c.close()
+    return retired
 
 
 # ---- what the commands call ------------------------------------------------------------------
@@ -517,6 +573,7 @@ def servers() -> list[dict[str, Any]]:
                 "alive": _running(int(meta.get("pid", 0) or 0)),
                 "runs": (answer or {}).get("runs"),
                 "workers": (answer or {}).get("workers"),
+                "retired": (answer or {}).get("retired") or "",
                 "log": str(Paths.of(d, key).log),
             }
         )

@@ -2,7 +2,7 @@
 invocations (:mod:`cutedebug.engine.pool` is the client: it starts, finds, replaces and stops
 servers).
 
-    python -m cutedebug.engine.pool_server SOCKET META KEY IDLE_S
+    python -m cutedebug.engine.pool_server SOCKET META KEY IDLE_S [HOME_JSON]
 
 Like the per-command fork server (:mod:`cutedebug.engine.forkserver`) it imports torch,
 cutlass, the worker and the instrumentation once, never touches CUDA, and forks one worker
@@ -10,7 +10,10 @@ cutlass, the worker and the instrumentation once, never touches CUDA, and forks 
 own session, no parent tie. It is the one process of the harness meant to stay, and it is
 bounded:
 
-- it exits by itself after IDLE_S seconds in which no worker ran, and at once on SIGTERM,
+- it exits by itself after IDLE_S seconds in which no worker ran, once retired (a newer server
+  of the same checkout and interpreter replaced it: its sources or installs changed, so no
+  command can use it again) as soon as no worker runs and no client is connected, and at once
+  on SIGTERM,
   SIGINT, SIGHUP, a client's ``stop``, or when its socket was taken over by another server;
   on the way out it kills whatever it forked and removes its socket and metadata;
 - each worker belongs to the client connection that asked for it: when that connection
@@ -21,9 +24,12 @@ bounded:
   sweeps by it).
 
 Protocol: JSON lines over a Unix socket. ``{"op": "ping"}`` -> ``{"ok", "pid", "key",
-"workers", "runs"}``; ``{"op": "spawn", "request", "log", "status", "env", "job",
+"workers", "runs", "retired"}``; ``{"op": "spawn", "request", "log", "status", "env", "job",
 "session_tags"}`` -> ``{"pid"}`` (the exit status goes to the ``status`` file, as with the
-fork server); ``{"op": "stop"}`` -> ``{"ok": true}``, then the server exits.
+fork server); ``{"op": "retire", "why"}`` -> ``{"ok": true}``, then the server exits when
+nothing of its clients is left; ``{"op": "stop"}`` -> ``{"ok": true}``, then the server exits.
+HOME_JSON (what :func:`cutedebug.engine.pool.home` says of the environment it serves) goes
+into the metadata, for the client that retires superseded servers.
 """
 
 from __future__ import annotations
@@ -60,8 +66,17 @@ class _Worker:
 
 
 class Server:
-    def __init__(self, sock_path: str, meta_path: str, key: str, idle_s: float):
+    def __init__(
+        self,
+        sock_path: str,
+        meta_path: str,
+        key: str,
+        idle_s: float,
+        home: dict[str, Any] | None = None,
+    ):
         self.sock_path, self.meta_path, self.key, self.idle_s = sock_path, meta_path, key, idle_s
+        self.home = home or {}
+        self.retired = ""  # why, once a client said a newer server replaced this one
         self.tag = os.environ.get(POOL_TAG_VAR, "")
         self.pid = os.getpid()
         self.clients: dict[int, _Client] = {}
@@ -90,6 +105,7 @@ class Server:
             "started": time.time(),
             "python": sys.executable,
             "cwd": os.getcwd(),
+            "home": self.home,
         }
         tmp_meta = f"{self.meta_path}.{self.pid}"
         with open(tmp_meta, "w") as f:
@@ -122,6 +138,8 @@ class Server:
             now = time.monotonic()
             if self.workers:
                 last_busy = now
+            elif self.retired and not self.clients:
+                self.stopping = f"retired: {self.retired}"
             elif now - last_busy > self.idle_s:
                 self.stopping = f"idle for {self.idle_s:g} s"
             if now - last_check > 1.0:
@@ -171,10 +189,14 @@ class Server:
                 "key": self.key,
                 "workers": len(self.workers),
                 "runs": self.runs,
+                "retired": self.retired,
             }
         if op == "stop":
             self.stopping = "stopped by a client"
             return {"ok": True, "pid": self.pid}
+        if op == "retire":
+            self.retired = str(req.get("why") or "replaced by a newer server")
+            return {"ok": True, "pid": self.pid, "workers": len(self.workers)}
         if op != "spawn":
             raise ValueError(f"unknown op {op!r}")
         tags = [t for t in req.get("session_tags", []) if isinstance(t, str)]
@@ -247,7 +269,8 @@ class Server:
 
 def main(argv: list[str]) -> int:
     sock_path, meta_path, key, idle_s = argv[0], argv[1], argv[2], float(argv[3])
-    server = Server(sock_path, meta_path, key, idle_s)
+    home = json.loads(argv[4]) if len(argv) > 4 else None
+    server = Server(sock_path, meta_path, key, idle_s, home if isinstance(home, dict) else None)
 
     def stop(signum, _frame) -> None:
         server.stopping = f"signal {signal.Signals(signum).name}"
