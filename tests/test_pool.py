@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from cutedebug.engine import lifeline, pool, runner
+from cutedebug.engine import lifeline, pool, pool_key, runner
 from cutedebug.engine import scenario as S
 from cutedebug.engine.verdict import Verdict
 
@@ -51,11 +51,11 @@ def test_the_key_follows_the_project_sources(tmp_path, monkeypatch):
     pkg.mkdir()
     mod = pkg / "m.py"
     mod.write_text("x = 1\n")
-    monkeypatch.setattr(pool, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(pool_key, "REPO_ROOT", tmp_path)
     k0 = pool.key_of(pool.fingerprint())
     mod.write_text("x = 22\n")  # an edit: size and mtime change
     assert pool.key_of(pool.fingerprint()) != k0
-    monkeypatch.setattr(pool, "REPO_ROOT", ROOT)
+    monkeypatch.setattr(pool_key, "REPO_ROOT", ROOT)
     assert pool.key_of(pool.fingerprint()) != k0  # another checkout
 
 
