@@ -114,3 +114,15 @@ def test_the_matrix_copy_keeps_every_scenarios_kernel_path(tmp_path):
     assert {p.parent.name for p in tomls} == set(gpu_pending.FAMILIES)
     for p in tomls:
         S.load(p)  # ScenarioError naming the field if its kernel file does not resolve
+
+
+def test_priority_names_every_step_once_and_sessions_fit_their_budget():
+    assert sorted(gpu_pending.PRIORITY) == sorted(gpu_pending.BY_NAME)
+    ordered = [gpu_pending.BY_NAME[n] for n in gpu_pending.PRIORITY]
+    calls = gpu_pending.plan(ordered, 540)
+    sess = gpu_pending.sessions(calls, 1800, 120)
+    assert [c for s in sess for c in s] == calls  # every call, in order, once
+    for s in sess:
+        cost = sum(sum(st.seconds for st in c) + 120 for c in s)
+        assert cost <= 1800 or len(s) == 1
+    assert sess[0][0][0].name == "triage"  # what closes the most issues comes first

@@ -1,7 +1,8 @@
 """The device checks the open issues still wait for, as one catalogue the GPU calls run from.
 
     python3 tools/gpu_pending.py --list                      # steps, issue, seconds, wheels
-    python3 tools/gpu_pending.py --plan [--call-s 540]       # steps grouped into device calls
+    python3 tools/gpu_pending.py --plan [--call-s 540]       # device calls and sessions, in
+                                                             # PRIORITY order
     python3 tools/gpu_pending.py --out $OUT STEP [STEP ...]  # run them (on the GPU machine)
 
 A device call runs at most 10 minutes and a session has 30 minutes of device time, so the
@@ -226,6 +227,44 @@ STEPS = [
     ),
 ]
 BY_NAME = {s.name: s for s in STEPS}
+# The order a session with device time runs them in (--plan without steps): the checks that
+# close the most issues per device second first. The triage alone is what #21 still needs and
+# half of #23's; with xdist #23 is done; pytest_gpu is owed whenever GPU code changed; perturb
+# and coredump each close one issue; warm + bench finish #22 (with the triage); the field and
+# exec steps (#17, #19) carry the wheels and come last.
+PRIORITY = (
+    "triage",
+    "xdist",
+    "pytest_gpu",
+    "smoke",
+    "perturb",
+    "coredump",
+    "warm",
+    "bench",
+    "field_quack",
+    "field_fa4",
+    "field_sanitize",
+    "exec",
+)
+# A call that finds no warm machine spends a minute or more starting one (the device README),
+# and the machine goes back 30 s after a call: each call of a plan pays a start.
+START_S = 120
+SESSION_S = 1800
+
+
+def sessions(calls: list[list[Step]], session_s: int, start_s: int) -> list[list[list[Step]]]:
+    """Calls grouped in order into sessions of at most ``session_s`` device seconds, each call
+    costing its steps' estimates plus ``start_s``."""
+    out: list[list[list[Step]]] = []
+    used = session_s  # forces a first session
+    for c in calls:
+        cost = sum(s.seconds for s in c) + start_s
+        if used + cost > session_s:
+            out.append([])
+            used = 0
+        out[-1].append(c)
+        used += cost
+    return out
 
 
 def plan(steps: list[Step], call_s: int) -> list[list[Step]]:
@@ -310,6 +349,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--list", action="store_true", help="list the steps")
     ap.add_argument("--plan", action="store_true", help="group the steps into device calls")
     ap.add_argument("--call-s", type=int, default=540, help="device seconds per call (plan)")
+    ap.add_argument(
+        "--session-s", type=int, default=SESSION_S, help="device seconds per session (plan)"
+    )
+    ap.add_argument(
+        "--start-s", type=int, default=START_S, help="device seconds a machine's start costs"
+    )
     ap.add_argument("--out", type=Path, help="where the logs go (run)")
     ap.add_argument("--budget-s", type=float, default=570.0, help="the whole call's seconds")
     a = ap.parse_args(argv)
@@ -317,16 +362,23 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown step(s) {', '.join(unknown)}; the steps are {', '.join(BY_NAME)}")
     chosen = [BY_NAME[n] for n in a.steps] or STEPS
-    if a.list or a.plan:
-        groups = plan(chosen, a.call_s) if a.plan else [chosen]
-        for i, g in enumerate(groups, 1):
-            if a.plan:
-                whl = " (carry .whl)" if any(s.wheels for s in g) else ""
-                print(
-                    f"call {i}: ~{sum(s.seconds for s in g)} s{whl}: {' '.join(s.name for s in g)}"
-                )
-            for s in g:
-                print(f"  {s.name:15} #{s.issues:12} ~{s.seconds:4d} s  {s.what}")
+    if a.list:
+        for s in chosen:
+            print(f"  {s.name:15} #{s.issues:12} ~{s.seconds:4d} s  {s.what}")
+        return 0
+    if a.plan:
+        ordered = chosen if a.steps else [BY_NAME[n] for n in PRIORITY]
+        i = 0
+        for k, sess in enumerate(sessions(plan(ordered, a.call_s), a.session_s, a.start_s), 1):
+            cost = sum(sum(s.seconds for s in c) + a.start_s for c in sess)
+            print(f"session {k}: ~{cost} device s of {a.session_s} ({a.start_s} s a start)")
+            for g in sess:
+                i += 1
+                whl = ", carry .whl" if any(s.wheels for s in g) else ""
+                names = " ".join(s.name for s in g)
+                print(f" call {i} (~{sum(s.seconds for s in g)} s{whl}): {names}")
+                for s in g:
+                    print(f"  {s.name:15} #{s.issues:12} ~{s.seconds:4d} s  {s.what}")
         return 0
     if not a.out:
         ap.error("--out is needed to run steps (or --list / --plan)")
