@@ -71,7 +71,7 @@ def test_python_hang_is_killed_at_the_deadline_with_its_stack(tmp_path):
     # faulthandler's dump, taken just before the kill, names the line the loop waits on
     assert "hang_python.py:8 in wait_forever" in rep.reason
     assert 2.9 <= rep.elapsed_s < 8.0  # the watchdog starts its clock at the spawn
-    pids = [p["pid"] for p in rep.processes]
+    pids = [p.pid for p in rep.processes]
     assert pids and not any(alive(p) for p in pids)
     # no CuTe DSL kernel was traced: nothing to rerun with probes
     assert rep.first_run is None and rep.kernels_traced == 0
@@ -114,7 +114,7 @@ def test_children_and_grandchildren_are_instrumented_and_swept(tmp_path):
     assert {child, grandchild} <= set(rep.swept_pids)
     assert not alive(child) and not alive(grandchild)
     # every Python interpreter of the tree ran the instrumentation's sitecustomize
-    assert {child, grandchild} <= {p["pid"] for p in rep.processes}
+    assert {child, grandchild} <= {p.pid for p in rep.processes}
 
 
 def test_usage_errors_exit_2(tmp_path):
@@ -149,13 +149,13 @@ def test_compiled_kernel_gets_the_fault_and_the_probes(tmp_path):
     assert "expect_tx [33040]" in rep.log_tail  # +16 bytes, seen by the script itself
     assert int(re.search(r"globaltimer reads (\d+)", rep.log_tail).group(1)) > 0
     assert rep.fault_count == 1
-    proc = next(p for p in rep.processes if p["probe_sites"])
-    fault_site = proc["fault_sites"][0]
+    proc = next(p for p in rep.processes if p.probe_sites)
+    fault_site = proc.fault_sites[0]
     assert fault_site["kernel"] == "TmaStream.kernel" and fault_site["line"] == line_of(
         "ring.producer_acquire(state)"
     )
     assert "33024 -> 33040" in fault_site["detail"]
-    waits = {(s["op"], s["barrier"], s["kernel"]) for s in proc["probe_sites"]}
+    waits = {(s["op"], s["barrier"], s["kernel"]) for s in proc.probe_sites}
     assert waits == {
         ("producer_acquire", "empty", "TmaStream.kernel"),
         ("producer_tail", "empty", "TmaStream.kernel"),

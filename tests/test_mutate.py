@@ -21,6 +21,7 @@ from cutedebug.analyses import mutate as M
 from cutedebug.analyses.mutate_record import MutantRecord, MutationMatrix, Trace
 from cutedebug.commands import exec as X
 from cutedebug.engine import verdict as V
+from cutedebug.instrument.launch_record import PipelineEntry
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = ROOT / "tests" / "exec_targets" / "compile_ptx_check.py"
@@ -101,8 +102,13 @@ def test_plan_follows_the_recorded_ops():
         kernels=["kernel_x_0"],
         kernel=None,
         pipelines=[
-            {"index": 0, "class": "PipelineAsync", "ops": {"consumer_wait": 2}},
-            {"index": 1, "class": "PipelineTmaUmma", "ops": {"producer_acquire": 1}},
+            PipelineEntry(
+                index=i, class_=cls, file=None, line=None, kernel=None, stages=None, ops=o
+            )
+            for i, cls, o in (
+                (0, "PipelineAsync", {"consumer_wait": 2}),
+                (1, "PipelineTmaUmma", {"producer_acquire": 1}),
+            )
         ],
         arch_ops={"barrier": 2, "cluster_arrive": 1},
         pid=2,
@@ -306,6 +312,31 @@ def test_a_recorded_matrix_and_its_results_round_trip_byte_for_byte(name):
             )
     else:
         assert m.mutants == [] and m.score.score is None and m.clean.verdict == "FAIL"
+
+
+@pytest.mark.parametrize("name", ["ff954a1", "current", "clean_fails"])
+def test_a_recorded_clean_json_round_trips_and_a_bad_field_is_named(name):
+    """OUT/clean.json reads as a CleanReport (the keys ff954a1's lacks read as the defaults)
+    and writes back byte for byte; a pipeline entry that does not fit is refused by its path."""
+    from cutedebug.records import RecordError
+
+    path = MUTATE_DATA / name / "clean.json"
+    clean = M.load_clean(path)
+    assert M.clean_text(clean) == path.read_text()
+    assert bool(clean.lacked) == (name == "ff954a1") and clean.used_gpu is False
+    if name == "clean_fails":
+        assert M.recorded(clean) == [] and clean.processes[0].traces == []
+        return
+    (trace,) = M.recorded(clean)
+    assert [p.class_ for p in trace.pipelines] == ["PipelineTmaAsync"]
+    assert trace.pipelines[0].ops["producer_acquire"] == 1
+    data = json.loads(path.read_text())
+    data["processes"][0]["traces"][0]["protocol"]["pipelines"][0]["index"] = "0"
+    with pytest.raises(
+        RecordError,
+        match=r"field 'processes\[0\].traces\[0\].protocol.pipelines\[0\].index': expected int",
+    ):
+        M.CleanReport.from_json(data)
 
 
 def test_resume_keeps_the_mutants_an_earlier_version_recorded(tmp_path):

@@ -300,5 +300,5 @@ def test_exec_probes_without_a_gpu_leave_torch_unimported(tmp_path):
         json.loads((Path(report.strip()).parent / "report.json").read_text())
     )
     assert rep.kernels_traced == 1
-    assert any(p["probe_sites"] for p in rep.processes)  # the waits were instrumented
+    assert any(p.probe_sites for p in rep.processes)  # the waits were instrumented
     assert out.read_text() == "False"

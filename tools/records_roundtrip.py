@@ -3,10 +3,10 @@ and write back byte for byte?
 
     .venv/bin/python tools/records_roundtrip.py PATH [PATH ...]
 
-A PATH is a file or a folder (searched for sanitize.json, bisect.json, a mutate matrix.json and
-results.jsonl). Each file is read with its record (SanitizeSummary, BisectReport,
-MutationMatrix, one MutantRecord a line of results.jsonl) and written the way the command
-writes it; a line per file says OK or where the text first differs, or the field a record
+A PATH is a file or a folder (searched for sanitize.json, bisect.json, a mutate matrix.json,
+results.jsonl and clean.json). Each file is read with its record (SanitizeSummary,
+BisectReport, MutationMatrix, one MutantRecord a line of results.jsonl, CleanReport) and
+written the way the command writes it; a line per file says OK or where the text first differs, or the field a record
 refused. Exit status 0 when every file round-trips, 1 otherwise, 2 when no such file was found.
 Meant for the files of a GPU session (the CPU tests cover those under tests/data/).
 """
@@ -28,7 +28,7 @@ from cutedebug.analyses.sanitizer.result import SanitizeSummary  # noqa: E402
 from cutedebug.commands.sanitize import dump_summary  # noqa: E402
 from cutedebug.records import RecordError  # noqa: E402
 
-NAMES = ("sanitize.json", "bisect.json", "matrix.json", "results.jsonl")
+NAMES = ("sanitize.json", "bisect.json", "matrix.json", "results.jsonl", "clean.json")
 
 
 def kind(path: Path) -> str | None:
@@ -63,6 +63,10 @@ def rewrite(path: Path, text: str) -> tuple[str, str] | None:
             lambda t: _indented(MutationMatrix.from_json(json.loads(t))),
         ),
         "results.jsonl": ("MutantRecord lines", _results),
+        "clean.json": (
+            "CleanReport",
+            lambda t: M.clean_text(M.CleanReport.from_json(json.loads(t))),
+        ),
     }
     what = kind(path) or ""
     if what == "matrix.json" and json.loads(text).get("schema") != 1:

@@ -21,6 +21,7 @@ from typing import Any
 
 from cutedebug.analyses.mutate_record import (
     MATRIX_SCHEMA,
+    CleanReport,
     CleanRun,
     FaultSite,
     MutantRecord,
@@ -31,6 +32,7 @@ from cutedebug.analyses.mutate_record import (
 )
 from cutedebug.engine import command as X
 from cutedebug.engine import verdict as V
+from cutedebug.instrument.launch_record import PipelineEntry
 
 CAUGHT, SURVIVED, NOT_APPLIED, HARNESS = "CAUGHT", "SURVIVED", "NOT_APPLIED", "HARNESS_ERROR"
 CAUGHT_BY = ("HANG", "CRASH", "FAIL")
@@ -61,9 +63,9 @@ class Mutant:
 
 
 # ---- which mutants apply -----------------------------------------------------------------------
-def _pipeline_mutants(p: dict[str, Any]) -> list[tuple[str, dict[str, Any], str, str]]:
+def _pipeline_mutants(p: PipelineEntry) -> list[tuple[str, dict[str, Any], str, str]]:
     """(fault, args, variant, why) for one recorded pipeline."""
-    ops, cls, i = p.get("ops") or {}, p.get("class", ""), p["index"]
+    ops, cls, i = p.ops, p.class_, p.index
     out = []
     if ops.get("producer_acquire") and (cls in TMA_CLASSES or "Tma" in cls):
         out.append(
@@ -171,30 +173,30 @@ def _kernel_wide_mutants(
     return out
 
 
-def recorded(clean: dict[str, Any]) -> list[Trace]:
+def recorded(clean: CleanReport) -> list[Trace]:
     """The traces of the clean run, each with what the recorder saw: its pipelines (numbered
     from 0 in the trace, as a fault's ``pipeline`` argument counts them), their ops and the
     kernel-wide syncs. A trace is its function name and occurrence (the n-th trace of that
     function in its process); the same trace in several processes (pytest-xdist) counts once."""
     out: list[Trace] = []
     seen = set()
-    for p in clean.get("processes", []):
-        for tr in p.get("traces") or []:
-            key = (tr.get("function"), tr.get("occurrence", 0))
-            if key in seen or not tr.get("protocol") or tr.get("error"):
+    for p in clean.processes:
+        for tr in p.traces:
+            key = (tr.function, tr.occurrence or 0)
+            if key in seen or tr.protocol is None or tr.error:
                 continue
             seen.add(key)
-            proto = tr["protocol"]
+            proto = tr.protocol
             out.append(
                 Trace(
                     t=len(out),
                     function=key[0],
                     occurrence=key[1],
-                    kernels=tr.get("kernels") or [],
-                    kernel=", ".join(proto.get("kernel_names") or []) or None,
-                    pipelines=proto.get("pipelines") or [],
-                    arch_ops=proto.get("arch_ops") or {},
-                    pid=p.get("pid"),
+                    kernels=tr.kernels or [],
+                    kernel=", ".join(proto.kernel_names) or None,
+                    pipelines=proto.pipelines,
+                    arch_ops=proto.arch_ops,
+                    pid=p.pid,
                 )
             )
     return out
@@ -210,9 +212,9 @@ def plan(
         trace = {"function": tr.function, "occurrence": tr.occurrence}
         t = f"t{tr.t}"
         for p in tr.pipelines:
-            if pipelines_wanted is not None and p["index"] not in pipelines_wanted:
+            if pipelines_wanted is not None and p.index not in pipelines_wanted:
                 continue
-            target = f"{t}.p{p['index']}"
+            target = f"{t}.p{p.index}"
             for fault, args, variant, why in _pipeline_mutants(p):
                 out.append(Mutant(f"{target}.{variant}", fault, args, trace, target, variant, why))
         target = f"{t}.{KERNEL_WIDE}"
@@ -239,9 +241,9 @@ def targets(traces: list[Trace]) -> dict[str, str]:
     for tr in traces:
         t = f"t{tr.t}"
         for p in tr.pipelines:
-            out[f"{t}.p{p['index']}"] = (
-                f"{t}.p{p['index']}: {p['class']} @{os.path.basename(p.get('file') or '?')}:"
-                f"{p.get('line')} in {p.get('kernel') or _kernel_of(tr)}"
+            out[f"{t}.p{p.index}"] = (
+                f"{t}.p{p.index}: {p.class_} @{os.path.basename(p.file or '?')}:"
+                f"{p.line} in {p.kernel or _kernel_of(tr)}"
             )
         out[f"{t}.{KERNEL_WIDE}"] = f"{t}: kernel-wide in {_kernel_of(tr)}"
     return out
@@ -367,6 +369,17 @@ def load_results(path: Path) -> dict[str, MutantRecord]:
     return done
 
 
+def load_clean(path: Path) -> CleanReport:
+    """OUT/clean.json (earlier versions' included); RecordError names a field that does not
+    fit."""
+    return CleanReport.from_json(json.loads(path.read_text()))
+
+
+def clean_text(clean: CleanReport) -> str:
+    """OUT/clean.json's text."""
+    return json.dumps(clean.to_json(), indent=1, default=str)
+
+
 def result_line(r: MutantRecord) -> str:
     """The mutant's line in OUT/results.jsonl."""
     return json.dumps(r.to_json(), default=str)
@@ -387,7 +400,7 @@ def score(results: list[MutantRecord]) -> Score:
 
 
 def build_matrix(
-    clean: dict[str, Any],
+    clean: CleanReport,
     traces: list[Trace],
     results: list[MutantRecord],
     planned: list[Mutant],
@@ -398,13 +411,14 @@ def build_matrix(
     return MutationMatrix(
         schema=MATRIX_SCHEMA,
         command=command,
-        argv=clean["argv"],
+        argv=clean.argv,
         date=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         clean=CleanRun(
-            **{
-                k: clean.get(k)
-                for k in ("verdict", "reason", "elapsed_s", "run_dir", "kernels_traced")
-            }
+            verdict=clean.verdict.value,
+            reason=clean.reason,
+            elapsed_s=clean.elapsed_s,
+            run_dir=clean.run_dir,
+            kernels_traced=clean.kernels_traced,
         ),
         targets=targets(traces),
         traces=traces,
@@ -414,17 +428,17 @@ def build_matrix(
     )
 
 
-def run_facts(clean: dict[str, Any], results: list[MutantRecord], wall_s: float) -> RunFacts:
+def run_facts(clean: CleanReport, results: list[MutantRecord], wall_s: float) -> RunFacts:
     """Leftover processes, GPU health after the kills, each mutant's time against the clean
     run's (interpreter start + compile + run; a mutant may take 2 s more)."""
     from cutedebug.engine import runner
 
     killed_gpu = [r for r in results if r.killed_by and r.used_gpu]
-    limit = clean["elapsed_s"] + 2.0
+    limit = clean.elapsed_s + 2.0
     # A mutant's own time: what it spent waiting for the GPU token is the others'.
     over = [r.id for r in results if r.elapsed_s - r.gpu_wait_s > limit]
     return RunFacts(
-        clean_s=clean["elapsed_s"],
+        clean_s=clean.elapsed_s,
         wall_s=round(wall_s, 1),
         max_mutant_s=max((r.elapsed_s for r in results), default=None),
         over_clean_plus_2s=over,

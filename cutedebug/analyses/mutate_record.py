@@ -1,5 +1,6 @@
 """The mutation matrix of `cutedebug mutate` as records (OUT/matrix.json: ``MutationMatrix``;
-OUT/results.jsonl: one ``MutantRecord`` a line), serialised through ``cutedebug.records``.
+OUT/results.jsonl: one ``MutantRecord`` a line; OUT/clean.json: ``CleanReport``), serialised
+through ``cutedebug.records``.
 
 Mutant records of earlier versions (the one that ran on the H200, ff954a1) lack ``trace``,
 ``gpu_wait_s``, ``killed_by``, ``used_gpu`` and ``left_pids``: they read as the defaults and
@@ -8,11 +9,14 @@ write back without them, so ``--resume`` keeps them and the matrix lists them as
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from cutedebug import records
+from cutedebug.engine.run_report import ExecReport
 from cutedebug.engine.verdict import Verdict
+from cutedebug.instrument.launch_record import PipelineEntry
 from cutedebug.records import ABSENT, Absent, later
 
 MATRIX_SCHEMA = 1
@@ -83,6 +87,21 @@ class Score(records.Record):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CleanReport(ExecReport):
+    """OUT/clean.json: the clean run's report.json (``cutedebug exec``'s) and whether the
+    command used a GPU (mutants then take turns on it)."""
+
+    used_gpu: bool
+
+    @classmethod
+    def of(cls, report: ExecReport, used_gpu: bool) -> CleanReport:
+        return cls(**{f: getattr(report, f) for f in _INIT_FIELDS}, used_gpu=used_gpu)
+
+
+_INIT_FIELDS = [f.name for f in dataclasses.fields(ExecReport) if f.init]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CleanRun(records.Record):
     """The clean run, as the matrix sums it up (clean.json holds all of it)."""
 
@@ -103,7 +122,7 @@ class Trace(records.Record):
     occurrence: int
     kernels: list[str]
     kernel: str | None
-    pipelines: list[dict[str, Any]]
+    pipelines: list[PipelineEntry]
     arch_ops: dict[str, int]
     pid: int | None
 

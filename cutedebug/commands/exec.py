@@ -57,6 +57,7 @@ from cutedebug.engine.command import watch_command as _watch
 from cutedebug.engine.limits import limit_arg
 from cutedebug.errors import UsageError
 from cutedebug.reporting.exec_report import (  # noqa: F401  (this module's interface)
+    exec_report,
     tldr,
     to_json,
     to_markdown,

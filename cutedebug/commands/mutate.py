@@ -28,7 +28,6 @@ GPU is healthy (and the score reached ``--min-score`` when given); 1 otherwise; 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import sys
@@ -42,6 +41,7 @@ from cutedebug.analyses import mutate as M
 from cutedebug.analyses.mutate import CAUGHT, HARNESS
 from cutedebug.commands import exec as X
 from cutedebug.engine.limits import limit_arg
+from cutedebug.engine.verdict import Verdict
 from cutedebug.reporting.mutation_matrix import _score_text, facts_lines, survivors, write_matrix
 
 
@@ -128,10 +128,14 @@ def cmd_mutate(args: argparse.Namespace) -> int:
     )
 
     clean_path = out / "clean.json"
-    clean = json.loads(clean_path.read_text()) if args.resume and clean_path.exists() else None
-    if clean is not None and clean.get("argv") != argv:
+    try:
+        clean = M.load_clean(clean_path) if args.resume and clean_path.exists() else None
+    except ValueError as e:  # RecordError: names the field
+        print(f"cutedebug: error: --resume: {clean_path}: {e}", file=sys.stderr)
+        return X.EXIT_USAGE
+    if clean is not None and clean.argv != argv:
         print(
-            f"cutedebug: error: --resume: {clean_path} is for `{shlex.join(clean['argv'])}`",
+            f"cutedebug: error: --resume: {clean_path} is for `{shlex.join(clean.argv)}`",
             file=sys.stderr,
         )
         return X.EXIT_USAGE
@@ -139,22 +143,21 @@ def cmd_mutate(args: argparse.Namespace) -> int:
         print(f"clean run: {shlex.join(argv)}", flush=True)
         res = X.watch_command(clean_s, out / "clean")
         X.write_report(res, "PASS", command)
-        clean = X.to_json(res, "PASS", command)
-        clean["used_gpu"] = X.used_gpu(res)
+        clean = M.CleanReport.of(X.exec_report(res, "PASS", command), X.used_gpu(res))
         (out / "results.jsonl").unlink(missing_ok=True)
-        clean_path.write_text(json.dumps(clean, indent=1, default=str))
+        clean_path.write_text(M.clean_text(clean))
     print(
-        f"clean run: {clean['verdict']} in {clean['elapsed_s']} s — {clean['reason'][:200]}",
+        f"clean run: {clean.verdict.value} in {clean.elapsed_s} s — {clean.reason[:200]}",
         flush=True,
     )
     traces = M.recorded(clean)
-    planned = M.plan(traces, wanted, pipes) if clean["verdict"] == "PASS" else []
+    planned = M.plan(traces, wanted, pipes) if clean.verdict is Verdict.PASS else []
     results_path = out / "results.jsonl"
     done = M.load_results(results_path) if args.resume else {}
-    if clean["verdict"] != "PASS":
+    if clean.verdict is not Verdict.PASS:
         print(
             "the command does not pass without faults: nothing to score "
-            f"(report: {clean['run_dir']}/report.md)"
+            f"(report: {clean.run_dir}/report.md)"
         )
         write_matrix(out, M.build_matrix(clean, traces, [], [], command))
         return X.EXIT_MISMATCH
@@ -170,9 +173,9 @@ def cmd_mutate(args: argparse.Namespace) -> int:
     for tr in traces:
         print(f"  trace t{tr.t}: {M._kernel_of(tr)}, {len(tr.pipelines)} pipeline(s)")
         for p in tr.pipelines:
-            label = labels[f"t{tr.t}.p{p['index']}"]
-            print(f"    {label} ops {p['ops']}")
-    deadline = args.deadline or max(30.0, 2 * clean["elapsed_s"] + 10.0)
+            label = labels[f"t{tr.t}.p{p.index}"]
+            print(f"    {label} ops {p.ops}")
+    deadline = args.deadline or max(30.0, 2 * clean.elapsed_s + 10.0)
     todo = [m for m in planned if m.id not in done]
     jobs = args.jobs
     token = out / "gpu.token"
@@ -198,7 +201,7 @@ def cmd_mutate(args: argparse.Namespace) -> int:
         )
 
     # Mutants compile at once; the GPU token lets one of them at a time run kernels.
-    gpu_token = str(token) if clean.get("used_gpu") and jobs > 1 else None
+    gpu_token = str(token) if clean.used_gpu and jobs > 1 else None
     clean_run = X.Settings(**{**vars(clean_s), "record": False, "gpu_token": gpu_token})
     if jobs == 1:
         for m in todo:

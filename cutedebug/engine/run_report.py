@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 from cutedebug import records
 from cutedebug.engine.verdict import Verdict
+from cutedebug.instrument.launch_record import RecordedProtocol
+from cutedebug.records import ABSENT, Absent, later
 
 SCHEMA_VERSION = 1
 
@@ -66,8 +68,47 @@ class RunReport(records.Record):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ExecTrace(records.Record):
+    """One trace (``cute.compile`` / first ``@cute.jit`` call) of a process of the command,
+    from its ``compiled`` event. Files of ff954a1 lack ``fault_not_applied``."""
+
+    index: int | None
+    function: str | None
+    occurrence: int | None
+    kernels: list[str] | None
+    error: str | None
+    fault_applied: int | None
+    fault_not_applied: str | None = later(None)
+    gpu: bool | None
+    protocol: RecordedProtocol | None  # with the recorder on (mutate's clean run)
+    lacked: frozenset[str] = records.absent_keys()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExecProcess(records.Record):
+    """One Python process of the command that wrote events (engine/command.py's process tree);
+    a key its events did not give is left out."""
+
+    pid: int
+    traces: list[ExecTrace]
+    fault_count: int
+    stuck: int
+    argv: list[str] | None | Absent = ABSENT  # the ``process`` event
+    ppid: int | None | Absent = ABSENT
+    instrumented: dict[str, Any] | Absent = ABSENT  # the ``instrumented`` event, as written
+    errors: list[dict[str, Any]] | Absent = ABSENT  # ``instrument_error`` events
+    fault_sites: list[dict[str, Any]] | Absent = ABSENT
+    stall: dict[str, Any] | Absent = ABSENT  # the ``stall`` event
+    gpu_waiting: bool | Absent = ABSENT
+    exited: bool | Absent = ABSENT
+    probe_sites: list[dict[str, Any]] | None  # the last ``compiled`` event's
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ExecReport(records.Record):
-    """report.json of one ``cutedebug exec`` run (any command, watched and instrumented)."""
+    """report.json of one ``cutedebug exec`` run (any command, watched and instrumented).
+    Files of ff954a1 (mutate's clean.json there) lack ``fault_trace``, ``gpu_token``,
+    ``left_pids`` and ``gpu_wait_s``: they read as the defaults and write back without them."""
 
     schema_version: Literal[1] = SCHEMA_VERSION
     mode: Literal["exec"] = "exec"
@@ -75,8 +116,8 @@ class ExecReport(records.Record):
     cwd: str
     fault: str | None
     fault_args: dict[str, Any]
-    fault_trace: dict[str, Any] | None  # only this trace got the fault (mutate)
-    gpu_token: str | None
+    fault_trace: dict[str, Any] | None = later(None)  # only this trace got the fault (mutate)
+    gpu_token: str | None = later(None)
     probes: dict[str, Any] | None  # ProbeConfig fields; None: off
     deadline_s: float
     verdict: Verdict
@@ -90,15 +131,16 @@ class ExecReport(records.Record):
     fault_count: int | None
     kernels_traced: int
     evidence: dict[str, Any]
-    processes: list[dict[str, Any]]
+    processes: list[ExecProcess]
     health: dict[str, Any] | None
     swept_pids: list[int]
-    left_pids: list[int]
-    gpu_wait_s: float
+    left_pids: list[int] = later(default_factory=list)
+    gpu_wait_s: float = later(0.0)
     first_run: dict[str, Any] | None
     run_dir: str
     command: str
     log_tail: str
+    lacked: frozenset[str] = records.absent_keys()
 
 
 def stuck_site_phrase(site: dict[str, Any], kernel: bool = False) -> str:

@@ -437,16 +437,13 @@ def _emit_compiled(state: _State, cur: dict[str, Any], error: str | None) -> Non
         fields["fault_count"] = state.fault_count
     if "protocol" in cur:
         summary = recorded_summary(cur["protocol"])
-        if not summary.get("kernel_names"):  # the layer's recorder: names from this trace's sites
+        if not summary.kernel_names:  # the layer's recorder: names from this trace's sites
             names = []
             for site in (fields.get("probe_sites") or [])[cur.get("sites_before", 0) :]:
                 if site.get("kernel") and site["kernel"] not in names:
                     names.append(site["kernel"])
-            summary["kernel_names"] = names
-            for p in summary["pipelines"]:
-                if p.get("kernel") is None and len(names) == 1:
-                    p["kernel"] = names[0]
-        fields["protocol"] = summary
+            summary = summary.with_kernel_names(names)
+        fields["protocol"] = summary.to_json()
     state.events.emit("compiled", **fields)
 
 

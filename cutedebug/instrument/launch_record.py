@@ -5,7 +5,10 @@ call belongs to.
 (``instrument/recorder.py``, pipeline identity = creation order, what faults select);
 ``recorded_summary`` turns it into what mutate plans by: the pipelines in creation order with
 the ops traced on each, and the kernel-wide synchronization calls.
-``current_kernel`` names the ``@cute.kernel`` being traced.
+``current_kernel`` names the ``@cute.kernel`` being traced. The summary is a
+``RecordedProtocol`` record (its pipelines ``PipelineEntry`` records): the ``protocol`` of a
+``compiled`` event, of a trace in exec's report.json / mutate's clean.json, and of a trace of
+mutate's matrix.json.
 """
 
 from __future__ import annotations
@@ -13,7 +16,10 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from dataclasses import dataclass, replace
 from typing import Any
+
+from cutedebug import records
 
 PIPELINE_OPS = (
     "producer_acquire",
@@ -42,6 +48,40 @@ _RECORDER_ARCH = {
     "cluster_arrive": "cluster_arrive",
     "init_fence": "mbarrier_init_fence",
 }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PipelineEntry(records.Record):
+    """A pipeline of one trace, numbered in creation order (a fault's ``pipeline=N``), with the
+    ops traced on it. Files of the version that ran on the H200 (ff954a1) lack ``via``."""
+
+    index: int
+    class_: str = records.named("class")
+    file: str | None
+    line: int | None
+    kernel: str | None  # the @cute.kernel that created it, when one trace has one kernel
+    stages: int | None
+    via: str | None = records.later(None)  # a library wrapper line between kernel and create()
+    ops: dict[str, int]
+    lacked: frozenset[str] = records.absent_keys()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecordedProtocol(records.Record):
+    """What mutate plans by, for one trace: its pipelines and the kernel-wide syncs."""
+
+    pipelines: list[PipelineEntry]
+    arch_ops: dict[str, int]
+    untagged_ops: dict[str, int]
+    kernel_names: list[str]
+
+    def with_kernel_names(self, names: list[str]) -> RecordedProtocol:
+        """The kernels of this trace named; with one kernel, each pipeline's ``kernel`` too."""
+        pipes = [
+            replace(p, kernel=names[0]) if p.kernel is None and len(names) == 1 else p
+            for p in self.pipelines
+        ]
+        return replace(self, kernel_names=names, pipelines=pipes)
 
 
 def current_kernel() -> dict[str, Any]:
@@ -74,11 +114,12 @@ def _enter_recorder(stack: contextlib.ExitStack) -> Any:
     return stack.enter_context(recorder.record())
 
 
-def recorded_summary(proto: Any) -> dict[str, Any]:
-    """What mutate plans by, from either recorder: pipelines in creation order with their ops,
-    and the kernel-wide synchronization calls."""
+def recorded_summary(proto: Any) -> RecordedProtocol:
+    """What mutate plans by, from the recorder's protocol: pipelines in creation order with
+    their ops, and the kernel-wide synchronization calls (a summary's JSON object reads as
+    itself)."""
     if isinstance(proto, dict):
-        return proto
+        return RecordedProtocol.from_json(proto)
     pipes = []
     for row in proto.pipeline_table():
         ops: dict[str, int] = {}
@@ -86,20 +127,20 @@ def recorded_summary(proto: Any) -> dict[str, Any]:
             if ev.pipeline == row["key"] and ev.kind in PIPELINE_OPS:
                 ops[ev.kind] = ops.get(ev.kind, 0) + 1
         pipes.append(
-            {
-                "index": row["index"],
-                "class": row["class"],
-                "file": row["file"],
-                "line": row["line"],
-                "kernel": None,
-                "stages": row.get("stages"),
-                "via": row.get("via"),
-                "ops": ops,
-            }
+            PipelineEntry(
+                index=row["index"],
+                class_=row["class"],
+                file=row["file"],
+                line=row["line"],
+                kernel=None,
+                stages=row.get("stages"),
+                via=row.get("via"),
+                ops=ops,
+            )
         )
     arch: dict[str, int] = {}
     for ev in proto.events:
         name = _RECORDER_ARCH.get(ev.kind)
         if name is not None and ev.pipeline is None:
             arch[name] = arch.get(name, 0) + 1
-    return {"pipelines": pipes, "arch_ops": arch, "untagged_ops": {}, "kernel_names": []}
+    return RecordedProtocol(pipelines=pipes, arch_ops=arch, untagged_ops={}, kernel_names=[])

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from cutedebug.engine.command import ExecResult, where
-from cutedebug.engine.run_report import ExecReport
+from cutedebug.engine.run_report import ExecProcess, ExecReport
+from cutedebug.records import to_json_value
 
 
 def tldr(res: ExecResult, expect: str = "PASS") -> str:
@@ -28,9 +29,14 @@ def exec_report(res: ExecResult, expect: str = "PASS", command: str = "") -> Exe
     """The exec run's report.json record."""
     s = res.settings
     procs = [
-        {k: v for k, v in p.items() if k not in ("events", "compiled")}
-        | {"probe_sites": (p.get("compiled") or {}).get("probe_sites")}
-        for p in res.processes.values()
+        ExecProcess.from_json(
+            to_json_value(
+                {k: v for k, v in p.items() if k not in ("events", "compiled")}
+                | {"probe_sites": (p.get("compiled") or {}).get("probe_sites")}
+            ),
+            f"processes[{i}]",
+        )
+        for i, p in enumerate(res.processes.values())
     ]
     ev = {
         k: v
