@@ -10,6 +10,7 @@ import os
 import stat
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -262,14 +263,35 @@ def scenarios_dir(root: Path, specs: dict[str, tuple[str, str | None]]) -> Path:
 
 
 class FakeEngine:
-    """runner.run_scenario stand-in: outcomes by (id, mode); records concurrency."""
+    """runner.run_scenario stand-in: outcomes by (id, mode); records concurrency. A run handed
+    a GPU token (triage's overlap) compiles for itself (the (id, "compile") outcome is its own
+    compile's: findings, a compile error that ends it there), then launches holding the token
+    through the real instrument/launch_gpu functions, as a worker and its runner do."""
 
     def __init__(self, outcomes=None, delay=0.0, interrupt_on=None):
         self.outcomes, self.delay, self.interrupt_on = outcomes or {}, delay, interrupt_on
         self.calls: list[tuple[str, str]] = []
+        self.launches: list[str] = []
+        self.tokens: set[str] = set()
         self.lock = threading.Lock()
-        self.active = {"compile": 0, "run": 0}
-        self.peak = {"compile": 0, "run": 0}
+        self.active = {"compile": 0, "run": 0, "launch": 0}
+        self.peak = {"compile": 0, "run": 0, "launch": 0}
+
+    def launch(self, token: str, sid: str) -> float:
+        """Take the token, hold the GPU for ``delay``, give it back: the seconds waited."""
+        from cutedebug.instrument.launch_gpu import acquire_gpu_token, release_gpu_token
+
+        tag = uuid.uuid4().hex
+        waited = acquire_gpu_token(token, tag)
+        with self.lock:
+            self.launches.append(sid)
+            self.active["launch"] += 1
+            self.peak["launch"] = max(self.peak["launch"], self.active["launch"])
+        time.sleep(self.delay)
+        with self.lock:
+            self.active["launch"] -= 1
+        assert release_gpu_token(token, tag)
+        return waited
 
     def __call__(
         self,
@@ -284,6 +306,7 @@ class FakeEngine:
         command="",
         forkserver=None,
         compile_checks=(),
+        gpu_token=None,
     ):
         with self.lock:
             self.calls.append((sc.id, mode))
@@ -292,8 +315,17 @@ class FakeEngine:
         try:
             if (sc.id, mode) == self.interrupt_on:
                 raise KeyboardInterrupt
-            time.sleep(self.delay)
+            time.sleep(self.delay)  # the compile (and, without a token, the launch)
             spec = self.outcomes.get((sc.id, mode), {})
+            waited = None
+            if mode == "run" and gpu_token:
+                self.tokens.add(gpu_token)
+                own = self.outcomes.get((sc.id, "compile"), {})
+                if not own.get("compiled", True) or own.get("verdict") in T.COMPILE_FINAL:
+                    spec = own  # its compile decided: no launch
+                else:
+                    spec = {"findings": own.get("findings"), **spec}
+                    waited = self.launch(gpu_token, sc.id)
             d = Path(runs_root) / sc.id.replace("/", "__") / mode
             d.mkdir(parents=True, exist_ok=True)
             o = V.Outcome(phase="done")
@@ -317,7 +349,8 @@ class FakeEngine:
                         else None,
                     }
                 },
-                timings={"compile_s": 0.4, "kernel_s": 0.1},
+                timings={"compile_s": 0.4, "kernel_s": 0.1}
+                | ({"gpu_wait_s": waited} if waited is not None else {}),
                 repeats=reps,
                 mode=mode,
             )
@@ -371,18 +404,23 @@ def run_triage(tmp_path, **kw) -> tuple[int, list[str], Path]:
     return T.triage(opts, out=lines.append), lines, out
 
 
-def test_compiles_in_parallel_gpu_runs_one_at_a_time(tmp_path, engine):
+@pytest.mark.parametrize("overlap", [True, False])
+def test_compiles_in_parallel_gpu_runs_one_at_a_time(tmp_path, engine, overlap):
     scenarios_dir(tmp_path, SPECS)
     fake = engine(outcomes=OUTCOMES, delay=0.15)
-    rc, lines, out = run_triage(tmp_path, jobs=3, repeat=2)
-    assert fake.peak["run"] == 1 and fake.peak["compile"] >= 2
-    # the compile error decides its verdict: no GPU run for it
-    assert sorted(i for i, m in fake.calls if m == "run") == [
-        "k/clean",
-        "k/crash",
-        "k/hang",
-        "k/miss",
-    ]
+    rc, lines, out = run_triage(tmp_path, jobs=3, repeat=2, overlap=overlap)
+    ran = ["k/clean", "k/crash", "k/hang", "k/miss"]
+    if overlap:
+        # run workers compile at once; one at a time holds the GPU's token and launches;
+        # nothing is compiled twice (no compile-only child where the run compiles)
+        assert fake.peak["run"] >= 2 and fake.peak["launch"] == 1
+        assert sorted(fake.calls) == sorted((f"k/{n}", "run") for n in SPECS)
+        assert sorted(fake.launches) == ran  # the compile error never launched
+        assert len(fake.tokens) == 1 and not any(Path(t).exists() for t in fake.tokens)
+    else:
+        assert fake.peak["run"] == 1 and fake.peak["compile"] >= 2
+        # the compile error decides its verdict: no GPU run for it
+        assert sorted(i for i, m in fake.calls if m == "run") == ran
     recs = {k: r.to_json() for k, r in T.load_records(out / "results").items()}
     assert {k: r["verdict"] for k, r in recs.items()} == {
         "k/clean": "PASS",
@@ -392,9 +430,12 @@ def test_compiles_in_parallel_gpu_runs_one_at_a_time(tmp_path, engine):
         "k/miss": "NONDETERMINISTIC",
     }
     assert recs["k/miss"]["frequencies"] == {"MISMATCH": 1, "PASS": 1}
-    # caught statically: errors and warnings of the static checks count, notes do not
+    # caught statically: errors and warnings of the static checks count, notes do not (the
+    # findings of the call that compiled it: the run's own compile when overlapping)
     assert recs["k/hang"]["caught_statically"] is True
-    assert recs["k/hang"]["compile"]["static_findings"] == [ERR]
+    compiled_by = "run" if overlap else "compile"
+    assert recs["k/hang"][compiled_by]["static_findings"] == [ERR]
+    assert recs["k/cerr"]["localization_ok"] is None
     assert recs["k/clean"]["caught_statically"] is False
     assert recs["k/crash"]["caught_statically"] is None  # the checks did not run
     progress = [ln for ln in lines if ln.startswith("[")]
@@ -426,20 +467,24 @@ def test_without_a_gpu_runs_are_not_run_not_misses(tmp_path, engine):
     assert "GPU health: n.a. (no GPU)" in lines and fake.health_calls == []
 
 
-def test_interrupted_triage_keeps_results_and_resume_finishes_the_rest(tmp_path, engine):
+@pytest.mark.parametrize("overlap", [True, False])
+def test_interrupted_triage_keeps_results_and_resume_finishes_the_rest(tmp_path, engine, overlap):
     scenarios_dir(tmp_path, SPECS)
     fake = engine(outcomes=OUTCOMES, interrupt_on=("k/hang", "run"))
-    rc, lines, out = run_triage(tmp_path, jobs=1)
+    rc, lines, out = run_triage(tmp_path, jobs=1, overlap=overlap)
     assert rc == 130 and any("interrupted" in ln for ln in lines)
     files = sorted((out / "results").iterdir())
     assert not [f for f in files if f.name.endswith(".tmp")]
     recs = {r["id"]: r for r in (json.loads(f.read_text()) for f in files)}
     done = {k for k, r in recs.items() if r["status"] == "done"}
-    assert "k/hang" not in done and recs["k/hang"]["status"] == "compiled"
+    # overlapping, nothing was compiled apart from the run: it is still pending
+    assert "k/hang" not in done
+    assert recs["k/hang"]["status"] == ("pending" if overlap else "compiled")
     assert json.loads((out / "matrix.json").read_text())["facts"]["interrupted"] is True
+    assert not list(out.glob(".gpu-*.token"))  # the GPU token is gone with the triage
 
     fake = engine(outcomes=OUTCOMES)
-    rc, lines, out = run_triage(tmp_path, jobs=1, resume=True)
+    rc, lines, out = run_triage(tmp_path, jobs=1, resume=True, overlap=overlap)
     assert rc == 1  # k/miss is timing-dependent
     # finished ones are skipped; k/hang's compile is reused, only its run is redone
     assert ("k/hang", "compile") not in fake.calls and ("k/hang", "run") in fake.calls
@@ -465,13 +510,19 @@ def test_resume_redoes_changed_scenarios_and_not_run_ones_once_a_gpu_is_there(tm
     fake = engine(gpu=H200, outcomes=OUTCOMES)  # the same results on a GPU machine
     rc, _, out = run_triage(tmp_path, resume=True)
     assert sorted(fake.calls) == [("k/clean", "run"), ("k/hang", "run")] and rc == 0
-    # without --resume everything is redone
+    # without --resume everything is redone (by the runs alone, when they overlap)
     fake = engine(gpu=H200, outcomes=OUTCOMES)
     run_triage(tmp_path)
+    assert sorted(fake.calls) == [("k/clean", "run"), ("k/hang", "run")]
+    fake = engine(gpu=H200, outcomes=OUTCOMES)
+    run_triage(tmp_path, overlap=False)
     assert len(fake.calls) == 4
 
 
-def test_harness_bugs_and_unloadable_kernels_are_recorded_not_raised(tmp_path, engine, monkeypatch):
+@pytest.mark.parametrize("overlap", [True, False])
+def test_harness_bugs_and_unloadable_kernels_are_recorded_not_raised(
+    tmp_path, engine, monkeypatch, overlap
+):
     from cutedebug.engine.scenario import ScenarioError
 
     scenarios_dir(
@@ -488,10 +539,10 @@ def test_harness_bugs_and_unloadable_kernels_are_recorded_not_raised(tmp_path, e
         return fake(sc, **kw)
 
     monkeypatch.setattr(runner, "run_scenario", flaky)
-    rc, lines, out = run_triage(tmp_path)
+    rc, lines, out = run_triage(tmp_path, overlap=overlap)
     recs = {k: r.to_json() for k, r in T.load_records(out / "results").items()}
     assert recs["k/hang"]["verdict"] == "HARNESS_ERROR" and recs["k/hang"]["harness_errors"] == 1
-    assert "bug in the harness" in recs["k/hang"]["compile"]["reason"]
+    assert "bug in the harness" in recs["k/hang"]["run" if overlap else "compile"]["reason"]
     assert "ImportError: nope" in recs["k/gone"]["invalid"]
     junk = next(r for r in recs.values() if r["id"].endswith("junk.toml"))
     assert "not valid TOML" in junk["invalid"]
@@ -618,9 +669,12 @@ def fake_bisect(fake, *, found_op="named_barrier", fail=False):
     from cutedebug.analyses import bisect as B
     from cutedebug.instrument.checkpoint import CheckpointSite
 
-    def bisect_call(sc, runs_dir, forkserver=None):
+    def bisect_call(sc, runs_dir, forkserver=None, token=None):
         with fake.lock:
             fake.calls.append((sc.id, "bisect"))
+        if token:  # its runs launch holding the GPU's token, as the runs do
+            fake.launch(token, sc.id + "#bisect")
+        with fake.lock:
             fake.bisect_seen.append((threading.current_thread().name, dict(fake.active)))
         if fail:
             raise RuntimeError("bisect broke")
@@ -667,10 +721,11 @@ def test_bisect_grades_the_hangs_a_run_cannot_localize(tmp_path, engine, monkeyp
     monkeypatch.setattr(T, "_bisect_call", fake_bisect(fake))
     rc, lines, out = run_triage(tmp_path, jobs=2, bisect=True)
     # only the named-barrier hang is bisected (k/hang states no localization), on the GPU
-    # queue, with no run on the GPU at the same time
+    # queue: its runs launch holding the GPU's token, never beside another launch
     assert [c for c in fake.calls if c[1] == "bisect"] == [("k/nb", "bisect")]
     ((thread, active),) = fake.bisect_seen
-    assert thread.startswith("gpu") and active["run"] == 0
+    assert thread.startswith("gpu") and "k/nb#bisect" in fake.launches
+    assert fake.peak["launch"] == 1
     rec = T.load_records(out / "results")["k/nb"].to_json()
     assert rec["status"] == "done" and rec["localization_ok"] is True
     b = rec["bisect"]

@@ -33,6 +33,8 @@ class GpuEngine:
 
     def __init__(self, sick=None, delay=0.05):
         self.calls, self.lock, self.sick, self.delay = [], threading.Lock(), sick, delay
+        self.seq: list[tuple[str, str, str | None]] = []  # ("start" | "end", id, gpu)
+        self.sick_on: dict[str | None, threading.Event] = {}  # the hang's GPU: set once it ended
         self.servers: list[Server] = []
         self.health_calls: list[dict] = []
 
@@ -49,8 +51,19 @@ class GpuEngine:
         gpu = forkserver.gpu if forkserver else None
         with self.lock:
             self.calls.append((sc.id, mode, gpu))
+            self.seq.append(("start", sc.id, gpu))
+            if mode == "run" and sc.id == self.sick:
+                self.sick_on[gpu] = threading.Event()
         if mode == "run":
-            time.sleep(self.delay)
+            time.sleep(self.delay * (3 if sc.id == self.sick else 1))
+            hang = self.sick_on.get(gpu)
+            if sc.id != self.sick and hang is not None:
+                hang.wait()  # in flight beside the hang on its GPU until after the kill
+                time.sleep(self.delay / 2)
+        with self.lock:
+            self.seq.append(("end", sc.id, gpu))
+            if sc.id == self.sick and mode == "run":
+                self.sick_on[gpu].set()
         d = Path(runs_root) / sc.id.replace("/", "__") / mode
         d.mkdir(parents=True, exist_ok=True)
         o = V.Outcome(phase="done")
@@ -115,7 +128,7 @@ def test_runs_spread_over_the_gpus_each_with_its_own_server_and_health_check(tmp
 def test_a_gpu_left_unhealthy_by_a_hang_takes_no_more_runs(tmp_path, gpu_engine):
     scenarios_dir(tmp_path, SPECS)
     fake = gpu_engine(sick="k/hang", delay=0.1)
-    rc, lines, out = triage(tmp_path, gpus=["0", "1"])
+    rc, lines, out = triage(tmp_path, gpus=["0", "1"], overlap=False)
     runs = [(i, g) for i, m, g in fake.calls if m == "run"]
     assert sorted(i for i, _ in runs) == sorted(f"k/{n}" for n in SPECS)  # all still ran
     k = [i for i, _ in runs].index("k/hang")
@@ -124,6 +137,30 @@ def test_a_gpu_left_unhealthy_by_a_hang_takes_no_more_runs(tmp_path, gpu_engine)
     facts = json.loads((out / "matrix.json").read_text())["facts"]
     assert facts["gpus"][sick]["retired"] == "unhealthy after a kill: GPU stuck after the kill"
     assert rc == 3  # an unhealthy GPU is the harness's problem to report
+
+
+def test_overlapping_runs_in_flight_on_a_gpu_that_went_bad_run_again_on_another(
+    tmp_path, gpu_engine
+):
+    """Two runs per GPU at once: those in flight on the GPU a hang left unhealthy may have
+    launched on it after the kill, so they run again on the other GPU; nothing starts on the
+    bad GPU after its hang ended; every record's run is one from a healthy GPU."""
+    scenarios_dir(tmp_path, SPECS)
+    fake = gpu_engine(sick="k/hang", delay=0.1)
+    rc, lines, out = triage(tmp_path, gpus=["0", "1"])
+    sick = next(g for ev, i, g in fake.seq if ev == "start" and i == "k/hang")
+    healthy = ({"0", "1"} - {sick}).pop()
+    hang_end = fake.seq.index(("end", "k/hang", sick))
+    assert not [x for x in fake.seq[hang_end:] if x[0] == "start" and x[2] == sick]
+    runs = [i for i, m, _ in fake.calls if m == "run"]
+    again = sorted({i for i in runs if runs.count(i) > 1})
+    assert sorted(set(runs)) == sorted(f"k/{n}" for n in SPECS) and again  # one was in flight
+    recs = T.load_records(out / "results")
+    assert all(recs[i].run.gpu == healthy for i in again)
+    facts = json.loads((out / "matrix.json").read_text())["facts"]
+    assert facts["gpus"][sick]["rerun_elsewhere"] == len(runs) - len(set(runs))
+    assert facts["gpus"][sick]["retired"].startswith("unhealthy after a kill")
+    assert rc == 3
 
 
 def test_shards_of_a_triage_merge_into_the_matrix_of_one_triage(tmp_path, gpu_engine, capsys):

@@ -56,6 +56,7 @@ from cutedebug.engine import runner
 from cutedebug.engine import scenario as S
 from cutedebug.engine import verdict as V
 from cutedebug.instrument.checkpoint import CheckpointSite
+from cutedebug.instrument.launch_gpu import release_gpu_token
 from cutedebug.records import ABSENT
 
 # The bisection's names in one place (``from cutedebug.analyses import bisect as B``).
@@ -149,8 +150,11 @@ class BisectResult:
 class _Runner:
     """Builds requests like runner.run_once and watches them (through the fork server)."""
 
-    def __init__(self, scenario: S.Scenario, run_dir: Path, forkserver: Any):
+    def __init__(
+        self, scenario: S.Scenario, run_dir: Path, forkserver: Any, gpu_token: str | None = None
+    ):
         self.scenario, self.run_dir, self.fs = scenario, run_dir, forkserver
+        self.gpu_token = gpu_token  # each run takes it before its launch (engine/lanes.py)
         self.env = dict(os.environ)
         self.env["PYTHONPATH"] = os.pathsep.join(
             [str(runner.REPO_ROOT)]
@@ -167,10 +171,11 @@ class _Runner:
         limits: S.Limits,
         stall_s: float | None,
     ) -> tuple[V.Classified, V.Outcome]:
+        token = {"gpu_token": self.gpu_token} if self.gpu_token else {}
         req_path, events_path, log_path = runner.write_request(
-            self.run_dir / name, self.scenario, probes=probes, bisect={"site": site}
+            self.run_dir / name, self.scenario, probes=probes, bisect={"site": site}, **token
         )
-        outcome, _ = runner.watch(
+        outcome, facts = runner.watch(
             runner.worker_argv(req_path),
             events_path,
             log_path,
@@ -179,6 +184,8 @@ class _Runner:
             stall_s=stall_s,
             forkserver=self.fs,
         )
+        if self.gpu_token:  # the worker and everything it started ended: the GPU is free
+            release_gpu_token(self.gpu_token, facts["tag"])
         if (ke := outcome.event("kernel_error")) is not None:
             raise S.ScenarioError(
                 ke.get("message", "kernel could not be loaded") + f"\n(worker log: {log_path})"
@@ -199,11 +206,13 @@ def bisect(
     forkserver: bool = True,
     command: str = "",
     server: Any = None,
+    gpu_token: str | None = None,
 ) -> BisectResult:
     """Baseline, then per-role search; returns the result (written with ``write``).
 
     ``server``: a running fork server to fork the workers from (the caller's, left open);
-    otherwise one is started for this bisection when ``forkserver`` is true."""
+    otherwise one is started for this bisection when ``forkserver`` is true. ``gpu_token``:
+    a GPU's token (engine/lanes.py): each run compiles without it and launches holding it."""
     t0 = time.monotonic()
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = (
@@ -211,19 +220,26 @@ def bisect(
     ).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     if server is not None:
-        return _bisect(scenario, run_dir, server, window_s, probes, command, t0)
+        return _bisect(scenario, run_dir, server, window_s, probes, command, t0, gpu_token)
     fs = runner.start_forkserver(run_dir) if forkserver else None
     try:
-        return _bisect(scenario, run_dir, fs, window_s, probes, command, t0)
+        return _bisect(scenario, run_dir, fs, window_s, probes, command, t0, gpu_token)
     finally:
         if fs is not None:
             fs.close()
 
 
 def _bisect(
-    sc: S.Scenario, run_dir: Path, fs: Any, window_s: float, probes: bool, command: str, t0: float
+    sc: S.Scenario,
+    run_dir: Path,
+    fs: Any,
+    window_s: float,
+    probes: bool,
+    command: str,
+    t0: float,
+    gpu_token: str | None = None,
 ) -> BisectResult:
-    r = _Runner(sc, run_dir, fs)
+    r = _Runner(sc, run_dir, fs, gpu_token)
     lim = sc.limits
     probe_cfg = {"budget_ns": int(lim.wait_budget_ms) * 1_000_000} if probes else None
     base_limits = (

@@ -32,6 +32,7 @@ from cutedebug.analyses.mutate_record import (
 )
 from cutedebug.engine import command as X
 from cutedebug.engine import verdict as V
+from cutedebug.instrument.launch_gpu import release_gpu_token
 from cutedebug.instrument.launch_record import PipelineEntry
 
 CAUGHT, SURVIVED, NOT_APPLIED, HARNESS = "CAUGHT", "SURVIVED", "NOT_APPLIED", "HARNESS_ERROR"
@@ -346,14 +347,6 @@ def run_mutant(
     if s.gpu_token:  # the mutant and everything it started are gone: the GPU is free
         release_gpu_token(Path(s.gpu_token), res.tag)
     return mutant_record(m, res, out), res
-
-
-def release_gpu_token(path: Path, tag: str) -> None:
-    try:
-        if path.read_text() == tag:
-            path.unlink()
-    except FileNotFoundError:
-        pass
 
 
 def load_results(path: Path) -> dict[str, MutantRecord]:

@@ -1,12 +1,14 @@
 """`cutedebug triage DIR --out OUT`: every scenario under DIR, graded, as one matrix.
 
     cutedebug triage scenarios --out reports/triage [--resume] [--repeat N] [--jobs J]
-                                                    [--bisect]
+                                                    [--bisect] [--no-overlap]
 
-Compiles run J at a time on the CPU (compile-only children); GPU runs go one at a time, in
-the order their compiles finish. A scenario whose compile already decides its verdict
-(COMPILE_ERROR, COMPILER_CRASH, HARNESS_ERROR) is not run. Without a suitable GPU the run is
-recorded as "not run: <why>" and left out of every rate, never counted as a miss.
+On a GPU, J run workers compile at once; only the one holding the GPU's token launches
+(engine/lanes.py; its wait is off the run's clocks, reported as ``gpu_wait_s``). A run whose
+compile decides its verdict (COMPILE_ERROR, COMPILER_CRASH, HARNESS_ERROR) never launches. A
+scenario that cannot run here (no GPU, another arch) is only compiled (J compile-only children
+at a time) and recorded as "not run: <why>", left out of every rate, never counted as a miss.
+``--no-overlap``: a compile-only child per scenario first, then the runs one at a time.
 
 Output, written as results come (each file replaced atomically):
 
@@ -45,26 +47,17 @@ from typing import Any
 from cutedebug.commands import exits
 from cutedebug.commands.triage_records import (  # noqa: F401  (T.<name> for callers)
     COMPILE_FINAL,
-    LOCK_NAME,
     MATRIX_SCHEMA,
-    RECORD_SCHEMA,
-    STATIC_HARNESS_CHECK,
     BisectCall,
     CallRecord,
-    Counts,
     Environment,
     Expected,
     Facts,
-    Rate,
     Rates,
     TriageInputError,
     TriageMatrix,
     TriageRecord,
     _harness_call,
-    _rate,
-    _relative,
-    _serious,
-    _version,
     apply_bisect,
     bisect_record,
     build_matrix,
@@ -78,11 +71,9 @@ from cutedebug.commands.triage_records import (  # noqa: F401  (T.<name> for cal
     needs_bisect,
     new_record,
     not_run_reason,
-    overhead_list,
     overhead_summary,
     rates,
     record_name,
-    record_problem,
     scenario_digest,
 )
 from cutedebug.engine import lifeline, watchdog
@@ -118,6 +109,7 @@ class Options:
     shard: tuple[int, int] | None = None
     durations: dict[str, float] | None = None
     perturb: dict[str, Any] | None = None  # --perturb N: the worker request's perturb field
+    overlap: bool = True  # run workers compile at once, one per GPU launches (its token)
 
 
 @dataclass
@@ -127,7 +119,7 @@ class _Plan:
     work: list[str] = field(default_factory=list)  # "compile", "run"
 
 
-def _call(sc: S.Scenario, mode: str, opts: Options, runs_dir: Path, forkserver=None):
+def _call(sc: S.Scenario, mode: str, opts: Options, runs_dir: Path, forkserver=None, token=None):
     """One run_scenario call in a pool thread: (result, wall seconds)."""
     from cutedebug.analyses import lint
     from cutedebug.engine import runner
@@ -150,6 +142,7 @@ def _call(sc: S.Scenario, mode: str, opts: Options, runs_dir: Path, forkserver=N
         compile_checks=[lint.static_findings],
         **({"core": core} if core else {}),
         **({"perturb": opts.perturb} if opts.perturb and mode == "run" else {}),
+        **({"gpu_token": token} if token and mode == "run" else {}),
     )
     wall = time.monotonic() - t0
     from cutedebug.analyses import mismatch
@@ -163,24 +156,28 @@ def _call(sc: S.Scenario, mode: str, opts: Options, runs_dir: Path, forkserver=N
 def _lane_call(sc: S.Scenario, mode: str, opts: Options, runs_dir: Path, *, lane):
     """_call on a GPU lane (engine/lanes.py): forked from the lane's server, bound to its GPU;
     the evidence says which GPU ran it."""
-    res, wall = _call(sc, mode, opts, runs_dir, lane.forkserver)
+    res, wall = _call(sc, mode, opts, runs_dir, lane.forkserver, lane.token)
     if lane.gpu is not None:
         res.evidence["gpu_lane"] = lane.gpu
     return res, wall
 
 
 def _lane_bisect(sc: S.Scenario, runs_dir: Path, *, lane):
-    return _bisect_call(sc, runs_dir, lane.forkserver)
+    return _bisect_call(sc, runs_dir, lane.forkserver, lane.token)
 
 
-def _bisect_call(sc: S.Scenario, runs_dir: Path, forkserver=None):
+def _bisect_call(sc: S.Scenario, runs_dir: Path, forkserver=None, token=None):
     """One printf-bisection in the GPU pool thread: (result, wall seconds)."""
     from cutedebug.analyses import bisect
     from cutedebug.reporting import bisect as bisect_report
 
     t0 = time.monotonic()
     res = bisect.bisect(
-        sc, runs_root=runs_dir, server=forkserver, command=f"cutedebug bisect {sc.source}"
+        sc,
+        runs_root=runs_dir,
+        server=forkserver,
+        command=f"cutedebug bisect {sc.source}",
+        **({"gpu_token": token} if token else {}),
     )
     bisect_report.write(res)
     return res, time.monotonic() - t0
@@ -324,8 +321,11 @@ def _triage(opts: Options, out) -> int:
 
     # Workers fork from a process that imported torch and cutlass once (seconds per run):
     # one per GPU lane, bound to its GPU; GPU work goes to whichever lane is free. Compiles
-    # fork from the first lane's server (they do not touch the GPU).
-    lanes = Lanes(opts.gpus or [None], opts.out)
+    # fork from the first lane's server (they do not touch the GPU). Overlap: J run workers
+    # at once (at least 2 per GPU), the one holding its GPU's token launches.
+    overlap = opts.overlap and bool(gpu["present"])
+    slots = max(2, -(-opts.jobs // len(opts.gpus or [None]))) if overlap else 1
+    lanes = Lanes(opts.gpus or [None], opts.out, slots=slots)
     fs = lanes.lanes[0].forkserver
     compile_pool = ThreadPoolExecutor(max(1, opts.jobs), thread_name_prefix="compile")
     pending: dict[Future, tuple[str, _Plan]] = {}
@@ -346,7 +346,8 @@ def _triage(opts: Options, out) -> int:
     )
     try:
         for p in plans:
-            if p.work[0] == "compile":
+            # overlapping, a run compiles for itself: no compile-only child first where it runs
+            if p.work[0] == "compile" and not (overlap and not not_run_reason(gpu, p.sc.archs)):
                 pending[compile_pool.submit(_call, p.sc, "compile", opts, runs_dir, fs)] = (
                     "compile",
                     p,
@@ -502,7 +503,14 @@ def add_parser(sub) -> None:
         "--jobs",
         type=S.limit_arg("jobs"),
         default=default_jobs(),
-        help="compile-only children at a time (default %(default)s)",
+        help="run workers (2+ per GPU) or compile-only children at once (default %(default)s)",
+    )
+    t.add_argument(
+        "--overlap",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run workers compile at once while one per GPU launches (default); "
+        "--no-overlap: a compile-only child per scenario first, then the runs one at a time",
     )
     t.add_argument(
         "--probes",
@@ -577,5 +585,6 @@ def cmd_triage(args: argparse.Namespace) -> int:
         gpus=chosen or None,
         shard=which,
         durations=durations,
+        overlap=args.overlap,
     )
     return triage(opts)

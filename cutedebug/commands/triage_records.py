@@ -189,6 +189,7 @@ def call_record(res, wall_s: float, out_dir: Path) -> CallRecord:
     # compile + kernel + reference check, plus a blind hang's first run and the health check
     work = float(t["work_s"]) if t.get("work_s") is not None else compile_s + kernel_s
     attempts = max(1, len(res.repeats))
+    waited = t.get("gpu_wait_s")  # other runs' kernels (engine/lanes.py): not this call's time
     verdicts = [V.Verdict.from_json(r["verdict"]) for r in res.repeats] or [res.verdict]
     vd = res.evidence.get("value_diagnosis")
     return CallRecord(
@@ -205,13 +206,14 @@ def call_record(res, wall_s: float, out_dir: Path) -> CallRecord:
         compile_s=round(compile_s, 3),
         kernel_s=round(kernel_s, 6),
         work_s=round(work, 3),
-        overhead_s=round(wall_s / attempts - work, 3),
+        overhead_s=round((wall_s - (waited or 0.0)) / attempts - work, 3),
         device=res.evidence.get("device"),
         report=_relative(Path(res.run_dir) / "report.md", out_dir),
         perturbation=_perturbation(res.evidence.get("perturbation")),
         value_diagnosis={k: vd.get(k) for k in ("row", "pattern", "summary", "lines")}
         if vd
         else None,
+        **({"gpu_wait_s": round(float(waited), 3)} if waited is not None else {}),
     )
 
 
@@ -264,7 +266,10 @@ def finalize(rec: TriageRecord, final: CallRecord | None, not_run: str | None) -
     rec.status = "done"
     rec.not_run = not_run
     rec.finished_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    findings = rec.compile.static_findings if rec.compile else None
+    # the compile-only call's static findings, else the run's own compile's (a run worker that
+    # compiled for itself: commands/triage.py without a compile-only pass)
+    compiled_by = rec.compile or rec.run
+    findings = compiled_by.static_findings if compiled_by else None
     # a crashed checker's finding is a harness error, not a fault caught statically
     crashed = [f for f in findings or [] if f.get("check") == STATIC_HARNESS_CHECK]
     rec.caught_statically = None if findings is None or crashed else bool(findings)
@@ -281,8 +286,10 @@ def finalize(rec: TriageRecord, final: CallRecord | None, not_run: str | None) -
         rec.overhead_s = None
         return
     exp = rec.expected
-    # a compile-time verdict says nothing about where a kernel hangs
-    loc_ok = final.localization.get("ok") if exp.localization and final.mode == "run" else None
+    # a compile-time verdict (a run whose own compile failed too) says nothing about where a
+    # kernel hangs
+    graded = exp.localization and final.mode == "run" and final.compiled
+    loc_ok = final.localization.get("ok") if graded else None
     freq = dict(Counter(v.value for v in final.verdicts or [final.verdict]))
     expect = exp.expect()
     # a verdict the scenario lists under expect.also counts as expected, and marks the
@@ -292,7 +299,7 @@ def finalize(rec: TriageRecord, final: CallRecord | None, not_run: str | None) -
     rec.localization_ok = loc_ok
     rec.frequencies = freq
     rec.timing_dependent = len(freq) > 1 or expect.timing_dependent
-    rec.time_to_verdict_s = final.wall_s
+    rec.time_to_verdict_s = final.own_s
     rec.overhead_s = final.overhead_s
 
 

@@ -10,6 +10,13 @@ retired the remaining jobs fail with :class:`NoHealthyGpu` instead of running on
 GPU. (One lane keeps the one-GPU behaviour: it goes on, and the unhealthy check is reported.)
 
 ``Lanes([None])`` is the one-GPU case: the process's own visibility, no binding.
+
+``slots`` > 1 overlaps compiles with launches: up to ``slots`` jobs per GPU at once, each
+compiling on the CPU, and only the one holding the lane's GPU token (``Lane.token``, a file;
+instrument/launch_gpu.py) launching: the worker takes it before its launch, the runner gives it
+back after the worker ended and after the health check a kill calls for. A lane retired while
+several of its jobs were in flight runs those jobs again on another GPU (they may have launched
+on the broken one); with one job per GPU there is never such a job.
 """
 
 from __future__ import annotations
@@ -56,6 +63,8 @@ class Lane:
     retired: str | None = None  # why the lane takes no more jobs
     health: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    token: str | None = None  # the GPU token file of this GPU's jobs (slots > 1)
+    running: int = 0  # jobs in flight
 
     @property
     def name(self) -> str:
@@ -70,12 +79,22 @@ class Lanes:
     """One job queue over ``gpus``; use as a context manager (closes the fork servers)."""
 
     def __init__(
-        self, gpus: list[str | None], runs_root: Path | str, *, forkserver: bool = True, start=None
+        self,
+        gpus: list[str | None],
+        runs_root: Path | str,
+        *,
+        forkserver: bool = True,
+        start=None,
+        slots: int = 1,
+        tokens: Path | str | None = None,
     ):
+        """``slots``: jobs per GPU at once; above 1 each lane gets a GPU token file in
+        ``tokens`` (default ``runs_root``), removed when the lanes close."""
         from cutedebug.engine import runner
 
         start = start or runner.start_forkserver
         self.lanes = [Lane(g) for g in (gpus or [None])]
+        self.slots = max(1, slots)
         root = Path(runs_root)
         for lane in self.lanes:
             if forkserver:
@@ -83,16 +102,22 @@ class Lanes:
                 lane.forkserver = start(sub, gpu=lane.gpu)
             if lane.forkserver is None and lane.gpu is not None:
                 lane.forkserver = Unserved(lane.env())
+            if self.slots > 1:
+                lane.token = str(Path(tokens or root) / f".gpu-{lane.name}.token")
+                Path(lane.token).unlink(missing_ok=True)  # left by a killed earlier run
         self._cond = threading.Condition()
-        self._free = list(self.lanes)
-        self._pool = ThreadPoolExecutor(len(self.lanes), thread_name_prefix="gpu")
+        self._pool = ThreadPoolExecutor(len(self.lanes) * self.slots, thread_name_prefix="gpu")
 
     # ---- jobs ----------------------------------------------------------------------------
     def _take(self) -> Lane:
+        """The least busy lane with a free slot (work stealing)."""
         with self._cond:
             while True:
-                if self._free:
-                    return self._free.pop(0)
+                free = [x for x in self.lanes if not x.retired and x.running < self.slots]
+                if free:
+                    lane = min(free, key=lambda x: x.running)
+                    lane.running += 1
+                    return lane
                 if all(lane.retired for lane in self.lanes):
                     raise NoHealthyGpu(
                         "every GPU failed its health check: "
@@ -102,36 +127,48 @@ class Lanes:
 
     def _give_back(self, lane: Lane) -> None:
         with self._cond:
-            if not lane.retired:
-                self._free.append(lane)
+            lane.running -= 1
             self._cond.notify_all()
 
     def submit(self, fn, *args: Any, **kwargs: Any) -> Future:
-        """Run ``fn(*args, lane=<Lane>, **kwargs)`` on the next free lane."""
+        """Run ``fn(*args, lane=<Lane>, **kwargs)`` on the next free lane (again on another
+        lane when its GPU was retired by another job while this one was in flight)."""
 
         def job():
-            lane = self._take()
-            t0 = time.monotonic()
-            try:
-                result = fn(*args, lane=lane, **kwargs)
-                self._check_health(lane, result)
-                return result
-            finally:
-                lane.jobs += 1
-                lane.busy_s += time.monotonic() - t0
-                self._give_back(lane)
+            while True:
+                lane = self._take()
+                t0 = time.monotonic()
+                try:
+                    result = fn(*args, lane=lane, **kwargs)
+                    # retired by another job while this one was in flight: this one may have
+                    # launched on the broken GPU
+                    if self._check_health(lane, result) or not lane.retired:
+                        return result
+                    lane.extra.setdefault("rerun_elsewhere", 0)
+                    lane.extra["rerun_elsewhere"] += 1
+                finally:
+                    lane.jobs += 1
+                    lane.busy_s += time.monotonic() - t0
+                    self._give_back(lane)
 
         return self._pool.submit(job)
 
-    def _check_health(self, lane: Lane, result: Any) -> None:
+    def _check_health(self, lane: Lane, result: Any) -> bool:
+        """Retire the lane when the job's result reports its GPU unhealthy after a kill; True
+        when this job did."""
         res = result[0] if isinstance(result, tuple) and result else result
         health = getattr(res, "health", None)
-        if isinstance(health, dict) and health.get("healthy") is False:
-            lane.extra.setdefault("unhealthy_after_kill", []).append(health)
-            lane.health = health
-            if len(self.lanes) == 1:
-                return
-            lane.retired = f"unhealthy after a kill: {health.get('error') or health}"
+        if not (isinstance(health, dict) and health.get("healthy") is False):
+            return False
+        lane.extra.setdefault("unhealthy_after_kill", []).append(health)
+        lane.health = health
+        if len(self.lanes) == 1:
+            return True
+        with self._cond:
+            lane.retired = (
+                lane.retired or f"unhealthy after a kill: {health.get('error') or health}"
+            )
+        return True
 
     # ---- the end -------------------------------------------------------------------------
     def shutdown(self, *, cancel: bool = False) -> None:
@@ -168,12 +205,18 @@ class Lanes:
         return {"healthy": all(r.get("healthy") for r in results.values()), "per_gpu": results}
 
     def summary(self) -> dict[str, Any]:
-        """Jobs and busy seconds per GPU, and why a retired lane stopped."""
+        """Jobs and busy seconds per GPU (summed over its jobs: with several slots, more than
+        the wall), why a retired lane stopped, jobs run again elsewhere after it did."""
         return {
             lane.name: {
                 "jobs": lane.jobs,
                 "busy_s": round(lane.busy_s, 3),
                 **({"retired": lane.retired} if lane.retired else {}),
+                **(
+                    {"rerun_elsewhere": lane.extra["rerun_elsewhere"]}
+                    if lane.extra.get("rerun_elsewhere")
+                    else {}
+                ),
             }
             for lane in self.lanes
         }
@@ -183,6 +226,8 @@ class Lanes:
             if lane.forkserver is not None:
                 lane.forkserver.close(timeout=timeout)
                 lane.forkserver = None
+            if lane.token:
+                Path(lane.token).unlink(missing_ok=True)
 
     def __enter__(self) -> Lanes:
         return self

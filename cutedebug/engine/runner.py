@@ -24,6 +24,7 @@ from cutedebug.engine import timings as timings_mod
 from cutedebug.engine import verdict as V
 from cutedebug.engine.compile_checks import CompileCheck, references
 from cutedebug.engine.scenario import Limits, Scenario, ScenarioError
+from cutedebug.instrument.launch_gpu import release_gpu_token
 
 REPO_ROOT = watchdog.REPO_ROOT
 
@@ -321,14 +322,19 @@ def run_once(
     deadline_scale: float = 1.0,
     forkserver=None,
     request_extra: dict[str, Any] | None = None,
+    gpu_token: str | None = None,
 ) -> tuple[V.Classified, V.Outcome, dict[str, Any]]:
     """``request_extra``: further request fields (e.g. ``compile_checks``, the coredump
-    run's ``env``, ``cubin_path``, ``wait_sites``; see the worker)."""
+    run's ``env``, ``cubin_path``, ``wait_sites``; see the worker). ``gpu_token``: the worker
+    takes it before its launch and keeps it; the caller gives it back (run_scenario)."""
     # Absolute: the worker runs in the repository root, not in the caller's directory.
     run_dir = Path(run_dir).resolve()
     sub = run_dir if index == 0 else run_dir / f"repeat{index}"
+    extra = dict(request_extra or {})
+    if gpu_token and mode == "run":
+        extra["gpu_token"] = str(gpu_token)
     req_path, events_path, log_path = write_request(
-        sub, scenario, mode=mode, probes=probes, lineinfo=lineinfo, **(request_extra or {})
+        sub, scenario, mode=mode, probes=probes, lineinfo=lineinfo, **extra
     )
     argv = worker_argv(req_path)
     if wrap is not None:
@@ -371,6 +377,8 @@ def run_once(
     if facts.get("forked") and hasattr(forkserver, "pool_info"):
         facts["pool"] = forkserver.pool_info()  # forked by the warm pool (engine/pool.py)
     if (ke := outcome.event("kernel_error")) is not None:
+        if gpu_token:  # the kernel did not load: nothing launched, nothing to check
+            release_gpu_token(gpu_token, facts["tag"])
         raise ScenarioError(
             ke.get("message", "kernel could not be loaded") + f"\n(worker log: {log_path})"
         )
@@ -397,6 +405,20 @@ def after_run_health(
     return health_check(forkserver=forkserver, run_dir=run_dir)
 
 
+def _attempt(scenario: Scenario, run_dir: Path, *, mode: str, forkserver, gpu_token, **kw):
+    """run_once, then the GPU health check a kill or crash calls for (engine/health.py), while
+    the worker's GPU token is still held: nobody launches on a GPU being checked."""
+    classified, outcome, facts = run_once(
+        scenario, run_dir, mode=mode, forkserver=forkserver, gpu_token=gpu_token, **kw
+    )
+    try:
+        health = after_run_health(classified, outcome, mode, forkserver, run_dir)
+    finally:
+        if gpu_token:
+            release_gpu_token(gpu_token, facts["tag"])
+    return classified, outcome, facts, health
+
+
 def run_scenario(
     scenario: Scenario,
     *,
@@ -411,8 +433,15 @@ def run_scenario(
     core: Any = None,
     perturb: dict[str, Any] | None = None,
     compile_checks: Sequence[CompileCheck] = (),
+    gpu_token: str | None = None,
 ) -> RunResult:
     """Run a scenario (``repeat`` times) and return its classified result.
+
+    ``gpu_token``: a GPU token file (one per GPU; instrument/launch_gpu.py). Each worker
+    compiles without it and takes it before its launch; it is given back after the worker
+    ended and after the GPU health check its kill called for, so runs that compile at once
+    still launch one at a time. The seconds waited for it are ``timings["gpu_wait_s"]``, off
+    every clock of the run (stall, deadline) and out of its work and overhead.
 
     ``perturb``: the request's perturbation field (engine/perturb_runs.py: seeds, policy,
     replay, shrink); the worker then runs the seeds after one compile.
@@ -436,7 +465,7 @@ def run_scenario(
     core_evidence: dict[str, Any] = {}
     for i in range(max(1, repeat)):
         use_core = core is not None and probe_cfg is None and i == 0 and mode == "run"
-        classified, outcome, facts = run_once(
+        classified, outcome, facts, health = _attempt(
             scenario,
             run_dir,
             mode=mode,
@@ -448,10 +477,8 @@ def run_scenario(
                 **(core.request_fields(run_dir) if use_core else {}),
                 **({"perturb": perturb} if perturb else {}),
             },
+            gpu_token=gpu_token,
         )
-        # The GPU is checked right after the run that was killed or crashed (before any
-        # rerun), so the health recorded is that run's.
-        health = after_run_health(classified, outcome, mode, forkserver, run_dir)
         if use_core and classified.verdict in (V.Verdict.HANG, V.Verdict.CRASH):
             t_core = time.monotonic()
             core_evidence = core.evidence(run_dir, outcome, facts, scenario)
@@ -477,13 +504,14 @@ def run_scenario(
             budget = wait_budget_ms or scenario.limits.wait_budget_ms
             probe_cfg = {"budget_ns": int(budget) * 1_000_000}
             first = (classified, outcome, facts)
-            classified, outcome, facts = run_once(
+            classified, outcome, facts, rerun_health = _attempt(
                 scenario,
                 run_dir / "with_probes",
                 mode=mode,
                 probes=probe_cfg,
                 forkserver=forkserver,
                 request_extra={"compile_checks": compile_checks},
+                gpu_token=gpu_token,
             )
             facts["rerun_with_probes"] = {
                 "first_verdict": first[0].verdict.value,
@@ -491,9 +519,8 @@ def run_scenario(
                 "first_work_s": round(work_s(_timings(first[1], first[2])), 3),
                 "first_wall_s": round(first[2]["t_return"] - first[2]["t_call"], 3),
             }
-            rerun_health = after_run_health(
-                classified, outcome, mode, forkserver, run_dir / "with_probes"
-            )
+            if first[2].get("gpu_wait_s"):
+                facts["rerun_with_probes"]["first_gpu_wait_s"] = first[2]["gpu_wait_s"]
             if rerun_health is not None:
                 facts["rerun_with_probes"]["health"] = rerun_health
         attempts.append((classified, outcome, facts, health))
@@ -524,29 +551,7 @@ def run_scenario(
     for a in attempts[1:]:
         if health is None and a[3] is not None:
             health = a[3]
-    timings = _timings(outcome, facts)
-    # Work of the first attempt: its own run, a blind hang's first run before the rerun with
-    # probes, and the GPU health check after a kill.
-    timings["work_s"] = round(
-        work_s(timings)
-        + facts.get("rerun_with_probes", {}).get("first_work_s", 0.0)
-        + (attempts[0][3] or {}).get("secs", 0.0),
-        3,
-    )
-    # The rest of the breakdown (runner.BREAKDOWN has the first attempt's own phases):
-    # classification, evidence and stuck map; a blind hang's first run; the health check.
-    timings["verdict_s"] = round(facts.get("classify_s", 0.0) + time.monotonic() - t_verdict, 3)
-    if "rerun_with_probes" in facts:
-        timings["rerun_s"] = facts["rerun_with_probes"]["first_wall_s"]
-    if attempts[0][3] is not None:
-        timings["health_s"] = attempts[0][3].get("secs", 0.0)
-    if "core_s" in attempts[0][2]:  # reading the core (the dump itself is before the kill)
-        timings["core_s"] = attempts[0][2]["core_s"]
-        dump = (core_evidence.get("coredump") or {}).get("dump") or {}
-        if dump.get("dump_s") is not None:
-            timings["dump_s"] = dump["dump_s"]
-    if "pool" in facts:  # getting the warm pool's server: before this run's clock started
-        timings["pool_s"] = facts["pool"]["connect_s"]
+    timings = timings_mod.run_timings(attempts, core_evidence, t_verdict, gpu_token is not None)
     timings["wall_s"] = round(time.monotonic() - t_start, 3)
     return RunResult(
         scenario=scenario,

@@ -67,8 +67,13 @@ def select(
 
 
 def record_seconds(rec: TriageRecord) -> float | None:
-    """Wall seconds a triage record took: its compile, its run and its bisection."""
-    parts = [getattr(c, "wall_s", None) for c in (rec.compile, rec.run, rec.bisect) if c]
+    """Wall seconds a triage record took: its compile, its run and its bisection (without a
+    run's wait for the GPU token: other scenarios' time)."""
+    parts = [
+        c.own_s if c is rec.run else getattr(c, "wall_s", None)
+        for c in (rec.compile, rec.run, rec.bisect)
+        if c
+    ]
     secs = [float(p) for p in parts if isinstance(p, (int, float))]
     return sum(secs) if secs else None
 

@@ -35,6 +35,7 @@ BREAKDOWN = (
     ("imports_s", "torch import and CUDA init, cutlass import, the kernel file and its class"),
     ("inputs_s", "make_inputs (or fake args) and the probe buffer"),
     ("compile_s", "cute.compile with the instrumentation (trace, MLIR, PTX, cubin)"),
+    ("gpu_wait_s", "waiting for the GPU token while other runs' kernels ran (triage)"),
     ("launch_s", "launch until the kernel ended: synchronized, faulted or killed"),
     ("check_s", "the reference and the comparison"),
     ("exit_s", "the worker's exit (CUDA context teardown) and the sweep for leftovers"),
@@ -58,6 +59,8 @@ def breakdown(o: V.Outcome, facts: dict[str, Any]) -> dict[str, float]:
     for key, a, b in pairs:
         if at(a) is not None and at(b) is not None:
             out[key] = at(b) - at(a)
+    if (got := o.event("gpu_acquired")) is not None:
+        out["gpu_wait_s"] = float(got.get("waited_s") or 0.0)
     kill = facts["t_call"] + facts["kill_t"] if "kill_t" in facts else None
     if (launched := at("launched")) is not None:
         end = at("synced") or at("cuda_error") or kill
@@ -78,3 +81,46 @@ def work_s(t: dict[str, float]) -> float:
     a hang) and the reference check. The rest of its wall time is the harness's."""
     kernel = t.get("kernel_s") or t.get("launch_to_kill_s") or 0.0
     return t.get("compile_s", 0.0) + kernel + t.get("check_s", 0.0)
+
+
+def run_timings(
+    attempts: list[tuple[Any, V.Outcome, dict[str, Any], dict[str, Any] | None]],
+    core_evidence: dict[str, Any],
+    t_verdict: float,
+    token: bool = False,
+) -> dict[str, float]:
+    """report.json's timings of a run_scenario call from its attempts ((classified, outcome,
+    facts, health) each), the first attempt's: its phases, work and the rest of its breakdown.
+    ``token``: the workers took a GPU token; ``gpu_wait_s`` is then every attempt's wait for
+    it (a blind hang's first run included), inside the wall time and outside the work."""
+    import time
+
+    _, outcome, facts, health = attempts[0]
+    t = timings(outcome, facts)
+    rerun = facts.get("rerun_with_probes", {})
+    # Work of the first attempt: its own run, a blind hang's first run before the rerun with
+    # probes, and the GPU health check after a kill.
+    t["work_s"] = round(
+        work_s(t) + rerun.get("first_work_s", 0.0) + (health or {}).get("secs", 0.0), 3
+    )
+    # The rest of the breakdown (BREAKDOWN has the first attempt's own phases): classification,
+    # evidence and stuck map; a blind hang's first run; the health check.
+    t["verdict_s"] = round(facts.get("classify_s", 0.0) + time.monotonic() - t_verdict, 3)
+    if rerun:
+        t["rerun_s"] = rerun["first_wall_s"]
+    if health is not None:
+        t["health_s"] = health.get("secs", 0.0)
+    if "core_s" in facts:  # reading the core (the dump itself is before the kill)
+        t["core_s"] = facts["core_s"]
+        dump = (core_evidence.get("coredump") or {}).get("dump") or {}
+        if dump.get("dump_s") is not None:
+            t["dump_s"] = dump["dump_s"]
+    if "pool" in facts:  # getting the warm pool's server: before this run's clock started
+        t["pool_s"] = facts["pool"]["connect_s"]
+    waited = sum(
+        a[2].get("gpu_wait_s", 0.0) + a[2].get("rerun_with_probes", {}).get("first_gpu_wait_s", 0.0)
+        for a in attempts
+    )
+    if token or waited:
+        t["gpu_wait_s"] = round(waited, 3)
+    return t

@@ -4,7 +4,8 @@ bisected, and the ``TriageMatrix`` (OUT/matrix.json) that holds them all.
 
 Serialised only through ``to_json`` / ``from_json`` (cutedebug/records.py): reading refuses an
 unknown or missing field, naming it. Keys that later versions added (``expected.also``, a
-call's ``work_s`` / ``perturbation`` / ``value_diagnosis`` / ``gpu``, a record's ``bisect``)
+call's ``work_s`` / ``perturbation`` / ``value_diagnosis`` / ``gpu`` / ``gpu_wait_s``, a record's
+``bisect``)
 are ABSENT when an older file lacks them, so an old record or matrix writes back unchanged
 (tests/test_records.py round-trips the recorded H200 matrices under reports/). A pending
 record has none of the grading fields (``verdict``, ``frequencies``, ...): they are ABSENT
@@ -68,6 +69,14 @@ class CallRecord(records.Record):
     perturbation: dict[str, Any] | None | Absent = ABSENT
     value_diagnosis: dict[str, Any] | None | Absent = ABSENT
     gpu: str | Absent = ABSENT  # the GPU lane that ran it (--gpus)
+    # waiting for the GPU token while other runs' kernels ran: inside wall_s, outside the
+    # call's own time (overhead_s, the record's time_to_verdict_s)
+    gpu_wait_s: float | Absent = ABSENT
+
+    @property
+    def own_s(self) -> float:
+        """The call's own seconds: its wall time without the wait for the GPU."""
+        return round(self.wall_s - (self.gpu_wait_s or 0.0), 3)
 
 
 @dataclass(slots=True, kw_only=True)

@@ -20,6 +20,10 @@ compute-sanitizer (``sanitize``), the lint child, and any command line (``cutede
 - ``forkserver``: fork the worker for the request ``argv[-1]`` from that server instead of
   exec'ing ``argv`` (``fork_job="health"``: the GPU health check); a dead server is
   restarted, or the child is exec'd after all.
+- A child waiting for a GPU token (its ``gpu_wait`` event until ``gpu_acquired``, see
+  instrument/launch_gpu.py) is waiting for other runs' kernels, not stuck: no deadline runs
+  meanwhile (phase, total), and its phase clock restarts when it gets the GPU. The seconds
+  waited are ``facts["gpu_wait_s"]``.
 - ``kill_when(elapsed_s)``: the caller's own kill rule, asked at every poll after the events
   were read (``on_event`` sees each one first); a reason string kills the child.
 - Before any kill decided by the watchdog (deadline, stall, ``kill_when``) the hooks in
@@ -246,6 +250,9 @@ def watch(
         _LIVE[id(proc)] = (proc, tag)
     phase_t = t_start
     last_counter, counter_t = None, None
+    waiting: set[Any] = set()  # processes of the child waiting for the GPU token (by pid)
+    waiting_since: float | None = None  # since when one of them waits: no clock runs
+    waited = 0.0
     interrupted = False
     try:
         while True:
@@ -264,6 +271,14 @@ def watch(
                 if name == "perturb_seed":  # a new perturbed launch: its own deadline
                     phase_t = counter_t = now
                     last_counter = None
+                if name == "gpu_wait":
+                    waiting.add(ev.get("pid"))
+                    waiting_since = waiting_since or now
+                elif name == "gpu_acquired":
+                    waiting.discard(ev.get("pid"))
+                    if not waiting and waiting_since is not None:
+                        waited += now - waiting_since
+                        waiting_since, phase_t = None, now
                 if on_event is not None:
                     on_event(ev)
             _keep_malformed(outcome, bad)
@@ -274,6 +289,9 @@ def watch(
             if exited:
                 break
             limit = phase_deadline(outcome.phase, limits)
+            if waiting_since is not None:  # waiting for the GPU: our clocks are stopped
+                phase_t = counter_t = now
+            paused = waited + (now - waiting_since if waiting_since is not None else 0.0)
             if (
                 outcome.phase == "launched"
                 and stall_s is not None
@@ -285,7 +303,7 @@ def watch(
                 facts["stall_detected_after_s"] = round(now - counter_t, 3)
             elif now - phase_t > limit:
                 outcome.killed_by_watchdog = f"deadline:{outcome.phase}:{limit:g}s"
-            elif total_s is not None and now - t_start > total_s:
+            elif total_s is not None and now - t_start - paused > total_s:
                 outcome.killed_by_watchdog = f"deadline:total:{total_s:g}s"
             elif kill_when is not None and (why := kill_when(now - t_start)):
                 outcome.killed_by_watchdog = why
@@ -321,6 +339,9 @@ def watch(
             facts["swept_after_exit"] = lifeline.sweep(tag, timeout=0.5 if interrupted else 3.0)
         with _LIVE_LOCK:
             _LIVE.pop(id(proc), None)
+    if waiting_since is not None:  # ended (or was interrupted) while still waiting
+        waited += time.monotonic() - waiting_since
+    facts["gpu_wait_s"] = round(waited, 3)
     if interrupted:
         raise Interrupted("interrupted: the child was killed")
     outcome.returncode = proc.returncode

@@ -291,6 +291,7 @@ def run(request: dict[str, Any], events: Events) -> None:
         events.emit("unsupported", reason=reason)
         return
 
+    take_gpu(request, events)
     run = Launch(kernel, compiled, args, tensors, where, request, probe_buf, probe_cfg, site_table)
     if perturb_sess is not None:  # N seeds, replay, shrinking: one compile, many launches
         from cutedebug.engine import perturb_runs
@@ -298,6 +299,19 @@ def run(request: dict[str, Any], events: Events) -> None:
         perturb_runs.run_in_worker(request["perturb"], perturb_sess, perturb_table, run, events)
         return
     run.once(events.emit, live=events)
+
+
+def take_gpu(request: dict[str, Any], events: Events) -> float:
+    """Before the first launch: the GPU token of the request (a triage's run workers compile
+    at once, one per GPU launches; instrument/launch_gpu.py), held under this process's run
+    tag until the parent gives it back. Returns the seconds waited (0 without a token)."""
+    path = request.get("gpu_token")
+    if not path:
+        return 0.0
+    from cutedebug.instrument.launch_gpu import acquire_gpu_token
+
+    tag = os.environ.get(lifeline.RUN_TAG_VAR) or str(os.getpid())
+    return acquire_gpu_token(path, tag, events.emit)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,13 @@
 """Kernel launches of a watched command: which instrumented kernel is in flight (CUDA events
 around each launch, for the stall rule), and the GPU token that lets one command at a time run
-kernels while several compile (``mutate --jobs``).
+kernels while several compile (``mutate --jobs``; a triage's run workers, one token per GPU:
+engine/lanes.py, taken by the worker before its launch, engine/worker.py).
+
+The token is one file per GPU holding its owner's run tag (the lifeline's ``CUTEDEBUG_RUN_TAG``):
+a process takes it with O_EXCL (:func:`acquire_gpu_token`, emitting ``gpu_wait`` /
+``gpu_acquired`` so its watchdog stops the clocks meanwhile); only its parent gives it back
+(:func:`release_gpu_token`), after the owner and everything it started ended, and after the GPU
+health check a kill calls for: nobody else launches on a GPU that is still being checked.
 """
 
 from __future__ import annotations
@@ -44,6 +51,19 @@ def acquire_gpu_token(path: str, tag: str, emit: Any = None) -> float:
     if emit is not None and announced:
         emit("gpu_acquired", waited_s=round(waited, 3))
     return waited
+
+
+def release_gpu_token(path: str | os.PathLike, tag: str) -> bool:
+    """Give the token back if ``tag`` holds it (the owner's parent, after the owner ended);
+    True when it was removed."""
+    try:
+        with open(path) as f:
+            if f.read() != tag:
+                return False
+        os.unlink(path)
+        return True
+    except FileNotFoundError:
+        return False
 
 
 def _ensure_gpu(state: Any) -> None:
