@@ -96,3 +96,30 @@ def test_one_lane_without_binding_uses_the_runs_root_itself(tmp_path):
     with L.Lanes([None], tmp_path, start=start) as lanes:
         assert lanes.lanes[0].forkserver.root == tmp_path and lanes.lanes[0].env() == {}
     assert L.bound_env("3", {"A": "1"}) == {"A": "1", "CUDA_VISIBLE_DEVICES": "3"}
+
+
+def test_slots_run_several_jobs_per_gpu_each_gpu_with_its_own_token(tmp_path):
+    """slots=2: two jobs at once per GPU (least busy GPU first), each lane's token a file of
+    its own; a token left by a killed earlier run is removed at the start, and at the end."""
+    (tmp_path / ".gpu-0.token").write_text("a killed triage's run tag")
+    active: dict[str, int] = {"0": 0, "1": 0}
+    peak: dict[str, int] = {"0": 0, "1": 0}
+    lock, tokens = threading.Lock(), set()
+
+    def job(i, *, lane):
+        with lock:
+            active[lane.gpu] += 1
+            peak[lane.gpu] = max(peak[lane.gpu], active[lane.gpu])
+            tokens.add((lane.gpu, lane.token))
+        time.sleep(0.1)
+        with lock:
+            active[lane.gpu] -= 1
+        return i
+
+    with L.Lanes(["0", "1"], tmp_path, start=start, slots=2) as lanes:
+        assert not (tmp_path / ".gpu-0.token").exists()
+        assert [f.result() for f in [lanes.submit(job, i) for i in range(8)]] == list(range(8))
+    assert peak == {"0": 2, "1": 2}
+    assert tokens == {("0", str(tmp_path / ".gpu-0.token")), ("1", str(tmp_path / ".gpu-1.token"))}
+    with L.Lanes(["0"], tmp_path, start=start) as lanes:  # one job per GPU: no token
+        assert lanes.lanes[0].token is None
