@@ -136,3 +136,28 @@ def test_cpu_run_reports_what_the_static_checks_caught(tmp_path):
     assert "expect_tx 33040 B per stage, TMA copies deliver 33024 B" in lines[faulted + 1]
     clean = lines.index(next(ln for ln in lines if "tma_stream/clean" in ln))
     assert lines[clean + 1] == "  static protocol checks: no finding(s)"
+    # where the fault changed the kernel (its call line), even though nothing ran
+    source = (ROOT / "kernels" / "tma_stream.py").read_text().splitlines()
+    line = next(i for i, t in enumerate(source, 1) if "ring.producer_acquire(" in t)
+    assert f"  fault wrong_expect_tx applied at 1 site(s): tma_stream.py:{line}" in lines
+
+
+def test_compile_only_run_says_a_fault_was_not_applied(tmp_path):
+    """A fault that found nothing to change says so on a compile-only run too, not only on a
+    PASS: the minimal kernel has no pipeline state for missing_phase_flip."""
+    r = cutedebug(
+        "run",
+        "kernels/minimal.py:Minimal",
+        "--fault",
+        "missing_phase_flip",
+        "--compile-only",
+        "--runs-dir",
+        str(tmp_path),
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    (note,) = [ln for ln in r.stdout.splitlines() if "NOT APPLIED" in ln]
+    assert note.startswith(
+        "  fault missing_phase_flip(role='consumer') NOT APPLIED: 0 sites while tracing "
+        "(looked for: PipelineState.advance"
+    )
+    assert note.endswith("the kernel was compiled unmodified")

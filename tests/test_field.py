@@ -28,13 +28,20 @@ ADAPTERS = {
     "quack_rmsnorm_fwd": ("quack_rmsnorm.py", "QuackRMSNormFwd", "rmsnorm.py"),
     "quack_rmsnorm_bwd": ("quack_rmsnorm.py", "QuackRMSNormBwd", "rmsnorm.py"),
     "fa4_fwd_sm90": ("fa4_fwd_sm90.py", "FA4FwdSm90", "flash_fwd_sm90.py"),
+    "quack_softmax": ("quack_softmax.py", "QuackSoftmax", "softmax.py"),
+    "fa4_bwd_sm90": ("fa4_bwd_sm90.py", "FA4BwdSm90", "flash_bwd_sm90.py"),
 }
 MODULES = {
     "quack_gemm_sm90": ["quack"],
     "quack_rmsnorm_fwd": ["quack"],
     "quack_rmsnorm_bwd": ["quack"],
     "fa4_fwd_sm90": ["flash_attn.cute"],
+    "quack_softmax": ["quack"],
+    "fa4_bwd_sm90": ["flash_attn.cute"],
 }
+# tools/field_fault_sites.py surveys these in test_fault_sites_land_on_the_library_lines; the
+# kernels added later are checked by their own tests below (a compile each, not a survey)
+SURVEYED = ("quack_gemm_sm90", "quack_rmsnorm_fwd", "quack_rmsnorm_bwd", "fa4_fwd_sm90")
 
 
 def field_scenarios() -> list[Path]:
@@ -137,7 +144,7 @@ needs_libs = pytest.mark.skipif(_libraries_missing() is not None, reason=_librar
 @needs_libs
 def test_fault_sites_land_on_the_library_lines(tmp_path):
     """tools/field_fault_sites.py compiles each adapter once per fault (sm_90a, no GPU)."""
-    targets = [f"{FIELD / f}:{e}" for f, e, _ in ADAPTERS.values()]
+    targets = [f"{FIELD / ADAPTERS[n][0]}:{ADAPTERS[n][1]}" for n in SURVEYED]
     out = tmp_path / "sites.json"
     env = dict(
         os.environ,
@@ -188,7 +195,7 @@ def test_fault_sites_land_on_the_library_lines(tmp_path):
         "consumer_release gemm_sm90.py:1672",
     }
     assert sites("quack_rmsnorm_fwd", "wrong_expect_tx", delta_bytes=16) == {
-        "mbarrier_arrive_and_expect_tx reduce.py:142": 1
+        "mbarrier_arrive_and_expect_tx rmsnorm.py:315": 1
     }
     assert sites("quack_rmsnorm_bwd", "skip_consumer_release") == {
         "consumer_release rmsnorm.py:1111": 1
@@ -197,7 +204,8 @@ def test_fault_sites_land_on_the_library_lines(tmp_path):
     # no static error on the clean kernels (FA-4's sequential reuse of named barrier 1 with
     # 256 and 288 threads is legal; quack's no-op producer_commit of PipelineStasAsync, which
     # the backward never calls, is not paired)
-    for family, (file, entry, _) in ADAPTERS.items():
+    for family in SURVEYED:
+        file, entry, _ = ADAPTERS[family]
         findings = survey[f"{file}:{entry}"]["clean"]["static_findings"]
         errors = [f for f in findings if f["severity"] == "error"]
         assert errors == [], family
@@ -373,3 +381,99 @@ def test_probe_sites_are_the_library_kernel_call_lines(family):
         )
     got = [(s.op, s.barrier, s.pipeline_index, s.where, s.via) for s in table.sites]
     assert got == WAIT_SITES[family]
+
+
+def _traced(family: str, fault: str | None = None, args: dict | None = None):
+    """One in-process compile of an adapter for sm_90a under the lint recorder, a fault and
+    the probes (as the worker does): (static findings, Applied, probe sites)."""
+    import tempfile
+
+    import cutlass.cute as cute
+    import torch
+    from cutlass.base_dsl.compiler import DumpDir
+
+    from cutedebug import kernel_api
+    from cutedebug.analyses import lint
+    from cutedebug.instrument import faults, probes
+
+    file, entry, _ = ADAPTERS[family]
+    kernel = kernel_api.load_entry(FIELD / file, entry)()
+
+    def allocate(cfg):
+        buf = torch.zeros(probes.buffer_nbytes(cfg), dtype=torch.uint8)
+        probes.init_buffer(buf.numpy(), cfg)
+        return buf, 0x7F0000000000
+
+    with (
+        lint.record() as protocol,
+        faults.inject(fault, args or {}) as applied,
+        probes.instrument(probes.ProbeConfig(), allocate=allocate) as table,
+    ):
+        cute.compile[cute.GPUArch("sm_90a"), DumpDir(tempfile.gettempdir())](
+            kernel, *kernel.fake_args()
+        )
+    return lint.static_findings(protocol), applied, table
+
+
+def _line(module_file: str, needle: str, start: int = 0) -> int:
+    """The first line at or after ``start`` of an installed library file holding ``needle``."""
+    import importlib.util
+
+    package, _, name = module_file.rpartition("/")
+    spec = importlib.util.find_spec(f"{package}.{name.removesuffix('.py')}")
+    lines = Path(spec.origin).read_text().splitlines()
+    return next(i for i, t in enumerate(lines, 1) if i >= start and needle in t)
+
+
+@needs_libs
+def test_softmax_two_reductions_through_one_helper_are_two_kernel_sites():
+    """quack's two-pass softmax makes two cluster round trips through the same helper
+    (row_reduce -> cluster_reduce, reduce.py): each raw wait and each expect_tx is the
+    kernel's call line in softmax.py (row max, then sum), the helper's line as via. Before,
+    both were reduce.py:151 / reduce.py:142: one place for two barriers."""
+    findings, applied, table = _traced("quack_softmax", "wrong_expect_tx", {"delta_bytes": 16})
+    first = _line("quack/softmax.py", "max_x = row_reduce(")
+    second = _line("quack/softmax.py", "denom = row_reduce(", first)
+    wait = _line("quack/reduce.py", "cute.arch.mbarrier_wait(mbar_ptr, phase=")
+    arm = _line("quack/reduce.py", "cute.arch.mbarrier_arrive_and_expect_tx(mbar_ptr, tx_bytes)")
+    raw = [(s.where, s.via, s.role) for s in table.sites if s.op == "raw_wait"]
+    assert raw == [
+        (f"softmax.py:{first}", f"reduce.py:{wait}", "consumer"),
+        (f"softmax.py:{second}", f"reduce.py:{wait}", "consumer"),
+    ]
+    got = [(Path(s["file"]).name, s["line"], s.get("via")) for s in applied.sites]
+    assert got == [
+        ("softmax.py", first, f"reduce.py:{arm}"),
+        ("softmax.py", second, f"reduce.py:{arm}"),
+    ]
+    # the raw waits' diagnosis names who arms them: the kernel's two lines, not the helper's
+    arms = [(s.where, s.via) for s in table.raw_ops if "expect_tx" in s.op]
+    assert arms == [
+        (f"softmax.py:{first}", f"reduce.py:{arm}"),
+        (f"softmax.py:{second}", f"reduce.py:{arm}"),
+    ]
+    assert [f for f in findings if f["severity"] == "error"] == []
+
+
+@needs_libs
+def test_fa4_backward_bulk_copies_count_toward_expect_tx():
+    """FA-4's SM90 backward loads each query block's LSE (and dPsum) with a plain bulk copy
+    (CopyBulkG2SOp, quack's copy_utils) onto the same full barrier as the TMA tile: the clean
+    kernel has no expect_tx error (4 false errors before), the faulted one an error per
+    producer_acquire whose arithmetic names the 512 B row-statistic copy."""
+    clean, _, _ = _traced("fa4_bwd_sm90")
+    assert [f["check"] for f in clean if f["severity"] == "error"] == []
+    assert sorted(f["check"] for f in clean if f["severity"] == "warning") == [
+        "producer_tail",
+        "producer_tail",
+    ]  # true: FA-4's backward never drains its Q / dO pipelines (single CTA: benign)
+    faulted, applied, _ = _traced("fa4_bwd_sm90", "wrong_expect_tx", {"delta_bytes": 16})
+    errors = [f for f in faulted if f["severity"] == "error"]
+    assert [f["check"] for f in errors] == ["expect_tx"] * 4
+    assert {(Path(f["file"]).name, f["line"]) for f in errors} == {
+        ("flash_bwd_sm90.py", s["line"]) for s in applied.sites
+    }
+    assert all("512" in f["arithmetic"] for f in errors)
+    assert any(
+        "expect_tx 16912 B per stage, TMA copies deliver 16896 B" in f["message"] for f in errors
+    )

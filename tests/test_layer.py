@@ -109,11 +109,15 @@ def test_library_file_in_site_packages_is_kernel_code(venv):
 
 
 def test_three_pipelines_through_one_helper_line_are_three(clean, venv):
+    """The library's free helper make_pipe creates all three: they are three pipelines (by
+    identity), each at the kernel's call of the helper, the helper's create() line as via."""
     table = clean.proto.pipeline_table()
     assert [p["index"] for p in table] == [0, 1, 2]
     assert {p["class"] for p in table} == {"SignalPipeline"}
     (create_line,) = _lines(venv / "pipeline.py", "SignalPipeline.create(")
-    assert {(Path(p["file"]).name, p["line"]) for p in table} == {("pipeline.py", create_line)}
+    (call_line,) = _lines(venv / "sum3.py", "fl.make_pipe(")
+    assert {(Path(p["file"]).name, p["line"]) for p in table} == {("sum3.py", call_line)}
+    assert {p["via"] for p in table} == {f"pipeline.py:{create_line}"}
     assert len({p["key"] for p in table}) == 3
     assert all(p["stages"] == 2 for p in table)
 
@@ -289,6 +293,20 @@ def test_a_no_op_commit_the_kernel_never_calls_is_not_paired(ring, venv):
     assert "not traced" in noop.message and "consumer_wait hangs" in noop.message
     (rec,) = ring.proto.pipelines.values()
     assert rec.noop_ops == {"producer_commit": f"pipeline.py:{line}"}
+
+
+def test_a_raw_wait_in_a_library_helper_is_sited_at_the_kernel_call(ring, venv):
+    """fl.exchange_wait is a free helper of the library (quack's cluster_reduce): its raw
+    mbarrier wait is the kernel's call line in ring.py, the helper's wait line as via (it
+    was the helper's line, shared by every call of the helper)."""
+    (call_line,) = _lines(venv / "ring.py", "fl.exchange_wait(full, cs.phase)")
+    (wait_line,) = _lines(venv / "pipeline.py", "cute.arch.mbarrier_wait(mbar, phase=phase)")
+    (raw,) = [s for s in ring.table.sites if s.op == "raw_wait"]
+    assert (raw.where, raw.via, raw.role) == (
+        f"ring.py:{call_line}",
+        f"pipeline.py:{wait_line}",
+        "consumer",
+    )
 
 
 def test_no_op_methods_are_found_by_their_body():

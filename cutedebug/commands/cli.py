@@ -212,11 +212,34 @@ def _run_one(args, sc, mode, fs, single: bool):
         print(f"  static protocol checks: {len(static) or 'no'} finding(s){first}")
     if comp and comp.get("pipelines"):
         print("  " + pipelines_line(comp["pipelines"]))
+    if comp and (line := fault_line(comp, res.verdict.value)) is not None:
+        print("  " + line)
     if res.verdict.value == "UNSUPPORTED":
         state = f"compiled for {comp['arch']} in {comp['secs']} s" if comp else "did not compile"
         print(f"  {state}; the kernel was not run")
     print(f"  report: {md}", flush=True)
     return res
+
+
+def fault_line(compiled: dict[str, Any], verdict: str) -> str | None:
+    """Where a patch fault changed the kernel (its sites at the kernel's lines), or that it
+    changed nothing: a compile-only or not-run result says so too, not only a PASS (whose
+    reason already starts with it)."""
+    note = compiled.get("fault_not_applied")
+    if note:
+        return None if verdict == "PASS" else note
+    sites = compiled.get("fault_sites") or []
+    if not sites:
+        return None
+    where = list(
+        dict.fromkeys(
+            f"{os.path.basename(s.get('file') or '?')}:{s.get('line')}"
+            + (f" via {s['via']}" if s.get("via") else "")
+            for s in sites
+        )
+    )
+    shown = ", ".join(where[:6]) + (f", ... ({len(where) - 6} more)" if len(where) > 6 else "")
+    return f"fault {sites[0].get('fault')} applied at {len(sites)} site(s): {shown}"
 
 
 def pipelines_line(pipelines: list[dict[str, Any]]) -> str:

@@ -155,7 +155,7 @@ class Applied:
             return None
         return (
             f"fault {self.fault}{_fmt_args(self.args)} NOT APPLIED: 0 sites while tracing "
-            f"(looked for: {self.looked_for()}); the kernel ran unmodified"
+            f"(looked for: {self.looked_for()}); the kernel was compiled unmodified"
         )
 
     def require(self) -> None:

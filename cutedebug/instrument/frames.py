@@ -84,6 +84,64 @@ def kernel_frame(depth: int = 1) -> tuple[str | None, int | None, str | None]:
     return None, None, None
 
 
+# ---- the kernel's own frames: helpers are lifted to the kernel's call of them ----------------
+
+# The DSL function that calls a @cute.kernel body while tracing it (base_dsl/dsl.py, 4.8.1).
+KERNEL_CALLER = "kernel_wrapper"
+
+
+def kernel_body_frame(frame: Any) -> Any:
+    """The frame of the @cute.kernel body that ``frame`` runs inside (the kernel-code frame
+    the DSL's kernel_wrapper called), or None (host code, or a DSL that calls it otherwise)."""
+    f = frame
+    while f is not None:
+        up = f.f_back
+        if (
+            up is not None
+            and up.f_code.co_name == KERNEL_CALLER
+            and is_library(up.f_code.co_filename)
+            and not is_library(f.f_code.co_filename)
+        ):
+            return f
+        f = up
+    return None
+
+
+def kernel_own_frame(frame: Any) -> Any:
+    """The innermost frame from ``frame`` up to the kernel body that is the kernel's own: the
+    body itself, a function nested in it, or a method of the kernel object (the body's
+    ``self``: a library kernel class's methods, wherever its base classes live). A free helper
+    function or another object's method (quack's ``row_reduce`` -> ``cluster_reduce``, FA-4's
+    copy closures, a tile scheduler) is lifted to the kernel's line that called it, so two
+    calls of one helper are two sites. ``frame`` itself when no kernel body is on the stack."""
+    body = kernel_body_frame(frame)
+    if body is None:
+        return frame
+    chain = []  # kernel-code frames from ``frame`` up to the body, innermost first
+    f = frame
+    while f is not body:
+        if not is_library(f.f_code.co_filename):
+            chain.append(f)
+        f = f.f_back
+    obj = body.f_locals.get("self")
+    own_names = [_qualname(body)]
+    innermost = body
+    for f in reversed(chain):
+        # the DSL turns dynamic loop / if bodies into nested functions (``load.<locals>.
+        # loop_body_4``): one of an own frame is own too, whether it uses ``self`` or not
+        name = _qualname(f)
+        if (obj is not None and f.f_locals.get("self") is obj) or any(
+            name.startswith(n + ".<locals>.") for n in own_names
+        ):
+            own_names.append(name)
+            innermost = f
+    return innermost
+
+
+def _qualname(frame: Any) -> str:
+    return getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
+
+
 # ---- pipeline code: what the site rule skips besides library code ----------------------------
 
 

@@ -25,8 +25,11 @@ The layer owns the four rules every observer used to re-implement:
   consumer_wait, empty -> producer_acquire);
 - **the site**: the kernel's call site of the outermost open pipeline op: the first frame up
   the stack that is neither library code nor pipeline code (a method whose ``self`` is a
-  pipeline / barrier array / pipeline state, or a function nested in one); the innermost
-  pipeline-code frame outside the DSL is kept as ``via`` (e.g. a library's wrapper line);
+  pipeline / barrier array / pipeline state, or a function nested in one), lifted out of
+  helpers to the kernel's own line (``frames.kernel_own_frame``: the @cute.kernel body, its
+  nested regions, or a method of the kernel object; a free helper such as quack's
+  ``cluster_reduce`` or another object's method is its caller's line); the innermost line in
+  between (a pipeline wrapper's, else the helper's) is kept as ``via``;
 - **pipeline identity**: pipelines are numbered in the order the kernel traces their outermost
   ``create()`` (``PipelineInfo.index``, what ``pipeline=N`` selects), found again from any
   rebuilt copy through the barrier arrays (their tag follows ``__new_from_mlir_values__``).
@@ -511,16 +514,21 @@ class _Layer:
 
     # ---- the frame rule ----
     def kernel_site(self) -> Site:
-        """First frame up the stack that is kernel code and not pipeline code."""
+        """First frame up the stack that is kernel code and not pipeline code, lifted out of
+        helpers to the kernel's own line (frames.kernel_own_frame); the innermost line in
+        between (a pipeline wrapper's, else the helper's) is kept as ``via``."""
+        import os
+
         f = sys._getframe(1)
         via = None
         while f is not None:
             if not frames.is_library(f.f_code.co_filename):
                 if not is_pipeline_code(f):
-                    return Site(f.f_code.co_filename, f.f_lineno, f.f_code.co_name, via)
+                    own = frames.kernel_own_frame(f)
+                    if own is not f and via is None:
+                        via = f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno}"
+                    return Site(own.f_code.co_filename, own.f_lineno, own.f_code.co_name, via)
                 if via is None:
-                    import os
-
                     via = f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno}"
             f = f.f_back
         return Site(None, None, None, via)

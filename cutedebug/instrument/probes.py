@@ -160,6 +160,7 @@ class _Instrumenter:
                 stages=None,
                 pipeline_index=None,
                 tx_bytes=_static_int(nbytes),
+                via=where.via or "",
                 file=where.file or "",
                 line=where.line or 0,
                 function=where.function or "",

@@ -364,8 +364,13 @@ def _copies(rec: _Recorder) -> dict[str, Callable[[Call], Any]]:
         atom, dst = call.arg(0, "atom"), call.arg(2, "dst")
         op = getattr(atom, "op", None)
         name = type(op).__name__
+        # a TMA tensor copy, or a plain bulk copy (CopyBulkG2SOp: cp.async.bulk of a
+        # contiguous span, e.g. a row statistic beside a TMA tile) completing on an mbarrier
         if "G2S" in name and (
-            "Tma" in name or "BulkTensor" in name or "tma_bar_ptr" in call.kwargs
+            "Tma" in name
+            or "Bulk" in name
+            or "tma_bar_ptr" in call.kwargs
+            or "mbar_ptr" in call.kwargs
         ):
             _on_tma_copy(rec, call, op, name, dst, call.kwargs)
         return call.proceed()
@@ -389,7 +394,7 @@ def _on_tma_copy(
     if mcast is None:
         mask = _static(kw.get("mcast_mask"))
         mcast = bin(mask).count("1") if mask else (None if "Multicast" in name else 1)
-    ptr = kw.get("tma_bar_ptr")
+    ptr = kw.get("tma_bar_ptr", kw.get("mbar_ptr"))
     key = rec.ptr_tags.get(id(ptr)) if ptr is not None else None
     acquire = None
     for ev in reversed(rec.proto.events):
