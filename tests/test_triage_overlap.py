@@ -222,3 +222,35 @@ def test_no_overlap_keeps_the_serial_order(tmp_path, fake_gpu):
     assert sum(e["what"] == "compile_start" for e in log) == 6  # compile-only + run, each
     recs = T.load_records(out / "results")
     assert all(r.compile is not None and "gpu_wait_s" not in r.run.to_json() for r in recs.values())
+
+
+@pytest.mark.parametrize("where", ["run", "health"])
+def test_the_token_goes_back_however_the_attempt_ends(tmp_path, monkeypatch, where):
+    """A run that raises after its worker took the GPU token (interrupted, the fork server
+    gone, a health check that fails) must not leave the token held by a dead owner: every
+    other worker of that GPU would wait for it with its clocks stopped, for ever."""
+    from cutedebug.engine import runner
+    from cutedebug.engine import scenario as S
+    from cutedebug.engine.watchdog import Interrupted
+    from cutedebug.instrument.launch_gpu import acquire_gpu_token
+
+    token = tmp_path / ".gpu-0.token"
+
+    def run_once(*a, tag=None, gpu_token=None, **kw):
+        acquire_gpu_token(str(gpu_token), tag)  # what the worker does before its launch
+        if where == "run":
+            raise Interrupted("interrupted: the child was killed")
+        return runner.V.Classified(runner.V.Verdict.HANG, ""), runner.V.Outcome(), {"tag": tag}
+
+    def health(*a, **kw):
+        assert token.exists()  # still held while the GPU is checked
+        raise RuntimeError("health check broke")
+
+    monkeypatch.setattr(runner, "run_once", run_once)
+    monkeypatch.setattr(runner, "after_run_health", health)
+    sc = S.adhoc(
+        str(ROOT / "tests" / "helpers" / "hang_with_child.py") + ":Hang", {}, None, {}, "PASS"
+    )
+    with pytest.raises((Interrupted, RuntimeError)):
+        runner.run_scenario(sc, runs_root=tmp_path, gpu_token=str(token))
+    assert not token.exists()

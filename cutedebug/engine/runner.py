@@ -129,14 +129,9 @@ MAX_EVENT_LINE = watchdog.MAX_EVENT_LINE
 BEFORE_KILL = watchdog.BEFORE_KILL
 POLL_S = watchdog.POLL_S
 # A run's seconds (work, phases) are computed in engine/timings.py.
-_timings, BREAKDOWN, breakdown, work_s = (
-    timings_mod.timings,
-    timings_mod.BREAKDOWN,
-    timings_mod.breakdown,
-    timings_mod.work_s,
-)
-# The GPU health check lives with the rest of the health code (engine/health.py); named here
-# too, where callers (and tests) reach it.
+_timings = timings_mod.timings
+BREAKDOWN, breakdown, work_s = timings_mod.BREAKDOWN, timings_mod.breakdown, timings_mod.work_s
+# The GPU health check (engine/health.py), named here where callers and tests reach it.
 health_check = health.health_check
 _health_result = health._health_result
 
@@ -323,6 +318,7 @@ def run_once(
     forkserver=None,
     request_extra: dict[str, Any] | None = None,
     gpu_token: str | None = None,
+    tag: str | None = None,
 ) -> tuple[V.Classified, V.Outcome, dict[str, Any]]:
     """``request_extra``: further request fields (e.g. ``compile_checks``, the coredump
     run's ``env``, ``cubin_path``, ``wait_sites``; see the worker). ``gpu_token``: the worker
@@ -372,13 +368,12 @@ def run_once(
         env=env,
         stall_s=stall,
         forkserver=forkserver if use_fork else None,
+        tag=tag,
     )
     facts["t_call"], facts["t_return"] = t_call, time.monotonic()
     if facts.get("forked") and hasattr(forkserver, "pool_info"):
         facts["pool"] = forkserver.pool_info()  # forked by the warm pool (engine/pool.py)
     if (ke := outcome.event("kernel_error")) is not None:
-        if gpu_token:  # the kernel did not load: nothing launched, nothing to check
-            release_gpu_token(gpu_token, facts["tag"])
         raise ScenarioError(
             ke.get("message", "kernel could not be loaded") + f"\n(worker log: {log_path})"
         )
@@ -408,14 +403,15 @@ def after_run_health(
 def _attempt(scenario: Scenario, run_dir: Path, *, mode: str, forkserver, gpu_token, **kw):
     """run_once, then the GPU health check a kill or crash calls for (engine/health.py), while
     the worker's GPU token is still held: nobody launches on a GPU being checked."""
-    classified, outcome, facts = run_once(
-        scenario, run_dir, mode=mode, forkserver=forkserver, gpu_token=gpu_token, **kw
-    )
+    tag = lifeline.new_run_tag()  # known before the run: the token goes back however it ends
     try:
+        classified, outcome, facts = run_once(
+            scenario, run_dir, mode=mode, forkserver=forkserver, gpu_token=gpu_token, tag=tag, **kw
+        )
         health = after_run_health(classified, outcome, mode, forkserver, run_dir)
     finally:
         if gpu_token:
-            release_gpu_token(gpu_token, facts["tag"])
+            release_gpu_token(gpu_token, tag)
     return classified, outcome, facts, health
 
 

@@ -234,12 +234,14 @@ def watch(
     fork_job: str = "worker",
     kill_when: Callable[[float], str | None] | None = None,
     before_kill: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
+    tag: str | None = None,
 ) -> tuple[V.Outcome, dict[str, Any]]:
     """Launch ``argv`` (or fork the worker for ``argv[-1]``) and watch it to its end; see the
-    module docstring."""
+    module docstring. ``tag``: the child's run tag, when the caller must know it beforehand
+    (a new one by default)."""
     if _ABORT.is_set():
         raise Interrupted("interrupted: no new runs")
-    tag = lifeline.new_run_tag()
+    tag = tag or lifeline.new_run_tag()
     child_env = lifeline.child_env(env, tag)
     outcome = V.Outcome()
     facts: dict[str, Any] = {"tag": tag}
