@@ -361,14 +361,14 @@ def test_worker_events_cap_every_field_with_a_visible_mark(tmp_path):
         "compile_error",
         type="ValueError",
         message="m" * (10 << 20),
-        nested={"tb": ["t" * (1 << 20)]},
+        copy_sites=[{"tb": ["t" * (1 << 20)]}],  # a string deep inside the payload
     )
     ev.emit("big", rows=["r" * 1000] * 5000)
     lines = (tmp_path / "e.jsonl").read_text().splitlines()
     assert all(len(ln) < watchdog.MAX_EVENT_LINE for ln in lines)
     first, second = json.loads(lines[0]), json.loads(lines[1])
     assert first["message"].startswith("m" * 100) and "more characters]" in first["message"]
-    assert "more characters]" in first["nested"]["tb"][0]
+    assert "more characters]" in first["copy_sites"][0]["tb"][0]
     assert second["event"] == "big" and "cut_by_cutedebug" in second
 
 
@@ -607,12 +607,12 @@ def test_health_is_checked_on_the_killed_run_not_replaced_by_the_probe_rerun(tmp
 
     def fake_run_once(scenario, run_dir, *, probes=None, **kw):
         o = V.Outcome(phase="launched")
-        o.events.append({"event": "device", "present": True, "name": "H200"})
+        o.add({"event": "device", "present": True, "name": "H200"})
         facts = {"t_call": 0.0, "t_return": 1.0}
         if probes is None:
             o.killed_by_watchdog = "deadline:launched:1s"
             return V.Classified(V.Verdict.HANG, "killed"), o, facts
-        o.events.append(
+        o.add(
             {
                 "event": "probe_report",
                 "stuck": [],
@@ -635,7 +635,7 @@ def test_health_is_checked_on_the_killed_run_not_replaced_by_the_probe_rerun(tmp
 
 def test_health_is_never_null_after_a_kill_or_a_crash_without_a_gpu(tmp_path):
     o = V.Outcome(phase="launched", killed_by_watchdog="deadline:launched:1s")
-    o.events.append({"event": "device", "present": False, "reason": "no CUDA GPU"})
+    o.add({"event": "device", "present": False, "reason": "no CUDA GPU"})
     for verdict in (V.Verdict.HANG, V.Verdict.CRASH):
         h = runner.after_run_health(V.Classified(verdict, ""), o, "run", None, tmp_path)
         assert h["healthy"] is None and "no CUDA GPU" in h["skipped"]

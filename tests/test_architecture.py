@@ -36,6 +36,7 @@ TOP_LEVEL = {
     "cutedebug.records": "base",
     # one event of a child's event channel: written by the worker and by exec'd processes
     "cutedebug.event": "base",
+    "cutedebug.event_kinds": "base",
     # leaf helpers any layer may use to write files and escape text (they import nothing)
     "cutedebug.reporting.escape": "base",
     "cutedebug.reporting.files": "base",

@@ -522,6 +522,7 @@ def test_nested_injections_restore_in_order(kernel):
 
 def test_a_pass_of_a_fault_at_zero_sites_says_not_applied_on_the_verdict_line():
     from cutedebug.engine.verdict import Outcome, Verdict, classify
+    from cutedebug.event import Event
 
     note = faults.Applied("skip_producer_tail", {}).not_applied()
     assert "NOT APPLIED" in note and "PipelineAsync.producer_tail" in note
@@ -538,5 +539,7 @@ def test_a_pass_of_a_fault_at_zero_sites_says_not_applied_on_the_verdict_line():
     got = classify(o)
     assert got.verdict is Verdict.PASS
     assert got.reason == f"{note}; output matches the reference"
-    o.events[0] = {"event": "compiled", "fault_count": 2, "fault_not_applied": None}
+    o.events[0] = Event.from_json(
+        {"event": "compiled", "fault_count": 2, "fault_not_applied": None}
+    )
     assert classify(o).reason == "output matches the reference"

@@ -69,7 +69,7 @@ def fake_run_scenario(sc, *, runs_root="runs", run_dir=None, mode="run", probes=
     evidence = {"stuck_sites": spec.get("stuck_sites", [])}
     if spec.get("compiled", True):
         compiled = {"secs": 0.1, "arch": sc.archs[0], "fault_count": spec.get("fault_count")}
-        o.events.append({"event": "compiled", **compiled})
+        o.add({"event": "compiled", **compiled})
         evidence["compiled"] = compiled
     default = "UNSUPPORTED" if mode == "compile" else "PASS"
     return runner.RunResult(scenario=sc, verdict=V.Verdict(spec.get("verdict", default)),

@@ -514,6 +514,74 @@ def test_a_recorded_event_stream_round_trips_line_for_line(case):
     compiled = next(e for e in events if e.name == "compiled")
     assert compiled["secs"] == compiled.fields["secs"] and compiled.get("missing") is None
     assert {**compiled}["event"] == "compiled"
+    # each payload is its kind's record; keys of later versions read as None
+    from cutedebug.event_kinds import KINDS, Checked, Compiled
+
+    assert all(type(e.payload) is KINDS[e.name] for e in events)
+    c = compiled.as_kind(Compiled)
+    assert c.secs == json.loads(lines[events.index(compiled)])["secs"] and c.kernel_names is None
+    assert c.probe_sites and all("op" in s for s in c.probe_sites)
+    for e in (e for e in events if e.name == "checked"):
+        checked = e.as_kind(Checked)
+        assert checked.ok is None and checked.skipped == "bounded waits timed out"
+
+
+def test_the_payloads_the_gpu_paths_write_fit_their_kinds(tmp_path):
+    """What the worker writes only on a GPU, made here by the same functions: the check's
+    statistics (equal, wrong values, wrong shape), a checkpoint's counters, the device facts,
+    written through Events.emit and read back as their kinds' records."""
+    import torch
+
+    from cutedebug.engine import launching, worker
+    from cutedebug.engine.events import Events
+    from cutedebug.event import Event
+    from cutedebug.event_kinds import Checked, Checkpoint, Device
+    from cutedebug.instrument import checkpoint as C
+
+    events = Events(str(tmp_path / "e.jsonl"))
+    ref = torch.arange(12.0).reshape(3, 4)
+    bad = ref.clone()
+    bad[1, 2] = float("nan")
+    for out in (ref.clone(), bad, ref[:2]):
+        stats = launching.compare(out, ref, 1e-5, 1e-5)
+        events.emit("checked", **stats, digest=launching.digest(out))
+    cfg = C.MarkConfig(max_ctas=2, max_warps=4)
+    buf = bytearray(C.buffer_nbytes(cfg))
+    C.init_buffer(buf, cfg, 3)
+    events.emit("checkpoint", reached=False, final=True, **C.decode(buf, cfg))
+    events.emit("device", **worker.detect_device())
+    lines = (tmp_path / "e.jsonl").read_text().splitlines()
+    got = [Event.from_json(json.loads(ln)) for ln in lines]
+    assert [json.dumps(e.to_json()) for e in got] == lines
+    ok, wrong, shape = (e.as_kind(Checked) for e in got[:3])
+    assert ok.ok is True and wrong.ok is False and wrong.first_bad_index == [1, 2]
+    assert wrong.n_nan == 1 and shape.shape_mismatch == [[2, 4], [3, 4]]
+    assert got[3].as_kind(Checkpoint).site == 3 and got[3].as_kind(Checkpoint).hits == 0
+    assert isinstance(got[4].as_kind(Device).present, bool)
+
+
+def test_an_event_payload_that_does_not_fit_its_kind_is_refused_naming_the_field(tmp_path):
+    """Reading: a key the kind lacks or a value of the wrong type is refused (the watchdog
+    counts the line malformed); writing: a keyword the kind lacks is the writer's TypeError;
+    a kind this version does not know keeps its fields as they came."""
+    from cutedebug.engine.events import Events
+    from cutedebug.event import Event
+    from cutedebug.event_kinds import OtherPayload, Synced
+
+    with pytest.raises(RecordError, match=r"field 'kernel_s': expected float, got str"):
+        Event.from_json({"event": "synced", "t": 1.0, "kernel_s": "fast"})
+    with pytest.raises(RecordError, match=r"field 'kernel_seconds' unknown \(Synced\)"):
+        Event.from_json({"event": "synced", "t": 1.0, "kernel_seconds": 0.1})
+    ev = Event.from_json({"event": "synced", "t": 1.0, "kernel_s": 0.5})
+    assert ev.as_kind(Synced).kernel_s == 0.5 and ev.to_json()["kernel_s"] == 0.5
+    later = Event.from_json({"event": "a_later_kind", "t": 1.0, "x": [1]})
+    assert isinstance(later.payload, OtherPayload) and later.to_json()["x"] == [1]
+    events = Events(str(tmp_path / "e.jsonl"))
+    with pytest.raises(TypeError, match="kernel_seconds"):
+        events.emit("synced", kernel_seconds=0.1)
+    events.emit("synced", kernel_s=0.25)
+    (line,) = (tmp_path / "e.jsonl").read_text().splitlines()
+    assert Event.from_json(json.loads(line)).as_kind(Synced).kernel_s == 0.25
 
 
 def test_a_line_that_is_not_an_event_is_malformed(tmp_path):
@@ -609,7 +677,7 @@ def test_the_roundtrip_tool_passes_the_recorded_files_and_names_what_differs(tmp
     spec.loader.exec_module(rt)
     assert rt.main([str(ROOT / "tests" / "data")]) == 0
     out = capsys.readouterr().out
-    assert out.count("OK ") == 13 and "DIFFERS" not in out
+    assert out.count("OK ") == 15 and "DIFFERS" not in out
     src = ROOT / "tests/data/bisect/flag_spin_never_set.localized.bisect.json"
     compact = tmp_path / "a" / "bisect.json"
     compact.parent.mkdir()

@@ -330,7 +330,7 @@ class FakeEngine:
             d.mkdir(parents=True, exist_ok=True)
             o = V.Outcome(phase="done")
             if spec.get("compiled", True):
-                o.events.append({"event": "compiled", "secs": 0.4})
+                o.add({"event": "compiled", "secs": 0.4})
             verdict = spec.get("verdict", "UNSUPPORTED" if mode == "compile" else "PASS")
             reps = [{"verdict": v, "digest": None} for v in spec.get("repeats", [])]
             return runner.RunResult(
@@ -627,13 +627,15 @@ def test_cli_triage_bisect_flag(tmp_path, engine, monkeypatch):
 
 
 def test_overhead_leaves_out_the_check_a_blind_first_run_and_the_health_check(tmp_path):
-    o = V.Outcome(phase="done")
-    o.events += [
-        {"event": "compiled", "secs": 1.5, "t": 2.0},
-        {"event": "launched", "t": 2.1},
-        {"event": "synced", "kernel_s": 0.25, "t": 2.4},
-        {"event": "checked", "ok": False, "t": 4.9},
-    ]
+    o = V.Outcome(
+        phase="done",
+        events=[
+            {"event": "compiled", "secs": 1.5, "t": 2.0},
+            {"event": "launched", "t": 2.1},
+            {"event": "synced", "kernel_s": 0.25, "t": 2.4},
+            {"event": "checked", "ok": False, "t": 4.9},
+        ],
+    )
     t = runner._timings(o, {})
     assert (t["compile_s"], t["kernel_s"], t["check_s"]) == (1.5, 0.25, 2.5)
     assert runner.work_s(t) == 1.5 + 0.25 + 2.5

@@ -67,7 +67,7 @@ class GpuEngine:
         d = Path(runs_root) / sc.id.replace("/", "__") / mode
         d.mkdir(parents=True, exist_ok=True)
         o = V.Outcome(phase="done")
-        o.events.append({"event": "compiled", "secs": 0.1})
+        o.add({"event": "compiled", "secs": 0.1})
         verdict = "UNSUPPORTED" if mode == "compile" else sc.expect.verdict
         health = None
         if mode == "run" and self.sick == sc.id:

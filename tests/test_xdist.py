@@ -62,7 +62,7 @@ def fake_run_scenario(sc, *, runs_root="runs", mode="run", forkserver=None, **kw
     d.mkdir(parents=True, exist_ok=True)
     o = V.Outcome(phase="done")
     compiled = {"secs": 0.1, "arch": sc.archs[0]}
-    o.events.append({"event": "compiled", **compiled})
+    o.add({"event": "compiled", **compiled})
     return runner.RunResult(scenario=sc, verdict=V.Verdict("UNSUPPORTED" if mode == "compile"
                                                            else "PASS"),
                             reason="recorded outcome", run_dir=d, outcome=o,

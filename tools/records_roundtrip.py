@@ -4,9 +4,10 @@ and write back byte for byte?
     .venv/bin/python tools/records_roundtrip.py PATH [PATH ...]
 
 A PATH is a file or a folder (searched for sanitize.json, bisect.json, a mutate matrix.json,
-results.jsonl and clean.json). Each file is read with its record (SanitizeSummary,
-BisectReport, MutationMatrix, one MutantRecord a line of results.jsonl, CleanReport) and
-written the way the command writes it; a line per file says OK or where the text first differs, or the field a record
+results.jsonl, clean.json and a run's events.jsonl). Each file is read with its record
+(SanitizeSummary, BisectReport, MutationMatrix, one MutantRecord a line of results.jsonl,
+CleanReport, one Event a line of events.jsonl, its payload its kind's record) and written the
+way the command writes it; a line per file says OK or where the text first differs, or the field a record
 refused. Exit status 0 when every file round-trips, 1 otherwise, 2 when no such file was found.
 Meant for the files of a GPU session (the CPU tests cover those under tests/data/).
 """
@@ -26,9 +27,17 @@ from cutedebug.analyses.bisect_record import BisectReport  # noqa: E402
 from cutedebug.analyses.mutate_record import MutationMatrix  # noqa: E402
 from cutedebug.analyses.sanitizer.result import SanitizeSummary  # noqa: E402
 from cutedebug.commands.sanitize import dump_summary  # noqa: E402
+from cutedebug.event import Event  # noqa: E402
 from cutedebug.records import RecordError  # noqa: E402
 
-NAMES = ("sanitize.json", "bisect.json", "matrix.json", "results.jsonl", "clean.json")
+NAMES = (
+    "sanitize.json",
+    "bisect.json",
+    "matrix.json",
+    "results.jsonl",
+    "clean.json",
+    "events.jsonl",
+)
 
 
 def kind(path: Path) -> str | None:
@@ -40,13 +49,20 @@ def _indented(record: object) -> str:
     return json.dumps(record.to_json(), indent=1, default=str)  # type: ignore[attr-defined]
 
 
-def _results(text: str) -> str:
-    lines = text.splitlines()
-    out = [
-        M.result_line(M.MutantRecord.from_json(json.loads(ln), f"line {i}"))
-        for i, ln in enumerate(lines, 1)
-    ]
+def _lines(text: str, write_line: Callable[[str, str], str]) -> str:
+    out = [write_line(ln, f"line {i}") for i, ln in enumerate(text.splitlines(), 1)]
     return "\n".join(out) + ("\n" if text.endswith("\n") else "")
+
+
+def _results(text: str) -> str:
+    return _lines(text, lambda ln, at: M.result_line(M.MutantRecord.from_json(json.loads(ln), at)))
+
+
+def _events(text: str) -> str:
+    """As the worker's Events.emit writes a line (instrument/launch.py's writes the same)."""
+    return _lines(
+        text, lambda ln, at: json.dumps(Event.from_json(json.loads(ln), at).to_json(), default=str)
+    )
 
 
 def rewrite(path: Path, text: str) -> tuple[str, str] | None:
@@ -67,6 +83,7 @@ def rewrite(path: Path, text: str) -> tuple[str, str] | None:
             "CleanReport",
             lambda t: M.clean_text(M.CleanReport.from_json(json.loads(t))),
         ),
+        "events.jsonl": ("Event lines", _events),
     }
     what = kind(path) or ""
     if what == "matrix.json" and json.loads(text).get("schema") != 1:

@@ -55,6 +55,7 @@ from cutedebug.analyses.bisect_search import (
 from cutedebug.engine import runner
 from cutedebug.engine import scenario as S
 from cutedebug.engine import verdict as V
+from cutedebug.event_kinds import Checkpoint, CheckpointSites, Compiled, KernelError
 from cutedebug.instrument.checkpoint import CheckpointSite
 from cutedebug.instrument.launch_gpu import release_gpu_token
 from cutedebug.records import ABSENT
@@ -186,9 +187,9 @@ class _Runner:
         )
         if self.gpu_token:  # the worker and everything it started ended: the GPU is free
             release_gpu_token(self.gpu_token, facts["tag"])
-        if (ke := outcome.event("kernel_error")) is not None:
+        if (ke := outcome.last(KernelError)) is not None:
             raise S.ScenarioError(
-                ke.get("message", "kernel could not be loaded") + f"\n(worker log: {log_path})"
+                (ke.message or "kernel could not be loaded") + f"\n(worker log: {log_path})"
             )
         return V.classify(outcome), outcome
 
@@ -255,7 +256,7 @@ def _bisect(
         limits=base_limits,
         stall_s=lim.stall_s if probes else None,
     )
-    table = out.event("checkpoint_sites") or {}
+    table = out.last(CheckpointSites) or CheckpointSites()
     pe = runner.probe_evidence(out) if probes else None
     baseline = Baseline(
         verdict=cls.verdict.value,
@@ -263,7 +264,7 @@ def _bisect(
         probes=probes,
         seconds=round(time.monotonic() - tb, 3),
         dir="baseline",
-        compile_s=(out.event("compiled") or {}).get("secs"),
+        compile_s=(out.last(Compiled) or Compiled()).secs,
         stuck_sites=pe.get("stuck_sites", []) if pe else ABSENT,
         diagnosis=pe.get("diagnosis", []) if pe else ABSENT,
     )
@@ -273,9 +274,9 @@ def _bisect(
         baseline=baseline,
         sites=[
             CheckpointSite.from_json(s, f"checkpoint_sites.sites[{i}]")
-            for i, s in enumerate(table.get("sites") or [])
+            for i, s in enumerate(table.sites or [])
         ],
-        roles=table.get("roles") or {},
+        roles=table.roles or {},
         window_s=window_s,
         command=command,
     )
@@ -291,25 +292,25 @@ def _bisect(
         return res
 
     run_limits = S.Limits(**{**vars(lim), "deadline_s": window_s})
-    base_keys = [_site_key(s) for s in table.get("sites") or []]
+    base_keys = [_site_key(s) for s in table.sites or []]
 
     def run_site(site: int, role: str) -> CheckpointRun:
         name = f"run{len(oracle.order) + 1:02d}-site{site}"
         ts = time.monotonic()
         cls, out = r.run(name, site, probes=None, limits=run_limits, stall_s=None)
         seconds = round(time.monotonic() - ts, 3)
-        mark = out.event("checkpoint") or {}
-        tab = out.event("checkpoint_sites") or {}
+        mark = out.last(Checkpoint)
+        tab = out.last(CheckpointSites) or CheckpointSites()
         verdict, note, reached = cls.verdict.value, "", None
-        if [_site_key(s) for s in tab.get("sites") or []] != base_keys:
+        if [_site_key(s) for s in tab.sites or []] != base_keys:
             note = "the site table differs from the baseline's"
-        elif tab.get("emitted") != 1:
-            note = f"checkpoint emitted {tab.get('emitted')} times at trace time"
+        elif tab.emitted != 1:
+            note = f"checkpoint emitted {tab.emitted} times at trace time"
         elif cls.verdict is V.Verdict.HANG:
-            if not mark:
+            if mark is None:
                 note = "no checkpoint event (marks not read)"
             else:
-                reached = bool(mark.get("reached"))
+                reached = bool(mark.reached)
         elif verdict in FINISHED:
             note = "the hang vanished with this checkpoint enabled: timing bug"
         else:
@@ -320,9 +321,9 @@ def _bisect(
             verdict=verdict,
             seconds=seconds,
             role=role,
-            hits=int(mark.get("hits", 0)),
-            warps=int(mark.get("n_warps", 0)),
-            ctas=int(mark.get("ctas", 0)),
+            hits=int(mark.hits or 0) if mark else 0,
+            warps=int(mark.n_warps or 0) if mark else 0,
+            ctas=int(mark.ctas or 0) if mark else 0,
             note=note,
             run_dir=name,
         )

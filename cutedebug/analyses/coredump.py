@@ -54,6 +54,7 @@ from cutedebug.analyses.cudagdb import (
     sections,
 )
 from cutedebug.engine import lifeline
+from cutedebug.event_kinds import CheckpointSites, Compiled
 
 SKIP_MEMORY = "skip_global_memory,skip_shared_memory,skip_local_memory"
 PIPE_NAME = "coredump.pipe"  # the driver creates <run dir>/coredump.pipe.<pid>
@@ -463,13 +464,14 @@ def analyse(
         info["error"] = (dump or {}).get("error") or "no core was written"
         return {"coredump": info}
     # no outcome (`cutedebug exec`: any program): no trace-time tables, the SASS alone
-    comp = (outcome.event("compiled") if outcome is not None else None) or {}
+    comp = (outcome.last(Compiled) if outcome is not None else None) or Compiled()
     from cutedebug.instrument import waitsites
 
-    wait_sites = waitsites.sites_from_json(comp.get("wait_sites"))
-    cp_sites = ((outcome.event("checkpoint_sites") if outcome is not None else None) or {}).get(
-        "sites"
-    ) or []
+    wait_sites = waitsites.sites_from_json(comp.wait_sites)
+    cp_table = (outcome.last(CheckpointSites) if outcome is not None else None) or (
+        CheckpointSites()
+    )
+    cp_sites = cp_table.sites or []
     t0 = time.monotonic()
     sass_text = sass_of_cubin(d / "kernel.cubin")
     info["nvdisasm_s"] = round(time.monotonic() - t0, 3)

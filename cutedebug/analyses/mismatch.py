@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from cutedebug.engine import valuemap
+from cutedebug.event import Event
+from cutedebug.event_kinds import Checked, ProtocolSites
 
 ROWS = {
     "alignment": (
@@ -465,13 +467,13 @@ def diagnose_cuda_error(cu: dict[str, Any]) -> dict[str, Any] | None:
 # ---- one run ---------------------------------------------------------------------------------
 
 
-def _events(path: Path) -> list[dict[str, Any]]:
+def _events(path: Path) -> list[Event]:
     out = []
     try:
         for line in path.read_text().splitlines():
             try:
-                out.append(json.loads(line))
-            except ValueError:
+                out.append(Event.from_json(json.loads(line)))
+            except ValueError:  # a cut or malformed line (RecordError is a ValueError)
                 continue
     except OSError:
         pass
@@ -483,8 +485,8 @@ def repeat_maps(run_dir: Path | str, n: int) -> list[dict[str, Any] | None]:
     out = []
     for i in range(n):
         sub = Path(run_dir) if i == 0 else Path(run_dir) / f"repeat{i}"
-        checked = [e for e in _events(sub / "events.jsonl") if e.get("event") == "checked"]
-        out.append((checked[-1] if checked else {}).get("mismatch_map"))
+        checked = [e.payload for e in _events(sub / "events.jsonl") if e.name == "checked"]
+        out.append((checked[-1] if checked else Checked()).mismatch_map)
     return out
 
 
@@ -579,14 +581,9 @@ def _attach(result) -> dict[str, Any] | None:
     maps = None
     if result.repeats:
         maps = repeat_maps(result.run_dir, len(result.repeats))
-    ps = (result.outcome.event("protocol_sites") if result.outcome is not None else None) or {}
-    d = diagnose(
-        result.verdict.value,
-        result.evidence,
-        result.repeats,
-        maps,
-        (ps.get("sites") or []) + (ps.get("stores") or []),
-    )
+    ps = result.outcome.last(ProtocolSites) if result.outcome is not None else None
+    sites = (ps.sites or []) + (ps.stores or []) if ps is not None else []
+    d = diagnose(result.verdict.value, result.evidence, result.repeats, maps, sites)
     if d is None:
         return None
     result.evidence["value_diagnosis"] = {k: v for k, v in d.items() if k not in ("map", "facts")}

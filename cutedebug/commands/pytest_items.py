@@ -15,6 +15,7 @@ import pytest
 from cutedebug.commands.pytest_settings import Settings, resolve, watchdog_budget_s
 from cutedebug.engine import scenario as S
 from cutedebug.engine.verdict import Verdict, values
+from cutedebug.event_kinds import Compiled
 
 COMPILE_VERDICTS = values(lambda v: v.is_compile_stage)
 
@@ -301,7 +302,7 @@ def compile_outcome(res) -> tuple[bool, str]:
     exp = res.scenario.expect.verdict
     if exp in COMPILE_VERDICTS and not error_at_run(res.scenario.fault):
         return res.verdict.value == exp, f"expected {exp}, got {res.verdict.value}"
-    if res.outcome.event("compiled") is None:
+    if res.outcome.last(Compiled) is None:
         return False, f"did not compile: {res.verdict.value}"
     if res.verdict is Verdict.HARNESS_ERROR:
         return False, "harness error after compiling"
@@ -328,7 +329,7 @@ class CompileItem(ScenarioItem):
             res, md = future.result()
             self.user_properties.append((VERDICT_PROP, res.verdict.value))
             self.user_properties.append(("cutedebug_report", str(md)))
-        if res.verdict is Verdict.UNSUPPORTED and res.outcome.event("compiled") is None:
+        if res.verdict is Verdict.UNSUPPORTED and res.outcome.last(Compiled) is None:
             pytest.skip(f"not compiled: {res.reason}")
         ok, why = compile_outcome(res)
         findings = serious_findings(res)

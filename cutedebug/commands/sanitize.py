@@ -40,6 +40,7 @@ from cutedebug.analyses.sanitizer.triage import CLEAN, filter_noise, group
 from cutedebug.commands import exits
 from cutedebug.engine.limits import limit_arg
 from cutedebug.engine.verdict import values
+from cutedebug.event_kinds import Compiled, Launched, Synced
 from cutedebug.records import ABSENT
 from cutedebug.reporting.files import write_text
 from cutedebug.reporting.sanitize import (
@@ -158,13 +159,13 @@ class ToolRun:
 
 def launched_kernels(outcome: Any) -> list[str]:
     """The kernel symbols the worker compiled and launched (its "compiled" event)."""
-    compiled = outcome.event("compiled") or {}
-    return [k for k in compiled.get("kernel_names") or [] if isinstance(k, str)]
+    compiled = outcome.last(Compiled) or Compiled()
+    return [k for k in compiled.kernel_names or [] if isinstance(k, str)]
 
 
 def _kernel_seconds(outcome: Any) -> float | None:
-    synced = outcome.event("synced")
-    return synced.get("kernel_s") if synced else None
+    synced = outcome.last(Synced)
+    return synced.kernel_s if synced else None
 
 
 def run_tool(
@@ -239,8 +240,8 @@ def run_tool(
         result.verdict,
         classified.verdict.value,
         classified.reason,
-        launched=outcome.event("launched") is not None,
-        synced=outcome.event("synced") is not None,
+        launched=outcome.last(Launched) is not None,
+        synced=outcome.last(Synced) is not None,
         killed=outcome.killed_by_watchdog,
         exit_code=outcome.returncode,
         records=records,

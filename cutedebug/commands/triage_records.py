@@ -34,6 +34,7 @@ from cutedebug.engine.triage_record import (
     TriageMatrix,
     TriageRecord,
 )
+from cutedebug.event_kinds import Compiled
 from cutedebug.records import RecordError
 
 __all__ = [
@@ -196,7 +197,7 @@ def call_record(res, wall_s: float, out_dir: Path) -> CallRecord:
         mode=res.mode,
         verdict=res.verdict,
         reason=res.reason[:1000],
-        compiled=res.outcome.event("compiled") is not None,
+        compiled=res.outcome.last(Compiled) is not None,
         fault_count=compiled.get("fault_count"),
         static_findings=_serious(compiled.get("static_findings")),
         localization=res.localization,

@@ -34,6 +34,16 @@ from cutedebug.engine import lifeline, runner, watchdog
 from cutedebug.engine import verdict as V
 from cutedebug.engine.run_report import stuck_site_phrase
 from cutedebug.errors import UsageError
+from cutedebug.event import Event
+from cutedebug.event_kinds import (
+    Compiled,
+    Exit,
+    InstrumentError,
+    ProbeReport,
+    Process,
+    Progress,
+    Stall,
+)
 from cutedebug.instrument import launch
 
 DEFAULT_DEADLINE_S = 600.0
@@ -115,49 +125,56 @@ class ExecResult:
 
 # ---- watching ---------------------------------------------------------------------------------
 # ---- watching ---------------------------------------------------------------------------------
+# A trace of a process (report.json's ExecTrace): these keys of its compiled event.
+TRACE_KEYS = (
+    "index",
+    "function",
+    "occurrence",
+    "kernels",
+    "error",
+    "fault_applied",
+    "fault_not_applied",
+    "gpu",
+    "protocol",
+)
+
+
+def compiled_of(proc: dict[str, Any]) -> Compiled:
+    """The last compiled event of a process of the tree (an empty one before any)."""
+    ev = proc.get("compiled")
+    return Compiled() if ev is None else ev.as_kind(Compiled)
+
+
 class _Tree:
     """Events of every instrumented process of the command, by pid."""
 
     def __init__(self) -> None:
         self.procs: dict[int, dict[str, Any]] = {}
 
-    def add(self, ev: dict[str, Any]) -> None:
-        pid = ev.get("pid")
+    def add(self, ev: Event | dict[str, Any]) -> None:
+        if not isinstance(ev, Event):
+            ev = Event.from_json(ev)
+        pid = ev.pid
         if not isinstance(pid, int):
             return
         p = self.procs.setdefault(
             pid, {"pid": pid, "events": [], "traces": [], "fault_count": 0, "stuck": 0}
         )
-        name = ev["event"]
+        name, payload = ev.name, ev.payload
         p["events"].append(ev)
-        if name == "process":
-            p["argv"], p["ppid"] = ev.get("argv"), ev.get("ppid")
+        if isinstance(payload, Process):
+            p["argv"], p["ppid"] = payload.argv, payload.ppid
         elif name == "instrumented":
             p["instrumented"] = ev
-        elif name == "instrument_error":
+        elif isinstance(payload, InstrumentError):
             p.setdefault("errors", []).append(ev)
-        elif name == "compiled":
-            p["traces"].append(
-                {
-                    k: ev.get(k)
-                    for k in (
-                        "index",
-                        "function",
-                        "occurrence",
-                        "kernels",
-                        "error",
-                        "fault_applied",
-                        "fault_not_applied",
-                        "gpu",
-                        "protocol",
-                    )
-                }
-            )
+        elif isinstance(payload, Compiled):
+            p["traces"].append({k: getattr(payload, k) for k in TRACE_KEYS})
             p["compiled"] = ev  # the probe sites so far
-            p["fault_sites"] = p.get("fault_sites", []) + (ev.get("fault_sites") or [])
-            p["fault_count"] = ev.get("fault_count") or p["fault_count"]
-        elif name in ("progress", "probe_report"):
-            stuck = ev.get("stuck") if name == "progress" else ev.get("n_stuck_reported")
+            p["fault_sites"] = p.get("fault_sites", []) + (payload.fault_sites or [])
+            p["fault_count"] = payload.fault_count or p["fault_count"]
+        elif isinstance(payload, (Progress, ProbeReport)):
+            stuck = payload.stuck if name == "progress" else payload.n_stuck_reported
             if isinstance(stuck, list):
                 stuck = len(stuck)
             p["stuck"] = max(p["stuck"], stuck or 0)
@@ -167,10 +184,10 @@ class _Tree:
             p["gpu_waiting"] = True
         elif name == "gpu_acquired":
             p["gpu_waiting"] = False
-        elif name == "exit":
+        elif isinstance(payload, Exit):
             p["exited"] = True
-            if ev.get("fault_count") is not None:
-                p["fault_count"] = ev["fault_count"]
+            if payload.fault_count is not None:
+                p["fault_count"] = payload.fault_count
 
     @property
     def stuck(self) -> int:
@@ -359,7 +376,8 @@ def last_lines(text: str, n: int = 15) -> str:
 def _harness_problem(res: ExecResult) -> str | None:
     for p in res.processes.values():
         for e in p.get("errors", []):
-            return f"instrumentation failed in pid {p['pid']}: {e.get('type')}: {e.get('message')}"
+            err = e.as_kind(InstrumentError)
+            return f"instrumentation failed in pid {p['pid']}: {err.type}: {err.message}"
     if ACTIVATION_FAILED in res.log_tail:
         line = next(ln for ln in res.log_tail.splitlines() if ACTIVATION_FAILED in ln)
         return line.strip()
@@ -427,7 +445,7 @@ def _classify(res: ExecResult) -> None:
         res.verdict = V.Verdict.HANG
         res.reason = (
             f"no beacon of {ev.get('kernel') or 'the instrumented kernel'} (pid {stall_pid}) "
-            f"moved for {proc['stall'].get('still_s')} s while it was in flight (a wait the "
+            f"moved for {proc['stall'].as_kind(Stall).still_s} s while it was in flight (a wait the "
             "probes cannot bound: named barrier, flag spin, ...); killed"
         )
         return
@@ -469,18 +487,18 @@ def hang_evidence(proc: dict[str, Any], stalled: bool) -> dict[str, Any]:
     name, and the picture the stuck map is drawn from."""
     o = V.Outcome()
     for ev in proc["events"]:
-        if ev["event"] in ("compiled", "progress", "probe_report"):
-            o.add(dict(ev))
-        elif ev["event"] == "stall":  # the picture at the stall, as the last live one
-            o.add({**ev, "event": "progress"})
+        if ev.name in ("compiled", "progress", "probe_report"):
+            o.add(ev)
+        elif ev.name == "stall":  # the picture at the stall, as the last live one
+            o.add(Event.of("progress", ev.t, pid=ev.pid, picture=ev.as_kind(Stall).picture))
     if stalled:
         o.killed_by_watchdog = "stall"
     ev = runner.probe_evidence(o) or {}
     picture, _ = runner.probe_picture(o)
     if picture:  # the report draws the stuck map from it (reporting/exec_report.py)
         ev["probe_picture"] = picture
-        ev["probe_sites"] = (proc.get("compiled") or {}).get("probe_sites") or []
-    sites = {s["id"]: s for s in (proc.get("compiled") or {}).get("probe_sites") or []}
+        ev["probe_sites"] = compiled_of(proc).probe_sites or []
+    sites = {s["id"]: s for s in compiled_of(proc).probe_sites or []}
     kernels = []
     for st in ev.get("stuck_sites", []):
         site = sites.get(st.get("site"), {})
@@ -516,11 +534,8 @@ def probe_config(budget_ms: int) -> dict[str, Any]:
 
 
 def used_gpu(res: ExecResult) -> bool:
-    """Some process of the command had a GPU (said when it was instrumented or traced)."""
-    for p in res.processes.values():
-        if (p.get("instrumented") or {}).get("gpu") or any(t.get("gpu") for t in p["traces"]):
-            return True
-    return False
+    """Some process of the command had a GPU (said when it traced: a compiled event's gpu)."""
+    return any(t.get("gpu") for p in res.processes.values() for t in p["traces"])
 
 
 # ---- reports -----------------------------------------------------------------------------------

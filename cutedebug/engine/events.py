@@ -46,7 +46,7 @@ class Events:
 
     def emit(self, event: str, **fields: Any) -> None:
         t = round(time.monotonic() - self.t0, 6)
-        rec = Event(name=event, t=t, fields=_capped(fields)).to_json()
+        rec = Event.of(event, t, **_capped(fields)).to_json()  # the kind's record
         line = json.dumps(rec, default=str)
         if len(line) > MAX_LINE_CHARS:
             keep = {

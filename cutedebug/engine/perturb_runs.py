@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from cutedebug.event_kinds import PerturbPositions, PerturbSeed, PerturbShrunk, PerturbSummary
 from cutedebug.instrument import perturb_plan as P
 
 PASS, MISMATCH, HANG, CRASH = "PASS", "MISMATCH", "HANG", "CRASH"
@@ -219,27 +220,25 @@ def spec_from_request(perturb: dict[str, Any]) -> dict[str, Any]:
 
 def evidence(o: Any) -> dict[str, Any]:
     """The perturbation part of a run's evidence (empty when the run was not perturbed)."""
-    summary = o.event("perturb_summary")
-    seeds = [e for e in o.events if e.get("event") == "perturb_seed"]
+    summary = o.last(PerturbSummary)
+    seeds = o.all(PerturbSeed)
     if summary is None and not seeds:
         return {}
-    out: dict[str, Any] = {
-        "perturbation": {k: v for k, v in (summary or {}).items() if k not in ("event", "t")}
-    }
-    pos = o.event("perturb_positions")
+    out: dict[str, Any] = {"perturbation": summary.to_json() if summary is not None else {}}
+    pos = o.last(PerturbPositions)
     if pos is not None:
-        out["perturbation"]["positions"] = len(pos.get("positions") or [])
-        out["perturbation"]["dropped_positions"] = pos.get("dropped", 0)
-        out["perturbation"]["policy"] = pos.get("policy")
+        out["perturbation"]["positions"] = len(pos.positions or [])
+        out["perturbation"]["dropped_positions"] = pos.dropped or 0
+        out["perturbation"]["policy"] = pos.policy
     if summary is None and seeds:  # killed mid-run (a hang past the probes, a crash)
         last = seeds[-1]
         out["perturbation"].update(
-            exposed_by=last.get("seed"),
-            killed_during=last.get("tag"),
-            exposing_rules=last.get("rules"),
+            exposed_by=last.seed,
+            killed_during=last.tag,
+            exposing_rules=last.rules,
             runs=len(seeds),
         )
-    shrunk = o.event("perturb_shrunk")
+    shrunk = o.last(PerturbShrunk)
     if shrunk is not None:
-        out["perturbation"]["shrunk"] = {k: v for k, v in shrunk.items() if k not in ("event", "t")}
+        out["perturbation"]["shrunk"] = shrunk.to_json()
     return out

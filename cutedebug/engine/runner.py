@@ -24,6 +24,7 @@ from cutedebug.engine import timings as timings_mod
 from cutedebug.engine import verdict as V
 from cutedebug.engine.compile_checks import CompileCheck, references
 from cutedebug.engine.scenario import Limits, Scenario, ScenarioError
+from cutedebug.event_kinds import Checked, Compiled, CudaError, Device, Done, KernelError, Progress
 from cutedebug.instrument.launch_gpu import release_gpu_token
 
 REPO_ROOT = watchdog.REPO_ROOT
@@ -92,7 +93,7 @@ class RunResult:
     @property
     def expected(self) -> bool:
         if self.mode == "compile":
-            return self.outcome.event("compiled") is not None
+            return self.outcome.last(Compiled) is not None
         loc = self.localization
         return self.verdict_ok and loc["ok"] is not False
 
@@ -194,7 +195,7 @@ def _evidence(o: V.Outcome, facts: dict[str, Any]) -> dict[str, Any]:
     ):
         e = o.event(name)
         if e is not None:
-            ev[name] = {k: v for k, v in e.items() if k not in ("event", "t")}
+            ev[name] = e.fields  # the payload (the worker's events carry no pid / wall)
     pe = probe_evidence(o)
     if pe:
         ev.update(pe)
@@ -220,7 +221,7 @@ def probe_evidence(o: V.Outcome) -> dict[str, Any] | None:
         return None
     from cutedebug.instrument import probes
 
-    sites = (o.event("compiled") or {}).get("probe_sites") or []
+    sites = (o.last(Compiled) or Compiled()).probe_sites or []
     snap = probes.snapshot_from_json(picture)
     stalled = o.killed_by_watchdog == "stall"
     diagnosis = picture.get("diagnosis") or probes.diagnose(snap, sites, stalled=stalled)
@@ -247,7 +248,7 @@ def probe_evidence(o: V.Outcome) -> dict[str, Any] | None:
         "final probe report"
         if final
         else "last live picture before the fault (each warp's last completed event)"
-        if o.event("cuda_error")
+        if o.last(CudaError)
         else "last live picture before the kill"
     )
     return {
@@ -262,12 +263,12 @@ def probe_evidence(o: V.Outcome) -> dict[str, Any] | None:
 def probe_picture(o: V.Outcome) -> tuple[dict[str, Any] | None, bool]:
     """The probe picture a run's evidence is drawn from, and whether it is the final report
     (else the last live picture the worker streamed before a kill or a fault)."""
-    final = o.event("probe_report")
-    if final:
+    final = o.event("probe_report")  # its payload is a picture (ProbeReport)
+    if final is not None:
         return final, True
-    for e in reversed(o.events):
-        if e.get("event") == "progress" and e.get("picture"):
-            return e["picture"], False
+    for e in reversed(o.all(Progress)):
+        if e.picture:
+            return e.picture, False
     return None, False
 
 
@@ -373,9 +374,9 @@ def run_once(
     facts["t_call"], facts["t_return"] = t_call, time.monotonic()
     if facts.get("forked") and hasattr(forkserver, "pool_info"):
         facts["pool"] = forkserver.pool_info()  # forked by the warm pool (engine/pool.py)
-    if (ke := outcome.event("kernel_error")) is not None:
+    if (ke := outcome.last(KernelError)) is not None:
         raise ScenarioError(
-            ke.get("message", "kernel could not be loaded") + f"\n(worker log: {log_path})"
+            (ke.message or "kernel could not be loaded") + f"\n(worker log: {log_path})"
         )
     classified = V.classify(outcome)
     facts["classify_s"] = time.monotonic() - facts["t_return"]
@@ -391,11 +392,11 @@ def after_run_health(
     that never touched it) the record says why."""
     if not (outcome.killed_by_watchdog or classified.verdict in (V.Verdict.CRASH, V.Verdict.HANG)):
         return None
-    device = outcome.event("device") or {}
+    device = outcome.last(Device) or Device()
     if mode != "run":
         return {"healthy": None, "skipped": "compile-only run: the GPU was not used"}
-    if not device.get("present"):
-        why = device.get("reason") or "the worker did not report a device before it ended"
+    if not device.present:
+        why = device.reason or "the worker did not report a device before it ended"
         return {"healthy": None, "skipped": f"no GPU check: {why}"}
     return health_check(forkserver=forkserver, run_dir=run_dir)
 
@@ -526,7 +527,7 @@ def run_scenario(
     repeats = []
     if len(attempts) > 1:
         repeats = [
-            {"verdict": a[0].verdict.value, "digest": (a[1].event("checked") or {}).get("digest")}
+            {"verdict": a[0].verdict.value, "digest": (a[1].last(Checked) or Checked()).digest}
             for a in attempts
         ]
         verdicts = Counter(r["verdict"] for r in repeats)
@@ -578,7 +579,7 @@ def replay(run_dir: Path | str) -> RunResult:
     outcome = V.Outcome(malformed_lines=bad, returncode=0)
     for ev in events:
         outcome.add(ev)
-    if outcome.event("done") is None and outcome.phase == "launched":
+    if outcome.last(Done) is None and outcome.phase == "launched":
         outcome.killed_by_watchdog = "deadline:launched (replayed)"
     classified = V.classify(outcome)
     evidence = _evidence(outcome, {})

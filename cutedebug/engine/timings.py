@@ -8,16 +8,18 @@ from __future__ import annotations
 from typing import Any
 
 from cutedebug.engine import verdict as V
+from cutedebug.event_kinds import Compiled, GpuAcquired, Started, Synced
 
 
 def timings(o: V.Outcome, facts: dict[str, Any]) -> dict[str, float]:
     t: dict[str, float] = {"total_s": o.elapsed_s}
-    if (c := o.event("compiled")) is not None:
-        t["compile_s"] = c.get("secs", 0.0)
-    if (s := o.event("synced")) is not None:
-        t["kernel_s"] = s.get("kernel_s", 0.0)
-        if (ck := o.event("checked")) is not None and "t" in ck and "t" in s:
-            t["check_s"] = round(max(0.0, ck["t"] - s["t"]), 3)  # the reference + comparison
+    if (c := o.last(Compiled)) is not None:
+        t["compile_s"] = c.secs or 0.0
+    if (synced := o.last(Synced)) is not None:
+        t["kernel_s"] = synced.kernel_s or 0.0
+        s, ck = o.event("synced"), o.event("checked")
+        if ck is not None and ck.t is not None and s.t is not None:
+            t["check_s"] = round(max(0.0, ck.t - s.t), 3)  # the reference + comparison
     if "stall_detected_after_s" in facts:
         t["stall_to_verdict_s"] = facts["stall_detected_after_s"]
     for key, secs in breakdown(o, facts).items():
@@ -25,7 +27,7 @@ def timings(o: V.Outcome, facts: dict[str, Any]) -> dict[str, float]:
     if (launched := o.event("launched")) is not None and "kill_t" in facts:
         # kill_t counts from spawn, event times from the worker's start: close enough to
         # report how long the kernel ran before the watchdog ended it.
-        t["launch_to_kill_s"] = round(facts["kill_t"] - launched["t"], 3)
+        t["launch_to_kill_s"] = round(facts["kill_t"] - launched.t, 3)
     return t
 
 
@@ -45,22 +47,22 @@ BREAKDOWN = (
 def breakdown(o: V.Outcome, facts: dict[str, Any]) -> dict[str, float]:
     """The BREAKDOWN fields of one attempt that its events let us place on the runner's clock
     (the worker's "started" event carries its own t = 0 as mono0); {} for older workers."""
-    st = o.event("started")
-    if not st or "mono0" not in st or "t_call" not in facts:
+    st = o.last(Started)
+    if st is None or st.mono0 is None or "t_call" not in facts:
         return {}
-    mono0 = float(st["mono0"])
+    mono0 = float(st.mono0)
 
     def at(name: str) -> float | None:
         e = o.event(name)
-        return None if e is None or "t" not in e else mono0 + float(e["t"])
+        return None if e is None or e.t is None else mono0 + float(e.t)
 
     out: dict[str, float] = {"spawn_s": at("started") - facts["t_call"]}
     pairs = (("imports_s", "started", "imported"), ("inputs_s", "imported", "compiling"))
     for key, a, b in pairs:
         if at(a) is not None and at(b) is not None:
             out[key] = at(b) - at(a)
-    if (got := o.event("gpu_acquired")) is not None:
-        out["gpu_wait_s"] = float(got.get("waited_s") or 0.0)
+    if (got := o.last(GpuAcquired)) is not None:
+        out["gpu_wait_s"] = float(got.waited_s or 0.0)
     kill = facts["t_call"] + facts["kill_t"] if "kill_t" in facts else None
     if (launched := at("launched")) is not None:
         end = at("synced") or at("cuda_error") or kill
@@ -69,7 +71,7 @@ def breakdown(o: V.Outcome, facts: dict[str, Any]) -> dict[str, float]:
     last = (
         kill
         if kill is not None
-        else max((mono0 + float(e["t"]) for e in o.events if "t" in e), default=None)
+        else max((mono0 + float(e.t) for e in o.events if e.t is not None), default=None)
     )
     if last is not None and "t_return" in facts:
         out["exit_s"] = facts["t_return"] - last

@@ -19,6 +19,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cutedebug.event import Event
+from cutedebug.event_kinds import (
+    NAME_OF,
+    Checked,
+    Compiled,
+    CompileError,
+    CudaError,
+    Done,
+    HarnessError,
+    P,
+    PerturbSummary,
+    ProbeReport,
+    Progress,
+    Unsupported,
+)
 
 
 class Verdict(str, enum.Enum):
@@ -170,6 +184,9 @@ class Outcome:
     log_tail: str = ""
     elapsed_s: float = 0.0
 
+    def __post_init__(self) -> None:
+        self.events = [e if isinstance(e, Event) else Event.from_json(e) for e in self.events]
+
     def add(self, ev: Event | dict[str, Any]) -> bool:
         """Record an event (a JSON object is read as one); True when it moves the run to a
         later phase."""
@@ -185,9 +202,19 @@ class Outcome:
     def event(self, name: str) -> Event | None:
         """The last event of kind ``name``."""
         for ev in reversed(self.events):
-            if ev.get("event") == name:
+            if ev.name == name:
                 return ev
         return None
+
+    def last(self, kind: type[P]) -> P | None:
+        """The payload of the last event of that kind (cutedebug/event_kinds.py), or None."""
+        ev = self.event(NAME_OF[kind])
+        return None if ev is None else ev.as_kind(kind)
+
+    def all(self, kind: type[P]) -> list[P]:
+        """The payloads of every event of that kind, in order."""
+        name = NAME_OF[kind]
+        return [ev.as_kind(kind) for ev in self.events if ev.name == name]
 
 
 @dataclass
@@ -218,13 +245,13 @@ def _rules():
     return [
         (
             "harness_error_event",
-            lambda o: o.event("harness_error") is not None,
+            lambda o: o.last(HarnessError) is not None,
             Verdict.HARNESS_ERROR,
-            lambda o: "worker failed: " + o.event("harness_error").get("message", ""),
+            lambda o: "worker failed: " + (o.last(HarnessError).message or ""),
         ),
         (
             "malformed_events",
-            lambda o: bool(o.malformed_lines) and o.event("done") is None,
+            lambda o: bool(o.malformed_lines) and o.last(Done) is None,
             Verdict.HARNESS_ERROR,
             lambda o: (
                 f"worker wrote {len(o.malformed_lines)} malformed event line(s), first: "
@@ -239,9 +266,9 @@ def _rules():
                 f"bounded waits timed out: {len(_stuck_records(o))} stuck "
                 "record(s)"
                 + (
-                    f"; the kernel then faulted ({o.event('cuda_error').get('name')}"
+                    f"; the kernel then faulted ({o.last(CudaError).name}"
                     ") after warps left their timed-out waits"
-                    if o.event("cuda_error")
+                    if o.last(CudaError)
                     else ""
                 )
             ),
@@ -278,62 +305,59 @@ def _rules():
         ),
         (
             "unsupported",
-            lambda o: o.event("unsupported") is not None,
+            lambda o: o.last(Unsupported) is not None,
             Verdict.UNSUPPORTED,
-            lambda o: o.event("unsupported").get("reason", ""),
+            lambda o: o.last(Unsupported).reason or "",
         ),
         (
             "compile_error",
-            lambda o: o.event("compile_error") is not None,
+            lambda o: o.last(CompileError) is not None,
             Verdict.COMPILE_ERROR,
-            lambda o: o.event("compile_error").get("message", "")[:2000],
+            lambda o: (o.last(CompileError).message or "")[:2000],
         ),
         (
             "cuda_error",
-            lambda o: o.event("cuda_error") is not None,
+            lambda o: o.last(CudaError) is not None,
             Verdict.CRASH,
-            lambda o: (
-                f"{o.event('cuda_error').get('name')}: "
-                f"{o.event('cuda_error').get('message', '')[:500]}"
-            ),
+            lambda o: f"{o.last(CudaError).name}: {(o.last(CudaError).message or '')[:500]}",
         ),
         (
             "died_compiling",
-            lambda o: o.event("done") is None and o.phase == "compiling",
+            lambda o: o.last(Done) is None and o.phase == "compiling",
             Verdict.COMPILER_CRASH,
             lambda o: f"compiler process {_died(o)}",
         ),
         (
             "died_running",
-            lambda o: o.event("done") is None and o.phase in ("launched", "synced"),
+            lambda o: o.last(Done) is None and o.phase in ("launched", "synced"),
             Verdict.CRASH,
             lambda o: f"child {_died(o)} while the kernel ran",
         ),
         (
             "died_early",
-            lambda o: o.event("done") is None,
+            lambda o: o.last(Done) is None,
             Verdict.HARNESS_ERROR,
             lambda o: f"worker {_died(o)} in phase {o.phase!r} before reporting a result",
         ),
         (
             "perturb_nondeterministic",
-            lambda o: (o.event("perturb_summary") or {}).get("nondeterministic") is True,
+            lambda o: (o.last(PerturbSummary) or PerturbSummary()).nondeterministic is True,
             Verdict.NONDETERMINISTIC,
             lambda o: (
                 f"outputs differ bit for bit across perturbation seeds "
-                f"({o.event('perturb_summary').get('distinct_outputs')} distinct outputs) for "
+                f"({o.last(PerturbSummary).distinct_outputs} distinct outputs) for "
                 f"a kernel that declares DETERMINISTIC"
             ),
         ),
         (
             "mismatch",
-            lambda o: (o.event("checked") or {}).get("ok") is False,
+            lambda o: (o.last(Checked) or Checked()).ok is False,
             Verdict.MISMATCH,
-            lambda o: _mismatch_reason(o.event("checked")),
+            lambda o: _mismatch_reason(o.last(Checked)),
         ),
         (
             "pass",
-            lambda o: (o.event("checked") or {}).get("ok") is True,
+            lambda o: (o.last(Checked) or Checked()).ok is True,
             Verdict.PASS,
             lambda o: _not_applied_prefix(o) + "output matches the reference",
         ),
@@ -342,7 +366,7 @@ def _rules():
 
 def _not_applied_prefix(o: Outcome) -> str:
     """A PASS of a fault that applied at 0 sites is no evidence: the reason says so first."""
-    note = (o.event("compiled") or {}).get("fault_not_applied")
+    note = (o.last(Compiled) or Compiled()).fault_not_applied
     return f"{note}; " if note else ""
 
 
@@ -352,21 +376,21 @@ RULES = _rules()
 def _stuck_records(o: Outcome) -> list:
     """Stuck records from the final probe report, or, when the kernel then faulted, from the
     last live picture streamed before the fault."""
-    final = (o.event("probe_report") or {}).get("stuck")
+    final = (o.last(ProbeReport) or ProbeReport()).stuck
     if final:
         return final
-    if o.event("cuda_error") is not None:
-        for ev in reversed(o.events):
-            if ev.get("event") == "progress" and ev.get("picture"):
-                return ev["picture"].get("stuck") or []
+    if o.last(CudaError) is not None:
+        for ev in reversed(o.all(Progress)):
+            if ev.picture:
+                return ev.picture.get("stuck") or []
     return []
 
 
-def _mismatch_reason(ev: dict[str, Any]) -> str:
+def _mismatch_reason(ev: Checked) -> str:
     return (
-        f"{ev.get('n_bad')} of {ev.get('numel')} elements differ "
-        f"({100.0 * ev.get('frac_bad', 0):.3g}%), max abs err {ev.get('max_abs_err'):.4g}, "
-        f"first bad index {ev.get('first_bad_index')}"
+        f"{ev.n_bad} of {ev.numel} elements differ "
+        f"({100.0 * (ev.frac_bad or 0):.3g}%), max abs err {ev.max_abs_err:.4g}, "
+        f"first bad index {ev.first_bad_index}"
     )
 
 

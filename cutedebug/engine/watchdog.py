@@ -55,6 +55,7 @@ from cutedebug.engine import lifeline
 from cutedebug.engine import verdict as V
 from cutedebug.engine.scenario import Limits
 from cutedebug.event import Event
+from cutedebug.event_kinds import Progress
 
 POLL_S = 0.02
 MAX_EVENT_LINE = 1 << 20  # longer lines are cut, reported, never silently lost
@@ -262,22 +263,22 @@ def watch(
             evs, bad = reader.poll()
             now = time.monotonic()
             for ev in evs:
-                name = ev["event"]
+                name = ev.name
                 if outcome.add(ev):
                     phase_t = now
                     if name == "launched":
                         counter_t = now
-                if name == "progress":
-                    if ev.get("counter") != last_counter:
-                        last_counter, counter_t = ev.get("counter"), now
+                if isinstance(ev.payload, Progress):
+                    if ev.payload.counter != last_counter:
+                        last_counter, counter_t = ev.payload.counter, now
                 if name == "perturb_seed":  # a new perturbed launch: its own deadline
                     phase_t = counter_t = now
                     last_counter = None
                 if name == "gpu_wait":
-                    waiting.add(ev.get("pid"))
+                    waiting.add(ev.pid)
                     waiting_since = waiting_since or now
                 elif name == "gpu_acquired":
-                    waiting.discard(ev.get("pid"))
+                    waiting.discard(ev.pid)
                     if not waiting and waiting_since is not None:
                         waited += now - waiting_since
                         waiting_since, phase_t = None, now

@@ -96,12 +96,12 @@ class _Emitter:
         self.pid = os.getpid()
 
     def emit(self, event: str, **fields: Any) -> None:
-        rec = Event(
-            name=event,
-            t=round(time.monotonic() - self.t0, 6),
+        rec = Event.of(
+            event,
+            round(time.monotonic() - self.t0, 6),
             pid=self.pid,
             wall=round(time.time(), 3),
-            fields=fields,
+            **fields,
         ).to_json()
         data = (json.dumps(rec, default=str) + "\n").encode()
         with self.lock:

@@ -11,7 +11,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from cutedebug.engine.command import ExecResult, where
+from cutedebug.engine.command import ExecResult, compiled_of, where
 from cutedebug.engine.run_report import ExecProcess, ExecReport
 from cutedebug.records import to_json_value
 
@@ -32,7 +32,7 @@ def exec_report(res: ExecResult, expect: str = "PASS", command: str = "") -> Exe
         ExecProcess.from_json(
             to_json_value(
                 {k: v for k, v in p.items() if k not in ("events", "compiled")}
-                | {"probe_sites": (p.get("compiled") or {}).get("probe_sites")}
+                | {"probe_sites": compiled_of(p).probe_sites}
             ),
             f"processes[{i}]",
         )

@@ -23,6 +23,7 @@ from cutedebug.engine.run_report import (
     stuck_site_phrase,
 )
 from cutedebug.engine.runner import RunResult, probe_picture
+from cutedebug.event_kinds import Compiled
 from cutedebug.instrument.probes import snapshot_from_json
 from cutedebug.reporting import stuck_map as SM
 from cutedebug.reporting.escape import md_block, md_code, md_link, md_text
@@ -51,7 +52,7 @@ def stuck_map(result: RunResult) -> tuple[SM.StuckMap, str] | None:
     """The run's stuck map (from the probe picture its evidence came from) and its text form;
     None when no probes ran."""
     picture, _ = probe_picture(result.outcome)
-    sites = (result.outcome.event("compiled") or {}).get("probe_sites") or []
+    sites = (result.outcome.last(Compiled) or Compiled()).probe_sites or []
     if not picture and result.evidence.get("coredump_picture"):
         # no probes ran: the core's warps as stuck records (cutedebug.analyses.coredump)
         picture = result.evidence["coredump_picture"]
