@@ -316,15 +316,15 @@ def test_findings_of_the_h200_sanitizer_captures_round_trip():
     """Every finding parsed from the compute-sanitizer XML captured on the H200 writes out and
     reads back as the same Finding; every group of each capture's result reads back as its
     GroupRecord, key for key."""
-    from cutedebug.analyses import sanitizer as san
     from cutedebug.analyses.sanitizer.findings import Finding
+    from cutedebug.analyses.sanitizer.parse import parse_xml
     from cutedebug.analyses.sanitizer.result import make_result
     from cutedebug.analyses.sanitizer.triage import GroupRecord
 
     n, groups, every = 0, 0, []
     for xml in sorted(SANITIZER_H200.glob("*.xml")):
         tool = xml.stem.split("_", 1)[0]
-        findings = san.parse_xml(xml, tool)
+        findings = parse_xml(xml, tool)
         every += findings
         for f in findings:
             data = json.loads(json.dumps(f.to_json()))
@@ -398,30 +398,32 @@ def test_a_recorded_sanitize_json_round_trips_byte_for_byte(path):
 def test_other_kernels_of_a_mixed_capture_read_back_with_their_class():
     """The findings of a kernel the worker did not launch: an OtherKernel whose JSON key
     ``class`` (not a field name) reads and writes back, its groups typed."""
-    from cutedebug.analyses import sanitizer as san
-    from cutedebug.analyses.sanitizer.result import ToolResult
+    from cutedebug.analyses.sanitizer.attribution import OtherKernel
+    from cutedebug.analyses.sanitizer.parse import parse_xml
+    from cutedebug.analyses.sanitizer.result import ToolResult, make_result
+    from cutedebug.analyses.sanitizer.triage import GroupRecord
 
     xml = ROOT / "tests" / "data" / "sanitizer" / "synthetic_mixed_kernels.xml"
-    findings = san.parse_xml(xml, "racecheck")
+    findings = parse_xml(xml, "racecheck")
     mine = [f.kernel for f in findings if f.kernel and "pytorch" not in f.kernel][:1]
-    res = san.make_result("racecheck", ["cs"], findings, kernel_names=mine)
+    res = make_result("racecheck", ["cs"], findings, kernel_names=mine)
     data = json.loads(json.dumps(res.to_json()))
     (other,) = data["other_kernels"]
     assert list(other) == ["kernel", "records", "count", "class", "groups"]
     assert other["class"] == "RACE" and res.other_kernels[0].class_ == "RACE"
     back = ToolResult.from_json(data)
     assert back == res and back.to_json() == data
-    assert isinstance(back.other_kernels[0], san.OtherKernel)
-    assert isinstance(back.other_kernels[0].groups[0], san.triage.GroupRecord)
+    assert isinstance(back.other_kernels[0], OtherKernel)
+    assert isinstance(back.other_kernels[0].groups[0], GroupRecord)
 
 
 def test_a_result_made_from_a_capture_alone_leaves_the_run_keys_out():
     """make_result's record (no worker run) writes only its own keys, as it always did, and
     reads back equal."""
-    from cutedebug.analyses import sanitizer as san
+    from cutedebug.analyses.sanitizer.parse import parse_xml
     from cutedebug.analyses.sanitizer.result import ToolResult, make_result
 
-    findings = san.parse_xml(SANITIZER_H200 / "racecheck_raw.xml", "racecheck")
+    findings = parse_xml(SANITIZER_H200 / "racecheck_raw.xml", "racecheck")
     res = make_result("racecheck", ["cs"], findings, read_source=lambda f, ln: None)
     data = json.loads(json.dumps(res.to_json()))
     assert "sanitizer_class" not in data and "records" not in data and data["verdict"] == "RACE"

@@ -26,8 +26,35 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cutedebug.analyses import sanitizer as san
-from cutedebug.analyses.sanitizer import Finding, Site
+from cutedebug.analyses.sanitizer.findings import Finding, Site, source_line
+from cutedebug.analyses.sanitizer.parse import (
+    _kind_from_text,
+    analyze,
+    crosscheck,
+    parse_summary,
+    parse_text,
+    parse_xml,
+)
+from cutedebug.analyses.sanitizer.result import SanitizeSummary, ToolResult, make_result
+from cutedebug.analyses.sanitizer.shrink import shrink
+from cutedebug.analyses.sanitizer.tool import (
+    DEFAULT_PRINT_LIMIT,
+    ERROR_EXITCODE,
+    TOOLS,
+    build_command,
+    child_env,
+    find_sanitizer,
+)
+from cutedebug.analyses.sanitizer.triage import (
+    CLASSES,
+    CLEAN,
+    NOISE_ANALYSIS_DUP,
+    NOISE_PROC_ADDRESS,
+    NOISE_TMA,
+    classify,
+    filter_noise,
+    group,
+)
 from cutedebug.commands import sanitize as cmd
 from cutedebug.reporting import sanitize as sanitize_report
 
@@ -53,7 +80,7 @@ UNINIT_KERNEL = (
 
 
 def read_here(file, line):
-    return san.source_line(file, line, roots=(REPO, SAMPLES, REPO / "kernels"))
+    return source_line(file, line, roots=(REPO, SAMPLES, REPO / "kernels"))
 
 
 def marker_line(path: Path, marker: str) -> int:
@@ -91,7 +118,7 @@ def finding(
 # ---- command and environment --------------------------------------------------------------
 def test_build_command_racecheck_wraps_worker_argv_last():
     worker = [sys.executable, "-m", "cutedebug.engine.worker", "/tmp/req.json"]
-    cmd = san.build_command("racecheck", worker, "/tmp/out.xml", sanitizer="/cs")
+    cmd = build_command("racecheck", worker, "/tmp/out.xml", sanitizer="/cs")
     assert cmd[0] == "/cs"
     assert cmd[-4:] == worker
     opts = cmd[1:-4]
@@ -100,28 +127,28 @@ def test_build_command_racecheck_wraps_worker_argv_last():
     assert opts[opts.index("--xml") + 1] == "--save"
     assert pairs["--save"] == "/tmp/out.xml"
     assert pairs["--report-api-errors"] == "no"
-    assert pairs["--error-exitcode"] == str(san.ERROR_EXITCODE)
-    assert pairs["--print-limit"] == str(san.DEFAULT_PRINT_LIMIT)
+    assert pairs["--error-exitcode"] == str(ERROR_EXITCODE)
+    assert pairs["--print-limit"] == str(DEFAULT_PRINT_LIMIT)
     assert pairs["--racecheck-report"] == "all"
     assert "--racecheck-deadlock-timeout" not in opts
 
 
 def test_build_command_tool_specific_options():
-    mem = san.build_command("memcheck", ["w"], "x.xml", sanitizer="cs", report_api_errors=True)
+    mem = build_command("memcheck", ["w"], "x.xml", sanitizer="cs", report_api_errors=True)
     assert "--racecheck-report" not in mem
     assert mem[mem.index("--report-api-errors") + 1] == "all"
-    race = san.build_command("racecheck", ["w"], "x.xml", sanitizer="cs", deadlock_timeout_s=20)
+    race = build_command("racecheck", ["w"], "x.xml", sanitizer="cs", deadlock_timeout_s=20)
     assert race[race.index("--racecheck-deadlock-timeout") + 1] == "20"
     with pytest.raises(ValueError, match="unknown sanitizer tool"):
-        san.build_command("leakcheck", ["w"], "x.xml", sanitizer="cs")
+        build_command("leakcheck", ["w"], "x.xml", sanitizer="cs")
 
 
 def test_child_env_turns_caching_off_where_it_hides_errors():
-    for tool in san.TOOLS:
-        assert san.child_env(tool)["CUTE_DSL_LINEINFO"] == "1"
-    assert san.child_env("memcheck")["PYTORCH_NO_CUDA_MEMORY_CACHING"] == "1"
-    assert san.child_env("initcheck")["PYTORCH_NO_CUDA_MEMORY_CACHING"] == "1"
-    assert "PYTORCH_NO_CUDA_MEMORY_CACHING" not in san.child_env("racecheck")
+    for tool in TOOLS:
+        assert child_env(tool)["CUTE_DSL_LINEINFO"] == "1"
+    assert child_env("memcheck")["PYTORCH_NO_CUDA_MEMORY_CACHING"] == "1"
+    assert child_env("initcheck")["PYTORCH_NO_CUDA_MEMORY_CACHING"] == "1"
+    assert "PYTORCH_NO_CUDA_MEMORY_CACHING" not in child_env("racecheck")
 
 
 def test_find_sanitizer_env_override_then_path(tmp_path, monkeypatch):
@@ -130,14 +157,14 @@ def test_find_sanitizer_env_override_then_path(tmp_path, monkeypatch):
     tool.write_text("#!/bin/sh\n")
     tool.chmod(0o755)
     monkeypatch.setenv("COMPUTE_SANITIZER", str(tool))
-    assert san.find_sanitizer() == str(tool)
+    assert find_sanitizer() == str(tool)
     monkeypatch.delenv("COMPUTE_SANITIZER")
     monkeypatch.setenv("PATH", str(tool.parent))
     for var in ("CUDA_HOME", "CUDA_PATH", "CUDA_ROOT"):
         monkeypatch.delenv(var, raising=False)
-    assert san.find_sanitizer() == str(tool)
+    assert find_sanitizer() == str(tool)
     tool.chmod(0o644)  # not executable: not a sanitizer
-    found = san.find_sanitizer()
+    found = find_sanitizer()
     assert found != str(tool)
 
 
@@ -179,7 +206,7 @@ def h200_case(case: str) -> tuple[list[Finding], str]:
     """Findings of a capture's XML and the stdout of that same --xml run."""
     tool = case.split("_", 1)[0]
     return (
-        san.parse_xml(H200 / f"{case}.xml", tool),
+        parse_xml(H200 / f"{case}.xml", tool),
         (H200 / f"{case}.txt").read_text(errors="replace"),
     )
 
@@ -225,7 +252,7 @@ def test_capture_set_and_exit_codes():
     }
     for case in [*CASES, "synccheck_unfenced_init"]:
         for mode in ("xml", "text"):
-            assert codes[(case, mode)] == (san.ERROR_EXITCODE if case in found_errors else 0)
+            assert codes[(case, mode)] == (ERROR_EXITCODE if case in found_errors else 0)
     assert {
         codes[(f"plain_{p}", "plain")]
         for p in ("race_smem", "oob_store", "uninit_read", "divergent_barrier")
@@ -240,7 +267,7 @@ def test_every_flag_we_emit_was_accepted(case):
     assert not re.search(r"unrecognized|unknown option|invalid option|usage:", out, re.IGNORECASE)
     xml_cmd, _text_cmd = (H200 / f"{case}.cmd").read_text().splitlines()
     tool = case.split("_", 1)[0]
-    built = san.build_command(
+    built = build_command(
         tool,
         ["W"],
         re.search(r"--save (\S+)", xml_cmd).group(1),
@@ -321,25 +348,25 @@ def test_real_racecheck_raw_xml_exact():
 
 def test_real_racecheck_raw_filtered_grouped_classified():
     found, stdout = h200_case("racecheck_raw")
-    kept, filtered = san.filter_noise(found, read_source=read_here)
+    kept, filtered = filter_noise(found, read_source=read_here)
     assert [f.kind for f in filtered] == ["RACE"]
-    assert filtered[0].noise_reason == san.NOISE_ANALYSIS_DUP
+    assert filtered[0].noise_reason == NOISE_ANALYSIS_DUP
     assert len(kept) == 512
-    (g,) = san.group(kept)
+    (g,) = group(kept)
     assert (g.kind, g.severity, g.count, g.records) == ("RAW_HAZARD", "error", 512, 512)
     assert g.lines == ((RACE_PY, 28), (RACE_PY, 31))
     assert g.accesses == ("Write", "Read")
     assert g.threads == [(64, 0, 0), (32, 0, 0), (65, 0, 0), (33, 0, 0)]
     assert g.blocks == [(0, 0, 0)]
-    assert san.classify(kept, "racecheck") == "RACE"
-    assert san.parse_summary(stdout) == {"hazards": 513, "errors": 513, "warnings": 0}
-    assert san.crosscheck(found, stdout, "racecheck") == []
-    assert san.analyze("racecheck", H200 / "racecheck_raw.xml", stdout) == found
+    assert classify(kept, "racecheck") == "RACE"
+    assert parse_summary(stdout) == {"hazards": 513, "errors": 513, "warnings": 0}
+    assert crosscheck(found, stdout, "racecheck") == []
+    assert analyze("racecheck", H200 / "racecheck_raw.xml", stdout) == found
 
 
 def test_real_racecheck_raw_text_agrees_with_xml():
     found, _ = h200_case("racecheck_raw")
-    text = san.parse_text((H200 / "racecheck_raw.text.txt").read_text(), "racecheck")
+    text = parse_text((H200 / "racecheck_raw.text.txt").read_text(), "racecheck")
     assert len(text) == 513
 
     # the text report names files by base name; kinds, lines, threads, blocks, addresses agree
@@ -357,8 +384,8 @@ def test_real_racecheck_raw_text_agrees_with_xml():
     race = text[-1]
     assert (race.kind, race.count) == ("RACE", 512)
     assert race.lines == (("race_smem.py", 28), ("race_smem.py", 31))
-    kept, filtered = san.filter_noise(text, read_source=read_here)
-    assert len(kept) == 512 and [f.noise_reason for f in filtered] == [san.NOISE_ANALYSIS_DUP]
+    kept, filtered = filter_noise(text, read_source=read_here)
+    assert len(kept) == 512 and [f.noise_reason for f in filtered] == [NOISE_ANALYSIS_DUP]
     # a bare file name still maps to the source through the roots
     assert read_here("race_smem.py", 28).endswith("# RACE_WRITE")
 
@@ -392,9 +419,9 @@ def test_real_memcheck_oob_xml_exact():
             sites=(Site(MINIMAL_PY, store, MINIMAL_KERNEL, None, (tid, 0, 0)),),
             address=hex(base + 4 * (tid - 64)),
         )
-    kept, filtered = san.filter_noise(found, read_source=read_here)
-    assert filtered == [] and san.classify(kept, "memcheck") == "MEMORY_ERROR"
-    (g,) = san.group(kept)
+    kept, filtered = filter_noise(found, read_source=read_here)
+    assert filtered == [] and classify(kept, "memcheck") == "MEMORY_ERROR"
+    (g,) = group(kept)
     assert (g.kind, g.count, g.lines, g.size) == (
         "INVALID_GLOBAL_WRITE",
         64,
@@ -402,13 +429,13 @@ def test_real_memcheck_oob_xml_exact():
         4,
     )
     assert read_here(MINIMAL_PY, store).startswith("y[i + self.oob_offset] =")
-    assert san.parse_summary(stdout) == {"errors": 64}
-    assert san.crosscheck(found, stdout, "memcheck") == []
+    assert parse_summary(stdout) == {"errors": 64}
+    assert crosscheck(found, stdout, "memcheck") == []
 
 
 def test_real_memcheck_oob_text_exact():
     stdout = (H200 / "memcheck_oob.text.txt").read_text()
-    found = san.parse_text(stdout, "memcheck")  # the app's torch traceback is not a record
+    found = parse_text(stdout, "memcheck")  # the app's torch traceback is not a record
     assert [
         (f.kind, f.file, f.line, f.threads, f.blocks, f.size, f.address_space) for f in found
     ] == [
@@ -417,7 +444,7 @@ def test_real_memcheck_oob_text_exact():
     ]
     assert all(f.kernel == MINIMAL_KERNEL for f in found)
     assert found[0].address == "0x7f0424808000"
-    assert san.parse_summary(stdout) == {"errors": 64}
+    assert parse_summary(stdout) == {"errors": 64}
 
 
 def test_caching_allocator_hides_the_oob_store():
@@ -428,8 +455,8 @@ def test_caching_allocator_hides_the_oob_store():
     assert "PYTORCH_NO_CUDA_MEMORY_CACHING=1" not in cached_cmd
     assert "oob_store.py" in cached_cmd and "--clean" not in cached_cmd
     found, stdout = h200_case("memcheck_oob_cached")
-    assert found == [] and san.parse_summary(stdout) == {"errors": 0}
-    assert san.child_env("memcheck")["PYTORCH_NO_CUDA_MEMORY_CACHING"] == "1"
+    assert found == [] and parse_summary(stdout) == {"errors": 0}
+    assert child_env("memcheck")["PYTORCH_NO_CUDA_MEMORY_CACHING"] == "1"
 
 
 # ---- initcheck: uninit_read.py loads x before anything wrote it ------------------------------
@@ -457,11 +484,11 @@ def test_real_initcheck_uninit_exact():
         )
         assert int(f.address, 16) - 0x7FEEB2800000 == 4 * tid  # x[tid]
     assert sorted(f.threads[0][0] for f in found) == list(range(128))
-    assert san.classify(found, "initcheck") == "UNINIT"
-    (g,) = san.group(found)
+    assert classify(found, "initcheck") == "UNINIT"
+    (g,) = group(found)
     assert (g.kind, g.count, g.lines) == ("UNINIT_READ", 128, ((UNINIT_PY, 28),))
-    assert san.parse_summary(stdout) == {"errors": 128}
-    text = san.parse_text((H200 / "initcheck_uninit.text.txt").read_text(), "initcheck")
+    assert parse_summary(stdout) == {"errors": 128}
+    text = parse_text((H200 / "initcheck_uninit.text.txt").read_text(), "initcheck")
     assert [(f.kind, f.line, f.threads, f.size) for f in text] == [
         (f.kind, f.line, f.threads, f.size) for f in found
     ]
@@ -478,27 +505,27 @@ def test_real_api_noise_filtered_with_reason():
     assert {(f.kind, f.api, f.file, f.line, f.text, f.severity) for f in found} == {
         ("API_ERROR", "cuGetProcAddress_v2", None, None, text, "error")
     }
-    kept, filtered = san.filter_noise(found)
+    kept, filtered = filter_noise(found)
     assert kept == [] and len(filtered) == 34
-    assert {f.noise_reason for f in filtered} == {san.NOISE_PROC_ADDRESS}
-    assert san.classify(kept, "memcheck") == "CLEAN"
+    assert {f.noise_reason for f in filtered} == {NOISE_PROC_ADDRESS}
+    assert classify(kept, "memcheck") == "CLEAN"
     # the error exit code fired on the noise alone: exit 86 is not "the kernel is broken"
-    assert manifest()[("memcheck_api_noise", "xml")] == san.ERROR_EXITCODE
-    assert san.parse_summary(stdout) == {"errors": 34}
-    assert [f.api for f in san.parse_text(stdout, "memcheck")] == ["cuGetProcAddress_v2"] * 34
-    result = san.make_result("memcheck", ["cs"], found)
+    assert manifest()[("memcheck_api_noise", "xml")] == ERROR_EXITCODE
+    assert parse_summary(stdout) == {"errors": 34}
+    assert [f.api for f in parse_text(stdout, "memcheck")] == ["cuGetProcAddress_v2"] * 34
+    result = make_result("memcheck", ["cs"], found)
     assert result.verdict == "CLEAN"
-    assert result.to_json()["filtered"] == [{"reason": san.NOISE_PROC_ADDRESS, "count": 34}]
+    assert result.to_json()["filtered"] == [{"reason": NOISE_PROC_ADDRESS, "count": 34}]
     assert sanitize_report.noise_cell(result) == "34 api-probing"
 
 
 def test_synthetic_real_api_error_is_kept():
     """No capture has a non-probing API error; this synthetic file keeps one among noise."""
-    found = san.parse_xml(xml("synthetic_api_noise.xml"), "memcheck")
-    kept, filtered = san.filter_noise(found)
+    found = parse_xml(xml("synthetic_api_noise.xml"), "memcheck")
+    kept, filtered = filter_noise(found)
     assert [f.api for f in kept] == ["cuStreamSynchronize"]
-    assert len(filtered) == 3 and {f.noise_reason for f in filtered} == {san.NOISE_PROC_ADDRESS}
-    assert san.classify(kept, "memcheck") == "API_ERROR"
+    assert len(filtered) == 3 and {f.noise_reason for f in filtered} == {NOISE_PROC_ADDRESS}
+    assert classify(kept, "memcheck") == "API_ERROR"
 
 
 # ---- clean captures, and why synccheck reported nothing ----------------------------------------
@@ -507,11 +534,11 @@ def test_real_clean_captures_are_clean(case):
     tool = case.split("_", 1)[0]
     assert (H200 / f"{case}.xml").read_text().strip().endswith("<ComputeSanitizerOutput/>")
     found, stdout = h200_case(case)
-    assert found == [] and san.parse_text(stdout, tool) == []
+    assert found == [] and parse_text(stdout, tool) == []
     summary = {"hazards": 0, "errors": 0, "warnings": 0} if tool == "racecheck" else {"errors": 0}
-    assert san.parse_summary(stdout) == summary
-    assert san.analyze(tool, H200 / f"{case}.xml", stdout) == []
-    assert san.classify([], tool) == "CLEAN"
+    assert parse_summary(stdout) == summary
+    assert analyze(tool, H200 / f"{case}.xml", stdout) == []
+    assert classify([], tool) == "CLEAN"
 
 
 def test_divergent_barrier_captures_found_no_synccheck_error():
@@ -597,15 +624,15 @@ def test_real_synccheck_extra_release_exact():
         assert f.threads[0] in {(0, 0, 0), (32, 0, 0), (64, 0, 0), (96, 0, 0)}
     assert {b for f in found for b in f.blocks} == {(b, 0, 0) for b in range(16)}
     assert found[0].threads == ((64, 0, 0),) and found[0].blocks == ((14, 0, 0),)
-    assert san.parse_summary(stdout) == {"errors": 61}
-    assert san.crosscheck(found, stdout, "synccheck") == []
+    assert parse_summary(stdout) == {"errors": 61}
+    assert crosscheck(found, stdout, "synccheck") == []
     assert '"event": "cuda_error"' in stdout and "cudaErrorLaunchFailure" in stdout
-    (g,) = san.group(found)
+    (g,) = group(found)
     assert (g.kind, g.count, g.lines) == ("BARRIER_MISUSE", 61, ((TMA_STREAM_PY, release),))
-    assert san.classify(found, "synccheck") == "SYNC_ERROR"
+    assert classify(found, "synccheck") == "SYNC_ERROR"
     assert tma_stream_capture_text(release) == "ring.consumer_release(state)"
     # the text-only run (a separate run: 59 records that time) reads the same way
-    text = san.parse_text((H200 / "synccheck_extra_release.text.txt").read_text(), "synccheck")
+    text = parse_text((H200 / "synccheck_extra_release.text.txt").read_text(), "synccheck")
     assert len(text) == 59 and {(f.kind, f.file, f.line) for f in text} == {
         ("BARRIER_MISUSE", "tma_stream.py", release)
     }
@@ -618,7 +645,7 @@ def test_real_synccheck_unfenced_init_exact():
     barrier, for every lane of the producer warp (threads 128-159) of all 16 CTAs."""
     xml_path, stdout, text_only = gz_case("synccheck_unfenced_init")
     copy = tma_stream_line(r"cute\.copy\(tma_s, .*tma_bar_ptr=full\)")
-    found = san.analyze("synccheck", xml_path, stdout)
+    found = analyze("synccheck", xml_path, stdout)
     assert len(found) == 512
     assert {(f.kind, f.file, f.line, f.text, f.count) for f in found} == {
         ("BARRIER_MISUSE", TMA_STREAM_PY, copy, "Barrier error: Missing init", 1)
@@ -626,29 +653,29 @@ def test_real_synccheck_unfenced_init_exact():
     assert sorted({(f.threads[0][0], f.blocks[0][0]) for f in found}) == [
         (t, b) for t in range(128, 160) for b in range(16)
     ]
-    assert san.parse_summary(stdout) == {"errors": 512}
-    kept, filtered = san.filter_noise(found, read_source=read_here)
-    assert filtered == [] and san.classify(kept, "synccheck") == "SYNC_ERROR"
-    (g,) = san.group(kept)
+    assert parse_summary(stdout) == {"errors": 512}
+    kept, filtered = filter_noise(found, read_source=read_here)
+    assert filtered == [] and classify(kept, "synccheck") == "SYNC_ERROR"
+    (g,) = group(kept)
     assert (g.count, g.lines) == (512, ((TMA_STREAM_PY, copy),))
-    text = san.parse_text(text_only, "synccheck")
+    text = parse_text(text_only, "synccheck")
     assert len(text) == 512 and {f.line for f in text} == {copy}
     assert all("Missing init." in f.text for f in text)
 
 
 def test_synthetic_synccheck_text():
-    sync = san.parse_text(text("synthetic_synccheck_divergent.txt"), "synccheck")
+    sync = parse_text(text("synthetic_synccheck_divergent.txt"), "synccheck")
     assert [(f.kind, f.line, f.threads) for f in sync] == [
         ("BARRIER_MISUSE", 29, ((0, 0, 0),)),
         ("BARRIER_MISUSE", 29, ((32, 0, 0),)),
     ]
-    assert san.classify(sync, "synccheck") == "SYNC_ERROR"
+    assert classify(sync, "synccheck") == "SYNC_ERROR"
 
 
 def test_synthetic_memcheck_misaligned_and_api_text():
     """Shapes without a capture: the "at 0xPC in file:line:func" spelling, a misaligned
     access, an API error between device records, host backtrace lines."""
-    found = san.parse_text(text("synthetic_memcheck_misaligned_api.txt"), "memcheck")
+    found = parse_text(text("synthetic_memcheck_misaligned_api.txt"), "memcheck")
     assert [f.kind for f in found] == [
         "INVALID_GLOBAL_WRITE",
         "INVALID_GLOBAL_WRITE",
@@ -664,7 +691,7 @@ def test_synthetic_memcheck_misaligned_and_api_text():
         16,
         "0x7f2a1c000004",
     )
-    assert san.parse_summary(text("synthetic_memcheck_misaligned_api.txt")) == {"errors": 4}
+    assert parse_summary(text("synthetic_memcheck_misaligned_api.txt")) == {"errors": 4}
 
 
 # ---- unreadable output is a finding --------------------------------------------------------
@@ -681,18 +708,18 @@ def truncated_copy(tmp_path: Path, case: str, records: int, extra: int = 300) ->
 
 def test_truncated_real_xml_is_a_parse_failure_with_salvaged_records(tmp_path):
     path = truncated_copy(tmp_path, "racecheck_raw", records=3)
-    found = san.parse_xml(path, "racecheck")
+    found = parse_xml(path, "racecheck")
     assert found[0].kind == "PARSE_FAILURE" and found[0].severity == "error"
     assert "not well-formed" in found[0].text and "3 complete record(s)" in found[0].text
-    complete = san.parse_xml(H200 / "racecheck_raw.xml", "racecheck")[:3]
+    complete = parse_xml(H200 / "racecheck_raw.xml", "racecheck")[:3]
     assert found[1:] == complete
-    assert san.classify(found, "racecheck") == "RACE"
-    assert san.classify(found[:1], "racecheck") == "UNREADABLE"
+    assert classify(found, "racecheck") == "RACE"
+    assert classify(found[:1], "racecheck") == "UNREADABLE"
     # a run killed mid-write: the summary line says 513, the XML holds 3 and a failure
     stdout = (H200 / "racecheck_raw.txt").read_text()
-    assert [f.kind for f in san.analyze("racecheck", path, "")][:1] == ["PARSE_FAILURE"]
+    assert [f.kind for f in analyze("racecheck", path, "")][:1] == ["PARSE_FAILURE"]
     # with the text report there, the text decides and the XML failure stays as info
-    both = san.analyze("racecheck", path, stdout)
+    both = analyze("racecheck", path, stdout)
     assert [f.kind for f in both].count("RAW_HAZARD") == 512
     assert [(f.kind, f.severity) for f in both if f.kind == "PARSE_FAILURE"] == [
         ("PARSE_FAILURE", "info")
@@ -702,9 +729,9 @@ def test_truncated_real_xml_is_a_parse_failure_with_salvaged_records(tmp_path):
 def test_truncated_clean_xml_is_never_clean(tmp_path):
     path = tmp_path / "cut.xml"
     path.write_text((H200 / "memcheck_clean.xml").read_text()[:50])
-    found = san.parse_xml(path, "memcheck")
+    found = parse_xml(path, "memcheck")
     assert [f.kind for f in found] == ["PARSE_FAILURE"]
-    assert san.classify(san.filter_noise(found)[0], "memcheck") == "UNREADABLE"
+    assert classify(filter_noise(found)[0], "memcheck") == "UNREADABLE"
 
 
 @pytest.mark.parametrize(
@@ -713,17 +740,17 @@ def test_truncated_clean_xml_is_never_clean(tmp_path):
 def test_unreadable_xml_is_never_clean(tmp_path, content):
     path = tmp_path / "out.xml"
     path.write_text(content)
-    found = san.parse_xml(path, "memcheck")
+    found = parse_xml(path, "memcheck")
     assert found and found[0].kind == "PARSE_FAILURE"
-    kept, _filtered = san.filter_noise(found)
-    assert san.classify(kept, "memcheck") == "UNREADABLE"
+    kept, _filtered = filter_noise(found)
+    assert classify(kept, "memcheck") == "UNREADABLE"
 
 
 def test_missing_xml_is_never_clean(tmp_path):
-    found = san.parse_xml(tmp_path / "absent.xml", "racecheck")
+    found = parse_xml(tmp_path / "absent.xml", "racecheck")
     assert [f.kind for f in found] == ["PARSE_FAILURE"]
     assert "could not be read" in found[0].text
-    assert san.classify(san.analyze("racecheck", None, ""), "racecheck") == "UNREADABLE"
+    assert classify(analyze("racecheck", None, ""), "racecheck") == "UNREADABLE"
 
 
 def test_namespaced_xml_is_read_not_taken_for_empty():
@@ -731,45 +758,45 @@ def test_namespaced_xml_is_read_not_taken_for_empty():
     namespaced = plain.replace(
         "<ComputeSanitizerOutput>", '<ComputeSanitizerOutput xmlns="urn:example:sanitizer">'
     )
-    assert san.parse_xml(namespaced, "memcheck") == san.parse_xml(plain, "memcheck")
+    assert parse_xml(namespaced, "memcheck") == parse_xml(plain, "memcheck")
 
 
 # ---- cross-check of XML against the summary line ----------------------------------------
 def test_crosscheck_flags_lost_records():
     found, _ = h200_case("memcheck_oob")
-    assert san.crosscheck(found, "========= ERROR SUMMARY: 64 errors\n", "memcheck") == []
-    lost = san.crosscheck(found[:2], "========= ERROR SUMMARY: 64 errors\n", "memcheck")
+    assert crosscheck(found, "========= ERROR SUMMARY: 64 errors\n", "memcheck") == []
+    lost = crosscheck(found[:2], "========= ERROR SUMMARY: 64 errors\n", "memcheck")
     assert [f.kind for f in lost] == ["PARSE_FAILURE"]
     assert "64 error(s)" in lost[0].text and "2 record(s)" in lost[0].text
     # over the print limit the XML holds fewer records than the summary counts: expected
-    assert san.crosscheck(found, "ERROR SUMMARY: 5000 errors", "memcheck", print_limit=64) == []
-    assert san.crosscheck(found, "", "memcheck") == []  # no summary (killed run)
-    analyzed = san.analyze("memcheck", H200 / "memcheck_oob.xml", "ERROR SUMMARY: 99 errors")
+    assert crosscheck(found, "ERROR SUMMARY: 5000 errors", "memcheck", print_limit=64) == []
+    assert crosscheck(found, "", "memcheck") == []  # no summary (killed run)
+    analyzed = analyze("memcheck", H200 / "memcheck_oob.xml", "ERROR SUMMARY: 99 errors")
     assert [f.kind for f in analyzed] == ["INVALID_GLOBAL_WRITE"] * 64 + ["PARSE_FAILURE"]
 
 
 def test_crosscheck_racecheck_summary_with_no_records():
     summary = "========= RACECHECK SUMMARY: 3 hazards displayed (3 errors, 0 warnings)\n"
-    assert [f.kind for f in san.crosscheck([], summary, "racecheck")] == ["PARSE_FAILURE"]
+    assert [f.kind for f in crosscheck([], summary, "racecheck")] == ["PARSE_FAILURE"]
     found, _ = h200_case("racecheck_raw")
-    assert san.crosscheck(found, summary, "racecheck") == []
+    assert crosscheck(found, summary, "racecheck") == []
 
 
 def test_analyze_falls_back_to_text_when_xml_unreadable(tmp_path):
     stdout = (H200 / "memcheck_oob.txt").read_text()
-    found = san.analyze("memcheck", tmp_path / "absent.xml", stdout)
+    found = analyze("memcheck", tmp_path / "absent.xml", stdout)
     assert [f.kind for f in found].count("INVALID_GLOBAL_WRITE") == 64
     failure = [f for f in found if f.kind == "PARSE_FAILURE"]
     assert len(failure) == 1 and failure[0].severity == "info"  # kept visible, not the verdict
-    assert san.classify(found, "memcheck") == "MEMORY_ERROR"
+    assert classify(found, "memcheck") == "MEMORY_ERROR"
 
 
 # ---- noise ---------------------------------------------------------------------------------
 def test_racecheck_analysis_record_alone_is_the_finding():
     found, _ = h200_case("racecheck_raw")
-    kept, filtered = san.filter_noise(found[-1:], read_source=read_here)
+    kept, filtered = filter_noise(found[-1:], read_source=read_here)
     assert [f.kind for f in kept] == ["RACE"] and filtered == []
-    assert san.classify(kept, "racecheck") == "RACE"
+    assert classify(kept, "racecheck") == "RACE"
 
 
 def test_tma_hazard_filtered_by_source_line(tmp_path):
@@ -779,13 +806,13 @@ def test_tma_hazard_filtered_by_source_line(tmp_path):
     )
     tma = finding(kind="WAR_HAZARD", lines=((str(kernel), 2), (str(kernel), 3)))
     plain = finding(kind="RAW_HAZARD", lines=((str(kernel), 1), (str(kernel), 3)))
-    kept, filtered = san.filter_noise([tma, plain])
+    kept, filtered = filter_noise([tma, plain])
     assert kept == [plain]
-    assert filtered == [replace(tma, noise_reason=san.NOISE_TMA)]
-    kept, filtered = san.filter_noise([tma, plain], tma=False)
+    assert filtered == [replace(tma, noise_reason=NOISE_TMA)]
+    kept, filtered = filter_noise([tma, plain], tma=False)
     assert kept == [tma, plain] and filtered == []
-    on = san.make_result("racecheck", ["cs"], [tma, plain])
-    off = san.make_result("racecheck", ["cs"], [tma, plain], tma_filter=False)
+    on = make_result("racecheck", ["cs"], [tma, plain])
+    off = make_result("racecheck", ["cs"], [tma, plain], tma_filter=False)
     assert [g.kind for g in on.groups] == ["RAW_HAZARD"] and sanitize_report.noise_cell(
         on
     ) == "1 tma"
@@ -795,8 +822,8 @@ def test_tma_hazard_filtered_by_source_line(tmp_path):
 
 def test_real_race_is_not_taken_for_tma():
     found, _ = h200_case("racecheck_raw")
-    kept, filtered = san.filter_noise(found, read_source=read_here)
-    assert all(f.noise_reason != san.NOISE_TMA for f in filtered) and len(kept) == 512
+    kept, filtered = filter_noise(found, read_source=read_here)
+    assert all(f.noise_reason != NOISE_TMA for f in filtered) and len(kept) == 512
 
 
 # ---- grouping and classification ---------------------------------------------------------
@@ -805,7 +832,7 @@ def test_group_sums_counts_and_orders_errors_first():
     b = finding(kind="WAR_HAZARD", count=2)
     c = finding(kind="WAR_HAZARD", count=3)
     d = finding(lines=((RACE_PY, 40), (RACE_PY, 41)), count=1)
-    groups = san.group([a, b, c, d])
+    groups = group([a, b, c, d])
     assert [(g.kind, g.lines[0][1], g.count) for g in groups] == [
         ("WAR_HAZARD", 28, 5),
         ("RAW_HAZARD", 40, 1),
@@ -837,8 +864,8 @@ def test_group_sums_counts_and_orders_errors_first():
 )
 def test_classify_table(kinds, tool, expected):
     found = [finding(kind=k, tool=tool) for k in kinds]
-    assert san.classify(found, tool) == expected
-    assert expected in san.CLASSES
+    assert classify(found, tool) == expected
+    assert expected in CLASSES
 
 
 @pytest.mark.parametrize(
@@ -855,10 +882,8 @@ def test_classify_table(kinds, tool, expected):
 def test_real_capture_classification(case, expected):
     tool = case.split("_", 1)[0]
     stdout = (H200 / f"{case}.txt").read_text()
-    kept, _ = san.filter_noise(
-        san.analyze(tool, H200 / f"{case}.xml", stdout), read_source=read_here
-    )
-    assert san.classify(kept, tool) == expected
+    kept, _ = filter_noise(analyze(tool, H200 / f"{case}.xml", stdout), read_source=read_here)
+    assert classify(kept, tool) == expected
 
 
 def test_text_kinds():
@@ -876,61 +901,61 @@ def test_text_kinds():
         "Something new the tool says": "UNKNOWN",
     }
     for message, kind in cases.items():
-        assert san._kind_from_text("memcheck", message) == kind, message
+        assert _kind_from_text("memcheck", message) == kind, message
 
 
 # ---- source lines and report -------------------------------------------------------------
 def test_source_line_local_foreign_and_missing(tmp_path):
     f = tmp_path / "k.py"
     f.write_text("a = 1\n    b = x[i]  # load\n")
-    assert san.source_line(str(f), 2) == "b = x[i]  # load"
-    assert san.source_line(str(f), 3) is None
-    assert san.source_line(str(tmp_path / "nope.py"), 1) is None
-    assert san.source_line(None, 1) is None and san.source_line(str(f), None) is None
+    assert source_line(str(f), 2) == "b = x[i]  # load"
+    assert source_line(str(f), 3) is None
+    assert source_line(str(tmp_path / "nope.py"), 1) is None
+    assert source_line(None, 1) is None and source_line(str(f), None) is None
 
 
 def test_capture_paths_map_onto_this_checkout_by_suffix():
     """A capture made in another checkout: its paths still find the sample's lines here."""
     moved = (H200 / "racecheck_raw.xml").read_text().replace(GPU_CHECKOUT, "/elsewhere/ckout")
-    found = san.parse_xml(moved, "racecheck")
+    found = parse_xml(moved, "racecheck")
     assert found[0].file == "/elsewhere/ckout/tools/sanitizer_samples/race_smem.py"
-    assert san.source_line(found[0].file, found[0].line, roots=(REPO,)).endswith("# RACE_WRITE")
-    assert san.source_line(found[0].sites[1].file, 31, roots=(REPO,)).endswith("# RACE_READ")
+    assert source_line(found[0].file, found[0].line, roots=(REPO,)).endswith("# RACE_WRITE")
+    assert source_line(found[0].sites[1].file, 31, roots=(REPO,)).endswith("# RACE_READ")
     moved = (H200 / "memcheck_oob.xml").read_text().replace(GPU_CHECKOUT, "/elsewhere/ckout")
-    f = san.parse_xml(moved, "memcheck")[0]
-    assert san.source_line(f.file, f.line, roots=(REPO,)).startswith("y[i + self.oob_offset]")
+    f = parse_xml(moved, "memcheck")[0]
+    assert source_line(f.file, f.line, roots=(REPO,)).startswith("y[i + self.oob_offset]")
 
 
 def test_make_result_and_markdown():
     findings = (
-        san.parse_xml(H200 / "racecheck_raw.xml", "racecheck")
-        + san.parse_xml(H200 / "memcheck_api_noise.xml", "racecheck")[:2]
+        parse_xml(H200 / "racecheck_raw.xml", "racecheck")
+        + parse_xml(H200 / "memcheck_api_noise.xml", "racecheck")[:2]
     )
-    cmd = san.build_command(
+    cmd = build_command(
         "racecheck",
         ["python", "-m", "cutedebug.engine.worker", "r.json"],
         "/tmp/r.xml",
         sanitizer="compute-sanitizer",
     )
-    result = san.make_result(
+    result = make_result(
         "racecheck",
         cmd,
         findings,
-        env=san.child_env("racecheck"),
+        env=child_env("racecheck"),
         exit_code=86,
         sanitizer_seconds=12.0,
         plain_seconds=1.5,
         xml_path="/tmp/r.xml",
         read_source=read_here,
     )
-    assert san.ToolResult.from_json(json.loads(json.dumps(result.to_json()))) == result
+    assert ToolResult.from_json(json.loads(json.dumps(result.to_json()))) == result
     data, result = result, result.to_json()  # the JSON object, as sanitize.json holds it
     assert result["verdict"] == "RACE"
     assert result["slowdown"] == pytest.approx(8.0)
     # filtered counts are records: 2 probing errors, 1 analysis record (of 512 hazards)
     assert result["filtered"] == [
-        {"reason": san.NOISE_ANALYSIS_DUP, "count": 1},
-        {"reason": san.NOISE_PROC_ADDRESS, "count": 2},
+        {"reason": NOISE_ANALYSIS_DUP, "count": 1},
+        {"reason": NOISE_PROC_ADDRESS, "count": 2},
     ]
     (g,) = result["groups"]
     assert g["kind"] == "RAW_HAZARD" and g["count"] == 512
@@ -952,7 +977,7 @@ def test_make_result_and_markdown():
 
 
 def test_markdown_clean_run():
-    result = san.make_result("memcheck", ["cs", "w"], [], sanitizer_seconds=3.0)
+    result = make_result("memcheck", ["cs", "w"], [], sanitizer_seconds=3.0)
     md = sanitize_report.render_markdown(result)
     assert result.verdict == "CLEAN"
     assert "no findings after noise filtering" in md and "- none" in md
@@ -993,7 +1018,7 @@ def assert_no_rerun(calls):
 def test_shrink_finds_threshold_without_rerunning():
     run = FakeRun(threshold=37)
     ticks = iter(range(1000))
-    res = san.shrink({"n": 1 << 20, "stages": 4}, ("n",), run, clock=lambda: next(ticks))
+    res = shrink({"n": 1 << 20, "stages": 4}, ("n",), run, clock=lambda: next(ticks))
     assert res.shrunk == {"n": 37, "stages": 4}
     assert res.original == {"n": 1 << 20, "stages": 4}
     assert res.signature == ("INVALID_GLOBAL_WRITE", (OOB,))
@@ -1005,7 +1030,7 @@ def test_shrink_finds_threshold_without_rerunning():
 
 def test_shrink_reuses_the_original_run():
     run = FakeRun(threshold=37)
-    res = san.shrink({"n": 64}, ("n",), run, original=([oob_at()], 7.5))
+    res = shrink({"n": 64}, ("n",), run, original=([oob_at()], 7.5))
     assert {"n": 64} not in run.calls
     assert res.runs[0] == {"params": {"n": 64}, "reproduced": True, "seconds": 7.5}
     assert res.original_seconds == 7.5 and res.shrunk == {"n": 37}
@@ -1013,7 +1038,7 @@ def test_shrink_reuses_the_original_run():
 
 def test_shrink_keeps_the_same_signature_not_any_finding():
     run = FakeRun(threshold=100, other_below=1)  # below 100 only line 70 is reported
-    res = san.shrink({"n": 4096}, ("n",), run)
+    res = shrink({"n": 4096}, ("n",), run)
     assert res.shrunk["n"] == 100
     assert_no_rerun(run.calls)
     for r in res.runs:
@@ -1028,7 +1053,7 @@ def test_shrink_several_params_and_broken_candidates():
         return [oob_at()] if p["n"] >= 10 and p["m"] >= 3 else []
 
     calls: list[dict] = []
-    res = san.shrink({"n": 256, "m": 64, "flag": True}, ("n", "m", "flag"), run)
+    res = shrink({"n": 256, "m": 64, "flag": True}, ("n", "m", "flag"), run)
     assert res.shrunk == {"n": 10, "m": 3, "flag": True}
     assert_no_rerun(calls)
     errors = [r for r in res.runs if "error" in r]
@@ -1038,10 +1063,8 @@ def test_shrink_several_params_and_broken_candidates():
 def test_shrink_explicit_target_and_original_must_reproduce():
     run = FakeRun(threshold=50)
     with pytest.raises(ValueError, match="do not reproduce"):
-        san.shrink({"n": 10}, ("n",), run)
-    res = san.shrink(
-        {"n": 64}, ("n",), FakeRun(threshold=50), target=("INVALID_GLOBAL_WRITE", (OOB,))
-    )
+        shrink({"n": 10}, ("n",), run)
+    res = shrink({"n": 64}, ("n",), FakeRun(threshold=50), target=("INVALID_GLOBAL_WRITE", (OOB,)))
     assert res.shrunk["n"] == 50
 
 
@@ -1053,7 +1076,7 @@ def test_shrink_ignores_noise_when_choosing_target():
     def run(p):
         return [noise] + ([oob_at()] if p["n"] >= 5 else [])
 
-    res = san.shrink({"n": 40}, ("n",), run)
+    res = shrink({"n": 40}, ("n",), run)
     assert res.signature == ("INVALID_GLOBAL_WRITE", (OOB,)) and res.shrunk["n"] == 5
 
 
@@ -1062,7 +1085,7 @@ def test_shrink_ignores_noise_when_choosing_target():
 def test_shrink_property_monotone_threshold(start, data):
     threshold = data.draw(st.integers(1, start))
     run = FakeRun(threshold=threshold)
-    res = san.shrink({"n": start}, ("n",), run, max_runs=200)
+    res = shrink({"n": start}, ("n",), run, max_runs=200)
     assert res.shrunk["n"] == threshold
     assert_no_rerun(run.calls)
     assert len(run.calls) <= 2 * start.bit_length() + 2
@@ -1070,8 +1093,8 @@ def test_shrink_property_monotone_threshold(start, data):
 
 def test_markdown_reports_shrink_sizes_and_times():
     ticks = iter(range(0, 10_000, 3))
-    res = san.shrink({"n": 4096}, ("n",), FakeRun(threshold=129), clock=lambda: next(ticks))
-    result = san.make_result("memcheck", ["cs", "w"], [oob_at()], shrink_result=res)
+    res = shrink({"n": 4096}, ("n",), FakeRun(threshold=129), clock=lambda: next(ticks))
+    result = make_result("memcheck", ["cs", "w"], [oob_at()], shrink_result=res)
     assert result.to_json()["shrink"]["shrunk"] == {"n": 129}
     md = sanitize_report.render_markdown(result)
     section = md[md.index("## Shrunk") : md.index("## Reproduce")]
@@ -1106,18 +1129,18 @@ def test_shrinkable_params_read_without_importing_the_kernel(tmp_path):
         ("UNREADABLE", "HANG", {"killed": "deadline:launched:100s"}, "HANG"),
         ("RACE", "HANG", {"killed": "deadline:launched:100s"}, "HANG"),
         # the kernel never ran: never CLEAN, and findings cannot be this launch's
-        (san.CLEAN, "UNSUPPORTED", {"launched": False, "synced": False}, "UNSUPPORTED"),
+        (CLEAN, "UNSUPPORTED", {"launched": False, "synced": False}, "UNSUPPORTED"),
         ("MEMORY_ERROR", "UNSUPPORTED", {"launched": False, "synced": False}, "UNSUPPORTED"),
-        (san.CLEAN, "COMPILE_ERROR", {"launched": False, "synced": False}, "COMPILE_ERROR"),
+        (CLEAN, "COMPILE_ERROR", {"launched": False, "synced": False}, "COMPILE_ERROR"),
         ("UNREADABLE", "PASS", {}, "UNREADABLE"),
         # error exit code with nothing read: the output was lost
-        (san.CLEAN, "PASS", {"exit_code": 86, "records": 0}, "UNREADABLE"),
+        (CLEAN, "PASS", {"exit_code": 86, "records": 0}, "UNREADABLE"),
         # error exit code from filtered noise only (API errors on): clean
-        (san.CLEAN, "PASS", {"exit_code": 86, "records": 34}, san.CLEAN),
+        (CLEAN, "PASS", {"exit_code": 86, "records": 34}, CLEAN),
         # the kernel crashed and the sanitizer named no cause: the crash, not CLEAN
-        (san.CLEAN, "CRASH", {"synced": False}, "CRASH"),
-        (san.CLEAN, "MISMATCH", {}, san.CLEAN),
-        (san.CLEAN, "PASS", {}, san.CLEAN),
+        (CLEAN, "CRASH", {"synced": False}, "CRASH"),
+        (CLEAN, "MISMATCH", {}, CLEAN),
+        (CLEAN, "PASS", {}, CLEAN),
     ],
 )
 def test_tool_verdict_table(cls, kernel, kw, expected):
@@ -1130,7 +1153,7 @@ def test_tool_verdict_table(cls, kernel, kw, expected):
 
 
 def test_parse_tools():
-    assert cmd.parse_tools("all") == san.TOOLS
+    assert cmd.parse_tools("all") == TOOLS
     assert cmd.parse_tools("racecheck,synccheck") == ("racecheck", "synccheck")
     assert cmd.parse_tools(["memcheck", "memcheck,initcheck"]) == ("memcheck", "initcheck")
     with pytest.raises(ValueError, match="unknown sanitizer tool 'leakcheck'"):
@@ -1204,7 +1227,7 @@ def report(proc) -> tuple[dict, str]:
     text = (md.parent / "sanitize.json").read_text()
     summary = json.loads(text)
     # the file reads back as its record and writes back byte for byte
-    assert cmd.dump_summary(san.SanitizeSummary.from_json(summary)) == text
+    assert cmd.dump_summary(SanitizeSummary.from_json(summary)) == text
     return summary, md.read_text()
 
 
@@ -1235,7 +1258,7 @@ def test_sanitize_racecheck_finds_the_captured_race(fake_sanitizer, tmp_path):
         "RACE",
         "PASS",
     )
-    assert res["exit_code"] == san.ERROR_EXITCODE and res["records"] == 513
+    assert res["exit_code"] == ERROR_EXITCODE and res["records"] == 513
     (g,) = res["groups"]
     assert (g["kind"], g["count"], [(ln["line"], ln["source"]) for ln in g["lines"]]) == (
         "RAW_HAZARD",
@@ -1245,7 +1268,7 @@ def test_sanitize_racecheck_finds_the_captured_race(fake_sanitizer, tmp_path):
             (31, "y[tid] = buf[(tid + 32) % THREADS]  # RACE_READ"),
         ],
     )
-    assert res["filtered"] == [{"reason": san.NOISE_ANALYSIS_DUP, "count": 1}]
+    assert res["filtered"] == [{"reason": NOISE_ANALYSIS_DUP, "count": 1}]
     # the wrapped command: the sanitizer's options, then the unchanged worker command
     run_dir = Path(res["run_dir"])
     argv = res["command"]
@@ -1550,7 +1573,7 @@ def test_sanitize_missing_sanitizer_is_a_clear_error(monkeypatch, capsys, tmp_pa
 
 # ---- on the H200 (real compute-sanitizer) ---------------------------------------------------
 def real_sanitizer():
-    path = san.find_sanitizer()
+    path = find_sanitizer()
     if path is None:
         pytest.skip("compute-sanitizer not found")
     return path
@@ -1618,7 +1641,7 @@ def load_table_tool():
 def test_table_plan_defaults_and_overrides():
     tool = load_table_tool()
     default = {p.relative_to(REPO / "scenarios").as_posix(): t for p, t in tool.plan([], None)}
-    assert default["tma_stream/clean.toml"] == san.TOOLS
+    assert default["tma_stream/clean.toml"] == TOOLS
     assert default["tma_stream/oob_store.toml"] == ("memcheck",)
     assert default["tma_stream/drop_sync.toml"] == ("racecheck", "synccheck")
     assert set(default) >= {
@@ -1636,7 +1659,7 @@ def test_table_plan_defaults_and_overrides():
     assert {t for _, t in tool.plan([], "memcheck")} == {("memcheck",)}
     assert tool.plan(["a.toml=racecheck", "b.toml"], None) == [
         (Path("a.toml"), ("racecheck",)),
-        (Path("b.toml"), san.TOOLS),
+        (Path("b.toml"), TOOLS),
     ]
 
 

@@ -24,7 +24,11 @@ from test_sanitizer import (
     sanitize,
 )
 
-from cutedebug.analyses import sanitizer as san
+from cutedebug.analyses.sanitizer.attribution import attribute, is_launched_kernel
+from cutedebug.analyses.sanitizer.findings import PARSE_FAILURE
+from cutedebug.analyses.sanitizer.parse import parse_xml
+from cutedebug.analyses.sanitizer.result import make_result
+from cutedebug.analyses.sanitizer.triage import CLEAN
 from cutedebug.engine.worker import ptx_entries
 from cutedebug.reporting import sanitize as sanitize_report
 
@@ -33,40 +37,40 @@ TORCH_FLASH = "void pytorch_flash::flash_fwd_kernel<"
 
 
 def test_attribute_the_real_captures_by_their_kernel_name():
-    oob = san.parse_xml(H200 / "memcheck_oob.xml", "memcheck")
-    own, others = san.attribute(oob, [MINIMAL_KERNEL])
+    oob = parse_xml(H200 / "memcheck_oob.xml", "memcheck")
+    own, others = attribute(oob, [MINIMAL_KERNEL])
     assert (len(own), len(others)) == (64, 0)
     # the same records while another kernel was the one under test: all set apart
-    own, others = san.attribute(oob, [RACE_KERNEL])
+    own, others = attribute(oob, [RACE_KERNEL])
     assert (len(own), len(others)) == (0, 64)
     assert {f.kernel for f in others} == {MINIMAL_KERNEL}
 
 
 def test_unknown_launched_kernels_set_nothing_apart():
-    race = san.parse_xml(H200 / "racecheck_raw.xml", "racecheck")
-    own, others = san.attribute(race, [])
+    race = parse_xml(H200 / "racecheck_raw.xml", "racecheck")
+    own, others = attribute(race, [])
     assert (len(own), others) == (513, [])
 
 
 def test_findings_without_a_kernel_name_stay_with_the_run():
-    noise = san.parse_xml(DATA / "synthetic_api_noise.xml", "memcheck")
-    broken = san.parse_xml("<ComputeSanitizerOutput><record>", "racecheck")
-    own, others = san.attribute(noise + broken, [RACE_KERNEL])
+    noise = parse_xml(DATA / "synthetic_api_noise.xml", "memcheck")
+    broken = parse_xml("<ComputeSanitizerOutput><record>", "racecheck")
+    own, others = attribute(noise + broken, [RACE_KERNEL])
     assert others == [] and len(own) == len(noise) + len(broken)
-    assert any(f.kind == san.PARSE_FAILURE for f in own)
+    assert any(f.kind == PARSE_FAILURE for f in own)
 
 
 def test_prefix_of_a_shortened_symbol_still_matches():
-    assert san.is_launched_kernel(MINIMAL_KERNEL[:60], [MINIMAL_KERNEL])
-    assert san.is_launched_kernel(MINIMAL_KERNEL, [MINIMAL_KERNEL[:60]])
-    assert not san.is_launched_kernel("kernel_cutlass", [MINIMAL_KERNEL])  # too short to tell
-    assert not san.is_launched_kernel(None, [MINIMAL_KERNEL])
+    assert is_launched_kernel(MINIMAL_KERNEL[:60], [MINIMAL_KERNEL])
+    assert is_launched_kernel(MINIMAL_KERNEL, [MINIMAL_KERNEL[:60]])
+    assert not is_launched_kernel("kernel_cutlass", [MINIMAL_KERNEL])  # too short to tell
+    assert not is_launched_kernel(None, [MINIMAL_KERNEL])
 
 
 def test_mixed_capture_verdict_from_the_kernel_under_test_only():
-    findings = san.parse_xml(MIXED, "racecheck")
+    findings = parse_xml(MIXED, "racecheck")
     assert len(findings) == 4
-    res = san.make_result(
+    res = make_result(
         "racecheck",
         ["compute-sanitizer"],
         findings,
@@ -86,15 +90,15 @@ def test_mixed_capture_verdict_from_the_kernel_under_test_only():
 
 
 def test_mixed_capture_clean_kernel_is_clean_with_the_others_shown():
-    findings = san.parse_xml(MIXED, "racecheck")
-    res = san.make_result(
+    findings = parse_xml(MIXED, "racecheck")
+    res = make_result(
         "racecheck",
         ["compute-sanitizer"],
         findings,
         read_source=read_here,
         kernel_names=[MINIMAL_KERNEL],
     )
-    assert res.verdict == san.CLEAN and res.groups == []
+    assert res.verdict == CLEAN and res.groups == []
     counts = {k.kernel[:24]: k.count for k in res.other_kernels}
     assert counts == {RACE_KERNEL[:24]: 1, TORCH_FLASH[:24]: 3}
     md = sanitize_report.render_markdown(res)

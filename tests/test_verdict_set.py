@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from cutedebug.analyses import sanitizer
+from cutedebug.analyses.sanitizer.findings import (
+    API_ERROR,
+    BARRIER_MISUSE,
+    PARSE_FAILURE,
+    RAW_HAZARD,
+    UNINIT_READ,
+)
+from cutedebug.analyses.sanitizer.triage import CLASSES, kind_class
 from cutedebug.commands import sanitize, triage
 from cutedebug.engine import verdict as V
 from cutedebug.engine.verdict import SanitizerClass, Verdict
@@ -44,7 +51,7 @@ def test_predicates():
 def test_modules_derive_their_lists_from_the_enum():
     assert triage.COMPILE_FINAL == V.values(lambda v: v.ends_at_compile)
     assert sanitize.FINDING_VERDICTS == V.values(lambda v: v.is_sanitizer_finding)
-    assert sanitizer.CLASSES == tuple(c.value for c in SanitizerClass)
+    assert CLASSES == tuple(c.value for c in SanitizerClass)
     assert set(faults.VERDICTS) <= set(V.ALL)
     assert {rule[2] for rule in V.RULES} <= set(Verdict)
 
@@ -69,14 +76,14 @@ def test_sanitizer_classes():
     with pytest.raises(ValueError, match="not a sanitize verdict"):
         V.sanitize_verdict("MAYBE")
     kinds = [
-        sanitizer.RAW_HAZARD,
-        sanitizer.BARRIER_MISUSE,
-        sanitizer.UNINIT_READ,
-        sanitizer.API_ERROR,
-        sanitizer.PARSE_FAILURE,
+        RAW_HAZARD,
+        BARRIER_MISUSE,
+        UNINIT_READ,
+        API_ERROR,
+        PARSE_FAILURE,
         "INVALID_GLOBAL_WRITE",
         "???",
     ]
     for kind in kinds:
         for tool in ("memcheck", "racecheck", "synccheck", "initcheck", "other"):
-            assert sanitizer.kind_class(kind, tool) in SanitizerClass._value2member_map_
+            assert kind_class(kind, tool) in SanitizerClass._value2member_map_
