@@ -31,9 +31,11 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+T = TypeVar("T")
 READY_TIMEOUT_S = 120.0
 MAX_RESTARTS = 3
 
@@ -171,7 +173,10 @@ def fork_worker(req: dict[str, Any], server_pid: int, in_child=None) -> int:
     return pid
 
 
-def _reap(children: dict[int, str]) -> None:
+def reap_exited(children: dict[int, T], ended: Callable[[int, T, int], None]) -> None:
+    """Reap, without blocking, the children that have exited while any of ``children`` is left;
+    each one of them is popped and told to ``ended(pid, child, returncode)`` (other reaped
+    pids are passed over). The fork server's and the pool server's one reaping loop."""
     while children:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -179,9 +184,14 @@ def _reap(children: dict[int, str]) -> None:
             return
         if pid == 0:
             return
-        path = children.pop(pid, None)
-        if path:
-            _write_status(path, os.waitstatus_to_exitcode(status))
+        child = children.pop(pid, None)
+        if child is not None:
+            ended(pid, child, os.waitstatus_to_exitcode(status))
+
+
+def _reap(children: dict[int, str]) -> None:
+    """The fork server's workers that exited: each one's status file written."""
+    reap_exited(children, lambda _pid, path, returncode: _write_status(path, returncode))
 
 
 # ---- parent side -----------------------------------------------------------------------

@@ -217,19 +217,12 @@ class Server:
         return {"pid": pid}
 
     def reap(self) -> None:
-        while self.workers:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            w = self.workers.pop(pid, None)
-            if w is None:
-                continue
+        def ended(pid: int, w: _Worker, returncode: int) -> None:
             if w.client is not None:
                 w.client.pids.discard(pid)
-            forkserver._write_status(w.status, os.waitstatus_to_exitcode(status))
+            forkserver._write_status(w.status, returncode)
+
+        forkserver.reap_exited(self.workers, ended)
 
     def drop(self, client: _Client) -> None:
         """The client went away: nobody watches its workers any more, so they end now."""
