@@ -1,12 +1,14 @@
-"""Command-line values shared by `cutedebug run`, `lint` and friends: NAME=VALUE pairs and
-fault specs (``name`` or ``name:arg=v,arg2=w``). Values use TOML scalar syntax (1, 2.5, true,
-"s"), else the bare string; a malformed pair is a UsageError (exit status 2)."""
+"""Command-line values shared by `cutedebug run`, `lint` and friends: NAME=VALUE pairs, fault
+specs (``name`` or ``name:arg=v,arg2=w``) and the ad-hoc scenario of a ``FILE.py:Class``
+target. Values use TOML scalar syntax (1, 2.5, true, "s"), else the bare string; a malformed
+pair is a UsageError (exit status 2)."""
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
-from cutedebug.engine.scenario import parse_value
+from cutedebug.engine.scenario import Scenario, adhoc, parse_value
 from cutedebug.errors import UsageError
 
 
@@ -28,3 +30,14 @@ def parse_fault(text: str | None) -> tuple[str | None, dict[str, Any]]:
     name, _, rest = text.partition(":")
     args = parse_kv([a for a in rest.split(",") if a], "--fault argument") if rest else {}
     return name, args
+
+
+DEFAULT_ARCHS = ("sm_90a",)
+
+
+def adhoc_scenario(target: str, args: argparse.Namespace, expect: str = "PASS") -> Scenario:
+    """The scenario of a ``FILE.py:Class`` target from ``--param`` / ``--fault`` / ``--arch``
+    (``DEFAULT_ARCHS`` without ``--arch``)."""
+    fault, fault_args = parse_fault(args.fault)
+    archs = tuple(args.arch) if args.arch else DEFAULT_ARCHS
+    return adhoc(target, parse_kv(args.param, "--param"), fault, fault_args, expect, archs)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from cutedebug.commands import exits
-from cutedebug.commands.args import parse_fault, parse_kv
+from cutedebug.commands.args import adhoc_scenario, parse_fault, parse_kv
 from cutedebug.engine import scenario as S
 from cutedebug.engine.verdict import ALL as VERDICTS
 from cutedebug.errors import UsageError
@@ -48,18 +48,7 @@ def load_targets(args: argparse.Namespace) -> list[S.Scenario]:
                 raise UsageError(f"{target}: no scenario files (*.toml) found")
             scenarios += [S.load(f) for f in files]
         else:
-            fault, fault_args = parse_fault(args.fault)
-            archs = tuple(args.arch) if args.arch else ("sm_90a",)
-            scenarios.append(
-                S.adhoc(
-                    target,
-                    parse_kv(args.param, "--param"),
-                    fault,
-                    fault_args,
-                    args.expect or "PASS",
-                    archs,
-                )
-            )
+            scenarios.append(adhoc_scenario(target, args, args.expect or "PASS"))
     overrides: dict[str, Any] = {}
     if args.expect and all(t.endswith(".toml") or Path(t).is_dir() for t in args.targets):
         overrides["expect"] = S.Expect(verdict=args.expect)

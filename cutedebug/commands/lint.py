@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from cutedebug.analyses.lint import HARNESS_CHECK, Finding, Protocol, render
-from cutedebug.commands.args import parse_fault, parse_kv
+from cutedebug.commands.args import adhoc_scenario
 from cutedebug.commands.exits import EXIT_HARNESS
 from cutedebug.engine import lifeline, watchdog
 from cutedebug.engine import scenario as S
@@ -64,17 +64,7 @@ def cmd_lint(args: argparse.Namespace) -> int:
         if target.endswith(".toml") or p.is_dir():
             scenarios += [S.load(f) for f in S.discover(p)]
         else:
-            fault, fault_args = parse_fault(args.fault)
-            scenarios.append(
-                S.adhoc(
-                    target,
-                    parse_kv(args.param, "--param"),
-                    fault,
-                    fault_args,
-                    "PASS",
-                    tuple(args.arch) if args.arch else ("sm_90a",),
-                )
-            )
+            scenarios.append(adhoc_scenario(target, args))
             if not args.arch:
                 adhoc_ids.add(id(scenarios[-1]))
     if not scenarios:
