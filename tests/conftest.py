@@ -52,3 +52,11 @@ def shared_forkserver(tmp_path_factory):
         pytest.skip("the fork server could not start here")
     yield fs
     fs.close()
+
+
+@pytest.fixture
+def fake_sanitizer(tmp_path):
+    """A compute-sanitizer that replays the H200 captures (tests/helpers/sanitize_runs.py)."""
+    from helpers.sanitize_runs import fake_sanitizer_at
+
+    return fake_sanitizer_at(tmp_path / "bin")

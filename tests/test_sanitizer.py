@@ -23,6 +23,13 @@ from pathlib import Path
 
 import psutil
 import pytest
+from helpers.sanitize_runs import (
+    SCEN,
+    cutedebug_sanitize,
+    report,
+    sanitize_tool,
+    tool_report,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -35,7 +42,7 @@ from cutedebug.analyses.sanitizer.parse import (
     parse_text,
     parse_xml,
 )
-from cutedebug.analyses.sanitizer.result import SanitizeSummary, ToolResult, make_result
+from cutedebug.analyses.sanitizer.result import ToolResult, make_result
 from cutedebug.analyses.sanitizer.shrink import shrink
 from cutedebug.analyses.sanitizer.tool import (
     DEFAULT_PRINT_LIMIT,
@@ -62,7 +69,6 @@ REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data" / "sanitizer"
 H200 = DATA / "h200"
 SAMPLES = REPO / "tools" / "sanitizer_samples"
-FAKE = REPO / "tests" / "helpers" / "fake_compute_sanitizer.py"
 GPU_CHECKOUT = "/work/main"  # where the captures were made
 RACE_PY = f"{GPU_CHECKOUT}/tools/sanitizer_samples/race_smem.py"
 UNINIT_PY = f"{GPU_CHECKOUT}/tools/sanitizer_samples/uninit_read.py"
@@ -1186,73 +1192,22 @@ def test_judge_checks_plain_run_verdicts_against_the_plain_run():
 
 
 # ---- `cutedebug sanitize` end to end through the fake compute-sanitizer ---------------------
-SCEN = REPO / "scenarios" / "minimal"
-
-
-@pytest.fixture
-def fake_sanitizer(tmp_path):
-    path = tmp_path / "bin" / "compute-sanitizer"
-    path.parent.mkdir()
-    path.write_text(f'#!/bin/sh\nexec {sys.executable} {FAKE} "$@"\n')
-    path.chmod(0o755)
-    return path
-
-
-def cutedebug_sanitize(*args, env=None, timeout=600):
-    return subprocess.run(
-        [sys.executable, "-m", "cutedebug", "sanitize", *args],
-        check=False,
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=env,
-        timeout=timeout,
-    )
-
-
-def sanitize(fake, case, mode, *args, env=None, timeout=300):
-    full_env = dict(
-        os.environ,
-        COMPUTE_SANITIZER=str(fake),
-        FAKE_SANITIZER_CASE=case,
-        FAKE_SANITIZER_MODE=mode,
-        **(env or {}),
-    )
-    return cutedebug_sanitize(*args, env=full_env, timeout=timeout)
-
-
-def report(proc) -> tuple[dict, str]:
-    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("report: "))
-    md = Path(line.split("report: ", 1)[1])
-    text = (md.parent / "sanitize.json").read_text()
-    summary = json.loads(text)
-    # the file reads back as its record and writes back byte for byte
-    assert cmd.dump_summary(SanitizeSummary.from_json(summary)) == text
-    return summary, md.read_text()
-
-
 def test_sanitize_racecheck_finds_the_captured_race(fake_sanitizer, tmp_path):
-    r = sanitize(
+    r = sanitize_tool(
         fake_sanitizer,
         "racecheck_raw",
         "simulate",
-        str(SCEN / "clean.toml"),
-        "--tool",
+        SCEN / "clean.toml",
         "racecheck",
-        "--expect",
-        "RACE",
-        "--no-plain",
-        "--runs-dir",
-        str(tmp_path / "runs"),
+        tmp_path / "runs",
+        expect="RACE",
     )
-    assert r.returncode == 0, r.stdout + r.stderr
     first = r.stdout.splitlines()[0]
     assert first.startswith(
         "racecheck: RACE — RAW_HAZARD at race_smem.py:28 / race_smem.py:31 "
         "×512: `buf[tid] = x[tid]  # RACE_WRITE`"
     )
-    summary, md = report(r)
-    res = summary["tools"]["racecheck"]
+    summary, md, res = tool_report(r, "racecheck")
     assert (res["verdict"], res["sanitizer_class"], res["kernel_verdict"]) == (
         "RACE",
         "RACE",
@@ -1308,28 +1263,22 @@ def test_sanitize_synccheck_names_the_extra_release(fake_sanitizer, tmp_path):
     src = tmp_path / "capture_src"
     (src / "kernels").mkdir(parents=True)
     (src / "kernels" / "tma_stream.py").write_text(tma_stream_capture_source())
-    r = sanitize(
+    r = sanitize_tool(
         fake_sanitizer,
         "synccheck_extra_release",
         "simulate-crash",
-        str(scen),
-        "--tool",
+        scen,
         "synccheck",
-        "--expect",
-        "SYNC_ERROR",
-        "--no-plain",
-        "--runs-dir",
-        str(tmp_path),
+        tmp_path,
+        expect="SYNC_ERROR",
         env={"FAKE_SANITIZER_SOURCE_ROOT": f"{GPU_CHECKOUT}={src}"},
     )
-    assert r.returncode == 0, r.stdout + r.stderr
     release = tma_stream_line(r"^\s*ring\.consumer_release\(state\)")
     assert r.stdout.splitlines()[0].startswith(
         f"synccheck: SYNC_ERROR — BARRIER_MISUSE at tma_stream.py:{release} ×61: "
         "`ring.consumer_release(state)`"
     )
-    summary, md = report(r)
-    res = summary["tools"]["synccheck"]
+    summary, md, res = tool_report(r, "synccheck")
     assert (res["verdict"], res["kernel_verdict"], res["records"]) == ("SYNC_ERROR", "CRASH", 61)
     (g,) = res["groups"]
     assert g["text"] == "Barrier error: Missing wait" and g["count"] == 61
@@ -1337,71 +1286,44 @@ def test_sanitize_synccheck_names_the_extra_release(fake_sanitizer, tmp_path):
 
 
 def test_sanitize_pass_scenario_with_a_race_is_not_as_expected(fake_sanitizer, tmp_path):
-    r = sanitize(
+    r = sanitize_tool(
         fake_sanitizer,
         "racecheck_raw",
         "simulate",
-        str(SCEN / "clean.toml"),
-        "--tool",
+        SCEN / "clean.toml",
         "racecheck",
-        "--no-plain",
-        "--runs-dir",
-        str(tmp_path),
+        tmp_path,
+        rc=1,
     )
-    assert r.returncode == 1, r.stdout + r.stderr
     assert "expected PASS: NOT as expected" in r.stdout
 
 
 def test_sanitize_clean_and_noise_only_runs_are_clean(fake_sanitizer, tmp_path):
-    r = sanitize(
-        fake_sanitizer,
-        "memcheck_clean",
-        "simulate",
-        str(SCEN / "clean.toml"),
-        "--tool",
-        "memcheck",
-        "--no-plain",
-        "--runs-dir",
-        str(tmp_path),
+    r = sanitize_tool(
+        fake_sanitizer, "memcheck_clean", "simulate", SCEN / "clean.toml", "memcheck", tmp_path
     )
-    assert r.returncode == 0, r.stdout + r.stderr
     res = report(r)[0]["tools"]["memcheck"]
     assert (res["verdict"], res["groups"], res["filtered"]) == ("CLEAN", [], [])
     assert "PYTORCH_NO_CUDA_MEMORY_CACHING=1" in res["reproduce"]
     # cuGetProcAddress noise makes the tool exit with the error code; still clean, with reason
-    r = sanitize(
-        fake_sanitizer,
-        "memcheck_api_noise",
-        "simulate",
-        str(SCEN / "clean.toml"),
-        "--tool",
-        "memcheck",
-        "--no-plain",
-        "--runs-dir",
-        str(tmp_path),
+    r = sanitize_tool(
+        fake_sanitizer, "memcheck_api_noise", "simulate", SCEN / "clean.toml", "memcheck", tmp_path
     )
-    assert r.returncode == 0, r.stdout + r.stderr
-    summary, md = report(r)
-    res = summary["tools"]["memcheck"]
+    summary, md, res = tool_report(r, "memcheck")
     assert (res["verdict"], res["exit_code"], res["filtered_count"]) == ("CLEAN", 86, 34)
     assert "34 × cuda-bindings probes" in md
 
 
 def test_sanitize_memcheck_error_that_stops_the_kernel(fake_sanitizer, tmp_path):
-    r = sanitize(
+    r = sanitize_tool(
         fake_sanitizer,
         "memcheck_oob",
         "simulate-crash",
-        str(SCEN / "oob_store.toml"),
-        "--tool",
+        SCEN / "oob_store.toml",
         "memcheck",
-        "--expect",
-        "MEMORY_ERROR",
-        "--no-plain",
-        "--runs-dir",
-        str(tmp_path),
+        tmp_path,
+        expect="MEMORY_ERROR",
     )
-    assert r.returncode == 0, r.stdout + r.stderr
     res = report(r)[0]["tools"]["memcheck"]
     assert (res["verdict"], res["kernel_verdict"]) == ("MEMORY_ERROR", "CRASH")
     (g,) = res["groups"]
@@ -1420,21 +1342,18 @@ def test_sanitize_hang_ends_as_hang(fake_sanitizer, tmp_path):
         'entry = "Minimal"\n[expect]\nverdict = "PASS"\n'
         "[limits]\ndeadline_s = 0.5\n"
     )
-    r = sanitize(
+    r = sanitize_tool(
         fake_sanitizer,
         "racecheck_clean",
         "hang",
-        str(toml),
-        "--tool",
+        toml,
         "racecheck",
-        "--no-plain",
+        tmp_path,
         "--deadline-scale",
         "3",
-        "--runs-dir",
-        str(tmp_path),
+        rc=1,
         timeout=120,
     )
-    assert r.returncode == 1, r.stdout + r.stderr
     res = report(r)[0]["tools"]["racecheck"]
     assert res["verdict"] == "HANG"
     assert res["killed_by_watchdog"] == "deadline:launched:1.5s"
@@ -1444,38 +1363,30 @@ def test_sanitize_hang_ends_as_hang(fake_sanitizer, tmp_path):
 
 
 def test_sanitize_without_output_is_unreadable_not_clean(fake_sanitizer, tmp_path):
-    r = sanitize(
+    r = sanitize_tool(
         fake_sanitizer,
         "memcheck_clean",
         "simulate",
-        str(SCEN / "clean.toml"),
-        "--tool",
+        SCEN / "clean.toml",
         "memcheck",
-        "--no-plain",
-        "--runs-dir",
-        str(tmp_path),
+        tmp_path,
+        rc=1,
         env={"FAKE_SANITIZER_XML": "0", "FAKE_SANITIZER_TEXT": "0"},
     )
-    assert r.returncode == 1
     res = report(r)[0]["tools"]["memcheck"]
     assert res["verdict"] == "UNREADABLE"
     assert [g["kind"] for g in res["groups"]] == ["PARSE_FAILURE"]
     # XML lost but the text report there: the text decides, the XML failure is kept as info
-    r = sanitize(
+    r = sanitize_tool(
         fake_sanitizer,
         "racecheck_raw",
         "simulate",
-        str(SCEN / "clean.toml"),
-        "--tool",
+        SCEN / "clean.toml",
         "racecheck",
-        "--no-plain",
-        "--expect",
-        "RACE",
-        "--runs-dir",
-        str(tmp_path),
+        tmp_path,
+        expect="RACE",
         env={"FAKE_SANITIZER_XML": "0"},
     )
-    assert r.returncode == 0, r.stdout + r.stderr
     res = report(r)[0]["tools"]["racecheck"]
     assert res["verdict"] == "RACE"
     assert [(g["kind"], g["severity"]) for g in res["groups"]] == [
@@ -1491,25 +1402,22 @@ def test_sanitize_without_output_is_unreadable_not_clean(fake_sanitizer, tmp_pat
 def test_sanitize_real_worker_without_gpu_is_not_clean(fake_sanitizer, tmp_path):
     """The fake runs the real worker, which compiles and reports UNSUPPORTED here: the kernel
     never ran, so the verdict is UNSUPPORTED although the replayed XML holds findings."""
-    r = sanitize(
+    r = sanitize_tool(
         fake_sanitizer,
         "memcheck_oob",
         "exec",
-        str(SCEN / "oob_store.toml"),
-        "--tool",
+        SCEN / "oob_store.toml",
         "memcheck",
+        tmp_path,
         "--param",
         "n=4096",
         "--param",
         "oob_offset=64",
-        "--expect",
-        "MEMORY_ERROR",
-        "--runs-dir",
-        str(tmp_path),
+        expect="MEMORY_ERROR",
+        plain=True,
+        rc=1,
     )
-    assert r.returncode == 1, r.stdout + r.stderr
-    summary, md = report(r)
-    res = summary["tools"]["memcheck"]
+    summary, md, res = tool_report(r, "memcheck")
     assert (res["verdict"], res["kernel_verdict"]) == ("UNSUPPORTED", "UNSUPPORTED")
     assert "never ran under the sanitizer" in res["reason"]
     assert "64 record(s) that cannot come from this kernel's launch" in res["reason"]
@@ -1526,24 +1434,19 @@ def test_sanitize_real_worker_without_gpu_is_not_clean(fake_sanitizer, tmp_path)
 
 
 def test_sanitize_shrink_keeps_the_finding(fake_sanitizer, tmp_path):
-    r = sanitize(
+    r = sanitize_tool(
         fake_sanitizer,
         "memcheck_oob",
         "simulate-crash",
-        str(SCEN / "oob_store.toml"),
-        "--tool",
+        SCEN / "oob_store.toml",
         "memcheck",
+        tmp_path,
         "--param",
         "n=4096",
-        "--expect",
-        "MEMORY_ERROR",
         "--shrink",
-        "--no-plain",
-        "--runs-dir",
-        str(tmp_path),
+        expect="MEMORY_ERROR",
         env={"FAKE_SANITIZER_BELOW": "n=300:memcheck_clean"},
     )
-    assert r.returncode == 0, r.stdout + r.stderr
     summary, md = report(r)
     shrunk = summary["tools"]["memcheck"]["shrink"]
     assert shrunk["original"]["n"] == 4096 and shrunk["shrunk"]["n"] == 300

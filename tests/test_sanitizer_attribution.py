@@ -12,17 +12,12 @@ from __future__ import annotations
 
 import re
 
-from test_sanitizer import (
-    DATA,
-    H200,
-    MINIMAL_KERNEL,
-    RACE_KERNEL,
+from helpers.sanitize_runs import (
     SCEN,
-    fake_sanitizer,  # noqa: F401  (fixture)
-    read_here,
-    report,
-    sanitize,
+    sanitize_tool,
+    tool_report,
 )
+from test_sanitizer import DATA, H200, MINIMAL_KERNEL, RACE_KERNEL, read_here
 
 from cutedebug.analyses.sanitizer.attribution import attribute, is_launched_kernel
 from cutedebug.analyses.sanitizer.findings import PARSE_FAILURE
@@ -117,25 +112,19 @@ def test_ptx_entries_are_the_symbols_the_sanitizer_reports():
     assert ptx_entries("") == []
 
 
-def test_sanitize_end_to_end_other_kernels_race_is_not_the_verdict(fake_sanitizer, tmp_path):  # noqa: F811
+def test_sanitize_end_to_end_other_kernels_race_is_not_the_verdict(fake_sanitizer, tmp_path):
     # the captured race, replayed while the worker says it launched the minimal kernel only
-    r = sanitize(
+    r = sanitize_tool(
         fake_sanitizer,
         "racecheck_raw",
         "simulate",
-        str(SCEN / "clean.toml"),
-        "--tool",
+        SCEN / "clean.toml",
         "racecheck",
-        "--expect",
-        "PASS",
-        "--no-plain",
-        "--runs-dir",
-        str(tmp_path / "runs"),
+        tmp_path / "runs",
+        expect="PASS",
         env={"FAKE_SANITIZER_KERNELS": MINIMAL_KERNEL},
     )
-    assert r.returncode == 0, r.stdout + r.stderr
-    summary, md = report(r)
-    res = summary["tools"]["racecheck"]
+    summary, md, res = tool_report(r, "racecheck")
     assert (res["verdict"], res["records"], res["other_kernel_records"]) == ("CLEAN", 0, 513)
     assert res["kernel_names"] == [MINIMAL_KERNEL]
     (other,) = res["other_kernels"]
@@ -143,22 +132,16 @@ def test_sanitize_end_to_end_other_kernels_race_is_not_the_verdict(fake_sanitize
     assert "| racecheck | CLEAN | - | RACE ×512 in 1 kernel(s) |" in md
 
 
-def test_sanitize_end_to_end_own_kernel_race_is_the_verdict(fake_sanitizer, tmp_path):  # noqa: F811
-    r = sanitize(
+def test_sanitize_end_to_end_own_kernel_race_is_the_verdict(fake_sanitizer, tmp_path):
+    r = sanitize_tool(
         fake_sanitizer,
         "racecheck_raw",
         "simulate",
-        str(SCEN / "clean.toml"),
-        "--tool",
+        SCEN / "clean.toml",
         "racecheck",
-        "--expect",
-        "RACE",
-        "--no-plain",
-        "--runs-dir",
-        str(tmp_path / "runs"),
+        tmp_path / "runs",
+        expect="RACE",
         env={"FAKE_SANITIZER_KERNELS": f"{MINIMAL_KERNEL},{RACE_KERNEL}"},
     )
-    assert r.returncode == 0, r.stdout + r.stderr
-    summary, _ = report(r)
-    res = summary["tools"]["racecheck"]
+    summary, _, res = tool_report(r, "racecheck")
     assert (res["verdict"], res["records"], res["other_kernels"]) == ("RACE", 513, [])
