@@ -10,9 +10,8 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers.ptx import expect_tx_bytes, init_counts
+from helpers.ptx import PtxCache, expect_tx_bytes, init_counts, shrink_smem_field
 
-from cutedebug.instrument import faults
 from cutedebug.kernel_api import load_entry
 
 pytestmark = pytest.mark.slow  # tens of seconds on the 2-core CI machine
@@ -21,28 +20,16 @@ ROOT = Path(__file__).resolve().parent.parent
 Sm90Attention = load_entry(ROOT / "kernels" / "sm90_attention.py", "Sm90Attention")
 SCENARIO = {"batch": 1, "heads": 2, "seqlen": 1000, "head_dim": 64}
 K_PIPE, V_PIPE = 0, 1  # create() order, as the docstring says
-_PTX: dict[tuple, tuple[str, list]] = {}
 
 
 @pytest.fixture(scope="module")
 def compile_ptx(tmp_path_factory):
-    """(PTX, fault sites), cached per params and fault."""
-    from cutlass import cute
-    from cutlass.base_dsl.compiler import DumpDir
-
-    dump = tmp_path_factory.mktemp("ptx")
+    """(PTX, fault sites), cached per params and fault (kernel-level switches are params)."""
+    cache = PtxCache(Sm90Attention, tmp_path_factory.mktemp("ptx"), base=SCENARIO)
 
     def run(fault: str | None = None, args: dict | None = None, **params):
-        key = (fault, tuple(sorted((args or {}).items())), tuple(sorted(params.items())))
-        if key not in _PTX:
-            # kernel-level switches (SWITCHES) are params, not registry patches
-            switches = {fault: True} if fault in Sm90Attention.SWITCHES else {}
-            k = Sm90Attention(**(SCENARIO | params | switches))
-            opts = cute.compile[cute.GPUArch("sm_90a"), cute.KeepPTX(), DumpDir(str(dump))]
-            with faults.inject(None if switches else fault, None if switches else args) as ap:
-                text = opts(k, *k.fake_args()).__ptx__
-            _PTX[key] = (text, ap.sites)
-        return _PTX[key]
+        text, applied = cache(fault, args, **params)
+        return text, applied.sites
 
     return run
 
@@ -144,10 +131,7 @@ def test_storage_that_disagrees_with_the_layouts_is_refused_at_trace_time(what):
 
     k = Sm90Attention(**SCENARIO)
     if what == "ring":
-        fields = k.smem_fields()
-        mem, align = cute.struct.MemRange, cute.struct.Align
-        fields["v"] = align[mem[cutlass.BFloat16, fields["v"].dtype.size - 64], 1024]
-        k.smem_fields = lambda: fields
+        shrink_smem_field(k, "v", cutlass.BFloat16)
         match = "SharedStorage.v: 16320 elements for a layout of cosize 16384"
     else:
         k.v_tx_bytes += 16

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers.ptx import expect_tx_bytes, init_counts
+from helpers.ptx import PtxCache, expect_tx_bytes, init_counts, shrink_smem_field
 
 from cutedebug.instrument import faults, value_faults
 from cutedebug.kernel_api import load_entry, resolve_params
@@ -21,31 +21,20 @@ Sm90Gemm = load_entry(KERNEL, "Sm90Gemm")
 grouped_tile = sys.modules[Sm90Gemm.__module__].grouped_tile
 
 SCENARIO_SIZE = {"m": 1000, "n": 1000, "k": 1000, "ctas": 8}
-_PTX: dict[tuple, str] = {}
 
 
 @pytest.fixture(scope="module")
 def ptx(tmp_path_factory):
     """Compile (cached per params and fault) and return the PTX text."""
-    from cutlass import cute
-    from cutlass.base_dsl.compiler import DumpDir
-
-    dump = tmp_path_factory.mktemp("ptx")
+    cache = PtxCache(Sm90Gemm, tmp_path_factory.mktemp("ptx"))
 
     def compile_ptx(fault: tuple | None = None, **params) -> str:
-        key = (fault, tuple(sorted(params.items())))
-        if key not in _PTX:
-            k = Sm90Gemm(**params)
-            opts = cute.compile[cute.GPUArch("sm_90a"), cute.KeepPTX(), DumpDir(str(dump))]
-            if fault is None:
-                _PTX[key] = opts(k, *k.fake_args()).__ptx__
-            else:
-                name, args = fault[0], dict(fault[1])
-                with faults.inject(name, args) as applied:
-                    text = opts(k, *k.fake_args()).__ptx__
-                assert applied.count > 0, f"{name}{args} never triggered on sm90_gemm"
-                _PTX[key] = text
-        return _PTX[key]
+        if fault is None:
+            return cache(**params)[0]
+        name, args = fault[0], dict(fault[1])
+        text, applied = cache(name, args, **params)
+        assert applied.count > 0, f"{name}{args} never triggered on sm90_gemm"
+        return text
 
     return compile_ptx
 
@@ -155,10 +144,7 @@ def test_storage_that_disagrees_with_the_layouts_is_refused_at_trace_time(what):
 
     k = Sm90Gemm(**SCENARIO_SIZE)
     if what == "ring":
-        fields = k.smem_fields()
-        mem, align = cute.struct.MemRange, cute.struct.Align
-        fields["b"] = align[mem[k.dtype, fields["b"].dtype.size - 64], 1024]
-        k.smem_fields = lambda: fields
+        shrink_smem_field(k, "b", k.dtype)
         match = "SharedStorage.b: 65472 elements for a ring of cosize 65536"
     else:
         k.tx_bytes += 16
