@@ -23,6 +23,7 @@ import pytest
 from cutedebug.analyses import coredump
 from cutedebug.analyses import coredump_evidence as E
 from cutedebug.engine import scenario as S
+from cutedebug.engine import verdict as V
 from cutedebug.instrument import waitsites
 from tests.helpers.replay_gdb import ReplayGdb
 
@@ -189,21 +190,19 @@ def test_picture_draws_the_stuck_map(monkeypatch):
     assert "wait f" in text and "acq e" in text
 
 
-def test_analyse_a_run_folder_into_evidence_and_the_runs_grade(tmp_path, monkeypatch):
-    """coredump.analyse as run_scenario(core=...) calls it after the kill: the core in the
-    run folder, the worker's events, the cubin's SASS; then RunResult grades a bisection-only
-    scenario by the core's answer."""
-    from cutedebug.engine import runner
-    from cutedebug.engine import verdict as V
-
-    name = "bisect__flag_spin_barrier_threads_plus"
+def core_run_folder(
+    name: str, run_dir: Path, core: str, monkeypatch
+) -> tuple[S.Scenario, V.Outcome]:
+    """What coredump.analyse reads after a kill, from capture ``name``: the scenario (cuda-gdb
+    replayed), a core file ``core`` in ``run_dir`` (the replay reads none of it), the cubin's
+    SASS, and the worker's outcome with its trace-time wait and checkpoint sites."""
     d = DATA / name
     facts = json.loads((d / "facts.json").read_text())
-    _, _, sc, fake = replay(name, monkeypatch)
+    _, _, sc, _ = replay(name, monkeypatch)
     monkeypatch.setattr(
         coredump, "sass_of_cubin", lambda cubin: gzip.open(d / "sass.txt.gz", "rt").read()
     )
-    (tmp_path / "coredump.4242.nvcudmp").write_bytes(b"\x7fELF" + bytes(60))
+    (run_dir / core).write_bytes(b"\x7fELF" + bytes(60))
     outcome = V.Outcome()
     for ev in (
         {"event": "launched"},
@@ -211,6 +210,17 @@ def test_analyse_a_run_folder_into_evidence_and_the_runs_grade(tmp_path, monkeyp
         {"event": "checkpoint_sites", "sites": facts["checkpoint_sites"]},
     ):
         outcome.add(ev)
+    return sc, outcome
+
+
+def test_analyse_a_run_folder_into_evidence_and_the_runs_grade(tmp_path, monkeypatch):
+    """coredump.analyse as run_scenario(core=...) calls it after the kill: the core in the
+    run folder, the worker's events, the cubin's SASS; then RunResult grades a bisection-only
+    scenario by the core's answer."""
+    from cutedebug.engine import runner
+
+    name = "bisect__flag_spin_barrier_threads_plus"
+    sc, outcome = core_run_folder(name, tmp_path, "coredump.4242.nvcudmp", monkeypatch)
     kill = {"before_kill": [{"coredump": {"dump_s": 0.22, "core_bytes": 64}}]}
     ev = coredump.analyse(tmp_path, outcome, kill, sc.expect.localization(), sc.expect.localized_by)
     assert ev["coredump"]["warps"] == 32 and ev["coredump"]["dump"]["dump_s"] == 0.22
@@ -248,24 +258,10 @@ def test_without_the_focus_offset_a_third_run_reads_the_registers(monkeypatch):
 
 def test_report_of_a_run_localized_from_its_core(tmp_path, monkeypatch):
     from cutedebug.engine import runner
-    from cutedebug.engine import verdict as V
     from cutedebug.reporting import report
 
     name = "tma_stream__wrong_expect_tx_plus"
-    d = DATA / name
-    facts = json.loads((d / "facts.json").read_text())
-    _, _, sc, _ = replay(name, monkeypatch)
-    monkeypatch.setattr(
-        coredump, "sass_of_cubin", lambda cubin: gzip.open(d / "sass.txt.gz", "rt").read()
-    )
-    (tmp_path / "coredump.77.nvcudmp").write_bytes(b"\x7fELF" + bytes(60))
-    outcome = V.Outcome()
-    for ev in (
-        {"event": "launched"},
-        {"event": "compiled", "wait_sites": facts["wait_sites"]},
-        {"event": "checkpoint_sites", "sites": facts["checkpoint_sites"]},
-    ):
-        outcome.add(ev)
+    sc, outcome = core_run_folder(name, tmp_path, "coredump.77.nvcudmp", monkeypatch)
     ev = coredump.analyse(tmp_path, outcome, {}, sc.expect.localization(), "probes")
     res = runner.RunResult(
         scenario=sc,
@@ -373,7 +369,6 @@ def test_a_hang_verdict_with_an_exception_core_becomes_the_crash(tmp_path, monke
     """The watchdog killed the worker at its deadline while the driver was still writing the
     exception's core (a big grid's takes seconds): the core says CRASH, and so does the run."""
     from cutedebug.engine import runner
-    from cutedebug.engine import verdict as V
 
     sc = S.load(ROOT / "scenarios" / "minimal" / "oob_store.toml")
     outcome = V.Outcome()
