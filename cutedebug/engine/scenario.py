@@ -46,6 +46,7 @@ errors. This module runs in the parent: it never imports torch or cutlass.
 from __future__ import annotations
 
 import ast
+import functools
 import io
 import re
 import tokenize
@@ -300,6 +301,14 @@ def class_constants(cls: ast.ClassDef) -> Iterator[tuple[str, ast.expr]]:
             yield target.id, stmt.value
 
 
+@functools.lru_cache(maxsize=32)
+def _parsed(filename: str, raw: bytes) -> ast.Module:
+    """The source's syntax tree, parsed once per content (the 33 attention scenarios name one
+    kernel file: collecting them parsed it 33 times in every pytest worker). Read only."""
+    encoding, _ = tokenize.detect_encoding(io.BytesIO(raw).readline)
+    return ast.parse(raw.decode(encoding), filename=filename)
+
+
 def kernel_params_from_source(path: Path, entry: str, where: str) -> dict[str, Any] | None:
     """The entry's PARAMS and SWITCHES read from the source without importing it.
 
@@ -308,9 +317,7 @@ def kernel_params_from_source(path: Path, entry: str, where: str) -> dict[str, A
     at import time).
     """
     try:
-        raw = path.read_bytes()
-        encoding, _ = tokenize.detect_encoding(io.BytesIO(raw).readline)
-        tree = ast.parse(raw.decode(encoding), filename=str(path))
+        tree = _parsed(str(path), path.read_bytes())
     except (SyntaxError, ValueError, LookupError) as e:  # UnicodeDecodeError is a ValueError
         raise ScenarioError(f"{where}: kernel file {path} does not parse: {e}") from None
     except OSError as e:
