@@ -128,6 +128,52 @@ def test_run_cases_drops_each_case_s_closures_after_measuring():
     assert benchlib.case_json(measured[0])["ratios"]["base"]["per_round"] == [2.0]
 
 
+def test_run_table_prints_rows_table_and_legend_and_stops_at_a_failed_check(tmp_path):
+    """The scripts' tail: each case's row as measured, the table with the legend of the measured
+    cases under it, the samples to --json with the script's meta; a failed check ends it with
+    MISMATCH and status 1 (the cases measured before it printed their rows)."""
+    import json
+
+    torch = FakeTorch([1.0, 2.0] * 2)
+    clocks = FakeClocks()
+    clocks.source = "fake"
+    printed = []
+
+    def cases(fail: bool):
+        yield make_case(torch)
+        if fail:
+            raise benchlib.CheckFailed("case 2: 3 bad")
+        yield make_case(torch)
+
+    def run(fail: bool, json_path=None) -> int:
+        return benchlib.run_table(
+            cases(fail),
+            torch,
+            script="bench_x",
+            rounds=1,
+            reps=1,
+            warmup=0,
+            clocks=clocks,
+            legend=lambda measured: f"{len(measured)} case(s)",
+            json_path=json_path,
+            meta={"device": "fake"},
+            out=lambda *a, **k: printed.append(a[0]),
+        )
+
+    path = tmp_path / "b.json"
+    assert run(False, str(path)) == 0
+    rows = printed[:2]
+    assert printed[2] == "\n" + benchlib.format_table([r.split(" | ") for r in rows]) + (
+        "\n2 case(s)"
+    )
+    meta = json.loads(path.read_text())["meta"]
+    assert meta == {"script": "bench_x", "rounds": 1, "reps": 1, "clocks": "fake", "device": "fake"}
+    printed.clear()
+    torch.durations = [1.0, 2.0]
+    assert run(True) == 1
+    assert len(printed) == 2 and printed[1] == "MISMATCH case 2: 3 bad"
+
+
 def test_nvidia_smi_clock_line_is_parsed_and_unreadable_fields_are_none():
     # nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu
     #            --format=csv,noheader,nounits

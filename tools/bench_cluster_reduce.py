@@ -33,14 +33,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchlib import (  # noqa: E402
+    JSON_HELP,
     Case,
     CheckFailed,
     GpuClocks,
     Side,
-    format_table,
     no_gpu_reason,
-    run_cases,
-    write_json,
+    run_table,
+    timing_args,
 )
 
 from cutedebug.kernel_api import load_entry
@@ -193,8 +193,7 @@ def cases(plan, gib: float, torch):
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gib", type=float, default=2.0, help="size of x in GiB (default 2)")
-    ap.add_argument("--rounds", type=int, default=20, help="A/B rounds (>= 10)")
-    ap.add_argument("--reps", type=int, default=10, help="launches per timed sample")
+    timing_args(ap, reps=10)
     ap.add_argument(
         "--rows",
         type=int,
@@ -203,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         help="row lengths N (elements)",
     )
     ap.add_argument("--skip-sweep", action="store_true", help="skip the correctness sweep")
-    ap.add_argument("--json", help="write every sample and clock reading here")
+    ap.add_argument("--json", help=JSON_HELP)
     args = ap.parse_args(argv)
     reason = no_gpu_reason()
     if reason:
@@ -235,35 +234,21 @@ def main(argv: list[str] | None = None) -> int:
         for op, cfg in [("sum", c) for c in configs(sms)] + [("rmsnorm", HEADLINE)]
     ]
     rounds = max(args.rounds, 10)
-    try:
-        table, measured = run_cases(
-            cases(plan, args.gib, torch),
-            torch,
-            rounds=rounds,
-            reps=args.reps,
-            warmup=3,
-            clocks=clocks,
-        )
-    except CheckFailed as e:
-        print(f"MISMATCH {e}")
-        return 1
-    print(
-        f"\n{format_table(table)}\nratio = baseline time / kernel time per round (same "
-        f"bytes), {rounds} rounds x {args.reps} launches, A B A B in one loop; G = clusters "
-        f"launched; total {time.monotonic() - t_start:.0f} s"
+    return run_table(
+        cases(plan, args.gib, torch),
+        torch,
+        script="bench_cluster_reduce",
+        rounds=rounds,
+        reps=args.reps,
+        warmup=3,
+        clocks=clocks,
+        legend=lambda _: (
+            f"ratio = baseline time / kernel time per round (same "
+            f"bytes), {rounds} rounds x {args.reps} launches, A B A B in one loop; G = clusters "
+            f"launched; total {time.monotonic() - t_start:.0f} s"
+        ),
+        json_path=args.json,
     )
-    if args.json:
-        write_json(
-            args.json,
-            measured,
-            {
-                "script": "bench_cluster_reduce",
-                "rounds": rounds,
-                "reps": args.reps,
-                "clocks": clocks.source,
-            },
-        )
-    return 0
 
 
 if __name__ == "__main__":

@@ -34,14 +34,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchlib import (  # noqa: E402
+    JSON_HELP,
     Case,
     CheckFailed,
     GpuClocks,
     Side,
-    format_table,
     no_gpu_reason,
-    run_cases,
-    write_json,
+    run_table,
+    timing_args,
 )
 
 from cutedebug.kernel_api import load_entry
@@ -199,8 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--quick", action="store_true", help="smoke check: 3 ragged cases, fewer samples"
     )
-    ap.add_argument("--rounds", type=int, default=20, help="A/B rounds (>= 10)")
-    ap.add_argument("--reps", type=int, default=5, help="launches per timed sample")
+    timing_args(ap)
     ap.add_argument(
         "--kernel",
         type=Path,
@@ -208,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         help="kernel file to measure (another "
         "version of sm90_attention.py, for an A/B in the same session)",
     )
-    ap.add_argument("--json", help="write every sample and clock reading here")
+    ap.add_argument("--json", help=JSON_HELP)
     args = ap.parse_args(argv)
     reason = no_gpu_reason()
     if reason:
@@ -242,34 +241,20 @@ def main(argv: list[str] | None = None) -> int:
 
     # -- timing vs SDPA --------------------------------------------------------------------
     rounds, reps = max(args.rounds, 10), (2 if args.quick else args.reps)
-    try:
-        table, measured = run_cases(
-            cases(TIMED, torch, args.kernel),
-            torch,
-            rounds=rounds,
-            reps=reps,
-            warmup=3,
-            clocks=clocks,
-        )
-    except CheckFailed as e:
-        print(f"MISMATCH {e}")
-        return 1
-    print(
-        f"\n{format_table(table)}\nratio = kernel TFLOP/s / backend TFLOP/s per round, "
-        f"{rounds} rounds x {reps} launches, every side in one loop"
+    return run_table(
+        cases(TIMED, torch, args.kernel),
+        torch,
+        script="bench_sm90_attention",
+        rounds=rounds,
+        reps=reps,
+        warmup=3,
+        clocks=clocks,
+        legend=lambda _: (
+            f"ratio = kernel TFLOP/s / backend TFLOP/s per round, "
+            f"{rounds} rounds x {reps} launches, every side in one loop"
+        ),
+        json_path=args.json,
     )
-    if args.json:
-        write_json(
-            args.json,
-            measured,
-            {
-                "script": "bench_sm90_attention",
-                "rounds": rounds,
-                "reps": reps,
-                "clocks": clocks.source,
-            },
-        )
-    return 0
 
 
 if __name__ == "__main__":

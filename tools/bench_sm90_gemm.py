@@ -29,14 +29,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchlib import (  # noqa: E402
+    JSON_HELP,
     Case,
     CheckFailed,
     GpuClocks,
     Side,
-    format_table,
     no_gpu_reason,
-    run_cases,
-    write_json,
+    run_table,
+    timing_args,
 )
 
 from cutedebug.kernel_api import load_entry
@@ -159,9 +159,8 @@ def cases(plan, torch):
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smoke check: 2 ragged shapes, 4096^3")
-    ap.add_argument("--rounds", type=int, default=20, help="A/B rounds (>= 10)")
-    ap.add_argument("--reps", type=int, default=5, help="launches per timed sample")
-    ap.add_argument("--json", help="write every sample and clock reading here")
+    timing_args(ap)
+    ap.add_argument("--json", help=JSON_HELP)
     args = ap.parse_args(argv)
     reason = no_gpu_reason()
     if reason:
@@ -207,35 +206,21 @@ def main(argv: list[str] | None = None) -> int:
     shapes = [(4096, 4096, 4096)] if args.quick else TIMED_SHAPES
     configs = [(1, 256), (2, 256)] if args.quick else [(1, 256), (2, 256), (2, 128)]
     rounds = max(args.rounds, 10)
-    try:
-        table, measured = run_cases(
-            cases([(s, c) for s in shapes for c in configs], torch),
-            torch,
-            rounds=rounds,
-            reps=args.reps,
-            warmup=5,
-            clocks=clocks,
-        )
-    except CheckFailed as e:
-        print(f"MISMATCH {e}")
-        return 1
-    print(
-        f"\n{format_table(table)}\nratio = kernel TFLOP/s / torch.matmul TFLOP/s per round, "
-        f"{rounds} rounds x {args.reps} launches, A B A B in one loop; "
-        f"total {time.monotonic() - t_start:.0f} s"
+    return run_table(
+        cases([(s, c) for s in shapes for c in configs], torch),
+        torch,
+        script="bench_sm90_gemm",
+        rounds=rounds,
+        reps=args.reps,
+        warmup=5,
+        clocks=clocks,
+        legend=lambda _: (
+            f"ratio = kernel TFLOP/s / torch.matmul TFLOP/s per round, "
+            f"{rounds} rounds x {args.reps} launches, A B A B in one loop; "
+            f"total {time.monotonic() - t_start:.0f} s"
+        ),
+        json_path=args.json,
     )
-    if args.json:
-        write_json(
-            args.json,
-            measured,
-            {
-                "script": "bench_sm90_gemm",
-                "rounds": rounds,
-                "reps": args.reps,
-                "clocks": clocks.source,
-            },
-        )
-    return 0
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ import bench_cluster_reduce as crb  # noqa: E402
 import bench_sm90_attention as attb  # noqa: E402
 import bench_sm90_gemm as gemmb  # noqa: E402
 import bench_tma_stream as tmab  # noqa: E402
-from benchlib import CheckFailed, GpuClocks, format_table, no_gpu_reason, run_cases, write_json  # noqa: E402
+from benchlib import JSON_HELP, GpuClocks, no_gpu_reason, run_table, timing_args  # noqa: E402
 
 
 def all_cases(torch, gib: float, out=print):
@@ -46,10 +46,9 @@ def all_cases(torch, gib: float, out=print):
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=20, help="A/B rounds per case (>= 10)")
-    ap.add_argument("--reps", type=int, default=5, help="launches per timed sample")
+    timing_args(ap, rounds_help="A/B rounds per case (>= 10)")
     ap.add_argument("--gib", type=float, default=2.0, help="input size of the bandwidth cases")
-    ap.add_argument("--json", help="write every sample and clock reading here")
+    ap.add_argument("--json", help=JSON_HELP)
     args = ap.parse_args(argv)
     reason = no_gpu_reason()
     if reason:
@@ -66,41 +65,26 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     rounds = max(args.rounds, 10)
-    try:
-        table, measured = run_cases(
-            all_cases(torch, args.gib),
-            torch,
-            rounds=rounds,
-            reps=args.reps,
-            warmup=5,
-            clocks=clocks,
-        )
-    except CheckFailed as e:
-        print(f"MISMATCH {e}")
-        return 1
-    notes = [f"- {c.label}: {c.notes}" for c in measured if c.notes]
-    print("\n" + format_table(table))
-    print(
-        f"\nratio = kernel rate / baseline rate per round (> 1: kernel faster); {rounds} "
-        f"rounds x {args.reps} launches per sample, sides alternated in one loop; every "
-        f"output checked at the benchmark size; total {time.monotonic() - t0:.0f} s"
+
+    def legend(measured) -> str:  # a blank line, the ratio, each case's notes
+        return (
+            f"\nratio = kernel rate / baseline rate per round (> 1: kernel faster); {rounds} "
+            f"rounds x {args.reps} launches per sample, sides alternated in one loop; every "
+            f"output checked at the benchmark size; total {time.monotonic() - t0:.0f} s"
+        ) + "".join(f"\n- {c.label}: {c.notes}" for c in measured if c.notes)
+
+    return run_table(
+        all_cases(torch, args.gib),
+        torch,
+        script="bench_table",
+        rounds=rounds,
+        reps=args.reps,
+        warmup=5,
+        clocks=clocks,
+        legend=legend,
+        json_path=args.json,
+        meta={"device": torch.cuda.get_device_name(0), "torch": torch.__version__},
     )
-    for line in notes:
-        print(line)
-    if args.json:
-        write_json(
-            args.json,
-            measured,
-            {
-                "script": "bench_table",
-                "rounds": rounds,
-                "reps": args.reps,
-                "clocks": clocks.source,
-                "device": torch.cuda.get_device_name(0),
-                "torch": torch.__version__,
-            },
-        )
-    return 0
 
 
 if __name__ == "__main__":

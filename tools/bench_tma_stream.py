@@ -26,14 +26,14 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
 from benchlib import (  # noqa: E402
+    JSON_HELP,
     Case,
     CheckFailed,
     GpuClocks,
     Side,
-    format_table,
     no_gpu_reason,
-    run_cases,
-    write_json,
+    run_table,
+    timing_args,
 )
 from gpu_check_tma_stream import run_case
 
@@ -127,10 +127,9 @@ def cases(configs, gib: float, torch):
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gib", type=float, default=2.0, help="size of x in GiB (default 2)")
-    ap.add_argument("--rounds", type=int, default=20, help="A/B rounds (>= 10)")
-    ap.add_argument("--reps", type=int, default=5, help="launches per timed sample")
+    timing_args(ap)
     ap.add_argument("--skip-sweep", action="store_true", help="skip the ragged-shape sweep")
-    ap.add_argument("--json", help="write every sample and clock reading here")
+    ap.add_argument("--json", help=JSON_HELP)
     args = ap.parse_args(argv)
     reason = no_gpu_reason()
     if reason:
@@ -154,34 +153,20 @@ def main(argv: list[str] | None = None) -> int:
             if not ok:
                 return 1
     rounds = max(args.rounds, 10)
-    try:
-        table, measured = run_cases(
-            cases(CONFIGS, args.gib, torch),
-            torch,
-            rounds=rounds,
-            reps=args.reps,
-            warmup=3,
-            clocks=clocks,
-        )
-    except CheckFailed as e:
-        print(f"MISMATCH {e}")
-        return 1
-    print(
-        f"\n{format_table(table)}\nratio = kernel GB/s / copy GB/s per round, {rounds} rounds "
-        f"x {args.reps} launches, A B A B in one loop"
+    return run_table(
+        cases(CONFIGS, args.gib, torch),
+        torch,
+        script="bench_tma_stream",
+        rounds=rounds,
+        reps=args.reps,
+        warmup=3,
+        clocks=clocks,
+        legend=lambda _: (
+            f"ratio = kernel GB/s / copy GB/s per round, {rounds} rounds "
+            f"x {args.reps} launches, A B A B in one loop"
+        ),
+        json_path=args.json,
     )
-    if args.json:
-        write_json(
-            args.json,
-            measured,
-            {
-                "script": "bench_tma_stream",
-                "rounds": rounds,
-                "reps": args.reps,
-                "clocks": clocks.source,
-            },
-        )
-    return 0
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ and spread (min-max over the rounds) are what the scripts print.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -327,3 +328,46 @@ def run_cases(
             table.append(row)
             out(" | ".join(row), flush=True)
     return table, measured
+
+
+# ---- the scripts' shared front and tail ----------------------------------------------------------
+JSON_HELP = "write every sample and clock reading here"
+
+
+def timing_args(
+    ap: argparse.ArgumentParser, *, reps: int = 5, rounds_help: str = "A/B rounds (>= 10)"
+) -> None:
+    """``--rounds`` (20; at least 10 are run) and ``--reps`` (launches per timed sample)."""
+    ap.add_argument("--rounds", type=int, default=20, help=rounds_help)
+    ap.add_argument("--reps", type=int, default=reps, help="launches per timed sample")
+
+
+def run_table(
+    cases: Iterable[Case],
+    torch,
+    *,
+    script: str,
+    rounds: int,
+    reps: int,
+    warmup: int,
+    clocks: GpuClocks,
+    legend: Callable[[list[Case]], str],
+    json_path: str | None,
+    meta: dict[str, Any] | None = None,
+    out=print,
+) -> int:
+    """A script's measurement: each case's rows as it is measured (``run_cases``), then the
+    table with ``legend(measured cases)`` under it, every sample to ``json_path`` (--json) when
+    given. The exit status: 0, or 1 after ``MISMATCH ...`` when a case's check failed."""
+    try:
+        table, measured = run_cases(
+            cases, torch, rounds=rounds, reps=reps, warmup=warmup, clocks=clocks, out=out
+        )
+    except CheckFailed as e:
+        out(f"MISMATCH {e}")
+        return 1
+    out(f"\n{format_table(table)}\n{legend(measured)}")
+    if json_path:
+        head = {"script": script, "rounds": rounds, "reps": reps, "clocks": clocks.source}
+        write_json(json_path, measured, head | (meta or {}))
+    return 0
