@@ -692,3 +692,51 @@ def test_the_roundtrip_tool_passes_the_recorded_files_and_names_what_differs(tmp
     assert f"DIFFERS {compact} (BisectReport): line 1:" in out
     assert f"REFUSED {bad}: field 'status': 'done' is not one of" in out
     assert rt.main([str(tmp_path / "none")]) == 2
+
+
+def test_every_literal_emit_writes_only_keys_its_kind_declares():
+    """Events.emit refuses a keyword the event kind does not declare (a TypeError in the
+    writer). Many writers run only on a GPU (launch tokens, perturbation, checkpoints, the
+    probe monitor), where CPU CI never reaches them: read every ``emit("kind", key=...)`` of
+    the package from its source instead. A ``**fields`` argument cannot be read this way; its
+    kinds are named so that a new one is looked at."""
+    import ast
+    import dataclasses
+
+    from cutedebug import event_kinds as K
+
+    declared = {n: {f.name for f in dataclasses.fields(c)} for n, c in K.KINDS.items()}
+    wrong, spread = [], set()
+    for path in sorted((ROOT / "cutedebug").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call) or not node.args:
+                continue
+            fn = node.func
+            name = getattr(fn, "attr", None) or getattr(fn, "id", None) or ""
+            first = node.args[0]
+            if "emit" not in name or not isinstance(first, ast.Constant):
+                continue
+            if not isinstance(first.value, str):
+                continue
+            where = f"{path.relative_to(ROOT)}:{node.lineno}"
+            kind = first.value
+            if kind not in declared:
+                wrong.append(f"{where}: kind {kind!r} has no payload record")
+                continue
+            for kw in node.keywords:
+                if kw.arg is None:
+                    spread.add(kind)
+                elif kw.arg not in declared[kind]:
+                    wrong.append(f"{where}: {kind!r} does not declare {kw.arg!r}")
+    assert wrong == []
+    # the kinds written from a dict: each checked by a test that builds that dict for real
+    assert spread <= {
+        "device",
+        "compile_error",
+        "checked",
+        "progress",
+        "probe_report",
+        "compiled",
+        "exit",
+        "checkpoint",
+    }, spread
