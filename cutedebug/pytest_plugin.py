@@ -39,6 +39,16 @@ Options (precedence: marker > command line > environment > ini)
       compile item runs before the first run item, so GPU runs never share the CPU.
     - ``forkserver`` (on/off, default on; session-wide): workers fork from one server that
       imported torch and cutlass once, instead of paying those imports per item.
+    - ``prefetch`` (on, off or N; default on = 2; session-wide): while a scenario item runs,
+      the next N run items start their workers in the background (under pytest-xdist: the
+      ``nextitem`` pytest hands the running item); they compile at once and only the one
+      holding the GPU's token launches, so one kernel at a time runs per GPU while the next
+      ones compile. Each item then only waits for its own result: same verdict, report and
+      evidence, its wait for the GPU apart (``timings.gpu_wait_s`` in report.json, the
+      ``cutedebug_gpu_wait_s`` property; no watchdog clock runs meanwhile). A run whose item
+      does not run after all (skipped in its setup, ``-x``, Ctrl-C) is killed and gives its
+      token back. ``off``: every run item in its turn, no token (the order before).
+      Details: cutedebug/commands/pytest_prefetch.py.
     - ``gpus`` (``all`` or a comma list such as ``0,1``; session-wide): the GPUs the session
       runs on, named as in ``CUDA_VISIBLE_DEVICES`` (default: every visible one). Under
       pytest-xdist worker ``gwN`` is bound to the N-th (round robin): its
@@ -53,7 +63,9 @@ pytest-xdist
     ``pytest -n <GPUs> --dist worksteal scenarios``: one worker per GPU, one fork server per
     worker, each compile item compiled once in the whole session (by the worker that runs
     it: under xdist the compile items do not prefetch, the workers are the parallelism), no
-    state shared between workers, every child of a worker killed at its session end. A
+    state shared between workers but the GPU tokens of the run prefetch (workers bound to one
+    GPU take its one token: ``pytest -n 4`` on one GPU never runs two kernels at once), every
+    child of a worker killed at its session end. A
     worker dies with the pytest process that started it (SIGKILL included: its first
     cutedebug item ties it, ``lifeline.tie_to_parent``), and its keeper then kills its fork
     server, workers and their descendants.
@@ -101,6 +113,7 @@ from typing import Any
 
 import pytest
 
+from cutedebug.commands import pytest_prefetch
 from cutedebug.commands.pytest_items import (  # noqa: F401  (P.<name> for callers)
     _BOUND_KEY,
     _FORKSERVER_KEY,
@@ -207,9 +220,14 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem):
         and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     ):
         previous = signal.signal(signal.SIGTERM, _sigterm)
+    ahead = pytest_prefetch.prefetcher(item.config) if _is_ours(item) else None
     try:
+        if ahead is not None:  # the next run items start their workers (compile, then wait)
+            ahead.ahead(item, nextitem)
         return (yield)
     finally:
+        if ahead is not None:  # this item's own run, if it never took it, is killed
+            ahead.settle(item)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
 
@@ -223,6 +241,7 @@ def pytest_keyboard_interrupt(excinfo) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     bound = config.stash.get(_BOUND_KEY, None)
+    pytest_prefetch.remove_token_dir(config)
     if bound is not None and bound.get("restore", True):
         if bound["previous"] is None:
             os.environ.pop("CUDA_VISIBLE_DEVICES", None)
@@ -235,8 +254,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node) -> None:
-    """xdist controller: hand every worker the session's GPU list (it binds itself)."""
+    """xdist controller: hand every worker the session's GPU list (it binds itself) and the
+    folder of the GPU tokens (workers bound to one GPU share its token)."""
     node.workerinput["cutedebug_gpus"] = session_gpus(node.config)
+    if resolve(node.config).prefetch:
+        node.workerinput[pytest_prefetch.WORKERINPUT_KEY] = pytest_prefetch.token_dir(node.config)
 
 
 # ---- GPU (never imports torch: nvidia-smi only) -------------------------------------------
@@ -276,6 +298,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
 
             watchdog.abort_all()  # the background compiles end now, not at their deadline
         pool.shutdown(wait=True, cancel_futures=True)
+    # runs started ahead whose items did not run (-x, an interrupt): killed, tokens given back
+    pytest_prefetch.close(session.config)
     server = session.config.stash.get(_FORKSERVER_KEY, None)
     if server is not None:
         server.close(**({"timeout": 1.0} if interrupted else {}))
@@ -297,14 +321,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = others + compiles + runs
     if not config.pluginmanager.hasplugin("timeout"):
         return
+    before = pytest_prefetch.runs_before(config)
     for item in items:
         if item.get_closest_marker("timeout") is not None:
             continue
         if isinstance(item, ScenarioItem):
-            item.add_marker(pytest.mark.timeout(item.timeout_s()))
+            item.add_marker(pytest.mark.timeout(item.timeout_s(before)))
         elif "cutedebug_run" in getattr(item, "fixturenames", ()):
             s = resolve(config, item)
             budget = watchdog_budget_s(s.apply(_DEFAULT_SCENARIO), "run", s.repeat)
+            budget *= 1 + before  # its runs may wait for the GPU behind others'
             item.add_marker(pytest.mark.timeout(round(budget + s.timeout_margin, 1)))
 
 
@@ -438,6 +464,8 @@ def cutedebug_run(request: pytest.FixtureRequest):
             pytest.fail(f"cutedebug_run: {problem}", pytrace=False)
         if mode == "run" and (reason := gpu_skip_reason(request.config, sc.archs)):
             pytest.skip(reason)
+        # under the run prefetch its runs take the GPU's token too (one kernel at a time)
+        ahead = pytest_prefetch.prefetcher(request.config) if mode == "run" else None
         try:
             res = runner.run_scenario(
                 s.apply(sc),
@@ -447,6 +475,7 @@ def cutedebug_run(request: pytest.FixtureRequest):
                 repeat=s.repeat,
                 forkserver=session_forkserver(request.config),
                 compile_checks=[lint.static_findings],
+                **({"gpu_token": ahead.token} if ahead is not None else {}),
             )
         except S.ScenarioError as e:  # the child could not load the kernel
             problem = str(e)

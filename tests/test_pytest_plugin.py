@@ -49,7 +49,7 @@ class FakeForkServer:
 
 def fake_run_scenario(sc, *, runs_root="runs", run_dir=None, mode="run", probes=None,
                       wait_budget_ms=None, repeat=1, command="", forkserver=None,
-                      compile_checks=()):
+                      compile_checks=(), gpu_token=None):
     table = json.loads((HERE / "outcomes.json").read_text())
     spec = (table.get(sc.id) or table.get(f"fault:{sc.fault}") or {}).get(mode, {})
     t0 = time.monotonic()
@@ -60,6 +60,7 @@ def fake_run_scenario(sc, *, runs_root="runs", run_dir=None, mode="run", probes=
                             "compile_s": sc.limits.compile_s,
                             "runs_root": str(runs_root), "t0": t0,
                             "forked": isinstance(forkserver, FakeForkServer),
+                            "token": gpu_token,
                             "checks": [f"{c.__module__}:{c.__qualname__}"
                                        for c in compile_checks],
                             "t1": time.monotonic()}) + "\\n")
@@ -426,9 +427,8 @@ def test_runs_dir_option_and_outer_timeout_above_the_watchdog(pytester, fake_gpu
         {},
         MARKER_CONFTEST,
     )
-    items, _ = pytester.inline_genitems(
-        "--cutedebug-timeout-margin", "15", "--cutedebug-runs-dir", "out/runs"
-    )
+    args = ("--cutedebug-timeout-margin", "15", "--cutedebug-runs-dir", "out/runs")
+    items, _ = pytester.inline_genitems(*args, "--cutedebug-prefetch=off")
     timeout = {i.nodeid: i.get_closest_marker("timeout").args[0] for i in items}
     # the watchdog restarts its clock at each phase: spawned, started, imported, compiled and
     # done are timed by import_s, synced and checked by check_s. compile mode: no launch;
@@ -439,6 +439,11 @@ def test_runs_dir_option_and_outer_timeout_above_the_watchdog(pytester, fake_gpu
     lim = S.Limits()
     once = 5 * lim.import_s + lim.compile_s + 7.0 + 2 * lim.check_s  # marker: deadline 7
     assert timeout["scenarios/fam/marked.toml::run"] == 5 * (2 * once + 60) + 15  # repeat 5
+    # the run prefetch (2 ahead): a run may wait for the GPU behind the 2 runs started ahead
+    items, _ = pytester.inline_genitems(*args)
+    prefetched = {i.nodeid: i.get_closest_marker("timeout").args[0] for i in items}
+    assert prefetched["scenarios/fam/marked.toml::run"] == 3 * 5 * (2 * once + 60) + 15
+    assert prefetched["scenarios/fam/clean.toml::compile"] == 5 * 10 + 40 + 15
     res = pytester.runpytest("--cutedebug-runs-dir", "out/runs", "-p", "no:cacheprovider")
     res.assert_outcomes(passed=4)
     assert {c["runs_root"] for c in calls(pytester)} == {str(pytester.path / "out" / "runs")}

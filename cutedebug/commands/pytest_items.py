@@ -21,6 +21,7 @@ COMPILE_VERDICTS = values(lambda v: v.is_compile_stage)
 
 
 VERDICT_PROP = "cutedebug_verdict"
+GPU_WAIT_PROP = "cutedebug_gpu_wait_s"  # run prefetch: seconds waited for the GPU token
 
 
 _GPUS_KEY = pytest.StashKey[list]()
@@ -199,15 +200,19 @@ class ScenarioItem(_Item):
                 "requires.modules); not installed here"
             )
 
-    def timeout_s(self) -> float:
+    def timeout_s(self, runs_before: int = 0) -> float:
+        """The outer guard: the watchdog's worst case (times ``1 + runs_before`` for a run
+        that may wait for the GPU's token behind as many others) plus the margin."""
         s = self.settings()
         repeat = 1 if self.mode == "compile" else s.repeat
-        return round(
-            watchdog_budget_s(s.apply(self.scenario), self.mode, repeat) + s.timeout_margin, 1
-        )
+        budget = watchdog_budget_s(s.apply(self.scenario), self.mode, repeat)
+        if self.mode == "run":
+            budget *= 1 + runs_before
+        return round(budget + s.timeout_margin, 1)
 
-    def call_engine(self, s: Settings, forkserver=None):
-        """run_scenario + report (thread-safe: touches no pytest state)."""
+    def call_engine(self, s: Settings, forkserver=None, gpu_token: str | None = None):
+        """run_scenario + report (thread-safe: touches no pytest state). ``gpu_token``: the
+        worker takes it before its launch (run items under the run prefetch)."""
         from cutedebug.analyses import lint
         from cutedebug.engine import runner
         from cutedebug.reporting import report
@@ -222,6 +227,7 @@ class ScenarioItem(_Item):
                 repeat=1 if self.mode == "compile" else s.repeat,
                 forkserver=forkserver,
                 compile_checks=[lint.static_findings],
+                **({"gpu_token": gpu_token} if gpu_token else {}),
             )
         except S.ScenarioError as e:  # the kernel could not be loaded in the child
             raise ScenarioFailure(f"{sc.id}: {e}") from None
@@ -233,10 +239,41 @@ class ScenarioItem(_Item):
         return res, md
 
     def _run(self, s: Settings):
-        res, md = self.call_engine(s, session_forkserver(self.config))
+        """The item's run_scenario call, or the result of the one the run prefetch started
+        ahead for it; under the prefetch a run item's worker takes the GPU token."""
+        ahead = runs_ahead(self.config) if self.mode == "run" else None
+        future = ahead.take(self) if ahead is not None else None
+        if future is not None:
+            res, md = future.result()
+        else:
+            token = ahead.token if ahead is not None else None
+            res, md = self.call_engine(s, session_forkserver(self.config), token)
         self.user_properties.append((VERDICT_PROP, res.verdict.value))
         self.user_properties.append(("cutedebug_report", str(md)))
+        if ahead is not None:  # waiting for other runs' kernels: not this item's own time
+            self.user_properties.append((GPU_WAIT_PROP, res.timings.get("gpu_wait_s")))
         return res, md
+
+
+# What call_engine imports (and, through them, most of the engine), imported by the main
+# thread before any pool thread calls it: CPython 3.11.7 can fail two threads compiling source
+# at once ("AST constructor recursion depth mismatch"), and a failed import is left half-done.
+ENGINE_MODULES = (
+    "cutedebug.analyses.lint",
+    "cutedebug.analyses.mismatch",
+    "cutedebug.engine.health",
+    "cutedebug.engine.runner",
+    "cutedebug.reporting.mismatch_map",
+    "cutedebug.reporting.report",
+    "cutedebug.reporting.stuck_map",
+)
+
+
+def import_engine() -> None:
+    import importlib
+
+    for name in ENGINE_MODULES:
+        importlib.import_module(name)
 
 
 def serious_findings(res) -> list[dict[str, Any]]:
@@ -261,6 +298,7 @@ def _prefetch(item: CompileItem) -> Future | None:
     if jobs <= 1 or in_xdist_worker(config):
         return None
     if _PREFETCH_KEY not in config.stash:
+        import_engine()
         pool = ThreadPoolExecutor(jobs, thread_name_prefix="cutedebug-compile")
         config.stash[_PREFETCH_KEY] = pool
         config.stash[_FUTURES_KEY] = {
@@ -269,6 +307,15 @@ def _prefetch(item: CompileItem) -> Future | None:
             if isinstance(it, CompileItem) and not it.scenario.missing_modules()
         }
     return config.stash[_FUTURES_KEY].pop(item.nodeid, None)
+
+
+# The run prefetch's Prefetcher (commands/pytest_prefetch.py): the runs it started ahead, by
+# node id (``take``), and this process's GPU token (``token``); None: prefetch off or no GPU.
+_RUNS_AHEAD_KEY = pytest.StashKey[Any]()
+
+
+def runs_ahead(config: pytest.Config):
+    return config.stash.get(_RUNS_AHEAD_KEY, None)
 
 
 # One fork server per session, started by the first item that needs a worker (main thread).

@@ -48,6 +48,24 @@ def _jobs(value: Any) -> int:
     return _limit("jobs")(value)
 
 
+PREFETCH_DEFAULT = 2  # run items started ahead of the one running (without xdist)
+
+
+def _prefetch(value: Any) -> int:
+    """on (the default depth), off / 0, or N run items started ahead."""
+    if isinstance(value, bool):
+        return PREFETCH_DEFAULT if value else 0
+    text = str(value).strip().lower()
+    if text in ("0", "false", "off", "no"):
+        return 0
+    if text in ("true", "on", "yes", "auto"):
+        return PREFETCH_DEFAULT
+    try:
+        return _limit("jobs")(value)
+    except ValueError:
+        raise ValueError("expected on/off or a number of run items started ahead") from None
+
+
 def default_compile_jobs() -> int:
     return max(1, min(8, os.cpu_count() or 1))
 
@@ -114,6 +132,12 @@ OPTIONS = (
         "matrix.json recorded, session-wide",
     ),
     Option(
+        "prefetch",
+        _prefetch,
+        "run items start N items ahead (compile, then wait for their GPU's token) while one "
+        "launches, session-wide: on (N=2; xdist: the next item), off, or N (default on)",
+    ),
+    Option(
         "forkserver",
         _to_bool,
         "fork workers from one server that imported torch and "
@@ -129,6 +153,7 @@ DEFAULTS = {
     "timeout_margin": 60.0,
     "compile_jobs": None,
     "forkserver": True,
+    "prefetch": PREFETCH_DEFAULT,
     "gpus": None,
     "shard": None,
     "durations": None,
@@ -145,6 +170,7 @@ class Settings:
     timeout_margin: float
     compile_jobs: int
     forkserver: bool
+    prefetch: int  # run items started ahead (0: off, each item runs in its turn)
     gpus: str | None
     shard: str | None
     durations: str | None

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from cutedebug.engine.gpus import VISIBLE_VAR
+from cutedebug.instrument.launch_gpu import remove_gpu_token
 
 
 class NoHealthyGpu(RuntimeError):
@@ -104,7 +105,7 @@ class Lanes:
                 lane.forkserver = Unserved(lane.env())
             if self.slots > 1:
                 lane.token = str(Path(tokens or root) / f".gpu-{lane.name}.token")
-                Path(lane.token).unlink(missing_ok=True)  # left by a killed earlier run
+                remove_gpu_token(lane.token)  # left by a killed earlier run
         self._cond = threading.Condition()
         self._pool = ThreadPoolExecutor(len(self.lanes) * self.slots, thread_name_prefix="gpu")
 
@@ -227,7 +228,7 @@ class Lanes:
                 lane.forkserver.close(timeout=timeout)
                 lane.forkserver = None
             if lane.token:
-                Path(lane.token).unlink(missing_ok=True)
+                remove_gpu_token(lane.token)
 
     def __enter__(self) -> Lanes:
         return self

@@ -34,7 +34,8 @@ compute-sanitizer (``sanitize``), the lint child, and any command line (``cutede
   run, killed or not, the run tag is swept again (grandchildren outlive children).
 - Interrupts: a KeyboardInterrupt in the watching thread, or :func:`abort_all` from another
   thread (a triage's main thread on Ctrl-C), kills the child at once (never waiting for its
-  deadline) and raises :class:`Interrupted`.
+  deadline) and raises :class:`Interrupted`. :func:`cancellable` does the same for the runs of
+  one thread only (the pytest plugin's prefetched run of an item that will not run).
 
 Returns the :class:`~cutedebug.engine.verdict.Outcome` (phases, events, exit status, why it
 was killed) and process facts (``tag``, ``forked``, ``swept``, ``kill_t``, ...).
@@ -42,12 +43,13 @@ was killed) and process facts (``tag``, ``forked``, ``swept``, ``kill_t``, ...).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +88,27 @@ def abort_all() -> None:
     for proc, tag in live:
         lifeline.kill_group(proc.pid)
         lifeline.sweep(tag, timeout=0.5)
+
+
+_CANCEL = threading.local()  # this thread's cancel event (cancellable)
+
+
+@contextlib.contextmanager
+def cancellable(event: threading.Event) -> Iterator[None]:
+    """Runs watched by this thread inside the block stop once ``event`` is set: the child is
+    killed with its tree within a poll and :class:`Interrupted` is raised (as by
+    :func:`abort_all`, for this thread only); none starts after it was set."""
+    previous = getattr(_CANCEL, "event", None)
+    _CANCEL.event = event
+    try:
+        yield
+    finally:
+        _CANCEL.event = previous
+
+
+def _stopped() -> bool:
+    event = getattr(_CANCEL, "event", None)
+    return _ABORT.is_set() or (event is not None and event.is_set())
 
 
 def reset_abort() -> None:
@@ -240,7 +263,7 @@ def watch(
     """Launch ``argv`` (or fork the worker for ``argv[-1]``) and watch it to its end; see the
     module docstring. ``tag``: the child's run tag, when the caller must know it beforehand
     (a new one by default)."""
-    if _ABORT.is_set():
+    if _stopped():
         raise Interrupted("interrupted: no new runs")
     tag = tag or lifeline.new_run_tag()
     child_env = lifeline.child_env(env, tag)
@@ -285,7 +308,7 @@ def watch(
                 if on_event is not None:
                     on_event(ev)
             _keep_malformed(outcome, bad)
-            if _ABORT.is_set():  # abort_all() may have killed it already
+            if _stopped():  # abort_all() may have killed it already
                 interrupted = True
                 outcome.killed_by_watchdog = "interrupted"
                 break

@@ -4,7 +4,7 @@ kernels while several compile (``mutate --jobs``; a triage's run workers, one to
 engine/lanes.py, taken by the worker before its launch, engine/worker.py).
 
 The token is one file per GPU holding its owner's run tag (the lifeline's ``CUTEDEBUG_RUN_TAG``):
-a process takes it with O_EXCL (:func:`acquire_gpu_token`, emitting ``gpu_wait`` /
+a process takes it atomically, its tag already in it (:func:`acquire_gpu_token`, emitting ``gpu_wait`` /
 ``gpu_acquired`` so its watchdog stops the clocks meanwhile); only its parent gives it back
 (:func:`release_gpu_token`), after the owner and everything it started ended, and after the GPU
 health check a kill calls for: nobody else launches on a GPU that is still being checked.
@@ -25,13 +25,21 @@ TOKEN_POLL_S = 0.02
 
 def acquire_gpu_token(path: str, tag: str, emit: Any = None) -> float:
     """Block until this command (its run tag) holds the GPU token file; returns the seconds
-    waited. The token is a file holding the owner's tag, created with O_EXCL; every process of
+    waited. The token is a file holding the owner's tag, linked in whole; every process of
     the owning command may go on, the others wait. The parent removes it when the owner ended."""
     t0, announced = time.monotonic(), False
-    while True:
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
+    # The token appears with its owner's tag in it (a hard link of a file written first): a
+    # process killed while taking it never leaves an empty token that nobody owns.
+    mine = f"{path}.{tag}.{os.getpid()}"
+    with open(mine, "w") as f:
+        f.write(tag)
+    try:
+        while True:
+            try:
+                os.link(mine, path)
+                break
+            except FileExistsError:
+                pass
             try:
                 with open(path) as f:
                     owner = f.read()
@@ -43,10 +51,8 @@ def acquire_gpu_token(path: str, tag: str, emit: Any = None) -> float:
                 emit("gpu_wait", owner=owner[:12])
                 announced = True
             time.sleep(TOKEN_POLL_S)
-            continue
-        with os.fdopen(fd, "w") as f:
-            f.write(tag)
-        break
+    finally:
+        os.unlink(mine)
     waited = time.monotonic() - t0
     if emit is not None and announced:
         emit("gpu_acquired", waited_s=round(waited, 3))
@@ -64,6 +70,18 @@ def release_gpu_token(path: str | os.PathLike, tag: str) -> bool:
         return True
     except FileNotFoundError:
         return False
+
+
+def remove_gpu_token(path: str | os.PathLike) -> None:
+    """Remove a token and the claims its takers left when they were killed while waiting (for
+    the command that made the token, when no process of it can hold it any more)."""
+    import glob
+
+    for p in [os.fspath(path), *glob.glob(glob.escape(os.fspath(path)) + ".*")]:
+        try:
+            os.unlink(p)
+        except FileNotFoundError:
+            pass
 
 
 def _ensure_gpu(state: Any) -> None:

@@ -7,8 +7,9 @@ usage: python token_worker.py REQUEST.json
 The scenario's params say what it does: ``compile_s`` (sleep while "compiling"),
 ``kernel_s`` (sleep while "launched"), ``behaviour`` ("pass", "hang": never ends after its
 launch, "compile_error": fails in its compile). Every step is appended to the file named by
-$OVERLAP_LOG as one JSON line {"what", "id", "pid", "tag", "t"} (t: time.time()), so a test
-can tell who compiled and who held the GPU when.
+$OVERLAP_LOG as one JSON line {"what", "id", "mode", "pid", "tag", "xdist", "t"} (t:
+time.time(); xdist: the pytest-xdist worker that started it, if any), so a test can tell who
+compiled and who held the GPU when.
 """
 
 import json
@@ -26,7 +27,8 @@ tag = os.environ.get(lifeline.RUN_TAG_VAR, "")
 
 
 def log(what: str) -> None:
-    line = {"what": what, "id": sc["id"], "pid": os.getpid(), "tag": tag, "t": time.time()}
+    line = {"what": what, "id": sc["id"], "mode": request.get("mode"), "pid": os.getpid()}
+    line |= {"tag": tag, "xdist": os.environ.get("PYTEST_XDIST_WORKER"), "t": time.time()}
     with open(os.environ["OVERLAP_LOG"], "a") as f:
         f.write(json.dumps(line) + "\n")
 
