@@ -142,14 +142,20 @@ STEPS = [
     ),
     Step(
         "xdist",
-        "23",
-        280,
+        "22,23",
+        320,
         False,
-        _matrix_copy(MATRIX_DIR)
-        + f"; python3 -m pytest -n 1 --dist worksteal -q -p no:cacheprovider {MATRIX_DIR} "
+        _matrix_copy(MATRIX_DIR) + "; s=$(date +%s.%N); "
+        f"python3 -m pytest -n 1 --dist worksteal -q -p no:cacheprovider {MATRIX_DIR} "
         "--junitxml=$STEP_OUT/pytest-n1.xml; echo rc=$?; "
-        "python3 tools/compare_verdicts.py /tmp/tri $STEP_OUT/pytest-n1.xml",
-        "pytest -n 1 over the same matrix, compared with the triage step's verdicts",
+        "python3 -c \"import time,sys; print('pytest -n 1 wall %.1f s' % "
+        '(time.time()-float(sys.argv[1])))" $s; '
+        f"python3 tools/triage_overlap.py {S3_MATRIX} --pytest --families {','.join(FAMILIES)}; "
+        "python3 tools/compare_verdicts.py /tmp/tri $STEP_OUT/pytest-n1.xml; "
+        f"python3 tools/compare_verdicts.py $STEP_OUT/pytest-n1.xml {S3_MATRIX}",
+        "pytest -n 1 over the same matrix with the run prefetch (the default: each run item's "
+        "next one compiles while it launches; ESTIMATE from s3 ~304 s + start, 415 s in turn): "
+        "wall, verdicts vs the triage step's and vs s3",
     ),
     Step(
         "perturb",

@@ -1,8 +1,9 @@
 """Where a triage's wall time went, and what overlapping compiles with launches makes of it.
 
-    python3 tools/triage_overlap.py MATRIX [--jobs J]
+    python3 tools/triage_overlap.py MATRIX [--jobs J] [--pytest] [--families F1,F2,...]
 
-MATRIX: a triage's matrix.json (or its folder). Prints, from its records:
+MATRIX: a triage's matrix.json (or its folder). Prints, from its records (``--families``: of
+those scenario families only):
 
 - measured: the triage's wall (facts.total_s), its runs' own seconds (wall without the wait for
   the GPU token), the waits, the compile seconds inside the runs, and how many scenarios were
@@ -12,6 +13,10 @@ MATRIX: a triage's matrix.json (or its folder). Prints, from its records:
   rest of its run (wall_s - compile_s: an upper bound, since spawn, imports and inputs overlap
   too), simulated in scenario order, plus the triage's time outside its runs (startup, the first
   compile, the final health check: total_s - the runs' walls, from a serial triage).
+- ``--pytest``: the same ESTIMATE for `pytest -n 1` over those scenarios (the gpu_pending
+  ``xdist`` step): its compile items in turn (each compile-only call's wall), then its run items
+  in turn (the earlier order, ``--cutedebug-prefetch off``) or with the run prefetch (each item
+  starts the next one ahead under xdist; 2 ahead without xdist): :func:`item_path`.
 """
 
 from __future__ import annotations
@@ -48,14 +53,55 @@ def critical_path(runs: list[tuple[float, float]], jobs: int) -> float:
     return end
 
 
+def item_path(runs: list[tuple[float, float]], ahead: int) -> float:
+    """Seconds until the last of pytest's run items ends, one item after another: when item k
+    starts, the runs of items k .. k+ahead that have not started do (compiling, first of each
+    pair, on their own); the GPU goes to the started runs in the order their compiles finish,
+    one at a time (second of each pair); item k ends with its own run. ``ahead`` 0 is the
+    earlier order: each run in its item's turn."""
+    ready: dict[int, float] = {}  # started runs: when their compile ends
+    ended: dict[int, float] = {}
+    t = gpu_free = 0.0
+    for k in range(len(runs)):
+        for j in range(k, min(len(runs), k + ahead + 1)):
+            ready.setdefault(j, t + runs[j][0])
+        while k not in ended:  # the GPU serves the started runs until item k's is done
+            r, j = min((r, j) for j, r in ready.items() if j not in ended)
+            gpu_free = max(gpu_free, r) + runs[j][1]
+            ended[j] = gpu_free
+        t = max(t, ended[k])
+    return t
+
+
+def pytest_estimate(recs: list) -> str:
+    """The `pytest -n 1` lines of ``--pytest`` (see the module docstring)."""
+    compiles = sum(r.compile.wall_s for r in recs if r.compile)
+    runs = [r.run for r in recs if r.run]
+    pairs = [(c.compile_s, max(0.0, c.own_s - c.compile_s)) for c in runs]
+    serial, next1, two = (item_path(pairs, a) for a in (0, 1, 2))
+    return (
+        f"ESTIMATE pytest -n 1 (from these records, not a measurement; pytest's start and "
+        f"collection not included): compile items in turn {compiles:.1f} s (each compile-only "
+        f"call's wall); run items in turn {serial:.1f} s, with the run prefetch (the next item "
+        f"ahead) {next1:.1f} s (2 ahead, plain pytest: {two:.1f} s); in all "
+        f"{compiles + serial:.1f} s -> {compiles + next1:.1f} s"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("matrix")
     ap.add_argument("--jobs", type=int, default=8, help="run workers at once (the estimate)")
+    ap.add_argument(
+        "--pytest", action="store_true", help="also the estimate for `pytest -n 1` (prefetch)"
+    )
+    ap.add_argument("--families", help="only these scenario families (comma list)")
     a = ap.parse_args(argv)
     p = Path(a.matrix)
     m = TriageMatrix.from_json(json.loads((p / "matrix.json" if p.is_dir() else p).read_text()))
     recs = sorted(m.scenarios, key=lambda r: r.id)
+    if a.families:
+        recs = [r for r in recs if r.id.split("/")[0] in a.families.split(",")]
     runs = [r.run for r in recs if r.run]
     wall = sum(c.wall_s for c in runs)
     waits = sum(c.gpu_wait_s or 0.0 for c in runs)
@@ -80,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
             else ""
         )
     )
+    if a.pytest:
+        print(pytest_estimate(recs))
     return 0
 
 
