@@ -30,6 +30,8 @@ ADAPTERS = {
     "fa4_fwd_sm90": ("fa4_fwd_sm90.py", "FA4FwdSm90", "flash_fwd_sm90.py"),
     "quack_softmax": ("quack_softmax.py", "QuackSoftmax", "softmax.py"),
     "fa4_bwd_sm90": ("fa4_bwd_sm90.py", "FA4BwdSm90", "flash_bwd_sm90.py"),
+    "quack_gemm_sm100": ("quack_gemm_sm100.py", "QuackGemmSm100", "gemm_sm100.py"),
+    "fa4_fwd_sm100": ("fa4_fwd_sm100.py", "FA4FwdSm100", "flash_fwd_sm100.py"),
 }
 MODULES = {
     "quack_gemm_sm90": ["quack"],
@@ -38,7 +40,10 @@ MODULES = {
     "fa4_fwd_sm90": ["flash_attn.cute"],
     "quack_softmax": ["quack"],
     "fa4_bwd_sm90": ["flash_attn.cute"],
+    "quack_gemm_sm100": ["quack"],
+    "fa4_fwd_sm100": ["flash_attn.cute"],
 }
+ARCHS = {"quack_gemm_sm100": ("sm_100a",), "fa4_fwd_sm100": ("sm_100a",)}  # others: sm_90a
 # tools/field_fault_sites.py surveys these in test_fault_sites_land_on_the_library_lines; the
 # kernels added later are checked by their own tests below (a compile each, not a survey)
 SURVEYED = ("quack_gemm_sm90", "quack_rmsnorm_fwd", "quack_rmsnorm_bwd", "fa4_fwd_sm90")
@@ -58,7 +63,7 @@ def test_every_field_scenario_loads_and_names_its_library():
         assert sc.id == f"field/{family}/{path.stem}"
         assert (Path(sc.kernel_file).name, sc.kernel_entry) == (file, entry)
         assert list(sc.modules) == MODULES[family], path
-        assert sc.archs == ("sm_90a",)
+        assert sc.archs == ARCHS.get(family, ("sm_90a",))
     clean = [p for p in files if p.stem == "clean"]
     assert len(clean) == len(ADAPTERS)
 
@@ -383,7 +388,7 @@ def test_probe_sites_are_the_library_kernel_call_lines(family):
     assert got == WAIT_SITES[family]
 
 
-def _traced(family: str, fault: str | None = None, args: dict | None = None):
+def _traced(family: str, fault: str | None = None, args: dict | None = None, arch="sm_90a"):
     """One in-process compile of an adapter for sm_90a under the lint recorder, a fault and
     the probes (as the worker does): (static findings, Applied, probe sites)."""
     import tempfile
@@ -409,7 +414,7 @@ def _traced(family: str, fault: str | None = None, args: dict | None = None):
         faults.inject(fault, args or {}) as applied,
         probes.instrument(probes.ProbeConfig(), allocate=allocate) as table,
     ):
-        cute.compile[cute.GPUArch("sm_90a"), DumpDir(tempfile.gettempdir())](
+        cute.compile[cute.GPUArch(arch), DumpDir(tempfile.gettempdir())](
             kernel, *kernel.fake_args()
         )
     return lint.static_findings(protocol), applied, table
@@ -477,3 +482,46 @@ def test_fa4_backward_bulk_copies_count_toward_expect_tx():
     assert any(
         "expect_tx 16912 B per stage, TMA copies deliver 16896 B" in f["message"] for f in errors
     )
+
+
+@needs_libs
+def test_quack_sm100_gemm_static_ifs_and_the_clc_armed_scheduler():
+    """quack's SM100 GEMM (sm_100a, compiled on the CPU): the epilogue releases the
+    accumulator inside a static `if` of its loop over 8 subtiles, and the scheduler warp arms
+    its pipeline's full barrier with arrive.expect_tx for the CLC response instead of a
+    commit. Before: 8 "performed twice" release errors and a commit_pairing error on the
+    clean kernel; skip_consumer_release counted 8 sites at the one release line."""
+    findings, _, _ = _traced("quack_gemm_sm100", arch="sm_100a")
+    assert [f for f in findings if f["severity"] in ("error", "warning")] == []
+    (clc,) = [f for f in findings if f["check"] == "commit_pairing"]
+    assert clc["severity"] == "info" and "arrive.expect_tx at gemm_sm100.py:" in clc["message"]
+    _, applied, _ = _traced("quack_gemm_sm100", "skip_consumer_release", arch="sm_100a")
+    release = _line("quack/gemm_sm100.py", "acc_pipeline.consumer_release(acc_consumer_state)")
+    lines = [(Path(s["file"]).name, s["line"]) for s in applied.sites]
+    assert lines.count(("gemm_sm100.py", release)) == 1
+    assert any("never takes: not counted" in n for n in applied.notes)
+
+
+@needs_libs
+def test_fa4_sm100_forward_idioms_are_not_errors():
+    """FA-4's SM100 forward (sm_100a, 2-CTA MMA): a statistics pipeline used only as a credit
+    counter (never committed nor waited on), drains written as a final producer_acquire
+    ("equivalent to producer_tail"), releases of each stage in a loop unrolled over the
+    stages, CTA-local pipelines in a clustered launch, and a 2-CTA pipeline kept safe by the
+    TMEM-dealloc handshake instead of producer_tail. Before: 11 errors on the clean kernel."""
+    findings, _, _ = _traced("fa4_fwd_sm100", arch="sm_100a")
+    assert [f for f in findings if f["severity"] == "error"] == []
+    by = {(f["check"], f["severity"]): [] for f in findings}
+    for f in findings:
+        by[(f["check"], f["severity"])].append(f)
+    assert any(
+        "is used as a credit counter" in f["message"] for f in by[("release_pairing", "info")]
+    )
+    drains = [f for f in by[("producer_tail", "info")] if "is drained by its final" in f["message"]]
+    assert len(drains) == 3  # Q (TMA), softmax statistics, correction -> epilogue
+    (handshake,) = [
+        f for f in by.get(("producer_tail", "warning"), []) if "cluster handshake" in f["message"]
+    ]
+    assert "PipelineUmmaAsync" in handshake["pipeline"]
+    # no release is "performed twice": the unrolled loops name their stages
+    assert not any("performed twice" in f["message"] for f in findings)

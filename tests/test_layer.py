@@ -4,7 +4,9 @@ tests/fieldlib_src/fieldlib is a stand-in for an installed CuTe DSL library (a p
 subclass with its own create() and a no-op producer_commit, one helper line that creates every
 pipeline, its own pipeline state class and factory with advance_iters, a wrapper class that
 waits inside lambdas, a _w_index_phase wrapper; ring.py: quack's exchange pattern, a no-op
-producer_commit never called and a raw wait on a phase the kernel reads from its state). Each test copies it into ``site-packages`` of a fake venv
+producer_commit never called and a raw wait on a phase the kernel reads from its state;
+subtiles.py: quack's SM100 GEMM patterns, a release under a static `if` in one of several
+subtiles and a producer that arms the full barrier itself). Each test copies it into ``site-packages`` of a fake venv
 whose ``lib/pythonX.Y`` is made the stdlib (as sysconfig reports it in a real venv), so the
 frame rule is exercised: the library's files are kernel code, sites land on the kernel's call
 lines in them.
@@ -379,3 +381,30 @@ def test_a_property_hook_leaves_the_ptx_alone(ring, venv):
     with layer.observe("faults", {"state.phase": lambda c: reads.append(1) or c.proceed()}):
         observed = build()
     assert reads and observed == plain
+
+
+SUBTILES = ("subtiles.py", "Subtiles")
+
+
+def test_a_release_under_a_static_if_counts_once_and_a_self_armed_full_is_paired(venv):
+    """quack's SM100 GEMM: the epilogue releases the accumulator inside `if epi_coord[1] ==
+    acc_release_idx` (Python ints) in a static loop over subtiles, and the scheduler's
+    producer arms the full barrier with arrive.expect_tx itself (a CLC query). The DSL traces
+    the body of a static `if` even where it is False: before, one release per subtile was
+    recorded ("performed twice" x3) and the missing commits were an error."""
+    t = Traced(venv, kernel=SUBTILES)
+    found = t.findings()
+    assert [f for f in found if f.severity in ("error", "warning")] == []
+    (arm,) = [f for f in found if f.check == "commit_pairing"]
+    (line,) = _lines(venv / "subtiles.py", "cute.arch.mbarrier_arrive_and_expect_tx(full, 0)")
+    assert arm.severity == "info"
+    assert f"arrives on the full barrier itself with arrive.expect_tx at subtiles.py:{line}" in (
+        arm.message
+    )
+    releases = [e for e in t.proto.events if e.kind == "consumer_release"]
+    assert len(releases) == 1
+    # two subtiles that really release: the double release is still an error
+    twice = Traced(venv, kernel=SUBTILES, params={"release_at": (2, 3)})
+    errors = [f for f in twice.findings() if f.severity == "error"]
+    assert [f.check for f in errors] == ["release_pairing"]
+    assert "performed twice for one consumer_wait" in errors[0].message

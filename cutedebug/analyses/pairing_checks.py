@@ -22,6 +22,9 @@ def _check_pairing(proto: Protocol) -> list[Finding]:
             in ("consumer_wait", "consumer_release", "producer_acquire", "producer_commit")
         ]
         waits = [e for e in seq if e.kind == "consumer_wait"]
+        if _credit_only(proto, key, seq) and not rec.barrier_pointers:
+            out.append(_credit_finding(key, seq))
+            continue
         # A release that traced no arrive is a no-op method of this pipeline (a subclass's):
         # it releases nothing, so it is not paired with a wait.
         noop = [
@@ -142,7 +145,11 @@ def _check_pairing(proto: Protocol) -> list[Finding]:
             extra = [c for c in e.conds if c not in base]
             if extra or e.detail["conditional_arrives"]:
                 cond = (extra or e.detail["conditional_arrives"][0])[0]
-                twice = prev is not None and (prev.file, prev.line) == (e.file, e.line)
+                twice = (
+                    prev is not None
+                    and (prev.file, prev.line) == (e.file, e.line)
+                    and not _distinct_stages(prev, e)
+                )
                 effect = (
                     "on the path where it holds the stage is released twice (the empty "
                     "barrier runs a phase ahead: the producer overwrites a stage still "
@@ -167,7 +174,11 @@ def _check_pairing(proto: Protocol) -> list[Finding]:
                         e,
                     )
                 )
-            elif prev is not None and (prev.file, prev.line) == (e.file, e.line):
+            elif (
+                prev is not None
+                and (prev.file, prev.line) == (e.file, e.line)
+                and not _distinct_stages(prev, e)
+            ):
                 out.append(
                     _f(
                         "error",
@@ -213,7 +224,8 @@ def _check_pairing(proto: Protocol) -> list[Finding]:
                 )
             )
         if rec.full_op == "AsyncThread":
-            acq = [e for e in seq if e.kind == "producer_acquire"]
+            drains = _drains(proto, key)
+            acq = [e for e in seq if e.kind == "producer_acquire" and e not in drains]
             # a commit that traced no arrive on the full barrier is a no-op method (the
             # barrier is arrived elsewhere): not paired
             com = [e for e in seq if e.kind == "producer_commit" and e.detail.get("arrives", 1) > 0]
@@ -237,6 +249,26 @@ def _check_pairing(proto: Protocol) -> list[Finding]:
                 )
             elif len(com) < len(acq) and "producer_commit" in rec.noop_ops:
                 out.append(_noop_commit(proto, key, rec, acq[-1]))
+            elif len(com) < len(acq) and len(com) + len(
+                armed := _data_path_arms(seq_all(proto, key))
+            ) >= len(acq):
+                a = armed[0]
+                out.append(
+                    _f(
+                        "info",
+                        "commit_pairing",
+                        key,
+                        f"{len(acq)} producer_acquire call(s), {len(com)} producer_commit "
+                        f"call(s) of {key}: the producer arrives on the full barrier itself "
+                        f"with arrive.expect_tx at {a.where()} (through producer_get_barrier's "
+                        "pointer; the bytes come from a hardware response or a peer, e.g. a "
+                        "cluster launch control query), so its acquires are not paired with "
+                        "commits",
+                        f"acquires {len(acq)}; commits {len(com)}; arrive.expect_tx on the "
+                        f"full barrier {len(armed)}",
+                        a,
+                    )
+                )
             elif len(com) < len(acq):
                 out.append(
                     _f(
@@ -251,6 +283,89 @@ def _check_pairing(proto: Protocol) -> list[Finding]:
                     )
                 )
     return out
+
+
+def _drains(proto: Protocol, key: str) -> list[Event]:
+    """A final producer_acquire after the producer's loop that fills nothing (no commit, TMA
+    copy or expect_tx of the pipeline after it): the kernel's own drain, e.g. FA-4's
+    ``producer_acquire_w_index_phase(q_stage - 1, phase)`` "equivalent to producer_tail"."""
+    events = [e for e in proto.events if e.pipeline == key]
+    acq = [e for e in events if e.kind == "producer_acquire"]
+    if len(acq) < 2 or acq[-1].in_loop or not any(e.in_loop for e in acq[:-1]):
+        return []
+    last = acq[-1]
+    after = events[events.index(last) + 1 :]
+    fills = ("producer_commit", "tma_copy", "expect_tx", "producer_acquire")
+    if last.detail.get("copies") or any(e.kind in fills for e in after):
+        return []
+    return [last]
+
+
+def _closing_handshake(proto: Protocol, key: str) -> Event | None:
+    """A cross-CTA handshake outside loops traced after the pipeline's loop started: a
+    remote raw mbarrier arrive followed by a raw wait (cutlass's 2-CTA TMEM dealloc), or a
+    cluster arrive + wait. It keeps each CTA alive until its peer got there; a trace does not
+    show that every role reaches it after its last release, hence a warning, not clean."""
+    looped = [i for i, e in enumerate(proto.events) if e.pipeline == key and e.in_loop]
+    if not looped:
+        return None
+    after = [e for e in proto.events[looped[0] :] if not e.in_loop]
+    for i, e in enumerate(after):
+        remote = e.kind == "mbarrier_arrive" and e.detail.get("remote")
+        if (remote or e.kind == "cluster_arrive") and any(
+            w.kind in ("mbarrier_wait", "cluster_wait") for w in after[i + 1 :]
+        ):
+            return e
+    return None
+
+
+def _distinct_stages(a: Event, b: Event) -> bool:
+    """Two releases of stages the kernel names statically and differently (an unrolled loop
+    over the stages): not one stage released twice."""
+    sa, sb = a.detail.get("stage"), b.detail.get("stage")
+    return sa is not None and sb is not None and sa != sb
+
+
+def _credit_only(proto: Protocol, key: str, seq: list[Event]) -> bool:
+    """A pipeline whose full barrier the kernel never uses: no consumer_wait, no commit (nor
+    a raw arrive / expect_tx on its full barrier; the caller also requires that the kernel
+    never took its pointer), only acquires and releases. It is a credit
+    counter on the empty barrier (FA-4's SM100 softmax statistics: producer_acquire waits
+    for the consumers' consumer_release; the data is signalled another way)."""
+    kinds = {e.kind for e in seq}
+    return (
+        "producer_acquire" in kinds
+        and "consumer_release" in kinds
+        and not kinds & {"consumer_wait", "producer_commit"}
+        and not any(e.kind == "expect_tx" and e.pipeline == key for e in proto.events)
+    )
+
+
+def _credit_finding(key: str, seq: list[Event]) -> Finding:
+    acq = [e for e in seq if e.kind == "producer_acquire"]
+    rel = [e for e in seq if e.kind == "consumer_release"]
+    return _f(
+        "info",
+        "release_pairing",
+        key,
+        f"{key} is used as a credit counter: its full barrier is never committed nor waited "
+        f"on; producer_acquire (at {acq[0].where()}) waits for consumer_release (at "
+        f"{rel[0].where()}) on the empty barrier: acquires are not paired with commits, "
+        "releases not with waits",
+        f"{len(acq)} producer_acquire, 0 producer_commit, 0 consumer_wait, "
+        f"{len(rel)} consumer_release call(s)",
+        acq[0],
+    )
+
+
+def seq_all(proto: Protocol, key: str) -> list[Event]:
+    return [e for e in proto.events if e.pipeline == key]
+
+
+def _data_path_arms(events: list[Event]) -> list[Event]:
+    """Fused arrive.expect_tx calls the kernel makes itself on a pipeline's full barrier
+    (through producer_get_barrier's pointer), outside any pipeline op."""
+    return [e for e in events if e.kind == "expect_tx" and e.detail.get("arrives")]
 
 
 def _noop_commit(proto: Protocol, key: str, rec: Any, acquire: Event) -> Finding:
@@ -286,6 +401,23 @@ def _check_producer_tail(proto: Protocol) -> list[Finding]:
         acq = proto.of("producer_acquire", key)
         if not acq or proto.of("producer_tail", key):
             continue
+        drains = _drains(proto, key)
+        if drains:
+            d = drains[-1]
+            out.append(
+                _f(
+                    "info",
+                    "producer_tail",
+                    key,
+                    f"{key} is drained by its final producer_acquire at {d.where()} (after "
+                    "the producer's loop, nothing filled after it): it waits for the last "
+                    "release of that stage, as producer_tail would",
+                    f"{len(acq)} producer_acquire call(s), the last outside loops with no "
+                    "commit, copy or expect_tx after it",
+                    d,
+                )
+            )
+            continue
         if (
             not proto.of("consumer_release", key)
             and not any(e.in_loop for e in acq)
@@ -295,14 +427,23 @@ def _check_producer_tail(proto: Protocol) -> list[Finding]:
             # single-use stages, never released: there is no pending arrive to drain (and a
             # producer_tail would wait for releases that never come)
             continue
-        multi = clustered or (rec.cluster_size or 1) > 1
-        sev = "error" if multi else "warning"
+        # a pipeline without a cluster layout is CTA-local: its consumers arrive in their own
+        # CTA even when the launch is clustered
+        multi = (rec.cluster_size or 1) > 1
+        handshake = _closing_handshake(proto, key) if multi else None
+        sev = "error" if multi and handshake is None else "warning"
         why = (
             "a consumer's remote arrive may target a CTA that has already exited"
             if multi
             else "single CTA: usually benign, but the last empty-barrier arrives "
             "are left pending when the producer exits"
         )
+        if handshake is not None:
+            why = (
+                f"the kernel closes with a cluster handshake at {handshake.where()} (an arrive "
+                "on a peer CTA's barrier and a wait outside loops, e.g. the 2-CTA TMEM "
+                "dealloc): legal if every CTA reaches it only after its last release"
+            )
         out.append(
             _f(
                 sev,

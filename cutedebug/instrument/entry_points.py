@@ -226,6 +226,16 @@ ENTRY_POINTS: tuple[Entry, ...] = (
         used_by="recorder (run-time conditions)",
     ),
     Entry(
+        "if_execute",
+        "cutlass.base_dsl.ast_helpers",
+        "Executor.if_execute",
+        "method",
+        False,
+        True,
+        used_by="layer (a kernel `if` on a static value: the branch it never takes is dead)",
+        optional=True,
+    ),
+    Entry(
         "launch",
         "cutlass.cutlass_dsl.cutlass",
         "KernelLauncher.launch",
@@ -237,6 +247,7 @@ ENTRY_POINTS: tuple[Entry, ...] = (
 ENTRIES = {e.name: e for e in ENTRY_POINTS}
 # Installed for every observer: pipeline identity and the open-op stack (the semantic op).
 _IDENTITY = (
+    "if_execute",
     "create",
     "_make_sync_object",
     "array.__init__",

@@ -41,6 +41,11 @@ class FaultContext:
         return {} if self.wanted < 0 else {"pipeline_index": self.wanted}
 
     def site(self, call: Call, op: str, detail: str, **extra: Any) -> dict[str, Any]:
+        if call.dead:  # a branch a static `if` never takes: the change never runs
+            note = f"{op} in a branch a static `if` never takes: not counted"
+            if note not in self.applied.notes:
+                self.applied.notes.append(note)
+            return {}
         where = call.site
         if where.via:
             extra.setdefault("via", where.via)

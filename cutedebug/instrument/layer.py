@@ -49,7 +49,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from cutedebug.instrument import frames
+from cutedebug.instrument import branches, frames
 
 # The entry-point table and the identity records have their own modules; their names are
 # part of this module's interface.
@@ -114,6 +114,8 @@ class Call:
         self.args, self.kwargs = args, kwargs
         self.owner_cls = owner_cls  # the class whose attribute was called (methods)
         self.parent: OpenOp | None = layer.open[-1] if layer.open else None
+        # inside a branch a static `if` never takes: traced, but it never runs
+        self.dead = layer.dead > 0
         self._site: Site | None = None
         self._handlers: list[Callable[[Call], Any]] = []
         self.extra: dict[str, Any] = {}  # what observers pass down the chain
@@ -227,6 +229,7 @@ class _Layer:
         self.creating: list[dict[str, Any]] = []  # open create() calls, outermost first
         self.lineages: list[Lineage] = []
         self.keep: list[Any] = []  # objects whose tags must outlive the trace
+        self.dead = 0  # depth of branches a static `if` never takes (branches.py)
 
     # ---- installing ----
     def install(self, names: list[str]) -> None:
@@ -396,6 +399,8 @@ class _Layer:
             if tag is not None and out is not None:
                 self._tag(out, tag)
             return out
+        if name == "if_execute":
+            return branches.if_execute(self, call)
         if name == "state.__init__":
             out = call.proceed()
             self._new_state(call)

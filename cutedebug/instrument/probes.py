@@ -149,7 +149,7 @@ class _Instrumenter:
     def on_raw_op(self, call: Call) -> Any:
         """Raw mbarrier arrivals / expect_tx / complete_tx senders / inits of kernel code:
         who makes a raw barrier's phase complete (for the raw waits' diagnosis)."""
-        if call.parent is None:
+        if call.parent is None and not call.dead:  # a dead branch never arms anything
             where = call.site
             nbytes = call.arg(1, "bytes") if "expect_tx" in call.name else None
             self.table.add_raw_op(

@@ -49,6 +49,8 @@ class PipelineRecord:
     via: str | None = None  # a library wrapper line between the kernel and create()
     # ops whose method in the pipeline's class does nothing: op -> "file:line" (layer.noop_ops)
     noop_ops: dict[str, str] = dataclasses.field(default_factory=dict)
+    # producer_get_barrier calls: the kernel arrives / waits on the full barrier itself
+    barrier_pointers: int = 0
 
     @property
     def cluster_size(self) -> int | None:

@@ -28,7 +28,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from cutedebug.instrument import frames
+from cutedebug.instrument import frames, layer
 from cutedebug.instrument.layer import Call, PipelineInfo, is_pipeline_code
 from cutedebug.instrument.protocol import (  # noqa: F401  (part of this interface)
     Event,
@@ -107,7 +107,10 @@ class _Recorder:
             detail,
             _in_loop(),
         )
-        self.proto.events.append(ev)
+        current = layer.current()
+        dead = call.dead if call is not None else bool(current and current.dead)
+        if not dead:  # a branch a static `if` never takes never runs: not the protocol
+            self.proto.events.append(ev)
         return ev
 
     def open_op(self, kinds: tuple[str, ...]) -> Event | None:
@@ -229,6 +232,8 @@ def _ops(rec: _Recorder) -> dict[str, Callable[[Call], Any]]:
         if op == "producer_get_barrier":
             ptr = call.proceed()
             rec.ptr_tags[id(ptr)] = key
+            if key in rec.proto.pipelines:
+                rec.proto.pipelines[key].barrier_pointers += 1
             rec.keep.append(ptr)
             return ptr
         state = call.state()
@@ -245,6 +250,9 @@ def _ops(rec: _Recorder) -> dict[str, Callable[[Call], Any]]:
             waits=0,
             syncs_before=[],
             method=f"{type(call.self_obj).__name__}.{op}",
+            # the stage when the kernel names it statically (FA-4's *_w_index(stage) in an
+            # unrolled loop over stages): releases of two stages are not one stage twice
+            stage=_static(getattr(state, "index", None)) if state is not None else None,
         )
         rec.stack.append(ev)
         try:
@@ -299,13 +307,21 @@ def _arch(rec: _Recorder) -> dict[str, Callable[[Call], Any]]:
             op.detail["expect_tx"].append(nbytes)
         else:
             rec.add(
-                "expect_tx", rec.ptr_tags.get(id(call.arg(0, "mbar_ptr"))), call=call, bytes=nbytes
+                "expect_tx",
+                rec.ptr_tags.get(id(call.arg(0, "mbar_ptr"))),
+                call=call,
+                bytes=nbytes,
+                arrives=call.name == "mbarrier_arrive_and_expect_tx",  # the fused arrive
             )
 
     def raw(kind: str) -> Callable[[Call], None]:
         def before(call: Call) -> None:
             if not rec.stack and not in_create(call):
-                rec.add(kind, call=call)
+                # an arrive on a peer CTA's barrier (a cluster handshake, e.g. 2-CTA TMEM dealloc)
+                peer = (
+                    call.arg(1, "peer_cta_rank_in_cluster") if kind == "mbarrier_arrive" else None
+                )
+                rec.add(kind, call=call, **({"remote": True} if peer is not None else {}))
 
         return before
 
