@@ -180,7 +180,7 @@ STEPS = [
     Step(
         "field_quack",
         "17",
-        360,
+        400,  # + quack_softmax (2); quack_gemm_sm100 compiles only on an sm_90 GPU
         True,
         _field_copy("/tmp/fq", "quack_*")
         + "; python3 -m cutedebug triage /tmp/fq --out /tmp/fqo; echo rc=$?; "
@@ -193,7 +193,7 @@ STEPS = [
     Step(
         "field_fa4",
         "17",
-        220,
+        290,  # + fa4_bwd_sm90 (3); fa4_fwd_sm100 compiles only on an sm_90 GPU
         True,
         _field_copy("/tmp/ff", "fa4_*")
         + "; python3 -m cutedebug triage /tmp/ff --out /tmp/ffo; echo rc=$?; "
@@ -203,9 +203,10 @@ STEPS = [
     Step(
         "field_sanitize",
         "17",
-        150,
+        220,
         True,
-        "for k in quack_gemm_sm90 quack_rmsnorm_fwd quack_rmsnorm_bwd fa4_fwd_sm90; do "
+        "for k in quack_gemm_sm90 quack_rmsnorm_fwd quack_rmsnorm_bwd fa4_fwd_sm90 "
+        "quack_softmax fa4_bwd_sm90; do "
         f"python3 -m cutedebug sanitize {S}/field/$k/clean.toml --tool racecheck,memcheck "
         "--no-plain --expect PASS --deadline-scale 6 --runs-dir /tmp/fs/$k | tail -4; done",
         "0 sanitizer findings on the clean field kernels (other kernels counted apart)",
