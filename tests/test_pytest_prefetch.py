@@ -359,3 +359,33 @@ def test_two_xdist_workers_on_one_gpu_never_launch_together(tmp_path):
     assert rc == 0, out
     spans = holds(s.steps())
     assert any(a[1] > b[0] for a, b in zip(spans, spans[1:]))  # the old order: overlapping
+
+
+def test_a_crashed_xdist_worker_gives_its_gpu_token_back(tmp_path):
+    """An xdist worker SIGKILLed while its hung run holds the GPU another worker shares: its
+    keeper kills the run and gives the token back (lifeline.guard_token), so the other
+    worker's runs still launch and the session ends."""
+    psutil = pytest.importorskip("psutil")
+    pytest.importorskip("xdist")
+    specs = {"a_hang": {"behaviour": "hang", "compile_s": 0.1, "limits": {"deadline_s": 600}}}
+    specs |= {f"s{i}": {"compile_s": 0.3, "kernel_s": 0.3} for i in range(4)}
+    s = Session(tmp_path, specs)
+    proc = s.popen("-n", "2", runs=True)
+    try:
+        end = time.monotonic() + 60
+        while not (
+            hang := [e for e in s.steps() if e["what"] == "gpu_acquired" and e["id"] == "k/a_hang"]
+        ):
+            assert proc.poll() is None and time.monotonic() < end, proc.stdout.read().decode()
+            time.sleep(0.05)
+        worker = psutil.Process(hang[0]["pid"]).parent()  # the xdist worker that ran it
+        assert worker.pid != proc.pid
+        worker.kill()
+        out = proc.communicate(timeout=120)[0].decode()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert "crashed" in out and proc.returncode == 1, out
+    launched = {e["id"] for e in s.steps() if e["what"] == "gpu_acquired"}
+    assert launched >= {f"k/s{i}" for i in range(4)}, out
+    assert s.left() == [] and s.token_dirs() == []

@@ -168,3 +168,51 @@ def test_a_perturbed_launch_that_hangs_is_a_hang_naming_its_seed(tmp_path):
     ev = perturb_runs.evidence(outcome)["perturbation"]
     assert ev["exposed_by"] == 2 and ev["killed_during"] == "seed" and ev["runs"] == 3
     assert_no_leftovers(facts)
+
+
+def test_cancellable_stops_only_the_runs_of_its_thread(tmp_path):
+    """watchdog.cancellable: setting one thread's event kills that thread's child (with its
+    tree) within a poll and raises Interrupted there; a run in another thread goes on; a run
+    asked for after the event was set never starts."""
+    import threading
+
+    from cutedebug.engine import watchdog
+
+    limits = Limits(compile_s=30.0, deadline_s=30.0, import_s=30.0, check_s=30.0)
+    events = {name: threading.Event() for name in ("a", "b")}
+    ended: dict[str, tuple[str, float]] = {}
+    t0 = time.monotonic()
+
+    def run(name):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "events.jsonl").write_text("")
+        pidfile = d / "pids"
+        argv = [sys.executable, str(FAKE), str(d / "events.jsonl"), "grandchildren", str(pidfile)]
+        with watchdog.cancellable(events[name]):
+            try:
+                watchdog.watch(argv, d / "events.jsonl", d / "worker.log", limits, tag=name * 32)
+                ended[name] = ("returned", time.monotonic() - t0)
+            except watchdog.Interrupted:
+                ended[name] = ("interrupted", time.monotonic() - t0)
+
+    threads = {n: threading.Thread(target=run, args=(n,)) for n in events}
+    for t in threads.values():
+        t.start()
+    end = time.monotonic() + 30
+    while not all((tmp_path / n / "pids").exists() for n in events):  # both running, with kids
+        assert time.monotonic() < end
+        time.sleep(0.05)
+    kids_a = [int(p) for p in (tmp_path / "a" / "pids").read_text().split()]
+    events["a"].set()
+    threads["a"].join(timeout=10)
+    assert ended["a"][0] == "interrupted" and threads["b"].is_alive()  # b still watched
+    assert_no_leftovers({"tag": "a" * 32}, kids_a)
+    assert runner.tagged_processes("b" * 32)  # the other thread's child lives on
+    events["b"].set()
+    threads["b"].join(timeout=10)
+    assert ended["b"][0] == "interrupted" and ended["b"][1] > ended["a"][1]
+    assert_no_leftovers({"tag": "b" * 32})
+    with watchdog.cancellable(events["a"]), pytest.raises(watchdog.Interrupted):
+        watchdog.watch([sys.executable, "-c", "pass"], None, tmp_path / "x.log", limits)
+    assert not watchdog.aborted()  # nothing process-wide was set

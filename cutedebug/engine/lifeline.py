@@ -16,8 +16,9 @@ Three ties, each covering what the others cannot:
 3. **The keeper**: a tiny process (its own session, no tags) started once per harness
    process. It holds the read end of a pipe whose write end only the harness holds. However
    the harness ends (SIGKILL included), the pipe then reads end-of-file and the keeper
-   freezes and kills everything carrying the harness's session tag and removes the
-   temporary folders registered with it (:func:`register_tempdir`).
+   freezes and kills everything carrying the harness's session tag, removes the temporary
+   folders registered with it (:func:`register_tempdir`) and gives back the GPU tokens its
+   runs still held (:func:`guard_token`).
 
 :func:`sweep` is the one sweep of the package: the watchdog calls it after every run (by the
 run's tag), a triage after everything (by its :func:`scope` tag).
@@ -52,7 +53,7 @@ import os, shutil, signal, sys, time
 tag = sys.argv[1].encode()
 for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
     signal.signal(s, signal.SIG_IGN)
-dirs, buf = set(), b""
+dirs, tokens, buf = set(), set(), b""
 while True:
     try:
         chunk = os.read(0, 65536)
@@ -68,6 +69,9 @@ while True:
             dirs.add(path)
         elif op == "keep":
             dirs.discard(path)
+        elif op in ("token", "untoken"):  # "token TAG PATH": a GPU token its run may hold
+            owner, _, token = path.partition(" ")
+            (tokens.add if op == "token" else tokens.discard)((owner, token))
 
 def ours():
     me = os.getpid()
@@ -99,6 +103,14 @@ for _ in range(50):
     time.sleep(0.02)
 for d in dirs:
     shutil.rmtree(d, ignore_errors=True)
+for owner, token in tokens:  # still held by a run of ours (all dead now): give it back
+    try:
+        with open(token) as f:
+            held = f.read() == owner
+        if held:
+            os.unlink(token)
+    except OSError:
+        pass
 """
 
 
@@ -189,6 +201,18 @@ def register_tempdir(path: str | os.PathLike) -> None:
 
 def release_tempdir(path: str | os.PathLike) -> None:
     _KEEPER.send(f"keep {os.fspath(path)}")
+
+
+def guard_token(path: str | os.PathLike, run_tag: str) -> None:
+    """Have the keeper give the GPU token ``path`` back if the harness dies while ``run_tag``
+    may hold it (after it killed everything of ours): other harnesses sharing the GPU (xdist
+    workers on one GPU) would otherwise wait for it for ever. :func:`unguard_token` after the
+    harness gave it back itself."""
+    _KEEPER.send(f"token {run_tag} {os.fspath(path)}")
+
+
+def unguard_token(path: str | os.PathLike, run_tag: str) -> None:
+    _KEEPER.send(f"untoken {run_tag} {os.fspath(path)}")
 
 
 def make_tempdir(prefix: str) -> str:

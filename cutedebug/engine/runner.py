@@ -405,6 +405,8 @@ def _attempt(scenario: Scenario, run_dir: Path, *, mode: str, forkserver, gpu_to
     """run_once, then the GPU health check a kill or crash calls for (engine/health.py), while
     the worker's GPU token is still held: nobody launches on a GPU being checked."""
     tag = lifeline.new_run_tag()  # known before the run: the token goes back however it ends
+    if gpu_token:  # and if this process dies, its keeper gives it back
+        lifeline.guard_token(gpu_token, tag)
     try:
         classified, outcome, facts = run_once(
             scenario, run_dir, mode=mode, forkserver=forkserver, gpu_token=gpu_token, tag=tag, **kw
@@ -413,6 +415,7 @@ def _attempt(scenario: Scenario, run_dir: Path, *, mode: str, forkserver, gpu_to
     finally:
         if gpu_token:
             release_gpu_token(gpu_token, tag)
+            lifeline.unguard_token(gpu_token, tag)
     return classified, outcome, facts, health
 
 
