@@ -37,6 +37,8 @@ TOP_LEVEL = {
     # one event of a child's event channel: written by the worker and by exec'd processes
     "cutedebug.event": "base",
     "cutedebug.event_kinds": "base",
+    # is there a GPU device node (stdlib only): the fork server, the worker, exec's probes
+    "cutedebug.devices": "base",
     # leaf helpers any layer may use to write files and escape text (they import nothing)
     "cutedebug.reporting.escape": "base",
     "cutedebug.reporting.files": "base",

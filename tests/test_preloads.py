@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from cutedebug import devices
 from cutedebug.engine import preloads, runner
 from cutedebug.engine import scenario as S
 
@@ -178,20 +179,55 @@ def test_an_import_that_initializes_cuda_restarts_the_server_without_preloads(
 @pytest.mark.slow
 def test_a_compile_only_worker_does_not_import_torch(tmp_path, monkeypatch):
     """A fresh compile-only worker never looks for a GPU, so never imports torch (1.7 s of
-    CPU); a run-mode worker does (its device check), and both compile the same PTX."""
+    CPU); a run-mode worker does (its device check) where the machine has a GPU device node,
+    and answers from the device nodes without torch where it has none; both compile the same
+    PTX."""
     out = tmp_path / "torch_seen.txt"
     monkeypatch.setenv("TORCHLESS_OUT", str(out))
     target = str(ROOT / "tests" / "helpers" / "torchless_kernel.py") + ":TorchlessMinimal"
     sc = S.adhoc(target, {}, None, {}, "PASS")
     compiled = runner.run_scenario(sc, runs_root=tmp_path / "c", mode="compile")
     ran = runner.run_scenario(sc, runs_root=tmp_path / "r", mode="run")
-    assert out.read_text().split() == ["False", "True"]
+    node = devices.gpu_device_node()
+    assert out.read_text().split() == ["False", str(node is not None)]
     assert compiled.evidence["device"] == {
         "present": None,
         "reason": "compile-only run: no GPU looked for",
     }
     assert "present" in ran.evidence["device"] and ran.evidence["device"]["present"] is not None
+    if node is None:
+        assert ran.evidence["device"] == {"present": False, "reason": devices.NO_DEVICE_NODE}
     assert (compiled.run_dir / "kernel.ptx").read_text() == (ran.run_dir / "kernel.ptx").read_text()
+
+
+@pytest.mark.skipif(
+    devices.gpu_device_node() is not None, reason="a machine with a GPU device node"
+)
+def test_without_a_gpu_device_node_the_fork_server_and_its_workers_leave_torch_alone(
+    tmp_path, monkeypatch
+):
+    """No GPU device node: the fork server does not import torch (~1.7 s of CPU per start),
+    and neither does a worker it forks, in compile or in run mode, nor its health check, which
+    says why there is no GPU."""
+    out = tmp_path / "torch_seen.txt"
+    monkeypatch.setenv("TORCHLESS_OUT", str(out))
+    target = str(ROOT / "tests" / "helpers" / "torchless_kernel.py") + ":TorchlessMinimal"
+    sc = S.adhoc(target, {}, None, {}, "PASS")
+    fs = runner.start_forkserver(tmp_path / "fs")
+    assert fs is not None
+    try:
+        for mode in ("compile", "run"):
+            res = runner.run_scenario(sc, runs_root=tmp_path / mode, mode=mode, forkserver=fs)
+            assert res.evidence["compiled"]["ptx_bytes"] > 0, res.reason
+        health = runner.health_check(forkserver=fs, run_dir=tmp_path / "h")
+        maps = Path(f"/proc/{fs.proc.pid}/maps").read_text()
+    finally:
+        fs.close()
+    assert out.read_text().split() == ["False", "False"]
+    assert res.evidence["device"] == {"present": False, "reason": devices.NO_DEVICE_NODE}
+    assert health.pop("forked") is True and health.pop("secs") > 0
+    assert health == {"healthy": None, "reason": f"no CUDA GPU: {devices.NO_DEVICE_NODE}"}
+    assert "libtorch" not in maps and "/cutlass" in maps
 
 
 def test_a_probe_buffer_that_no_kernel_reads_needs_no_torch():

@@ -1,4 +1,5 @@
-"""Fork server: one process that has imported torch and cutlass, forking a worker per run.
+"""Fork server: one process that has imported cutlass (and torch, where the machine has a GPU),
+forking a worker per run.
 
 A fresh worker spends seconds importing torch and cutlass before any work. The server pays
 that once; each run is then a fork. The server never touches CUDA (no context may exist
@@ -92,9 +93,16 @@ def _child(req: dict[str, Any], server_pid: int) -> int:
 def preload() -> None:
     """What every worker would import first (torch, cutlass, the worker and the
     instrumentation), imported once in the server. Imports only: nothing here may create a
-    CUDA context (a context does not survive a fork)."""
+    CUDA context (a context does not survive a fork). torch only where a GPU device node
+    exists: elsewhere no worker imports it (compile-only workers never do; a run's device
+    check and the health check answer from the device nodes), and it is ~1.7 s of CPU per
+    server start."""
     import cutlass.cute  # noqa: F401
-    import torch  # noqa: F401
+
+    from cutedebug import devices
+
+    if devices.gpu_device_node() is not None:
+        import torch  # noqa: F401
 
     from cutedebug import kernel_api  # noqa: F401
     from cutedebug.engine import worker  # noqa: F401

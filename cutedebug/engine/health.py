@@ -139,6 +139,11 @@ def _health_result(stdout: str, stderr: str) -> dict[str, Any]:
 # ---- one scenario ---------------------------------------------------------------------
 # ---- child side (python -m cutedebug.engine.health) ---------------------------------------------
 def main() -> int:
+    from cutedebug import devices
+
+    if devices.gpu_device_node() is None:  # no GPU here: torch (~1.7 s) need not say so
+        print(json.dumps({"healthy": None, "reason": f"no CUDA GPU: {devices.NO_DEVICE_NODE}"}))
+        return 0
     try:
         import torch
 

@@ -4,11 +4,11 @@ servers).
 
     python -m cutedebug.engine.pool_server SOCKET META KEY IDLE_S [HOME_JSON]
 
-Like the per-command fork server (:mod:`cutedebug.engine.forkserver`) it imports torch,
-cutlass, the worker and the instrumentation once, never touches CUDA, and forks one worker
-(or GPU health check) per request. Unlike it, it outlives the command that started it: its
-own session, no parent tie. It is the one process of the harness meant to stay, and it is
-bounded:
+Like the per-command fork server (:mod:`cutedebug.engine.forkserver`) it imports torch (where
+a GPU device node exists), cutlass, the worker and the instrumentation once, never touches
+CUDA, and forks one worker (or GPU health check) per request. Unlike it, it outlives the
+command that started it: its own session, no parent tie. It is the one process of the
+harness meant to stay, and it is bounded:
 
 - it exits by itself after IDLE_S seconds in which no worker ran, once retired (a newer server
   of the same checkout and interpreter replaced it: its sources or installs changed, so no

@@ -22,6 +22,7 @@ from contextlib import ExitStack, nullcontext
 from pathlib import Path
 from typing import Any
 
+from cutedebug import devices
 from cutedebug.engine import blame, compile_checks, lifeline
 from cutedebug.engine import events as events_mod
 from cutedebug.engine.health import ARCH_BY_CC  # stdlib only: the arch names by capability
@@ -44,7 +45,10 @@ our_frame, user_call = blame.our_frame, blame.user_call
 
 
 def detect_device() -> dict[str, Any]:
-    """The GPU this process would run on, or why there is none. Never raises."""
+    """The GPU this process would run on, or why there is none. Never raises. Without a GPU
+    device node there is none, and torch is not imported to learn it."""
+    if devices.gpu_device_node() is None:
+        return {"present": False, "reason": devices.NO_DEVICE_NODE}
     try:
         import torch
     except ImportError:

@@ -49,6 +49,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from cutedebug import devices
+from cutedebug.devices import GPU_DEVICE_NODES  # noqa: F401  (part of this interface)
 from cutedebug.event import Event
 from cutedebug.instrument.launch_gpu import (  # noqa: F401  (part of this interface)
     _WAITS_ATTR,
@@ -231,11 +233,6 @@ def _gpu_present() -> bool | None:
         return None
 
 
-# Device nodes through which a GPU can be visible (Linux, WSL2's /dev/dxg, Tegra): with none of
-# them there is no GPU, and torch need not be imported to learn it.
-GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg", "/dev/nvhost-ctrl-gpu")
-
-
 def _enter_probes(state: _State) -> None:
     """The probe buffer (pinned, host-mapped; one for the whole process) and its monitor. The
     probes themselves are entered around each trace (``_probe_trace``)."""
@@ -243,7 +240,7 @@ def _enter_probes(state: _State) -> None:
 
     pcfg = probes.ProbeConfig(**state.cfg["probes"])
     nbytes = probes.buffer_nbytes(pcfg)
-    if "torch" not in sys.modules and not any(map(os.path.exists, GPU_DEVICE_NODES)):
+    if "torch" not in sys.modules and devices.gpu_device_node() is None:
         # no GPU here and the program has not imported torch: it never reads the buffer, and
         # importing torch for it would cost a program that compiles only 1.7 s of CPU
         host = bytearray(nbytes)
