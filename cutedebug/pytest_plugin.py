@@ -62,7 +62,8 @@ Options (precedence: marker > command line > environment > ini)
 pytest-xdist
     ``pytest -n <GPUs> --dist worksteal scenarios``: one worker per GPU, one fork server per
     worker, each compile item compiled once in the whole session (by the worker that runs
-    it: under xdist the compile items do not prefetch, the workers are the parallelism), no
+    it: under xdist the compile pool does not run, the workers are the parallelism; with a
+    GPU and the run prefetch each worker starts its next item ahead, compile or run), no
     state shared between workers but the GPU tokens of the run prefetch (workers bound to one
     GPU take its one token: ``pytest -n 4`` on one GPU never runs two kernels at once), every
     child of a worker killed at its session end. A

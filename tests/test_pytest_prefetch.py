@@ -389,3 +389,30 @@ def test_a_crashed_xdist_worker_gives_its_gpu_token_back(tmp_path):
     launched = {e["id"] for e in s.steps() if e["what"] == "gpu_acquired"}
     assert launched >= {f"k/s{i}" for i in range(4)}, out
     assert s.left() == [] and s.token_dirs() == []
+
+
+def test_an_xdist_worker_starts_its_next_compile_item_ahead_too(tmp_path):
+    """-n 1 (the compile pool does not run under xdist): while a compile item runs, the
+    worker's next one compiles; every scenario compiled once per mode, the same outcomes and
+    verdicts as without the prefetch."""
+    pytest.importorskip("xdist")
+    specs = {f"c{i}": {"compile_s": 0.8, "kernel_s": 0.1} for i in range(4)}
+    specs["cerr"] = {"behaviour": "compile_error", "expect": "COMPILE_ERROR"}
+    got = {}
+    for mode in ("off", "on"):
+        s = Session(tmp_path / mode, specs)
+        rc, out = s.run("-n", "1", f"--cutedebug-prefetch={mode}", f"--junitxml={s.root / 'j.xml'}")
+        assert rc == 0, out
+        log = s.steps()
+        starts = Counter((e["id"], e["mode"]) for e in log if e["what"] == "compile_start")
+        assert set(starts.values()) == {1} and len(starts) == 2 * len(specs)
+        compiles = [e for e in log if e["mode"] == "compile"]
+        done = {e["pid"]: e["t"] for e in compiles if e["what"] == "compile_end"}
+        spans = [(e["t"], done[e["pid"]]) for e in compiles if e["what"] == "compile_start"]
+        got[mode] = (
+            junit(s.root / "j.xml"),
+            max(sum(a <= t < b for a, b in spans) for t, _ in spans),
+        )
+        assert s.left() == [] and s.token_dirs() == []
+    assert got["on"][0] == got["off"][0]
+    assert got["off"][1] == 1 and got["on"][1] == 2  # in turn / two at a time

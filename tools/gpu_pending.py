@@ -143,7 +143,7 @@ STEPS = [
     Step(
         "xdist",
         "22,23",
-        320,
+        280,  # ESTIMATE ~226 s + pytest's start; its 420 s timeout still fits the old order (415)
         False,
         _matrix_copy(MATRIX_DIR) + "; s=$(date +%s.%N); "
         f"python3 -m pytest -n 1 --dist worksteal -q -p no:cacheprovider {MATRIX_DIR} "
@@ -153,9 +153,9 @@ STEPS = [
         f"python3 tools/triage_overlap.py {S3_MATRIX} --pytest --families {','.join(FAMILIES)}; "
         "python3 tools/compare_verdicts.py /tmp/tri $STEP_OUT/pytest-n1.xml; "
         f"python3 tools/compare_verdicts.py $STEP_OUT/pytest-n1.xml {S3_MATRIX}",
-        "pytest -n 1 over the same matrix with the run prefetch (the default: each run item's "
-        "next one compiles while it launches; ESTIMATE from s3 ~304 s + start, 415 s in turn): "
-        "wall, verdicts vs the triage step's and vs s3",
+        "pytest -n 1 over the same matrix with the prefetch (the default: each item's next one "
+        "compiles while it runs, one launch at a time; ESTIMATE from s3 ~226 s + start, 415 s in "
+        "turn): wall, verdicts vs the triage step's and vs s3",
     ),
     Step(
         "perturb",

@@ -14,9 +14,10 @@ those scenario families only):
   too), simulated in scenario order, plus the triage's time outside its runs (startup, the first
   compile, the final health check: total_s - the runs' walls, from a serial triage).
 - ``--pytest``: the same ESTIMATE for `pytest -n 1` over those scenarios (the gpu_pending
-  ``xdist`` step): its compile items in turn (each compile-only call's wall), then its run items
-  in turn (the earlier order, ``--cutedebug-prefetch off``) or with the run prefetch (each item
-  starts the next one ahead under xdist; 2 ahead without xdist): :func:`item_path`.
+  ``xdist`` step): its compile items (each compile-only call's wall), then its run items, in
+  turn (the earlier order, ``--cutedebug-prefetch off``) or with the prefetch (under xdist each
+  item starts the worker's next one ahead, compile or run; 2 runs ahead without xdist):
+  :func:`item_path`.
 """
 
 from __future__ import annotations
@@ -75,16 +76,17 @@ def item_path(runs: list[tuple[float, float]], ahead: int) -> float:
 
 def pytest_estimate(recs: list) -> str:
     """The `pytest -n 1` lines of ``--pytest`` (see the module docstring)."""
-    compiles = sum(r.compile.wall_s for r in recs if r.compile)
+    compile_items = [(r.compile.wall_s, 0.0) for r in recs if r.compile]  # no GPU part
+    compiles, compiles_next = (item_path(compile_items, a) for a in (0, 1))
     runs = [r.run for r in recs if r.run]
     pairs = [(c.compile_s, max(0.0, c.own_s - c.compile_s)) for c in runs]
     serial, next1, two = (item_path(pairs, a) for a in (0, 1, 2))
     return (
         f"ESTIMATE pytest -n 1 (from these records, not a measurement; pytest's start and "
         f"collection not included): compile items in turn {compiles:.1f} s (each compile-only "
-        f"call's wall); run items in turn {serial:.1f} s, with the run prefetch (the next item "
-        f"ahead) {next1:.1f} s (2 ahead, plain pytest: {two:.1f} s); in all "
-        f"{compiles + serial:.1f} s -> {compiles + next1:.1f} s"
+        f"call's wall), the next one ahead {compiles_next:.1f} s; run items in turn "
+        f"{serial:.1f} s, the next one ahead {next1:.1f} s (2 ahead, plain pytest: {two:.1f} s); "
+        f"in all {compiles + serial:.1f} s in turn -> {compiles_next + next1:.1f} s"
     )
 
 

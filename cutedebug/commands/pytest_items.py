@@ -370,6 +370,8 @@ class CompileItem(ScenarioItem):
 
         self.skip_if_modules_missing()
         future = _prefetch(self)
+        if future is None and (ahead := runs_ahead(self.config)) is not None:
+            future = ahead.take(self)  # under xdist: started while the item before ran
         if future is None:
             res, md = self._run(self.settings())
         else:

@@ -11,7 +11,9 @@ Which items start ahead (``prefetch`` = N, default 2; 0 / off: each item in its 
 token): without pytest-xdist the next N run items of the session's order (compile items and
 invalid scenario files between them are passed over: they never touch the GPU); under xdist
 the ``nextitem`` pytest hands the item's protocol (already taken off the worker's queue: no
-other worker can steal it), since the rest of a worker's queue is xdist's own. Nothing starts
+other worker can steal it), since the rest of a worker's queue is xdist's own; there a next
+compile item starts ahead too (the compile pool of ``compile_jobs`` does not run under xdist),
+so a worker's compile items go two at a time. Nothing starts
 past a test of another kind (it may use the GPU itself), nor while one runs, nor for an item
 marked skip / skipif / xfail(run=False), a scenario whose modules are missing or that cannot
 run on this GPU. A run whose item then does not run (skipped or failed in its setup, the
@@ -38,6 +40,7 @@ import pytest
 
 from cutedebug.commands.pytest_items import (
     _RUNS_AHEAD_KEY,
+    CompileItem,
     InvalidScenarioItem,
     RunItem,
     ScenarioItem,
@@ -145,7 +148,12 @@ class Prefetcher:
         return isinstance(it, (ScenarioItem, InvalidScenarioItem))
 
     def _startable(self, it: pytest.Item) -> bool:
-        if not isinstance(it, RunItem) or it.get_closest_marker("skip") is not None:
+        # a compile item too under xdist, where the compile pool does not run (its workers'
+        # lists are everyone's), so each worker's next compile overlaps its current item
+        xdist_compile = isinstance(it, CompileItem) and in_xdist_worker(self.config)
+        if not (isinstance(it, RunItem) or xdist_compile):
+            return False
+        if it.get_closest_marker("skip") is not None:
             return False
         if it.get_closest_marker("skipif") is not None:
             return False
@@ -153,7 +161,9 @@ class Prefetcher:
         if xfail is not None and not xfail.kwargs.get("run", True):
             return False
         sc = it.scenario
-        return not sc.missing_modules() and gpu_skip_reason(self.config, sc.archs) is None
+        if sc.missing_modules():
+            return False
+        return xdist_compile or gpu_skip_reason(self.config, sc.archs) is None
 
     # ---- runs ----------------------------------------------------------------------------
     def ahead(self, item: pytest.Item, nextitem: pytest.Item | None) -> None:
@@ -174,7 +184,7 @@ class Prefetcher:
 
         s = it.settings()
         server = session_forkserver(self.config)  # made here, in the main thread
-        token = self.token
+        token = self.token if it.mode == "run" else None
         cancel = threading.Event()
 
         def run():
