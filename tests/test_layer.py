@@ -6,7 +6,9 @@ pipeline, its own pipeline state class and factory with advance_iters, a wrapper
 waits inside lambdas, a _w_index_phase wrapper; ring.py: quack's exchange pattern, a no-op
 producer_commit never called and a raw wait on a phase the kernel reads from its state;
 subtiles.py: quack's SM100 GEMM patterns, a release under a static `if` in one of several
-subtiles and a producer that arms the full barrier itself). Each test copies it into ``site-packages`` of a fake venv
+subtiles and a producer that arms the full barrier itself; credits.py: FA-4's SM100 forward
+idioms, a credit-counter pipeline, a drain written as a final acquire, releases of each stage
+in an unrolled loop, CTA-local pipelines in a clustered launch). Each test copies it into ``site-packages`` of a fake venv
 whose ``lib/pythonX.Y`` is made the stdlib (as sysconfig reports it in a real venv), so the
 frame rule is exercised: the library's files are kernel code, sites land on the kernel's call
 lines in them.
@@ -408,3 +410,32 @@ def test_a_release_under_a_static_if_counts_once_and_a_self_armed_full_is_paired
     errors = [f for f in twice.findings() if f.severity == "error"]
     assert [f.check for f in errors] == ["release_pairing"]
     assert "performed twice for one consumer_wait" in errors[0].message
+
+
+CREDITS = ("credits.py", "Credits")
+
+
+def test_fa4_sm100_idioms_are_not_lint_errors(venv):
+    """A credit-counter pipeline (never committed nor waited on), a drain written as one more
+    producer_acquire after the loop, a release of each stage named in an unrolled loop, and
+    CTA-local pipelines in a 2-CTA launch: before, commit_pairing, release_pairing
+    ("performed twice"), producer_tail and init_sync errors on a correct kernel."""
+    k = venv / "credits.py"
+    t = Traced(venv, kernel=CREDITS)
+    found = t.findings()
+    assert [f for f in found if f.severity == "error"] == []
+    keys = {p["index"]: p["key"] for p in t.proto.pipeline_table()}
+    (credit,) = [f for f in found if "is used as a credit counter" in f.message]
+    assert (credit.severity, credit.pipeline) == ("info", keys[1])
+    (drain,) = [f for f in found if "is drained by its final producer_acquire" in f.message]
+    (line,) = _lines(k, "                data.producer_acquire(ps)")[1:]
+    assert (drain.severity, drain.pipeline, drain.line) == ("info", keys[0], line)
+    assert not any("performed twice" in f.message for f in found)
+    # the credit pipeline has no drain: a warning (CTA-local, even in a 2-CTA launch)
+    tails = [(f.severity, f.pipeline) for f in found if f.check == "producer_tail"]
+    assert ("warning", keys[1]) in tails
+    # without the drain the data pipeline is not drained either: a warning, not clean
+    undrained = Traced(venv, kernel=CREDITS, params={"drain": False}).findings()
+    assert ("warning", keys[0]) in [
+        (f.severity, f.pipeline) for f in undrained if f.check == "producer_tail"
+    ]

@@ -349,13 +349,17 @@ def _check_init(proto: Protocol) -> list[Finding]:
                     init_ev,
                 )
             )
+        # a pipeline without a cluster layout is CTA-local: only its own CTA's warps use its
+        # barriers, so a CTA sync orders the init even in a clustered launch
+        rec = proto.pipelines.get(init_ev.pipeline) if init_ev.pipeline else None
+        cluster_sync = clustered and not (rec is not None and (rec.cluster_size or 1) == 1)
         synced = (
             ("cluster_wait" in between)
-            if clustered
+            if cluster_sync
             else ("sync_threads" in between or "cluster_wait" in between or named_all)
         )
         if not synced:
-            need = "cluster arrive + wait" if clustered else "CTA sync (bar.sync 0)"
+            need = "cluster arrive + wait" if cluster_sync else "CTA sync (bar.sync 0)"
             out.append(
                 _f(
                     "error",
