@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -327,7 +328,20 @@ def test_the_deadline_clock_stops_while_the_command_waits_for_the_gpu(tmp_path):
 
     token = tmp_path / "gpu.token"
     token.write_text("another command")
-    threading.Timer(4.0, token.unlink).start()
+
+    def release_4_s_after_the_wait_began() -> None:
+        # from the child's gpu_wait event, not from now: a loaded machine can take a second
+        # or more to start the child, which a timer from now would take off the wait
+        end = time.monotonic() + 120
+        while time.monotonic() < end and not any(
+            '"gpu_wait"' in p.read_text(errors="replace")
+            for p in (tmp_path / "run").rglob("*.jsonl")
+        ):
+            time.sleep(0.02)
+        time.sleep(4.0)
+        token.unlink()
+
+    threading.Thread(target=release_4_s_after_the_wait_began, daemon=True).start()
     s = X.Settings(
         argv=[sys.executable, "-c", WAITS_FOR_TOKEN],
         deadline_s=2.0,
