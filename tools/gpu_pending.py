@@ -297,18 +297,17 @@ def sessions(calls: list[list[Step]], session_s: int, start_s: int) -> list[list
 
 
 def plan(steps: list[Step], call_s: int) -> list[list[Step]]:
-    """Steps grouped in order into calls of at most ``call_s`` estimated seconds; wheel steps
-    kept together (a call that carries .whl is the only one that pays for carrying it)."""
+    """Steps grouped in order into calls of at most ``call_s`` estimated seconds; a call
+    carries the wheels or not at all (only a call that needs .whl pays for carrying it)."""
     calls: list[list[Step]] = []
-    for group in ([s for s in steps if not s.wheels], [s for s in steps if s.wheels]):
-        cur: list[Step] = []
-        for s in group:
-            if cur and sum(x.seconds for x in cur) + s.seconds > call_s:
-                calls.append(cur)
-                cur = []
-            cur.append(s)
-        if cur:
+    cur: list[Step] = []
+    for s in steps:
+        if cur and (sum(x.seconds for x in cur) + s.seconds > call_s or cur[-1].wheels != s.wheels):
             calls.append(cur)
+            cur = []
+        cur.append(s)
+    if cur:
+        calls.append(cur)
     return calls
 
 
