@@ -251,8 +251,8 @@ def test_a_long_wait_for_the_gpu_is_not_a_hang(tmp_path):
     s = Session(
         tmp_path,
         {
-            "a_long": {"compile_s": 0.1, "kernel_s": 3.0},
-            "b_short": {"compile_s": 1.0, "kernel_s": 0.1, "limits": {"import_s": 1.0}},
+            "a_long": {"compile_s": 0.1, "kernel_s": 4.0},  # takes the GPU first
+            "b_short": {"compile_s": 1.5, "kernel_s": 0.1, "limits": {"import_s": 1.0}},
         },
     )
     rc, out = s.run(f"--junitxml={s.root / 'j.xml'}", runs=True)
