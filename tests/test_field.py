@@ -491,8 +491,14 @@ def test_quack_sm100_gemm_static_ifs_and_the_clc_armed_scheduler():
     its pipeline's full barrier with arrive.expect_tx for the CLC response instead of a
     commit. Before: 8 "performed twice" release errors and a commit_pairing error on the
     clean kernel; skip_consumer_release counted 8 sites at the one release line."""
-    findings, _, _ = _traced("quack_gemm_sm100", arch="sm_100a")
+    findings, _, table = _traced("quack_gemm_sm100", arch="sm_100a")
     assert [f for f in findings if f["severity"] in ("error", "warning")] == []
+    # the scheduler's producer path runs in the scheduler warp only: the other warps' copies
+    # of it (advance_to_next_work with a static is_scheduler_warp=False) are no probe site
+    clc = [s.where for s in table.sites if s.op == "producer_acquire" and s.pipeline_index == 2]
+    assert clc == [
+        f"gemm_sm100.py:{_line('quack/gemm_sm100.py', 'tile_scheduler.advance_to_next_work(is_scheduler_warp=is_scheduler_warp)')}"
+    ]
     (clc,) = [f for f in findings if f["check"] == "commit_pairing"]
     assert clc["severity"] == "info" and "arrive.expect_tx at gemm_sm100.py:" in clc["message"]
     _, applied, _ = _traced("quack_gemm_sm100", "skip_consumer_release", arch="sm_100a")

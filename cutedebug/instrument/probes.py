@@ -131,6 +131,8 @@ class _Instrumenter:
 
     def on_array_wait(self, call: Call) -> Any:
         """MbarrierArray.wait: bounded, on the pipeline's barrier."""
+        if call.dead:  # a branch a static `if` never takes: folded away, never a site
+            return call.proceed()
         fields = pipeline_wait_fields(call)
         state = fields.pop("state")
         site = self.table.add(kind="pipeline", **fields)
@@ -141,6 +143,8 @@ class _Instrumenter:
 
     def on_raw_wait(self, call: Call) -> Any:
         """cute.arch.mbarrier_wait: bounded."""
+        if call.dead:
+            return call.proceed()
         fields = raw_wait_fields(call)
         state = fields.pop("state")
         site = self.table.add(kind="raw", **fields)
