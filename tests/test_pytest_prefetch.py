@@ -416,3 +416,41 @@ def test_an_xdist_worker_starts_its_next_compile_item_ahead_too(tmp_path):
         assert s.left() == [] and s.token_dirs() == []
     assert got["on"][0] == got["off"][0]
     assert got["off"][1] == 1 and got["on"][1] == 2  # in turn / two at a time
+
+
+def test_a_replay_of_recorded_h200_runs_takes_what_the_estimate_says(tmp_path):
+    """tools/triage_overlap.py's item_path (the ESTIMATE for `pytest -n 1`) against the plugin
+    itself: 12 runs of the recorded s3 matrix replayed by the stand-in (each run's compile and
+    the rest of its own time, x0.4) under -n 1, prefetch off then on. The items measured with
+    it off predict the wall with it on; the plugin does at least as well (the GPU part of each
+    run, wall - compile, includes the spawn that overlaps too: an upper bound)."""
+    pytest.importorskip("xdist")
+    sys.path.insert(0, str(ROOT / "tools"))
+    import triage_overlap
+
+    from cutedebug.engine.triage_record import TriageMatrix
+
+    data = json.loads((ROOT / "reports/2026-11-30-h200-s3/matrix.json").read_text())
+    recs = sorted((r for r in TriageMatrix.from_json(data).scenarios if r.run), key=lambda r: r.id)
+    specs = {
+        f"r{i:02d}": {
+            "compile_s": round(r.run.compile_s * 0.4, 3),
+            "kernel_s": round(max(0.0, r.run.own_s - r.run.compile_s) * 0.4, 3),
+        }
+        for i, r in enumerate(recs[::8][:12])
+    }
+    wall, runs = {}, {}
+    for mode in ("off", "on"):
+        s = Session(tmp_path / mode, specs)
+        t0 = time.monotonic()
+        rc, out = s.run("-n", "1", "--dist", "worksteal", f"--cutedebug-prefetch={mode}", runs=True)
+        wall[mode] = time.monotonic() - t0
+        assert rc == 0, out
+        reports = [json.loads(p.read_text()) for p in (s.root / "runs").glob("*/report.json")]
+        timings = [r["timings"] for r in sorted(reports, key=lambda r: r["scenario"]["id"])]
+        runs[mode] = [(t["compile_s"], t["wall_s"] - t["compile_s"]) for t in timings]  # in order
+    outside = wall["off"] - sum(c + g for c, g in runs["off"])  # pytest's start, collection
+    predicted = triage_overlap.item_path(runs["off"], 1) + outside
+    assert wall["on"] < 0.9 * wall["off"]
+    print(f"walls {wall}, predicted with it on {predicted:.1f} s")
+    assert wall["on"] <= predicted + 2.0, (wall, predicted)
