@@ -452,9 +452,14 @@ def test_runs_dir_option_and_outer_timeout_above_the_watchdog(pytester, fake_gpu
     assert (pytester.path / "forkserver_closed").exists()
     # every item hands the worker the static protocol checks (engine/compile_checks.py)
     assert all(c["checks"] == [LINT_CHECK] for c in calls(pytester))
+    # run items take the GPU token of the run prefetch, compile items never do (no launch)
+    tokens = {c["mode"]: c["token"] for c in calls(pytester)}
+    assert tokens["compile"] is None and Path(tokens["run"]).name == "gpu-default.token"
     (pytester.path / "calls.jsonl").unlink()
-    pytester.runpytest("--cutedebug-forkserver=off").assert_outcomes(passed=4)
-    assert not any(c["forked"] for c in calls(pytester))
+    pytester.runpytest("--cutedebug-forkserver=off", "--cutedebug-prefetch=off").assert_outcomes(
+        passed=4
+    )
+    assert not any(c["forked"] or c["token"] for c in calls(pytester))
     assert list((pytester.path / "out" / "runs").glob("*/run/report.md"))
 
 
@@ -532,6 +537,9 @@ def test_fixture_runs_kernels_and_fails_hangs(pytester, fake_gpu):
     assert "cutedebug_run: field kernel.entry = 'Nope': no such class" in out
     assert "During handling" not in out
     assert {tuple(c["checks"]) for c in calls(pytester)} == {(LINT_CHECK,)}
+    # the fixture's runs take the GPU token of the run prefetch (one kernel at a time)
+    tokens = {c["token"] for c in calls(pytester)}
+    assert len(tokens) == 1 and Path(tokens.pop()).name == "gpu-default.token"
     # every test using the fixture also gets the outer guard
     items, _ = pytester.inline_genitems("test_user.py")
     assert all(i.get_closest_marker("timeout") for i in items)
