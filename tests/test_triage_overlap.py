@@ -254,3 +254,32 @@ def test_the_token_goes_back_however_the_attempt_ends(tmp_path, monkeypatch, whe
     with pytest.raises((Interrupted, RuntimeError)):
         runner.run_scenario(sc, runs_root=tmp_path, gpu_token=str(token))
     assert not token.exists()
+
+
+def test_a_bisection_run_gives_the_token_back_however_it_ends(tmp_path, monkeypatch):
+    """`triage --bisect` bisects on a GPU lane with its token: a bisection run that raises
+    after its worker took the token (interrupted, the fork server gone) must give it back,
+    as runner._attempt does, or every other worker of that GPU waits for ever."""
+    from cutedebug.analyses import bisect as B
+    from cutedebug.engine import runner
+    from cutedebug.engine import scenario as S
+    from cutedebug.engine.watchdog import Interrupted
+    from cutedebug.instrument.launch_gpu import acquire_gpu_token
+
+    token = tmp_path / ".gpu-0.token"
+    tags: list[str] = []
+
+    def watch(argv, events, log, limits, *, tag=None, **kw):
+        assert tag is not None  # the run's tag is known before the run
+        acquire_gpu_token(str(token), tag)  # what the worker does before its launch
+        tags.append(tag)
+        raise Interrupted("interrupted: the child was killed")
+
+    monkeypatch.setattr(runner, "watch", watch)
+    sc = S.adhoc(
+        str(ROOT / "tests" / "helpers" / "hang_with_child.py") + ":Hang", {}, None, {}, "PASS"
+    )
+    with pytest.raises(Interrupted):
+        B.bisect(sc, runs_root=tmp_path, forkserver=False, gpu_token=str(token))
+    assert len(tags) == 1
+    assert not token.exists()

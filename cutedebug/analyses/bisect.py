@@ -52,7 +52,7 @@ from cutedebug.analyses.bisect_search import (
     search_all,
     search_role,
 )
-from cutedebug.engine import runner
+from cutedebug.engine import lifeline, runner
 from cutedebug.engine import scenario as S
 from cutedebug.engine import verdict as V
 from cutedebug.event_kinds import Checkpoint, CheckpointSites, Compiled, KernelError
@@ -176,17 +176,24 @@ class _Runner:
         req_path, events_path, log_path = runner.write_request(
             self.run_dir / name, self.scenario, probes=probes, bisect={"site": site}, **token
         )
-        outcome, facts = runner.watch(
-            runner.worker_argv(req_path),
-            events_path,
-            log_path,
-            limits,
-            env=self.env,
-            stall_s=stall_s,
-            forkserver=self.fs,
-        )
-        if self.gpu_token:  # the worker and everything it started ended: the GPU is free
-            release_gpu_token(self.gpu_token, facts["tag"])
+        tag = lifeline.new_run_tag()  # known before the run: the token goes back however
+        if self.gpu_token:  # it ends, and the keeper gives it back if this process dies
+            lifeline.guard_token(self.gpu_token, tag)
+        try:
+            outcome, _ = runner.watch(
+                runner.worker_argv(req_path),
+                events_path,
+                log_path,
+                limits,
+                env=self.env,
+                stall_s=stall_s,
+                forkserver=self.fs,
+                tag=tag,
+            )
+        finally:
+            if self.gpu_token:  # the worker and everything it started ended: the GPU is free
+                release_gpu_token(self.gpu_token, tag)
+                lifeline.unguard_token(self.gpu_token, tag)
         if (ke := outcome.last(KernelError)) is not None:
             raise S.ScenarioError(
                 (ke.message or "kernel could not be loaded") + f"\n(worker log: {log_path})"
