@@ -336,7 +336,8 @@ class _Layer:
         self, entry: Entry, original: Callable, args: list[Any], kwargs: dict[str, Any], cls: Any
     ) -> Any:
         instrumentation = bool(self.modes) and self.modes[-1] == "handler"
-        if instrumentation and not entry.always:
+        # instrumentation's own `if` (a probe's bounded wait): its body is not kernel code
+        if instrumentation and (not entry.always or entry.name == "if_execute"):
             return original(*args, **kwargs)
         call = Call(self, entry, original, args, kwargs, cls)
         call._handlers = (
