@@ -338,7 +338,8 @@ WAIT_SITES = {
         ("producer_tail", "empty", 1, "gemm_sm90.py:1178", "tile_scheduler.py:1009"),
         ("consumer_wait", "full", 0, "gemm_sm90.py:1632", ""),
         ("consumer_wait", "full", 0, "gemm_sm90.py:1648", ""),
-        ("producer_acquire", "empty", 1, "gemm_sm90.py:1452", "tile_scheduler.py:923"),
+        # gemm_sm90.py:1452 advance_to_next_work(): its producer_acquire is under `if
+        # is_scheduler_warp` with the Python False of that call, a dead branch (no site)
         ("consumer_wait", "full", 1, "gemm_sm90.py:1453", "tile_scheduler.py:679"),
     ],
     "fa4_fwd_sm90": [
