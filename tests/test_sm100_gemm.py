@@ -404,8 +404,11 @@ def test_scenarios_require_blackwell_and_say_they_are_unobserved():
 def test_worker_detects_blackwell_as_sm_100a(monkeypatch):
     import torch
 
+    from cutedebug import devices
     from cutedebug.engine import worker
 
+    # a GPU machine: its device node, then torch's view of the device
+    monkeypatch.setattr(devices, "gpu_device_node", lambda: "/dev/nvidia0")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA B200")
     for cc, arch in (((10, 0), "sm_100a"), ((9, 0), "sm_90a")):
