@@ -123,3 +123,42 @@ def test_slots_run_several_jobs_per_gpu_each_gpu_with_its_own_token(tmp_path):
     assert tokens == {("0", str(tmp_path / ".gpu-0.token")), ("1", str(tmp_path / ".gpu-1.token"))}
     with L.Lanes(["0"], tmp_path, start=start) as lanes:  # one job per GPU: no token
         assert lanes.lanes[0].token is None
+
+
+def test_a_job_that_fails_on_a_gpu_retired_meanwhile_runs_again_elsewhere(tmp_path):
+    """slots=2: job B compiles on GPU 0 while job A's kill leaves GPU 0 unhealthy; B then
+    fails there (a CUDA error while making its inputs reads as the kernel file's fault). B is
+    run again on GPU 1 instead of its failure being reported."""
+    started = {name: threading.Event() for name in ("A", "F", "B")}
+    b_elsewhere = threading.Event()
+    where: list[tuple[str, str]] = []
+
+    def job(name, *, lane):
+        where.append((name, lane.gpu))
+        started[name].set()
+        if name == "A":  # its kernel hung and was killed: GPU 0 unhealthy
+            assert started["B"].wait(10)
+            return SimpleNamespace(health={"healthy": False, "error": "Xid 79"}), 1.0
+        if name == "F":  # keeps GPU 1 half busy, so B's first try goes to GPU 0
+            assert b_elsewhere.wait(10)
+            return "F", 1.0
+        if lane.gpu == "0":
+            deadline = time.monotonic() + 10
+            while not lane.retired and time.monotonic() < deadline:
+                time.sleep(0.01)
+            raise RuntimeError("CUDA error: unspecified launch failure")
+        b_elsewhere.set()
+        return "B", 1.0
+
+    with L.Lanes(["0", "1"], tmp_path, start=start, slots=2) as lanes:
+        futs = {}
+        for name in ("A", "F", "B"):  # one at a time: A on GPU 0, F on GPU 1, B on GPU 0
+            futs[name] = lanes.submit(job, name)
+            assert started[name].wait(10)
+        assert futs["B"].result(timeout=20) == ("B", 1.0)
+        assert futs["F"].result(timeout=20) == ("F", 1.0)
+        futs["A"].result(timeout=20)
+        summary = lanes.summary()
+    assert where == [("A", "0"), ("F", "1"), ("B", "0"), ("B", "1")]
+    assert summary["0"]["retired"].startswith("unhealthy after a kill: Xid 79")
+    assert summary["0"]["rerun_elsewhere"] == 1

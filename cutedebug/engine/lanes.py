@@ -140,11 +140,19 @@ class Lanes:
                 lane = self._take()
                 t0 = time.monotonic()
                 try:
-                    result = fn(*args, lane=lane, **kwargs)
-                    # retired by another job while this one was in flight: this one may have
-                    # launched on the broken GPU
-                    if self._check_health(lane, result) or not lane.retired:
-                        return result
+                    try:
+                        result = fn(*args, lane=lane, **kwargs)
+                    except Exception:
+                        # another job retired the lane while this one was in flight: this
+                        # failure may be the broken GPU's (a CUDA error while making the
+                        # inputs is blamed on the kernel file), so it runs again elsewhere
+                        if not lane.retired:
+                            raise
+                    else:
+                        # retired by another job while this one was in flight: this one may
+                        # have launched on the broken GPU
+                        if self._check_health(lane, result) or not lane.retired:
+                            return result
                     lane.extra.setdefault("rerun_elsewhere", 0)
                     lane.extra["rerun_elsewhere"] += 1
                 finally:
