@@ -7,7 +7,9 @@ The token is one file per GPU holding its owner's run tag (the lifeline's ``CUTE
 a process takes it atomically, its tag already in it (:func:`acquire_gpu_token`, emitting ``gpu_wait`` /
 ``gpu_acquired`` so its watchdog stops the clocks meanwhile); only its parent gives it back
 (:func:`release_gpu_token`), after the owner and everything it started ended, and after the GPU
-health check a kill calls for: nobody else launches on a GPU that is still being checked.
+health check a kill calls for: nobody else launches on a GPU that is still being checked. (A
+printf-bisection's runs, killed by design once their window passed, are not checked: their
+token goes back when the worker ended; analyses/bisect.py.)
 """
 
 from __future__ import annotations
