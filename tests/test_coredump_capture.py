@@ -94,18 +94,20 @@ def test_exec_dumps_every_cuda_process_before_the_kill(tmp_path, monkeypatch):
     from cutedebug.analyses import cudagdb
     from cutedebug.commands import exec as X
 
-    monkeypatch.setattr(coredump, "DUMP_LIMIT_S", 1.5)
+    # a deadline of 3 s and a dump limit of 5 s: at load 7 a 1 s deadline could kill the fake
+    # before it had opened its pipe, and the dump came back None
+    monkeypatch.setattr(coredump, "DUMP_LIMIT_S", 5.0)
     monkeypatch.setattr(cudagdb, "find_cuda_gdb", lambda: None)
     run_dir = tmp_path / "run"
     s = X.Settings(
         argv=[sys.executable, str(FAKE), str(run_dir / "fake_events.jsonl"), "dump"],
-        deadline_s=1.0,
+        deadline_s=3.0,
         coredump=True,
     )
     res = X.watch_command(s, run_dir)
     assert res.verdict.value == "HANG" and res.killed_by.startswith("deadline")
     dump = res.evidence["coredump"]["dump"]
-    assert dump["core_bytes"] == 64 * 1024 and dump["dump_s"] < 1.5
+    assert dump["core_bytes"] == 64 * 1024 and dump["dump_s"] < 5.0
     assert res.evidence["coredump"]["error"].startswith("reading the core failed: cuda-gdb not")
     assert "stuck_sites" not in res.evidence
     assert res.left == []
