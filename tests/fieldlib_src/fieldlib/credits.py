@@ -18,7 +18,6 @@ from typing import ClassVar
 
 import cutlass
 from cutlass import cute
-from cutlass.cute.runtime import from_dlpack, make_fake_tensor
 from cutlass.memory import SmemAllocator
 from cutlass.pipeline import (
     Agent,
@@ -29,11 +28,13 @@ from cutlass.pipeline import (
     make_pipeline_state,
 )
 
+from fieldlib.rowsum import RowSumIO
+
 ROWS = 32
 STAGES = 2
 
 
-class Credits:
+class Credits(RowSumIO):
     PARAMS: ClassVar[dict[str, object]] = {"m": 64, "k": 16, "drain": True}
     ARCHS = ("sm_90a",)
 
@@ -96,30 +97,3 @@ class Credits:
                     data.consumer_release(PipelineState(STAGES, cutlass.Int32(0), s, 0))
                     credits.consumer_release(PipelineState(STAGES, cutlass.Int32(0), s, 0))
             y[row] = acc
-
-    # ---- interface ------------------------------------------------------------------------
-    def fake_args(self):
-        return (
-            make_fake_tensor(
-                cutlass.Float32, (self.m, self.k), stride=(self.k, 1), assumed_align=16
-            ),
-            make_fake_tensor(cutlass.Float32, (self.m,), stride=(1,), assumed_align=16),
-        )
-
-    def make_inputs(self, device):
-        import torch
-
-        g = torch.Generator(device="cpu").manual_seed(0)
-        return {
-            "x": torch.randn(self.m, self.k, generator=g).to(device),
-            "y": torch.zeros(self.m, device=device),
-        }
-
-    def cute_args(self, tensors):
-        return tuple(from_dlpack(tensors[n], assumed_align=16) for n in "xy")
-
-    def reference(self, tensors):
-        return tensors["x"].double().sum(dim=1).float()
-
-    def output(self, tensors):
-        return tensors["y"]
