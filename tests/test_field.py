@@ -367,7 +367,6 @@ def test_probe_sites_are_the_library_kernel_call_lines(family):
     import tempfile
 
     import cutlass.cute as cute
-    import torch
     from cutlass.base_dsl.compiler import DumpDir
 
     from cutedebug import kernel_api
@@ -376,12 +375,9 @@ def test_probe_sites_are_the_library_kernel_call_lines(family):
     file, entry, _ = ADAPTERS[family]
     kernel = kernel_api.load_entry(FIELD / file, entry)()
 
-    def allocate(cfg):
-        buf = torch.zeros(probes.buffer_nbytes(cfg), dtype=torch.uint8)
-        probes.init_buffer(buf.numpy(), cfg)
-        return buf, 0x7F0000000000
-
-    with probes.instrument(probes.ProbeConfig(), allocate=allocate) as table:
+    with probes.instrument(
+        probes.ProbeConfig(), allocate=probes.pinned_allocator(runnable=False)
+    ) as table:
         cute.compile[cute.GPUArch("sm_90a"), DumpDir(tempfile.gettempdir())](
             kernel, *kernel.fake_args()
         )
@@ -395,7 +391,6 @@ def _traced(family: str, fault: str | None = None, args: dict | None = None, arc
     import tempfile
 
     import cutlass.cute as cute
-    import torch
     from cutlass.base_dsl.compiler import DumpDir
 
     from cutedebug import kernel_api
@@ -405,15 +400,12 @@ def _traced(family: str, fault: str | None = None, args: dict | None = None, arc
     file, entry, _ = ADAPTERS[family]
     kernel = kernel_api.load_entry(FIELD / file, entry)()
 
-    def allocate(cfg):
-        buf = torch.zeros(probes.buffer_nbytes(cfg), dtype=torch.uint8)
-        probes.init_buffer(buf.numpy(), cfg)
-        return buf, 0x7F0000000000
-
     with (
         lint.record() as protocol,
         faults.inject(fault, args or {}) as applied,
-        probes.instrument(probes.ProbeConfig(), allocate=allocate) as table,
+        probes.instrument(
+            probes.ProbeConfig(), allocate=probes.pinned_allocator(runnable=False)
+        ) as table,
     ):
         cute.compile[cute.GPUArch(arch), DumpDir(tempfile.gettempdir())](
             kernel, *kernel.fake_args()

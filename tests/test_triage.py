@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from helpers.overlap_triage import FAKE_H200
 
 from cutedebug.analyses import lint
 from cutedebug.commands import cli
@@ -23,14 +24,7 @@ from cutedebug.engine import scenario as S
 from cutedebug.engine import verdict as V
 from cutedebug.reporting import matrix as M
 
-H200 = {
-    "present": True,
-    "reason": None,
-    "name": "NVIDIA H200",
-    "cc": "9.0",
-    "driver": "580.65.06",
-    "arch": "sm_90a",
-}
+H200 = FAKE_H200  # the device a fake GPU machine reports (tests/helpers/overlap_triage.py)
 NO_GPU = {"present": False, "reason": "no NVIDIA GPU on this machine (nvidia-smi not found)"}
 SITE = {"role": "consumer", "op": "consumer_wait", "barrier": "full", "stage": 1}
 
