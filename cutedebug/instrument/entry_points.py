@@ -230,8 +230,8 @@ ENTRY_POINTS: tuple[Entry, ...] = (
         "cutlass.base_dsl.ast_helpers",
         "Executor.if_execute",
         "method",
-        False,
-        True,
+        False,  # not `always`: an `if` of instrumentation code (a probe's bounded wait) is
+        # not kernel code, its body runs unobserved
         used_by="layer (a kernel `if` on a static value: the branch it never takes is dead)",
         optional=True,
     ),

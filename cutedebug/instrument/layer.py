@@ -336,8 +336,7 @@ class _Layer:
         self, entry: Entry, original: Callable, args: list[Any], kwargs: dict[str, Any], cls: Any
     ) -> Any:
         instrumentation = bool(self.modes) and self.modes[-1] == "handler"
-        # instrumentation's own `if` (a probe's bounded wait): its body is not kernel code
-        if instrumentation and (not entry.always or entry.name == "if_execute"):
+        if instrumentation and not entry.always:
             return original(*args, **kwargs)
         call = Call(self, entry, original, args, kwargs, cls)
         call._handlers = (
