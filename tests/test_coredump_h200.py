@@ -249,6 +249,46 @@ def test_analyse_a_run_folder_into_evidence_and_the_runs_grade(tmp_path, monkeyp
     assert res.expected
 
 
+def test_a_probes_graded_hang_localized_from_the_core_is_graded_without_its_stage(
+    tmp_path, monkeypatch
+):
+    """A scenario the probes grade, stage included (sm90_gemm/early_exit_producer expects
+    full[1]), run without probes and localized from its core: graded on role, op and barrier,
+    what a core says (the H200, 2026-12-01 s4: 'consumer: consumer_wait/full' was graded False
+    for want of the stage); with probes on, the stuck records still grade the stage."""
+    from dataclasses import replace
+
+    from cutedebug.engine import runner
+
+    name = "tma_stream__wrong_expect_tx_plus"
+    sc, outcome = core_run_folder(name, tmp_path, "coredump.4242.nvcudmp", monkeypatch)
+    sc = replace(sc, expect=replace(sc.expect, stage=1))
+    ev = coredump.analyse(
+        tmp_path,
+        outcome,
+        {"before_kill": [{"coredump": {"dump_s": 0.2, "core_bytes": 64}}]},
+        sc.expect.localization(),
+        sc.expect.localized_by,
+    )
+    assert {s.get("stage") for s in ev["stuck_sites"]} == {None}
+
+    def result(probes_used):
+        return runner.RunResult(
+            scenario=sc,
+            verdict=V.Verdict.HANG,
+            reason="",
+            run_dir=tmp_path,
+            outcome=outcome,
+            evidence=ev,
+            probes_used=probes_used,
+        )
+
+    loc = result(False).localization
+    assert loc["ok"] is True and loc["by"] == "coredump" and "stage" not in loc["expected"]
+    assert loc["matched"]["op"] == "consumer_wait" and loc["matched"]["barrier"] == "full"
+    assert result(True).localization["ok"] is False  # probe records must name stage 1
+
+
 def test_without_the_focus_offset_a_third_run_reads_the_registers(monkeypatch):
     rep2, cps, _, fake2 = replay("tma_stream__wrong_expect_tx_plus", monkeypatch)
     rep3, _, _, fake3 = replay("tma_stream__wrong_expect_tx_plus", monkeypatch, focus_pc=False)

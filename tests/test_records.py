@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pytest
+from helpers.h200_captures import captures
 
 from cutedebug import records
 from cutedebug.commands import shard
@@ -309,7 +310,7 @@ def test_a_site_or_stuck_record_that_does_not_fit_is_refused():
 
 
 # ---- sanitizer findings -------------------------------------------------------------------------
-SANITIZER_H200 = ROOT / "tests" / "data" / "sanitizer" / "h200"
+SANITIZER_H200 = captures()  # tests/data/sanitizer/h200, its .gz captures unpacked
 
 
 def test_findings_of_the_h200_sanitizer_captures_round_trip():

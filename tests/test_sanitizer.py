@@ -23,6 +23,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from helpers.h200_captures import captures
 from helpers.sanitize_runs import (
     SCEN,
     cutedebug_sanitize,
@@ -67,7 +68,7 @@ from cutedebug.reporting import sanitize as sanitize_report
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data" / "sanitizer"
-H200 = DATA / "h200"
+H200 = captures()  # DATA / "h200", its .gz captures unpacked
 SAMPLES = REPO / "tools" / "sanitizer_samples"
 GPU_CHECKOUT = "/work/main"  # where the captures were made
 RACE_PY = f"{GPU_CHECKOUT}/tools/sanitizer_samples/race_smem.py"

@@ -13,8 +13,10 @@ never cut half-way without saying so. Every step writes its log to OUT/STEP/log.
 the closing notes quote) and its tables beside it; OUT/summary.md is one row per step:
 exit status, wall seconds, the last lines, and the processes of ours left after it.
 
-A step that needs the field libraries installs the wheels carried in ``.whl`` (see
-../shared/device/README.md); without them it is "not run (no .whl)".
+A step that needs the field libraries unpacks ``.field/field-site.tar.xz`` (tools/field_bundle.py
+packs the wheels of ../shared/device/README.md small enough to travel with the tree and the DSL
+bundle: carry ".field") or installs the wheels carried in ``.whl``; without either it is "not
+run (no .whl)".
 
 The commands are shell lines run from the repository root with ``$STEP_OUT`` set to the
 step's folder; they call only the project's CLI and tools/, so what they print is what a user
@@ -30,6 +32,9 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_scale_run import ours_left  # noqa: E402  (the orphan count, after a grace)
 
 ROOT = Path(__file__).resolve().parent.parent
 S = "scenarios"
@@ -115,7 +120,7 @@ STEPS = [
     Step(
         "smoke",
         "17,18",
-        45,
+        40,  # s4: 33 s
         False,
         f"python3 -m cutedebug run {S}/minimal/spin_hang.toml --runs-dir /tmp/sm; echo rc=$?; "
         f"python3 -m cutedebug run {S}/minimal/spin_hang.toml --stall 5 --runs-dir /tmp/sm5; "
@@ -125,7 +130,7 @@ STEPS = [
     Step(
         "pytest_gpu",
         "18",
-        320,
+        220,  # s4: 199 s (8 GPU tests + the lifeline attacks)
         False,
         "python3 -m pytest -m gpu -q -p no:cacheprovider -rfEs --durations=15; echo rc=$?; "
         "python3 tools/gpu_trust_check.py --out $STEP_OUT/trust; echo rc=$?",
@@ -134,7 +139,7 @@ STEPS = [
     Step(
         "triage",
         "17,21,22,23",
-        220,
+        160,  # s4: 138 s (114 scenarios)
         False,
         _triage(MATRIX_DIR, "/tmp/tri", ""),
         "the whole sm_90 matrix on one GPU through --gpus all, compiles overlapping launches "
@@ -143,7 +148,7 @@ STEPS = [
     Step(
         "xdist",
         "22,23",
-        280,  # ESTIMATE ~226 s + pytest's start; its 420 s timeout still fits the old order (415)
+        290,  # s4: 272 s (pytest -n 1, 228 items)
         False,
         _matrix_copy(MATRIX_DIR) + "; s=$(date +%s.%N); "
         f"python3 -m pytest -n 1 --dist worksteal -q -p no:cacheprovider {MATRIX_DIR} "
@@ -160,7 +165,7 @@ STEPS = [
     Step(
         "perturb",
         "20",
-        330,
+        180,  # s4: 130 s; the asymmetric positions add sites
         False,
         f"python3 tools/perturb_table.py --seeds 32 --replays 5 --budget-s 240 "
         f"--json $STEP_OUT/latent.json {_toml(LATENT)}; "
@@ -173,9 +178,20 @@ STEPS = [
         "25",
         300,
         False,
-        "python3 tools/gpu_coredump_table.py --deadline 1 --budget-s 260 --out /tmp/core "
-        "--json $STEP_OUT/rows.json",
-        "every HANG scenario localized from the core alone, seconds added, health after dumps",
+        # s4 (reports/2026-12-01-h200-s4/call3) did bisect .. sm90_gemm/extra_consumer_release
+        f"python3 tools/gpu_coredump_table.py --deadline 1 --budget-s 260 --out /tmp/core "
+        f"--json $STEP_OUT/rows.json {S}/sm90_gemm {S}/tma_stream",
+        "the HANG scenarios s4's budget left (sm90_gemm, tma_stream) localized from the core "
+        "alone, seconds added, health after dumps",
+    ),
+    Step(
+        "coredump_field",
+        "25",
+        300,
+        True,
+        f"python3 tools/gpu_coredump_table.py --deadline 2 --budget-s 260 --out /tmp/corf "
+        f"--json $STEP_OUT/rows.json {S}/field",
+        "the field libraries' HANG scenarios localized from the core alone (no probes)",
     ),
     Step(
         "field_quack",
@@ -203,7 +219,7 @@ STEPS = [
     Step(
         "field_sanitize",
         "17",
-        220,
+        330,  # s4: 5 of the 6 kernels in 276 s (racecheck 15-34 s, memcheck 13-16 s each)
         True,
         "for k in quack_gemm_sm90 quack_rmsnorm_fwd quack_rmsnorm_bwd fa4_fwd_sm90 "
         "quack_softmax fa4_bwd_sm90; do "
@@ -214,22 +230,24 @@ STEPS = [
     Step(
         "exec",
         "19",
-        180,
+        300,
         True,
+        # s4: the gemm hang localized in 68 s with the rest; FA-4's compile outlasted a 14 s
+        # deadline and the whole field test file's clean run a 30 s one (call4/exec/log.txt)
         "python3 -m cutedebug exec --probes --fault skip_consumer_release --runs-dir /tmp/x1 "
         "-- python3 examples/field_repro.py --only gemm; echo rc=$?; "
-        "python3 -m cutedebug exec --probes --fault wrong_barrier_threads --deadline 14 "
+        "python3 -m cutedebug exec --probes --fault wrong_barrier_threads --deadline 90 "
         "--runs-dir /tmp/x2 -- python3 examples/field_repro.py --only attention; echo rc=$?; "
-        "python3 -m cutedebug mutate --out /tmp/fm --jobs 6 --deadline 30 --faults "
+        "python3 -m cutedebug mutate --out /tmp/fm --jobs 6 --deadline 120 --faults "
         "skip_consumer_release,extra_consumer_release,wrong_expect_tx,skip_producer_tail,"
         "missing_phase_flip -- python3 -m pytest -q -p no:cacheprovider "
-        "examples/test_field_libs.py; echo rc=$?; cp /tmp/fm/matrix.md $STEP_OUT/",
+        "examples/test_field_libs.py -k gemm; echo rc=$?; cp /tmp/fm/matrix.md $STEP_OUT/",
         "exec on library hangs (the kernel's line, no adapter), mutate over the field tests",
     ),
     Step(
         "warm",
         "22",
-        120,
+        100,  # s4: 79 s
         False,
         "python3 tools/pool_bench.py --rounds 5 --json $STEP_OUT/pool.json",
         "cutedebug run of a probed HANG: cold (<= 5 s) and warm pool (<= 2 s), alternated",
@@ -237,7 +255,7 @@ STEPS = [
     Step(
         "bench",
         "22",
-        240,
+        60,  # s4: 19 s (30 rounds)
         False,
         "python3 tools/bench_table.py --rounds 30 --json $STEP_OUT/bench.json",
         "the README's performance table, reproduced (+-3%)",
@@ -260,19 +278,20 @@ BY_NAME = {s.name: s for s in STEPS}
 # half of #23's; with xdist #23 is done; pytest_gpu is owed whenever GPU code changed; perturb
 # and coredump each close one issue; warm + bench finish #22 (with the triage); the field and
 # exec steps (#17, #19) carry the wheels and come last.
-PRIORITY = (
-    "triage",
-    "xdist",
-    "pytest_gpu",
-    "smoke",
+PRIORITY = (  # after s4 (reports/2026-12-01-h200-s4): what it did not reach or must re-check
     "perturb",
+    "pytest_gpu",
+    "triage",
     "coredump",
-    "warm",
-    "bench",
     "field_quack",
     "field_fa4",
     "field_sanitize",
     "exec",
+    "coredump_field",
+    "warm",
+    "xdist",
+    "bench",
+    "smoke",
     "triage_serial",
 )
 # A call that finds no warm machine spends a minute or more starting one (the device README),
@@ -311,24 +330,20 @@ def plan(steps: list[Step], call_s: int) -> list[list[Step]]:
     return calls
 
 
-def ours_left() -> int:
-    """Processes of the project still running (this script apart): the orphan count."""
-    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    return sum(1 for ln in out.splitlines() if "cutedebug" in ln and "gpu_pending" not in ln)
-
-
 def run(names: list[str], out: Path, budget_s: float) -> int:
     out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    have_wheels = (ROOT / ".whl").is_dir() and any((ROOT / ".whl").glob("*.whl"))
+    bundle = ROOT / ".field" / "field-site.tar.xz"  # tools/field_bundle.py: fits a call
+    wheels = sorted((ROOT / ".whl").glob("*.whl")) if (ROOT / ".whl").is_dir() else []
+    have_wheels = bundle.is_file() or bool(wheels)
     if any(BY_NAME[n].wheels for n in names) and have_wheels:
-        subprocess.run(
-            "python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir "
-            "--upgrade --target /tmp/site .whl/*.whl",
-            shell=True,
-            cwd=ROOT,
-            check=False,
+        install = (
+            f"mkdir -p /tmp/site && tar -C /tmp/site -xJf {bundle}"
+            if bundle.is_file()
+            else "python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir "
+            "--upgrade --target /tmp/site .whl/*.whl"
         )
+        subprocess.run(install, shell=True, cwd=ROOT, check=False)
         env["PYTHONPATH"] = "/tmp/site:" + env.get("PYTHONPATH", "")
     rows = []
     t0 = time.monotonic()
@@ -359,7 +374,11 @@ def run(names: list[str], out: Path, budget_s: float) -> int:
         wall = time.monotonic() - start
         tail = (d / "log.txt").read_text(errors="replace").strip().splitlines()[-1:]
         status = "timed out" if rc in (124, 137) else f"rc={rc}"
-        rows.append((n, status, f"{wall:.0f}", str(ours_left()), (tail or [""])[0][:120]))
+        left = ours_left(5.0)
+        if left:
+            with open(d / "log.txt", "a") as log:
+                log.write("processes of ours left 5 s after the step:\n" + "\n".join(left) + "\n")
+        rows.append((n, status, f"{wall:.0f}", str(len(left)), (tail or [""])[0][:120]))
         print(f"[{n}] {status} in {wall:.0f} s", flush=True)
     lines = [
         "| step | result | wall s | ours left | last line |",
@@ -402,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"session {k}: ~{cost} device s of {a.session_s} ({a.start_s} s a start)")
             for g in sess:
                 i += 1
-                whl = ", carry .whl" if any(s.wheels for s in g) else ""
+                whl = ", carry .field" if any(s.wheels for s in g) else ""
                 names = " ".join(s.name for s in g)
                 print(f" call {i} (~{sum(s.seconds for s in g)} s{whl}): {names}")
                 for s in g:

@@ -54,9 +54,8 @@ class RunResult:
 
     @property
     def localization(self) -> dict[str, Any]:
-        expect = self.scenario.expect
+        expect, core = self.scenario.expect, self.evidence.get("coredump_grade")
         if expect.localized_by != "probes":
-            core = self.evidence.get("coredump_grade")
             if core is not None and self.verdict.value not in expect.also:
                 # the core answers in bisection's terms (cutedebug.analyses.coredump)
                 return {**core, "by": "coredump"}
@@ -76,6 +75,8 @@ class RunResult:
                 "why": f"{self.verdict.value} is one of expect.also; the localization "
                 f"describes a {expect.verdict}",
             }
+        if core is not None and self.probes_used is False:  # role, op, barrier: not the stage
+            return {**core, "by": "coredump"}
         if (
             self.probes_used is False
             and expect.localization()

@@ -42,7 +42,10 @@ import sys
 import time
 from pathlib import Path
 
-H200 = Path(__file__).resolve().parents[1] / "data" / "sanitizer" / "h200"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from h200_captures import captures  # noqa: E402
+
+H200 = captures()  # tests/data/sanitizer/h200, its .gz captures unpacked
 WITH_VALUE = {
     "--tool",
     "--save",
