@@ -55,7 +55,7 @@ def build(wheels: Path = WHEELS, bundle: Path = BUNDLE) -> Path:
                 t.add(p, arcname=p.name)
         os.replace(part, bundle)
     print(
-        f"{bundle.relative_to(ROOT)}: {bundle.stat().st_size / 2**20:.2f} MiB from "
+        f"{bundle}: {bundle.stat().st_size / 2**20:.2f} MiB from "
         f"{', '.join(w.name.split('-')[0] for w in found)}"
     )
     return bundle
