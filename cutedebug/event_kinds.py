@@ -319,6 +319,7 @@ class PerturbPositions(Payload):
     positions: list[Json] | None = None
     dropped: int | None = None
     policy: Json | None = None
+    shape: Json | None = None  # the launch the random keys were drawn for (ctas, warps, ...)
 
 
 @kind("perturb_seed")

@@ -27,10 +27,15 @@ def test_rule_in_words_names_delay_op_iteration_and_cta():
 
 
 def test_table_has_one_row_per_position_and_zero_rows_elsewhere():
-    raw = P.table_bytes([P.Rule(2, 7_000, 1, 4, -1, 2, 9, 3)], 4)
-    assert len(raw) == 4 * P.ROW_WORDS * 4
-    rows = [struct.unpack_from("<8i", raw, i * 32) for i in range(4)]
-    assert rows[2] == (7_000, 1, 4, -1, 2, 9, 3, 0)
+    rule = P.Rule(2, 7_000, 1, 4, -1, 2, 9, 3, 3, lanes=P.NON_ELECTED, ranks=0b10, cta_mod=2)
+    raw = P.table_bytes([rule], 4)
+    assert len(raw) == 4 * P.ROW_WORDS * 4 == 4 * 64
+    rows = [struct.unpack_from("<16i", raw, i * 64) for i in range(4)]
+    # delay, cta window, stage, iteration window, warp window, lane mask (bit 0 off: -2 as
+    # int32), rank mask, cta residue; the rest unused
+    assert rows[2] == (7_000, 1, 4, -1, 2, 9, 3, 3, -2, 2, 2, 0, 0, 0, 0, 0)
+    # a row without a rule: no delay, every key open (masks all ones = -1)
+    assert rows[0] == (0, 0, P.MAX_INT, -1, 0, P.MAX_INT, 0, P.MAX_INT, -1, -1, 1, 0, 0, 0, 0, 0)
     assert all(row[0] == 0 for i, row in enumerate(rows) if i != 2)
     with pytest.raises(P.PerturbError, match="positions 0..3"):
         P.table_bytes([P.Rule(4, 1)], 4)
@@ -67,7 +72,10 @@ def test_targeted_sweeps_delays_on_one_position_and_role_slows_one_role():
     [
         ({"name": "chaos"}, "allowed random, targeted, role"),
         ({"density": 0}, "allowed \\(0, 1\\]"),
-        ({"name": "role", "role": "warp"}, "role=producer\\|consumer"),
+        ({"name": "role", "role": "warp"}, "role=producer\\|consumer\\|any"),
+        ({"scope": "rank=x"}, "rank takes cluster ranks"),
+        ({"scope": "lane=3-40"}, "lane takes a lane 0..31"),
+        ({"scope": "core=1"}, "KEY one of rank, cta, warp"),
         ({"delay_us": -1}, "allowed \\(0, 10000\\]"),
     ],
 )
@@ -97,7 +105,7 @@ def test_shrink_narrows_windows_to_the_one_cta_and_k_tile_that_matter():
 
     rules = [P.Rule(0, 1000), P.Rule(1, 2000), P.Rule(3, 20_000), P.Rule(2, 5000, 0, 7)]
     out = P.shrink(rules, fails, ctas=16, iterations=32)
-    assert out == [P.Rule(3, 20_000, 5, 5, -1, 3, 3, -1)]
+    assert out == [P.Rule(3, 20_000, 5, 5, -1, 3, 3)]
 
 
 # ---- the worker's seed loop (engine/perturb_runs.drive) with a fake launch -----------------
@@ -112,7 +120,7 @@ def _drive(spec, verdict_of, deterministic=False, digest_of=None):
     events = []
 
     def write(raw):
-        table["rows"] = [_s.unpack_from("<8i", raw, i * 32) for i in range(len(raw) // 32)]
+        table["rows"] = [_s.unpack_from("<16i", raw, i * 64) for i in range(len(raw) // 64)]
 
     def launch():
         rows = table["rows"]
@@ -136,9 +144,29 @@ def _drive(spec, verdict_of, deterministic=False, digest_of=None):
     return events
 
 
-def _bug(rows):  # position 3 delayed for CTA 5 at k-tile 3 -> the stale read shows
-    d, clo, chi, st, ilo, ihi, w, _ = rows[3]
-    return "MISMATCH" if d and clo <= 5 <= chi and ilo <= 3 <= ihi else "PASS"
+def _reaches(row, cta, it, warp, lane, rank, stage=0):
+    """Whether a device row delays this thread: the kernel's test (perturb.maybe_delay),
+    written out again from the row layout documented in perturb_plan.Rule."""
+    d, clo, chi, st, ilo, ihi, wlo, whi, lanes, ranks, mod, rem, *_ = row
+    return (
+        d > 0
+        and clo <= cta <= chi
+        and (st < 0 or st == stage)
+        and ilo <= it <= ihi
+        and wlo <= warp <= whi
+        and (lanes >> lane) & 1  # int32 masks: Python's >> of a negative one keeps bit i
+        and (ranks >> rank) & 1
+        and cta % mod == rem
+    )
+
+
+def _bug(rows):  # position 3 delayed for CTA 5 at k-tile 3 (any consumer warp or lane)
+    hit = any(
+        _reaches(rows[3], cta=5, it=3, warp=w, lane=ln, rank=0)
+        for w in range(4)
+        for ln in range(32)
+    )
+    return "MISMATCH" if hit else "PASS"
 
 
 def test_seeds_run_until_one_exposes_and_its_events_are_the_reported_run():
@@ -161,7 +189,8 @@ def test_shrink_states_the_one_delay_that_matters():
     (words,) = shrunk["described"]
     assert re.fullmatch(
         r"a \d+ us delay before consumer_release of pipeline 0 "
-        r"\(tma_stream.py:279\) \(consumer\) at k-tile 3 of CTA 5",
+        r"\(tma_stream.py:279\) \(consumer\) at k-tile 3 of CTA 5"
+        r"( in warps? [\d+-]+)?( in lanes 1-31 \(not lane 0, the elected one\))?",
         words,
     )
     assert len(shrunk["rules"]) == 1 and shrunk["rules"][0]["position"] == 3

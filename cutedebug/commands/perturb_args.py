@@ -80,7 +80,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="random: the share of positions a seed delays (default 0.5)",
     )
     g.add_argument(
-        "--perturb-role", choices=("producer", "consumer"), help="role policy: the role slowed down"
+        "--perturb-role",
+        choices=("producer", "consumer", "any"),
+        help="role policy: the role slowed down (any: every position, e.g. with a scope)",
+    )
+    g.add_argument(
+        "--perturb-scope",
+        metavar="KEYS",
+        help="the threads every delay reaches, e.g. 'rank=1' (one CTA of each cluster), "
+        "'warp=0', 'warpgroup=1', 'lane=nonelected', 'cta=odd', 'iter=3-' (space-separated; "
+        "random draws the keys not given)",
     )
     g.add_argument(
         "--perturb-target",
@@ -111,6 +120,7 @@ def request_field(args: argparse.Namespace) -> dict[str, Any] | None:
             target=args.perturb_target,
             role=args.perturb_role,
             delay_us=args.perturb_delay_us,
+            scope=getattr(args, "perturb_scope", None),
         )
     except PerturbError as e:
         raise UsageError(str(e)) from None

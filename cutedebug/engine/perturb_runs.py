@@ -57,14 +57,20 @@ def drive(
     ctas: int | None,
     iterations: int | None,
     deterministic: bool,
+    warps: int | None = None,
+    cluster: int | None = None,
 ) -> None:
-    """Run the seeds of ``spec`` (see ``spec_from_request``) and emit what they gave."""
+    """Run the seeds of ``spec`` (see ``spec_from_request``) and emit what they gave.
+
+    ``ctas`` / ``warps`` / ``cluster`` (the traced launch, when static) and ``iterations``
+    bound the random keys of the seeds' rules and the shrinking's windows."""
     policy = P.Policy(**spec.get("policy", {}))
     emit(
         "perturb_positions",
         positions=[p.to_json() for p in positions],
         dropped=spec.get("dropped", 0),
         policy=policy.to_json(),
+        shape={"ctas": ctas, "warps": warps, "cluster": cluster, "iterations": iterations},
     )
     by_id = {p.id: p for p in positions}
 
@@ -79,7 +85,9 @@ def drive(
         plans = [(spec.get("seed"), [P.Rule.from_json(r) for r in spec["rules"]])]
     else:
         seeds = spec.get("seeds") or []
-        plans = [(s, P.rules_for(policy, s, positions, ctas, iterations)) for s in seeds]
+        plans = [
+            (s, P.rules_for(policy, s, positions, ctas, iterations, warps, cluster)) for s in seeds
+        ]
     last: OneRun | None = None
     exposing: tuple[int | None, list[P.Rule], OneRun] | None = None
     digests: dict[str, int | None] = {}
@@ -112,7 +120,7 @@ def drive(
             return res.outcome == signature
 
         try:
-            shrunk = P.shrink(rules, fails, ctas, iterations)
+            shrunk = P.shrink(rules, fails, ctas, iterations, warps, by_id)
             # the reported run is the minimal set's own (its events describe it)
             final = run_rules(shrunk, seed, "shrunk")
             if final.outcome == signature:
@@ -181,15 +189,18 @@ def run_in_worker(perturb: dict[str, Any], sess: Any, table: Any, launch: Any, e
         return classify(got)
 
     kernel = launch.kernel
+    shape = getattr(sess, "shape", None) or {}
     drive(
         spec,
         sess.positions,
         lambda raw: device.write_table(table, raw),
         one,
         events.emit,
-        ctas=spec.get("ctas"),
+        ctas=spec.get("ctas") or shape.get("ctas"),
         iterations=spec.get("iterations"),
         deterministic=bool(getattr(kernel, "DETERMINISTIC", False)),
+        warps=spec.get("warps") or shape.get("warps"),
+        cluster=spec.get("cluster") or shape.get("cluster"),
     )
 
 
@@ -230,6 +241,7 @@ def evidence(o: Any) -> dict[str, Any]:
         out["perturbation"]["positions"] = len(pos.positions or [])
         out["perturbation"]["dropped_positions"] = pos.dropped or 0
         out["perturbation"]["policy"] = pos.policy
+        out["perturbation"]["shape"] = pos.shape
     if summary is None and seeds:  # killed mid-run (a hang past the probes, a crash)
         last = seeds[-1]
         out["perturbation"].update(

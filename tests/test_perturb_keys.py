@@ -1,0 +1,210 @@
+"""Schedule perturbation's keys (stdlib only): delays reach a subset of CTAs (cluster rank,
+parity, window), of warps (one warp, one warpgroup) and of lanes (the non-elected ones); the
+random policy draws them so that 32 seeds reach the asymmetric cases latent bugs need; the
+targeted and role policies take them as a scope; shrinking states the subset in words.
+
+The fake launches below decide "exposed" with ``reaches``: the device's test of a row
+(perturb.maybe_delay) written out again from the row layout documented in perturb_plan.Rule,
+applied to every (CTA, rank, warp, lane) of a launch shape, the way the GPU would."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from cutedebug.instrument import perturb_plan as P
+
+# a warp-specialised cluster GEMM's positions (as tests/test_perturb.py finds them in the PTX)
+GEMM = [
+    P.Position(0, "any", "create", "before", 0, "/k/sm90_gemm.py", 341),
+    P.Position(1, "any", "create", "after", 0, "/k/sm90_gemm.py", 341),
+    P.Position(2, "producer", "producer_acquire", "after", 0, "/k/sm90_gemm.py", 393),
+    P.Position(3, "producer", "producer_commit", "after", 0, "/k/sm90_gemm.py", 403),
+    P.Position(4, "consumer", "consumer_wait", "after", 0, "/k/sm90_gemm.py", 455),
+    P.Position(5, "consumer", "consumer_release", "before", 0, "/k/sm90_gemm.py", 470),
+    P.Position(6, "producer", "producer_tail", "before", 0, "/k/sm90_gemm.py", 406),
+]
+SHAPE = {"ctas": 8, "warps": 12, "cluster": 2}
+
+
+def reaches(row, cta, rank, warp, lane, it=0, stage=0):
+    d, clo, chi, st, ilo, ihi, wlo, whi, lanes, ranks, mod, rem, *_ = row
+    return bool(
+        d > 0
+        and clo <= cta <= chi
+        and (st < 0 or st == stage)
+        and ilo <= it <= ihi
+        and wlo <= warp <= whi
+        and (lanes >> lane) & 1  # int32 masks: Python's >> of a negative one keeps bit i
+        and (ranks >> rank) & 1
+        and cta % mod == rem
+    )
+
+
+def threads(ctas=8, cluster=2, warps=12):
+    for cta in range(ctas):
+        for warp in range(warps):
+            for lane in range(32):
+                yield cta, cta % cluster, warp, lane
+
+
+def _row(rule):
+    return struct.unpack("<16i", P.table_bytes([rule], rule.position + 1)[-64:])
+
+
+def test_every_key_selects_exactly_the_threads_it_names():
+    cases = {
+        "rank=1": lambda c, r, w, ln: r == 1,
+        "cta=odd": lambda c, r, w, ln: c % 2 == 1,
+        "cta=2-5": lambda c, r, w, ln: 2 <= c <= 5,
+        "warp=0": lambda c, r, w, ln: w == 0,
+        "warpgroup=2": lambda c, r, w, ln: 8 <= w <= 11,
+        "lane=nonelected": lambda c, r, w, ln: ln != 0,
+        "lane=4-7": lambda c, r, w, ln: 4 <= ln <= 7,
+        "rank=0 warp=4-5 lane=0": lambda c, r, w, ln: r == 0 and 4 <= w <= 5 and ln == 0,
+    }
+    for scope, want in cases.items():
+        row = _row(P.Rule(0, 1000, **P.parse_scope(scope)))
+        got = {t for t in threads() if reaches(row, *t)}
+        assert got == {t for t in threads() if want(*t)}, scope
+
+
+def test_iteration_scope_opens_to_the_end_and_rules_in_words_name_the_subset():
+    assert P.parse_scope("iter=3-") == {"it_lo": 3, "it_hi": P.MAX_INT}
+    assert P.parse_scope("iter=3") == {"it_lo": 3, "it_hi": 3}
+    by_id = {p.id: p for p in GEMM}
+    r = P.Rule(5, 50_000, it_lo=12, **P.parse_scope("rank=1 warpgroup=1 lane=nonelected"))
+    assert r.describe(by_id) == (
+        "a 50 us delay before consumer_release of pipeline 0 (sm90_gemm.py:470) (consumer) "
+        "at k-tiles 12+ of cluster rank 1 in warps 4-7 in lanes 1-31 (not lane 0, the elected "
+        "one)"
+    )
+    r = P.Rule(0, 20_000, **P.parse_scope("warp=0 cta=odd"))
+    assert r.describe(by_id) == (
+        "a 20 us delay before create of pipeline 0 (sm90_gemm.py:341) of odd CTAs in warp 0"
+    )
+
+
+def test_targeted_and_role_policies_take_the_scope():
+    (t,) = P.rules_for(P.Policy("targeted", target=0, scope="rank=1", delay_us=20), 0, GEMM)
+    assert (t.position, t.delay_ns, t.ranks) == (0, 20_000, 0b10)
+    role = P.rules_for(P.Policy("role", role="consumer", scope="rank=1 iter=12-"), 3, GEMM)
+    assert [(r.position, r.ranks, r.it_lo, r.it_hi) for r in role] == [
+        (4, 0b10, 12, P.MAX_INT),
+        (5, 0b10, 12, P.MAX_INT),
+    ]
+    every = P.rules_for(P.Policy("role", role="any", scope="warp=0"), 0, GEMM)
+    assert [r.position for r in every] == [p.id for p in GEMM]
+    # old JSON (one warp or -1) still reads
+    assert P.Rule.from_json({"position": 1, "delay_ns": 5, "warp": 3}).warp_lo == 3
+    assert P.Rule.from_json({"position": 1, "delay_ns": 5, "warp": -1}).warp_hi == P.MAX_INT
+
+
+def test_random_keys_stay_inside_the_launch_and_reach_the_asymmetric_cases_in_32_seeds():
+    pol = P.Policy()
+    seen = {"warp 0 alone": 0, "one rank": 0, "one warpgroup": 0, "lanes": 0, "parity": 0}
+    for seed in range(32):
+        for r in P.rules_for(pol, seed, GEMM, **SHAPE):
+            row = _row(r)
+            hit = {t for t in threads() if reaches(row, *t, it=r.it_lo)}
+            assert hit, f"seed {seed}: {r} reaches no thread of the launch"
+            warps = {t[2] for t in hit}
+            ranks = {t[1] for t in hit}
+            seen["warp 0 alone"] += warps == {0} and r.position == 0
+            seen["one rank"] += len(ranks) == 1 and r.position == 0
+            seen["one warpgroup"] += len(warps) == 4
+            seen["lanes"] += {t[3] for t in hit} == set(range(1, 32))
+            seen["parity"] += r.cta_mod == 2
+            if not GEMM[r.position].iterates:
+                assert (r.it_lo, r.it_hi) == (0, P.MAX_INT), "create has no iteration to key"
+    assert all(seen.values()), seen
+
+
+# ---- through the worker's seed loop: fake latent bugs that only asymmetry exposes ----------
+
+
+def _drive(spec, exposed_by, **shape):
+    from cutedebug.engine import perturb_runs as R
+
+    table, events = {}, []
+
+    def write(raw):
+        table["rows"] = [struct.unpack_from("<16i", raw, i * 64) for i in range(len(raw) // 64)]
+
+    def launch():
+        bad = exposed_by(table["rows"])
+        return R.OneRun("HANG" if bad else "PASS", [("checked", {"ok": not bad})])
+
+    R.drive(
+        R.spec_from_request(spec),
+        GEMM,
+        write,
+        launch,
+        lambda name, **f: events.append((name, f)),
+        ctas=shape.get("ctas"),
+        iterations=shape.get("iterations"),
+        deterministic=False,
+        warps=shape.get("warps"),
+        cluster=shape.get("cluster"),
+    )
+    return dict(events)
+
+
+def _init_race(rows):
+    """missing_init_fence: some warp reaches its first wait (before create undelayed) while
+    warp 0, which initialises the barriers, is still delayed before create."""
+    return any(
+        reaches(rows[0], cta, cta % 2, 0, 0)
+        and not reaches(rows[0], cta, cta % 2, w, 0)
+        and not reaches(rows[1], cta, cta % 2, w, 0)
+        for cta in range(8)
+        for w in range(1, 12)
+    )
+
+
+def _peer_init_race(rows):
+    """skip_init_cluster_sync: one rank of a cluster inits late while its peer does not."""
+    return any(
+        reaches(rows[0], 2 * c + late, late, 0, 0)
+        and not reaches(rows[0], 2 * c + 1 - late, 1 - late, 0, 0)
+        for c in range(4)
+        for late in (0, 1)
+    )
+
+
+@pytest.mark.parametrize("bug", [_init_race, _peer_init_race])
+def test_asymmetric_bugs_are_exposed_within_32_seeds_and_shrink_names_the_subset(bug):
+    s = _drive({"n": 32, "seed": 0, "shrink": True}, bug, **SHAPE, iterations=16)
+    assert s["perturb_summary"]["exposed_by"] is not None
+    shrunk = s["perturb_shrunk"]
+    assert shrunk["reproduced"] and len(shrunk["rules"]) == 1
+    (words,) = shrunk["described"]
+    assert words.startswith("a ") and "before create of pipeline 0" in words
+    assert "k-tile" not in words  # create has no iteration: its window is not narrowed
+    if bug is _init_race:
+        assert "in warp 0" in words
+    else:
+        assert "cluster rank" in words or "CTA" in words
+
+
+def test_the_same_bugs_stay_hidden_when_every_thread_is_delayed_alike():
+    for bug in (_init_race, _peer_init_race):
+        s = _drive({"n": 32, "seed": 0, "policy": {"name": "role", "role": "any"}}, bug, **SHAPE)
+        assert s["perturb_summary"]["exposed_by"] is None
+
+
+def test_the_command_line_scope_reaches_the_policy_and_a_bad_one_is_a_usage_error():
+    import argparse
+
+    from cutedebug.commands import perturb_args
+    from cutedebug.errors import UsageError
+
+    p = argparse.ArgumentParser()
+    perturb_args.add_arguments(p)
+    args = p.parse_args(["--perturb", "4", "--policy", "role", "--perturb-role", "any"])
+    args.perturb_scope = "rank=1 warp=0"
+    assert perturb_args.request_field(args)["policy"]["scope"] == "rank=1 warp=0"
+    args = p.parse_args(["--perturb", "4", "--perturb-scope", "rank=one"])
+    with pytest.raises(UsageError, match="'rank=one': rank takes cluster ranks"):
+        perturb_args.request_field(args)
