@@ -174,6 +174,20 @@ STEPS = [
         "latent faults exposed within 32 seeds, replay rate, 0 false alarms over 64 seeds",
     ),
     Step(
+        "racecheck_idiom",
+        "17",
+        60,
+        False,
+        # s4: racecheck RACE on quack's GEMM tile scheduler (a thread-written slot handed on
+        # by mbarriers); the project's kernels hand slots on by TMA. Does racecheck credit
+        # mbarrier ordering of generic shared-memory accesses? The sample in its three modes.
+        'for m in mbarrier sync none; do echo "== --mode $m"; compute-sanitizer --tool '
+        "racecheck --racecheck-report all --print-limit 12 python3 "
+        "tools/sanitizer_samples/mbarrier_handoff.py --mode $m 2>&1 | tail -40; done",
+        "racecheck on a correct mbarrier hand-off of thread-written shared memory (and its "
+        "sync_threads control and its real race): is the quack GEMM finding the tool's",
+    ),
+    Step(
         "coredump",
         "25",
         300,
@@ -286,6 +300,7 @@ PRIORITY = (  # after s4 (reports/2026-12-01-h200-s4): what it did not reach or 
     "field_quack",
     "field_fa4",
     "field_sanitize",
+    "racecheck_idiom",
     "exec",
     "coredump_field",
     "warm",
