@@ -67,6 +67,38 @@ LATENT = [
     "sm90_attention/drop_sync_epilogue",
 ]
 CLEAN = ["tma_stream/clean", "cluster_reduce/clean", "minimal/clean", "sm90_gemm/clean"]
+# The one schedule each latent scenario's note predicts exposes it (or, for the two "benign by
+# construction" through setmaxnreg, the one that would disprove it): (json name, flags, ids).
+PERTURB_CHECKS = [
+    (
+        "warp0_before_init",  # warp 0 inits the barriers late (position 0: before create)
+        "--policy targeted --target 0 --scope warp=0 --delay-us 200",
+        [
+            "tma_stream/missing_init_fence",
+            "sm90_gemm/missing_init_fence",
+            "sm90_attention/missing_init_fence",
+        ],
+    ),
+    (
+        "rank1_before_init",  # one cluster rank inits late (position 0: before init / create)
+        "--policy targeted --target 0 --scope rank=1 --delay-us 50",
+        [
+            "cluster_reduce/skip_init_cluster_sync",
+            "sm90_gemm/missing_init_fence_cluster",
+            "sm90_gemm/skip_init_cluster_sync_cluster",
+        ],
+    ),
+    (
+        "rank1_consumers_slow",  # rank 0 exits while rank 1's last remote releases are due
+        "--policy role --role consumer --scope rank=1 --delay-us 50",
+        ["sm90_gemm/skip_producer_tail_cluster"],
+    ),
+    (
+        "lanes_after_wait",  # lanes 1-31 read late, lane 0 releases (position 5: consumer_wait)
+        "--policy targeted --target 5 --scope lane=nonelected --delay-us 20",
+        ["tma_stream/drop_sync"],
+    ),
+]
 
 
 def _toml(names: list[str]) -> str:
@@ -165,13 +197,20 @@ STEPS = [
     Step(
         "perturb",
         "20",
-        180,  # s4: 130 s; the asymmetric positions add sites
+        240,  # s4: 130 s; the asymmetric keys and raw-barrier positions + the targeted checks
         False,
-        f"python3 tools/perturb_table.py --seeds 32 --replays 5 --budget-s 240 "
+        f"python3 tools/perturb_table.py --seeds 32 --replays 5 --budget-s 200 "
         f"--json $STEP_OUT/latent.json {_toml(LATENT)}; "
         f"python3 tools/perturb_table.py --clean --seeds 64 --replays 0 --budget-s 60 "
-        f"--json $STEP_OUT/clean.json {_toml(CLEAN)}",
-        "latent faults exposed within 32 seeds, replay rate, 0 false alarms over 64 seeds",
+        f"--json $STEP_OUT/clean.json {_toml(CLEAN + ['sm90_attention/clean'])}; "
+        + "; ".join(
+            f"python3 tools/perturb_table.py --seeds 1 --replays 3 --budget-s 40 {flags} "
+            f"--json $STEP_OUT/{name}.json {_toml(names)}"
+            for name, flags, names in PERTURB_CHECKS
+        ),
+        "latent faults exposed within 32 seeds (and among those not predicted benign by "
+        "construction), replay rate, 0 false alarms over 64 seeds; each scenario note's "
+        "perturbation prediction checked by its one targeted schedule",
     ),
     Step(
         "racecheck_idiom",
