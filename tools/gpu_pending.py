@@ -335,6 +335,7 @@ PRIORITY = (  # after s4 (reports/2026-12-01-h200-s4): what it did not reach or 
     "perturb",
     "pytest_gpu",
     "triage",
+    "warm",  # the health check through the driver (no torch) should take ~4 s off a cold run
     "coredump",
     "field_quack",
     "field_fa4",
@@ -342,7 +343,6 @@ PRIORITY = (  # after s4 (reports/2026-12-01-h200-s4): what it did not reach or 
     "racecheck_idiom",
     "exec",
     "coredump_field",
-    "warm",
     "xdist",
     "bench",
     "smoke",
