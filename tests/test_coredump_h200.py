@@ -213,11 +213,25 @@ def core_run_folder(
     return sc, outcome
 
 
+def hang_result(sc, outcome, ev, run_dir, probes_used=None):
+    """The RunResult of a HANG run of ``sc`` with ``ev`` as its evidence (what grades it)."""
+    from cutedebug.engine import runner
+
+    return runner.RunResult(
+        scenario=sc,
+        verdict=V.Verdict.HANG,
+        reason="",
+        run_dir=run_dir,
+        outcome=outcome,
+        evidence=ev,
+        probes_used=probes_used,
+    )
+
+
 def test_analyse_a_run_folder_into_evidence_and_the_runs_grade(tmp_path, monkeypatch):
     """coredump.analyse as run_scenario(core=...) calls it after the kill: the core in the
     run folder, the worker's events, the cubin's SASS; then RunResult grades a bisection-only
     scenario by the core's answer."""
-    from cutedebug.engine import runner
 
     name = "bisect__flag_spin_barrier_threads_plus"
     sc, outcome = core_run_folder(name, tmp_path, "coredump.4242.nvcudmp", monkeypatch)
@@ -237,14 +251,7 @@ def test_analyse_a_run_folder_into_evidence_and_the_runs_grade(tmp_path, monkeyp
         "(named_barrier named; 32 warp(s) over 8 CTA(s) in the core)",
     ]
     assert {s["op"] for s in ev["stuck_sites"]} == {"named_barrier"}
-    res = runner.RunResult(
-        scenario=sc,
-        verdict=V.Verdict.HANG,
-        reason="",
-        run_dir=tmp_path,
-        outcome=outcome,
-        evidence=ev,
-    )
+    res = hang_result(sc, outcome, ev, tmp_path)
     assert res.localization["ok"] is True and res.localization["by"] == "coredump"
     assert res.expected
 
@@ -258,8 +265,6 @@ def test_a_probes_graded_hang_localized_from_the_core_is_graded_without_its_stag
     for want of the stage); with probes on, the stuck records still grade the stage."""
     from dataclasses import replace
 
-    from cutedebug.engine import runner
-
     name = "tma_stream__wrong_expect_tx_plus"
     sc, outcome = core_run_folder(name, tmp_path, "coredump.4242.nvcudmp", monkeypatch)
     sc = replace(sc, expect=replace(sc.expect, stage=1))
@@ -272,21 +277,11 @@ def test_a_probes_graded_hang_localized_from_the_core_is_graded_without_its_stag
     )
     assert {s.get("stage") for s in ev["stuck_sites"]} == {None}
 
-    def result(probes_used):
-        return runner.RunResult(
-            scenario=sc,
-            verdict=V.Verdict.HANG,
-            reason="",
-            run_dir=tmp_path,
-            outcome=outcome,
-            evidence=ev,
-            probes_used=probes_used,
-        )
-
-    loc = result(False).localization
+    loc = hang_result(sc, outcome, ev, tmp_path, probes_used=False).localization
     assert loc["ok"] is True and loc["by"] == "coredump" and "stage" not in loc["expected"]
     assert loc["matched"]["op"] == "consumer_wait" and loc["matched"]["barrier"] == "full"
-    assert result(True).localization["ok"] is False  # probe records must name stage 1
+    probed = hang_result(sc, outcome, ev, tmp_path, probes_used=True)
+    assert probed.localization["ok"] is False  # probe records must name stage 1
 
 
 def test_without_the_focus_offset_a_third_run_reads_the_registers(monkeypatch):
