@@ -208,3 +208,29 @@ def test_the_command_line_scope_reaches_the_policy_and_a_bad_one_is_a_usage_erro
     args = p.parse_args(["--perturb", "4", "--perturb-scope", "rank=one"])
     with pytest.raises(UsageError, match="'rank=one': rank takes cluster ranks"):
         perturb_args.request_field(args)
+
+
+def test_the_report_states_the_launch_the_keys_were_drawn_for_and_the_scope():
+    from types import SimpleNamespace
+
+    from cutedebug.reporting import perturbation
+
+    words = P.Rule(0, 50_000, **P.parse_scope("rank=1")).describe({p.id: p for p in GEMM})
+    result = SimpleNamespace(
+        evidence={
+            "perturbation": {
+                "policy": {"name": "targeted", "scope": "rank=1"},
+                "positions": 7,
+                "runs": 1,
+                "exposed_by": 0,
+                "exposing_outcome": "HANG",
+                "described": [words],
+                "shape": {"ctas": 8, "warps": 12, "cluster": 2, "iterations": None},
+            }
+        }
+    )
+    md = "\n".join(perturbation.report_sections(result))
+    assert "Keys drawn for the traced launch: ctas 8, warps 12, cluster 2." in md
+    assert "Every delay scoped to `rank=1`." in md
+    assert "- a 50 us delay before create of pipeline 0 (sm90_gemm.py:341) of cluster rank 1" in md
+    assert "of cluster rank 1" in perturbation.summary_line(result)

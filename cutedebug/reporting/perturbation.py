@@ -43,6 +43,16 @@ def report_sections(result: Any) -> list[str]:
         f"position(s) in the kernel ({p.get('dropped_positions', 0)} not instrumented), "
         f"{p.get('runs', '?')} run(s) after one compile."
     )
+    shape = {k: v for k, v in (p.get("shape") or {}).items() if v}
+    if shape:
+        out[-1] += (
+            " Keys drawn for the traced launch: "
+            + ", ".join(f"{k} {md_text(v)}" for k, v in shape.items())
+            + "."
+        )
+    scope = pol.get("scope")
+    if scope:
+        out[-1] += f" Every delay scoped to {md_code(scope)}."
     out.append("")
     seed = p.get("exposed_by")
     if seed is None and not p.get("exposing_rules"):
