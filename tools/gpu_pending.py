@@ -67,8 +67,9 @@ LATENT = [
     "sm90_attention/drop_sync_epilogue",
 ]
 CLEAN = ["tma_stream/clean", "cluster_reduce/clean", "minimal/clean", "sm90_gemm/clean"]
-# The one schedule each latent scenario's note predicts exposes it (or, for the two "benign by
-# construction" through setmaxnreg, the one that would disprove it): (json name, flags, ids).
+# The one schedule each latent scenario's note predicts exposes it (for sm90_gemm's and
+# sm90_attention's missing_init_fence: the one that decides whether setmaxnreg hides it):
+# (json name, flags, ids).
 PERTURB_CHECKS = [
     (
         "warp0_before_init",  # warp 0 inits the barriers late (position 0: before create)
