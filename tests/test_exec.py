@@ -396,6 +396,25 @@ def test_a_fault_with_nothing_to_act_on_is_said_first(tmp_path):
     assert rep.tldr.startswith("PASS (as expected)") and "nothing was instrumented" in text
 
 
+def test_a_fault_that_found_no_compiled_kernel_says_so_not_that_kernels_ran(tmp_path):
+    """The command imports cutlass (instrumented) and ends before any kernel compiled (on the
+    H200, s4: FA-4 still compiling at a 14 s deadline was reported as 'the kernels ran
+    unmodified'): the reason says no kernel finished compiling, never that kernels ran."""
+    rc, text, rep = cutedebug(
+        "--fault",
+        "skip_consumer_release",
+        "--",
+        sys.executable,
+        "-c",
+        "import cutlass.cute; print('imported, nothing compiled')",
+        runs=tmp_path,
+    )
+    assert rep.verdict == "PASS" and rep.fault_count == 0, text
+    assert "NOT APPLIED: no kernel finished compiling before the command ended" in rep.reason
+    assert "ran unmodified" not in rep.reason
+    assert "NOT applied (no kernel finished compiling" in text
+
+
 TWO_KERNELS = """
 import os, sys, tempfile
 os.environ.setdefault("CUTE_DSL_DUMP_DIR", tempfile.gettempdir())

@@ -278,11 +278,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
         n = res.fault_count or 0
         print(
             f"  fault {s.fault}: "
-            + (
-                f"applied at {n} site(s)"
-                if n
-                else "NOT applied (no traced kernel called what it patches)"
-            )
+            + (f"applied at {n} site(s)" if n else f"NOT applied ({res.fault_not_applied_why()})")
         )
     if (tl := res.evidence.get("timeline")) is not None:
         print(f"  stall -> verdict {tl['stall_to_verdict_s']} s (wait budget included)")

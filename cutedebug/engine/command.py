@@ -122,6 +122,13 @@ class ExecResult:
     def traced(self) -> int:
         return sum(len(p.get("traces", [])) for p in self.processes.values())
 
+    def fault_not_applied_why(self) -> str:
+        """Why the fault asked for changed no site: no kernel compiled at all (a command cut
+        short while compiling, as an FA-4 compile by a 14 s deadline), or none called it."""
+        if not self.traced:
+            return "no kernel finished compiling before the command ended: nothing to apply it to"
+        return f"no traced kernel called what it patches ({self.traced} traced, left unmodified)"
+
 
 # ---- watching ---------------------------------------------------------------------------------
 # ---- watching ---------------------------------------------------------------------------------
@@ -412,10 +419,7 @@ def classify(res: ExecResult) -> None:
             if t.get("fault_not_applied")
         ]
         notes.append(
-            looked[0]
-            if looked
-            else f"fault {s.fault} NOT APPLIED: no traced kernel "
-            "called what it patches; the kernels ran unmodified"
+            looked[0] if looked else f"fault {s.fault} NOT APPLIED: {res.fault_not_applied_why()}"
         )
     if notes:
         res.evidence["not_applied"] = notes

@@ -115,11 +115,7 @@ def to_markdown(res: ExecResult, expect: str = "PASS", command: str = "") -> str
         n = res.fault_count or 0
         lines.append(
             f"- fault `{s.fault}`: "
-            + (
-                f"applied at {n} site(s)"
-                if n
-                else "NOT applied: no traced kernel called what it patches"
-            )
+            + (f"applied at {n} site(s)" if n else f"NOT applied: {res.fault_not_applied_why()}")
         )
         for p in res.processes.values():
             for fs in (p.get("fault_sites") or [])[:10]:
