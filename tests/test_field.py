@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.trace_only import trace_only
 from test_pytest_plugin import calls, clean_env, no_gpu, project, scenario_toml  # noqa: F401
 
 from cutedebug.engine import scenario as S
@@ -148,7 +149,9 @@ needs_libs = pytest.mark.skipif(_libraries_missing() is not None, reason=_librar
 
 @needs_libs
 def test_fault_sites_land_on_the_library_lines(tmp_path):
-    """tools/field_fault_sites.py compiles each adapter once per fault (sm_90a, no GPU)."""
+    """tools/field_fault_sites.py traces each adapter once per fault (sm_90a, no GPU; trace
+    only: the sites and findings asserted here are trace facts, and the field scenarios'
+    compile items lower these faults to PTX)."""
     targets = [f"{FIELD / ADAPTERS[n][0]}:{ADAPTERS[n][1]}" for n in SURVEYED]
     out = tmp_path / "sites.json"
     env = dict(
@@ -163,6 +166,7 @@ def test_fault_sites_land_on_the_library_lines(tmp_path):
             str(REPO / "tools" / "field_fault_sites.py"),
             "--json",
             str(out),
+            "--trace-only",
             *(f"--only={f}" for f in only),
             *targets,
         ],
@@ -375,9 +379,12 @@ def test_probe_sites_are_the_library_kernel_call_lines(family):
     file, entry, _ = ADAPTERS[family]
     kernel = kernel_api.load_entry(FIELD / file, entry)()
 
-    with probes.instrument(
-        probes.ProbeConfig(), allocate=probes.pinned_allocator(runnable=False)
-    ) as table:
+    with (
+        trace_only(),
+        probes.instrument(
+            probes.ProbeConfig(), allocate=probes.pinned_allocator(runnable=False)
+        ) as table,
+    ):
         cute.compile[cute.GPUArch("sm_90a"), DumpDir(tempfile.gettempdir())](
             kernel, *kernel.fake_args()
         )
@@ -386,8 +393,9 @@ def test_probe_sites_are_the_library_kernel_call_lines(family):
 
 
 def _traced(family: str, fault: str | None = None, args: dict | None = None, arch="sm_90a"):
-    """One in-process compile of an adapter for sm_90a under the lint recorder, a fault and
-    the probes (as the worker does): (static findings, Applied, probe sites)."""
+    """One in-process trace of an adapter for sm_90a under the lint recorder, a fault and
+    the probes (as the worker does; trace only, helpers/trace_only.py: all three are trace
+    facts): (static findings, Applied, probe sites)."""
     import tempfile
 
     import cutlass.cute as cute
@@ -401,6 +409,7 @@ def _traced(family: str, fault: str | None = None, args: dict | None = None, arc
     kernel = kernel_api.load_entry(FIELD / file, entry)()
 
     with (
+        trace_only(),
         lint.record() as protocol,
         faults.inject(fault, args or {}) as applied,
         probes.instrument(

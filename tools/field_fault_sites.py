@@ -3,9 +3,13 @@ sites each fault changed (op, file:line), plus the static protocol findings of t
 
     CUTE_DSL_ARCH=sm_90a python tools/field_fault_sites.py scenarios/field/quack_rmsnorm.py:QuackRMSNormBwd
     python tools/field_fault_sites.py --json out.json FILE.py:ENTRY ...
+    python tools/field_fault_sites.py --trace-only FILE.py:ENTRY ...
 
 A fault with 0 sites leaves the compiled kernel clean: a scenario with it could only PASS.
-Everything runs in this one process (one DSL import, ~3-5 s per compile).
+Everything runs in this one process (one DSL import, ~3-5 s per compile). The sites and the
+static findings are decided while the kernel is traced: ``--trace-only`` stops each compile
+after the trace (the DSL's dry run, CUTE_DSL_DRYRUN=1; same sites and findings, a fraction of
+the CPU) and so does not show that the faulted kernel also lowers to PTX.
 """
 
 from __future__ import annotations
@@ -111,7 +115,14 @@ def main(argv: list[str] | None = None) -> int:
         metavar="FAULT",
         help="survey only this fault (repeatable)",
     )
+    ap.add_argument(
+        "--trace-only",
+        action="store_true",
+        help="stop each compile after the trace (CUTE_DSL_DRYRUN=1): sites and findings only",
+    )
     a = ap.parse_args(argv)
+    if a.trace_only:  # read by the DSL when cutlass is first imported (in survey)
+        os.environ["CUTE_DSL_DRYRUN"] = "1"
     results = [survey(t, a.arch, tuple(a.only)) for t in a.targets]
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1, default=str))
