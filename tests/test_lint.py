@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.trace_only import trace_only
 
 from cutedebug.analyses import lint
 from cutedebug.analyses.lint import Event, Finding, PipelineRecord, Protocol
@@ -37,7 +38,8 @@ def run(kernel, fault=None, args=None, **params):
         "fault_args": args or {},
         "archs": ["sm_90a"],
     }
-    res = lint.compile_and_check(sc)
+    with trace_only():  # protocol and findings are trace facts (helpers/trace_only.py)
+        res = lint.compile_and_check(sc)
     return [Finding.from_json(f) for f in res["findings"]], res["protocol"]
 
 
@@ -252,8 +254,8 @@ def test_recording_changes_neither_the_ptx_nor_the_fault_sites(monkeypatch):
     with lint.record():
         recorded = ptx()
     assert recorded == plain
-    with lint.record(), faults.inject("wrong_expect_tx", {}) as applied:
-        ptx()
+    with trace_only(), lint.record(), faults.inject("wrong_expect_tx", {}) as applied:
+        cute.compile[cute.GPUArch("sm_90a")](kernel, *kernel.fake_args())
     assert {(Path(s["file"]).name, s["op"]) for s in applied.sites} == {
         ("tma_copy.py", "mbarrier_arrive_and_expect_tx")
     }
