@@ -194,9 +194,9 @@ def junit(path: Path) -> dict[str, tuple[str, str | None]]:
 
 
 MIXED = {
-    "p0": {"compile_s": 0.8, "kernel_s": 0.5},
-    "p1": {"compile_s": 0.8, "kernel_s": 0.5},
-    "p2": {"compile_s": 1.6, "kernel_s": 0.5},
+    "p0": {"compile_s": 0.4, "kernel_s": 0.4},
+    "p1": {"compile_s": 0.4, "kernel_s": 0.4},
+    "p2": {"compile_s": 0.8, "kernel_s": 0.4},
     "hang": {
         "behaviour": "hang",
         "compile_s": 0.3,
@@ -251,9 +251,9 @@ def test_a_long_wait_for_the_gpu_is_not_a_hang(tmp_path):
     s = Session(
         tmp_path,
         {
-            "a_long": {"compile_s": 0.1, "kernel_s": 8.0},  # takes the GPU first
+            "a_long": {"compile_s": 0.1, "kernel_s": 6.0},  # takes the GPU first
             # import_s also bounds the spawn: 3 s leaves room for a loaded machine
-            "b_short": {"compile_s": 1.5, "kernel_s": 0.1, "limits": {"import_s": 3.0}},
+            "b_short": {"compile_s": 0.8, "kernel_s": 0.1, "limits": {"import_s": 3.0}},
         },
     )
     rc, out = s.run(f"--junitxml={s.root / 'j.xml'}", runs=True)
@@ -346,7 +346,7 @@ def test_two_xdist_workers_on_one_gpu_never_launch_together(tmp_path):
     controller's folder): no two kernels at once, while each worker's next run compiles;
     without the prefetch (the old order) their kernels do overlap."""
     pytest.importorskip("xdist")
-    specs = {f"s{i}": {"compile_s": 0.4, "kernel_s": 1.0} for i in range(6)}
+    specs = {f"s{i}": {"compile_s": 0.3, "kernel_s": 0.6} for i in range(4)}
     s = Session(tmp_path / "on", specs)
     rc, out = s.run("-n", "2", "--dist", "worksteal", runs=True)
     assert rc == 0, out
@@ -397,7 +397,7 @@ def test_an_xdist_worker_starts_its_next_compile_item_ahead_too(tmp_path):
     worker's next one compiles; every scenario compiled once per mode, the same outcomes and
     verdicts as without the prefetch."""
     pytest.importorskip("xdist")
-    specs = {f"c{i}": {"compile_s": 0.8, "kernel_s": 0.1} for i in range(4)}
+    specs = {f"c{i}": {"compile_s": 0.5, "kernel_s": 0.1} for i in range(3)}
     specs["cerr"] = {"behaviour": "compile_error", "expect": "COMPILE_ERROR"}
     got = {}
     for mode in ("off", "on"):
@@ -421,8 +421,8 @@ def test_an_xdist_worker_starts_its_next_compile_item_ahead_too(tmp_path):
 
 def test_a_replay_of_recorded_h200_runs_takes_what_the_estimate_says(tmp_path):
     """tools/triage_overlap.py's item_path (the ESTIMATE for `pytest -n 1`) against the plugin
-    itself: 12 runs of the recorded s3 matrix replayed by the stand-in (each run's compile and
-    the rest of its own time, x0.4) under -n 1, prefetch off then on. The items measured with
+    itself: 8 runs of the recorded s3 matrix replayed by the stand-in (each run's compile and
+    the rest of its own time, x0.3) under -n 1, prefetch off then on. The items measured with
     it off predict the wall with it on; the plugin does at least as well (the GPU part of each
     run, wall - compile, includes the spawn that overlaps too: an upper bound)."""
     pytest.importorskip("xdist")
@@ -435,10 +435,10 @@ def test_a_replay_of_recorded_h200_runs_takes_what_the_estimate_says(tmp_path):
     recs = sorted((r for r in TriageMatrix.from_json(data).scenarios if r.run), key=lambda r: r.id)
     specs = {
         f"r{i:02d}": {
-            "compile_s": round(r.run.compile_s * 0.4, 3),
-            "kernel_s": round(max(0.0, r.run.own_s - r.run.compile_s) * 0.4, 3),
+            "compile_s": round(r.run.compile_s * 0.3, 3),
+            "kernel_s": round(max(0.0, r.run.own_s - r.run.compile_s) * 0.3, 3),
         }
-        for i, r in enumerate(recs[::8][:12])
+        for i, r in enumerate(recs[::8][:8])
     }
     wall, runs = {}, {}
     for mode in ("off", "on"):
