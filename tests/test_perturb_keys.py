@@ -234,3 +234,80 @@ def test_the_report_states_the_launch_the_keys_were_drawn_for_and_the_scope():
     assert "Every delay scoped to `rank=1`." in md
     assert "- a 50 us delay before create of pipeline 0 (sm90_gemm.py:341) of cluster rank 1" in md
     assert "of cluster rank 1" in perturbation.summary_line(result)
+
+
+# ---- a scope that selects no thread is refused, never run as if its schedule had been tried --
+
+
+def test_a_scope_outside_the_launch_is_refused_naming_what_the_launch_has():
+    cases = {
+        "rank=1": ({"cluster": 1}, "its clusters have 1 CTA(s): ranks 0..0"),
+        "rank=2,3": (SHAPE, "its clusters have 2 CTA(s): ranks 0..1"),
+        "warp=12": (SHAPE, "its CTAs have 12 warp(s): 0..11"),
+        "warpgroup=3": (SHAPE, "its CTAs have 12 warp(s): 0..11"),
+        "cta=8-9": (SHAPE, "it has 8 CTA(s): 0..7"),
+        "cta=odd": ({"ctas": 1}, "it has 1 CTA(s): 0..0"),
+    }
+    for scope, (shape, says) in cases.items():
+        for pol in (
+            P.Policy(scope=scope),
+            P.Policy("targeted", target=2, scope=scope),
+            P.Policy("role", role="any", scope=scope),
+        ):
+            with pytest.raises(P.PerturbError, match="selects no thread of this launch") as e:
+                P.rules_for(pol, 0, GEMM, **shape)
+            assert says in str(e.value) and repr(scope) in str(e.value), (scope, pol.name)
+    # inside the launch, or the launch not known statically: taken as given
+    for scope in ("rank=1", "warp=11", "cta=7", "cta=odd"):
+        assert P.rules_for(P.Policy("targeted", target=2, scope=scope), 0, GEMM, **SHAPE)
+    assert P.rules_for(P.Policy("targeted", target=2, scope="rank=5"), 0, GEMM)
+
+
+def test_iteration_and_stage_keys_never_land_on_a_position_without_a_pipeline_state():
+    # create runs its delay at count 0, stage 0: 'iter=3-' there would be a delay that never
+    # happens, reported as tried
+    with pytest.raises(P.PerturbError, match=r"iter need a position with a pipeline state"):
+        P.rules_for(P.Policy("targeted", target=0, scope="iter=3-"), 0, GEMM, **SHAPE)
+    with pytest.raises(P.PerturbError, match=r"stage need .* position 1 \(after create"):
+        P.rules_for(P.Policy("targeted", target=1, scope="stage=1"), 0, GEMM, **SHAPE)
+    role = P.rules_for(P.Policy("role", role="any", scope="iter=3-"), 0, GEMM, **SHAPE)
+    assert [r.position for r in role] == [2, 3, 4, 5, 6]
+    for seed in range(32):
+        for r in P.rules_for(P.Policy(scope="iter=2-"), seed, GEMM, **SHAPE):
+            assert GEMM[r.position].iterates and r.it_lo == 2, (seed, r)
+    # without state keys create positions are drawn as before
+    assert any(
+        r.position in (0, 1) for s in range(8) for r in P.rules_for(P.Policy(), s, GEMM, **SHAPE)
+    )
+    # a role with no position at all (a kernel of raw barriers has only 'any') is refused too
+    raw = [P.Position(0, "any", "mbarrier_wait", "after", None, "/k/cluster_reduce.py", 90)]
+    with pytest.raises(P.PerturbError, match="no position of that role .*roles there: any"):
+        P.rules_for(P.Policy("role", role="consumer"), 0, raw)
+    with pytest.raises(P.PerturbError, match="this kernel has none"):
+        P.rules_for(P.Policy(scope="iter=1"), 0, raw)
+
+
+def test_a_scope_refused_in_the_worker_launches_nothing_and_reads_as_not_run():
+    from types import SimpleNamespace
+
+    from cutedebug.engine import perturb_runs as R
+    from cutedebug.engine import verdict as V
+
+    launches, events = [], []
+    launch = SimpleNamespace(kernel=None, once=lambda *a, **k: launches.append(1))
+    sess = SimpleNamespace(positions=GEMM, dropped=0, shape={"ctas": 8, "warps": 12, "cluster": 1})
+    sink = SimpleNamespace(emit=lambda name, **f: events.append({"event": name, **f}))
+    request = {"n": 4, "seed": 0, "policy": {"name": "random", "scope": "rank=1"}}
+    R.run_in_worker(request, sess, None, launch, sink)
+    assert launches == [] and "perturb_seed" not in [e["event"] for e in events]
+    (unsupported,) = [e for e in events if e["event"] == "unsupported"]
+    assert unsupported["reason"].startswith("perturbation not run: perturbation scope 'rank=1'")
+    o = V.Outcome(phase="done")
+    for e in [{"event": "device", "present": True, "name": "H200"}, *events, {"event": "done"}]:
+        o.add(e)
+    got = V.classify(o)
+    assert got.verdict is V.Verdict.UNSUPPORTED and "ranks 0..0" in got.reason
+    # a replayed rule set that does not fit the kernel's table: refused before any launch too
+    events.clear()
+    R.run_in_worker({"rules": [{"position": 9, "delay_ns": 1000}]}, sess, None, launch, sink)
+    assert launches == [] and "positions 0..6" in events[-1]["reason"]

@@ -88,12 +88,14 @@ def drive(
         plans = [
             (s, P.rules_for(policy, s, positions, ctas, iterations, warps, cluster)) for s in seeds
         ]
+    for _, rules in plans:  # every plan checked before the first launch: a bad one runs none
+        P.validate_rules(rules)
+        P.table_bytes(rules, len(positions))
     last: OneRun | None = None
     exposing: tuple[int | None, list[P.Rule], OneRun] | None = None
     digests: dict[str, int | None] = {}
     runs = 0
     for seed, rules in plans:
-        P.validate_rules(rules)
         res = run_rules(rules, seed, "seed")
         runs += 1
         last = res
@@ -190,18 +192,21 @@ def run_in_worker(perturb: dict[str, Any], sess: Any, table: Any, launch: Any, e
 
     kernel = launch.kernel
     shape = getattr(sess, "shape", None) or {}
-    drive(
-        spec,
-        sess.positions,
-        lambda raw: device.write_table(table, raw),
-        one,
-        events.emit,
-        ctas=spec.get("ctas") or shape.get("ctas"),
-        iterations=spec.get("iterations"),
-        deterministic=bool(getattr(kernel, "DETERMINISTIC", False)),
-        warps=spec.get("warps") or shape.get("warps"),
-        cluster=spec.get("cluster") or shape.get("cluster"),
-    )
+    try:
+        drive(
+            spec,
+            sess.positions,
+            lambda raw: device.write_table(table, raw),
+            one,
+            events.emit,
+            ctas=spec.get("ctas") or shape.get("ctas"),
+            iterations=spec.get("iterations"),
+            deterministic=bool(getattr(kernel, "DETERMINISTIC", False)),
+            warps=spec.get("warps") or shape.get("warps"),
+            cluster=spec.get("cluster") or shape.get("cluster"),
+        )
+    except P.PerturbError as e:  # the request does not fit this kernel (drive launched nothing)
+        events.emit("unsupported", reason=f"perturbation not run: {e}")
 
 
 def classify(got: list[tuple[str, dict[str, Any]]]) -> OneRun:

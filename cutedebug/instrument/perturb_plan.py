@@ -324,6 +324,23 @@ class Shape:
     iterations: int | None = None
 
 
+def scope_misses(keys: dict[str, int], shape: Shape) -> str | None:
+    """Why fixed keys select no thread of this launch (a rank, warp or CTA it does not have),
+    or None. A rule with such keys is a delay that never happens: a run under it would be
+    reported as if its schedule had been tried."""
+    n = shape.cluster
+    if n and not keys.get("ranks", ALL_BITS) & ((1 << min(n, 32)) - 1):
+        return f"its clusters have {n} CTA(s): ranks 0..{n - 1}"
+    if shape.warps and keys.get("warp_lo", 0) >= shape.warps:
+        return f"its CTAs have {shape.warps} warp(s): 0..{shape.warps - 1}"
+    if shape.ctas:
+        lo, hi = keys.get("cta_lo", 0), min(keys.get("cta_hi", MAX_INT), shape.ctas - 1)
+        mod, rem = keys.get("cta_mod", 1), keys.get("cta_rem", 0)
+        if not any(c % mod == rem for c in range(lo, min(hi, lo + mod - 1) + 1)):
+            return f"it has {shape.ctas} CTA(s): 0..{shape.ctas - 1}"
+    return None
+
+
 def _draw_scope(rng: random.Random, shape: Shape, iterates: bool) -> dict[str, int]:
     """Random keys for one rule: about half the rules reach a subset of CTAs (one cluster
     rank, all ranks but one, a parity or a window of CTAs), a third a subset of warps (warp
@@ -413,30 +430,62 @@ def rules_for(
     rng = random.Random(f"{policy.name}:{seed}")
     shape = Shape(ctas, warps, cluster, iterations)
     fixed = parse_scope(policy.scope)
+    if (why := scope_misses(fixed, shape)) is not None:
+        raise PerturbError(
+            f"perturbation scope {policy.scope!r} selects no thread of this launch: {why}"
+        )
+    # iter= / stage= key a pipeline state: a position without one (create, a raw barrier op)
+    # runs its delay at stage 0, count 0, so under them it is left out, never given a rule
+    # that cannot fire
+    state_keys = sorted({"iter" if k.startswith("it_") else k for k in fixed} & {"iter", "stage"})
+
+    def keyed(p: Position) -> bool:
+        return p.iterates or not state_keys
+
     if policy.name == "targeted":
         target = policy.target if policy.target is not None else seed % len(positions)
         if not 0 <= target < len(positions):
             raise PerturbError(
                 f"targeted position {target}: the kernel has positions 0..{len(positions) - 1}"
             )
+        if not keyed(positions[target]):
+            raise PerturbError(
+                f"perturbation scope {policy.scope!r}: {' and '.join(state_keys)} need a "
+                f"position with a pipeline state; position {target} "
+                f"({positions[target].label}) has none"
+            )
         us = policy.delay_us or SWEEP_US[seed % len(SWEEP_US)]
         return [Rule(positions[target].id, int(us * 1000), **fixed)]
     if policy.name == "role":
         us = policy.delay_us or DELAYS_US[seed % len(DELAYS_US)]
-        return [
+        out = [
             Rule(p.id, int(us * 1000), **fixed)
             for p in positions
-            if policy.role == "any" or p.role == policy.role
+            if (policy.role == "any" or p.role == policy.role) and keyed(p)
         ]
+        if not out:
+            have = sorted({p.role for p in positions if keyed(p)})
+            raise PerturbError(
+                f"--policy role {policy.role}: no position of that role"
+                + (" with a pipeline state" if state_keys else "")
+                + f" in this kernel (roles there: {', '.join(have) or 'none'})"
+            )
+        return out
+    eligible = [p for p in positions if keyed(p)]
+    if not eligible:
+        raise PerturbError(
+            f"perturbation scope {policy.scope!r}: {' and '.join(state_keys)} need a position "
+            "with a pipeline state; this kernel has none"
+        )
     out = []
     for p in positions:
-        if rng.random() >= policy.density:
+        if rng.random() >= policy.density or not keyed(p):
             continue
         us = policy.delay_us or rng.choice(DELAYS_US)
         keys = {**_draw_scope(rng, shape, p.iterates), **fixed}
         out.append(Rule(p.id, int(us * 1000), **keys))
     if not out:  # a seed always perturbs something
-        p = positions[rng.randrange(len(positions))]
+        p = eligible[rng.randrange(len(eligible))]
         out.append(Rule(p.id, int((policy.delay_us or rng.choice(DELAYS_US)) * 1000), **fixed))
     return out
 
