@@ -8,6 +8,8 @@ import tarfile
 import zipfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 import field_bundle  # noqa: E402
@@ -63,3 +65,16 @@ def test_blocks_count_what_the_files_take_on_disk(tmp_path):
     assert field_bundle.blocks([small]) == small.stat().st_blocks * 512 >= 1
     assert field_bundle.blocks([tmp_path / "missing", tmp_path]) == 0
     assert os.path.getsize(small) == 1
+
+
+def test_the_tracked_tree_leaves_room_for_the_dsl_bundle_and_the_field_libraries():
+    """A device call carries at most 64 MiB of disk blocks: the DSL bundle, the field bundle
+    and the tracked tree. Reports and fixtures that grow the tree past its share would make
+    the field steps impossible to run: compress them (matrix.json.gz, *.txt.gz)."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    used = field_bundle.blocks(field_bundle.tracked())
+    assert used <= field_bundle.TREE_BUDGET, (
+        f"the tracked tree takes {used / 2**20:.2f} MiB of disk blocks, over its "
+        f"{field_bundle.TREE_BUDGET / 2**20:.2f} MiB share of a device call"
+    )
