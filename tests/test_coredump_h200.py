@@ -292,20 +292,12 @@ def test_without_the_focus_offset_a_third_run_reads_the_registers(monkeypatch):
 
 
 def test_report_of_a_run_localized_from_its_core(tmp_path, monkeypatch):
-    from cutedebug.engine import runner
     from cutedebug.reporting import report
 
     name = "tma_stream__wrong_expect_tx_plus"
     sc, outcome = core_run_folder(name, tmp_path, "coredump.77.nvcudmp", monkeypatch)
     ev = coredump.analyse(tmp_path, outcome, {}, sc.expect.localization(), "probes")
-    res = runner.RunResult(
-        scenario=sc,
-        verdict=V.Verdict.HANG,
-        reason="",
-        run_dir=tmp_path,
-        outcome=outcome,
-        evidence=ev,
-    )
+    res = hang_result(sc, outcome, ev, tmp_path)
     assert res.localization["ok"] is True  # graded like probes, from the core's stuck sites
     md = report.to_markdown(res)
     assert "- GPU coredump: coredump.77.nvcudmp (64 bytes" in md

@@ -29,6 +29,8 @@ SHAPE = {"ctas": 8, "warps": 12, "cluster": 2}
 
 
 def reaches(row, cta, rank, warp, lane, it=0, stage=0):
+    """Whether a device row delays this thread: the kernel's test (perturb.maybe_delay),
+    written out again from the row layout documented in perturb_plan.Rule."""
     d, clo, chi, st, ilo, ihi, wlo, whi, lanes, ranks, mod, rem, *_ = row
     return bool(
         d > 0

@@ -6,6 +6,7 @@ import re
 import struct
 
 import pytest
+from test_perturb_keys import reaches
 
 from cutedebug.instrument import perturb_plan as P
 
@@ -144,27 +145,9 @@ def _drive(spec, verdict_of, deterministic=False, digest_of=None):
     return events
 
 
-def _reaches(row, cta, it, warp, lane, rank, stage=0):
-    """Whether a device row delays this thread: the kernel's test (perturb.maybe_delay),
-    written out again from the row layout documented in perturb_plan.Rule."""
-    d, clo, chi, st, ilo, ihi, wlo, whi, lanes, ranks, mod, rem, *_ = row
-    return (
-        d > 0
-        and clo <= cta <= chi
-        and (st < 0 or st == stage)
-        and ilo <= it <= ihi
-        and wlo <= warp <= whi
-        and (lanes >> lane) & 1  # int32 masks: Python's >> of a negative one keeps bit i
-        and (ranks >> rank) & 1
-        and cta % mod == rem
-    )
-
-
 def _bug(rows):  # position 3 delayed for CTA 5 at k-tile 3 (any consumer warp or lane)
     hit = any(
-        _reaches(rows[3], cta=5, it=3, warp=w, lane=ln, rank=0)
-        for w in range(4)
-        for ln in range(32)
+        reaches(rows[3], cta=5, it=3, warp=w, lane=ln, rank=0) for w in range(4) for ln in range(32)
     )
     return "MISMATCH" if hit else "PASS"
 
