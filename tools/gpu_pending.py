@@ -214,6 +214,24 @@ STEPS = [
         "perturbation prediction checked by its one targeted schedule",
     ),
     Step(
+        "perturb_keys",
+        "20",
+        45,  # ESTIMATE: one small compile, 10 launches; a run refused before launch; health
+        False,
+        # does each rule delay exactly the CTAs / ranks / warps it names (a lane subset: its
+        # whole warp, the SASS reconverges after every delay)? a scope outside the launch:
+        # UNSUPPORTED, nothing launched; the health check answered by the driver, no torch
+        "python3 tools/perturb_keys_probe.py; echo rc=$?; "
+        f"python3 -m cutedebug run {S}/minimal/clean.toml --perturb 2 --perturb-scope rank=1 "
+        "--runs-dir /tmp/pks; echo rc=$?; "
+        "s=$(date +%s.%N); python3 -m cutedebug.engine.health; echo rc=$?; "
+        "python3 -c \"import time,sys; print('health check %.2f s' % "
+        '(time.time()-float(sys.argv[1])))" $s',
+        "perturbation keys on the hardware (exact / whole warps / MISMATCH per scope, 0 delayed "
+        "with a zero table); --perturb-scope rank=1 on a cluster-less kernel says 'perturbation "
+        "not run' (UNSUPPORTED); the health check says via driver, healthy, in well under 1 s",
+    ),
+    Step(
         "racecheck_idiom",
         "17",
         60,
@@ -333,6 +351,7 @@ BY_NAME = {s.name: s for s in STEPS}
 # and coredump each close one issue; warm + bench finish #22 (with the triage); the field and
 # exec steps (#17, #19) carry the wheels and come last.
 PRIORITY = (  # after s4 (reports/2026-12-01-h200-s4): what it did not reach or must re-check
+    "perturb_keys",  # short: whether the keys select on the GPU what the perturb step assumes
     "perturb",
     "pytest_gpu",
     "triage",
