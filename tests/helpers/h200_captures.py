@@ -4,7 +4,10 @@ The largest captures are kept gzip-compressed in the repository (``racecheck_raw
 the tracked tree travels to the GPU machine with the DSL bundle and the field wheels, 64 MiB in
 all). :func:`captures` gives the folder the tests and the fake compute-sanitizer read: the
 captures linked, the ``.gz`` ones unpacked, made once per content and shared by every process
-of a test session (xdist workers and the fake's subprocesses included).
+of a test session (xdist workers and the fake's subprocesses included). The folder is one
+checkout's (its path and every file's content are in the name): the links point into that
+checkout, so another worktree on the machine, or the same one after a capture changed, never
+reads through them.
 """
 
 from __future__ import annotations
@@ -25,10 +28,10 @@ def captures(source: Path = SOURCE) -> Path:
     packed = sorted(source.glob("*.gz"))
     if not packed:
         return source
-    digest = hashlib.sha1()
+    digest = hashlib.sha1(str(source.resolve()).encode())
     for p in sorted(source.iterdir()):
         digest.update(p.name.encode())
-        if p in packed:
+        if p.is_file():
             digest.update(p.read_bytes())
     final = Path(tempfile.gettempdir()) / f"cutedebug-h200-captures-{digest.hexdigest()[:16]}"
     if final.is_dir():
