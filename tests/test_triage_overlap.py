@@ -90,8 +90,8 @@ def test_workers_compile_at_once_while_one_at_a_time_holds_the_gpu(tmp_path, fak
     launches; the records keep the wait apart from the run's own time."""
     log_path, _ = fake_gpu
     # p0 and p1 compile alike (one waits for the other's launch); p2 and p3 still compile then
-    compile_s = (0.8, 0.8, 2.0, 2.6)
-    specs = {f"p{i}": {"compile_s": c, "kernel_s": 0.4} for i, c in enumerate(compile_s)}
+    compile_s = (0.5, 0.5, 1.2, 1.6)
+    specs = {f"p{i}": {"compile_s": c, "kernel_s": 0.3} for i, c in enumerate(compile_s)}
     specs["cerr"] = {"behaviour": "compile_error", "expect": "COMPILE_ERROR"}
     scenarios(tmp_path, specs)
     rc, lines, out = triage(tmp_path, jobs=4)
