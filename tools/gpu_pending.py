@@ -357,10 +357,10 @@ PRIORITY = (  # after s4 (reports/2026-12-01-h200-s4): what it did not reach or 
     "triage",
     "warm",  # the health check through the driver (no torch) should take ~4 s off a cold run
     "coredump",
+    "racecheck_idiom",  # no wheels: with the coredump call, not between the wheel calls
     "field_quack",
     "field_fa4",
     "field_sanitize",
-    "racecheck_idiom",
     "exec",
     "coredump_field",
     "xdist",
