@@ -42,6 +42,16 @@ def test_table_has_one_row_per_position_and_zero_rows_elsewhere():
         P.table_bytes([P.Rule(4, 1)], 4)
 
 
+def test_a_replay_rule_outside_32_bits_is_refused_as_bad_input():
+    """A hand-edited replay rule (cutedebug run --replay with rules in the report) whose field
+    does not fit the device row's int32 words: a PerturbError naming it, not a struct.error
+    (which the worker would have turned into HARNESS_ERROR)."""
+    rule = P.Rule.from_json({"position": 0, "delay_ns": 1000, "cta_hi": 1 << 40})
+    with pytest.raises(P.PerturbError, match="must fit a 32-bit int"):
+        P.validate_rules([rule])
+    P.validate_rules([P.Rule.from_json({"position": 0, "delay_ns": 1000, "cta_hi": 7})])
+
+
 def test_a_seed_gives_the_same_rules_every_time_and_seeds_differ():
     pol = P.Policy()
     a = P.rules_for(pol, 7, POS, ctas=16, iterations=32)

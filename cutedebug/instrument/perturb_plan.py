@@ -225,6 +225,8 @@ def validate_rules(rules: Sequence[Rule]) -> None:
         seen.add(r.position)
         if not 0 <= r.delay_ns <= 10_000_000:
             raise PerturbError(f"rule delay_ns {r.delay_ns}: allowed 0..10000000 (10 ms)")
+        if any(not -(1 << 31) <= w < 1 << 31 for w in r.row()):  # a hand-edited replay rule
+            raise PerturbError(f"rule {r.to_json()}: every field must fit a 32-bit int")
         if r.cta_mod < 1 or not 0 <= r.cta_rem < r.cta_mod:
             raise PerturbError(
                 f"rule cta_mod {r.cta_mod}, cta_rem {r.cta_rem}: need cta_mod >= 1 and "
