@@ -244,6 +244,30 @@ def test_gemm_and_attention_positions_before_their_barrier_init():
     assert _perturbed("sm90_attention")[1].shape["warps"] == 12
 
 
+def test_ops_without_a_pipeline_state_draw_no_iteration_or_stage_keys():
+    """sm90_gemm's TMA store ops (the epilogue's producer_acquire / commit, no pipeline state:
+    the delay sees count 0) are not iterating positions, so the random policy gives them no
+    iteration window (one that could never fire) and a stage/iter scope leaves them out; the
+    mainloop's ops keep theirs."""
+    from cutedebug.instrument import perturb_plan as P
+
+    _, sess = _perturbed("sm90_gemm")
+    store = [p for p in sess.positions if p.op in P.STATE_OPS and p.pipeline is None]
+    loop = [p for p in sess.positions if p.op in P.STATE_OPS and p.pipeline is not None]
+    assert store and loop
+    assert not any(p.iterates for p in store) and all(p.iterates for p in loop)
+    assert P.Position.from_json({**store[0].to_json()}).iterates is False
+    older = {k: v for k, v in loop[0].to_json().items() if k != "stateful"}
+    assert P.Position.from_json(older).iterates  # a report written before the field
+    windows = [
+        r.position
+        for seed in range(64)
+        for r in P.rules_for(P.Policy(), seed, sess.positions, ctas=8, iterations=8)
+        if (r.it_lo, r.it_hi) != (0, P.MAX_INT)
+    ]
+    assert windows and not {w for w in windows} & {p.id for p in store}
+
+
 def test_perturbation_off_leaves_every_familys_ptx_byte_identical():
     for family in ("cluster_reduce", "minimal"):
         path, entry, params = FAMILIES[family]

@@ -82,12 +82,22 @@ class Session:
     # the traced launch: ctas, warps (per CTA), cluster (CTAs per cluster); None: not static
     shape: dict[str, int | None] = dataclasses.field(default_factory=dict)
 
-    def add(self, role: str, op: str, where: str, pipeline: int | None, site: Any) -> int | None:
+    def add(
+        self, role: str, op: str, where: str, pipeline: int | None, site: Any, stateful=True
+    ) -> int | None:
         if len(self.positions) >= MAX_POSITIONS:
             self.dropped += 1
             return None
         pos = Position(
-            len(self.positions), role, op, where, pipeline, site.file, site.line, site.via
+            len(self.positions),
+            role,
+            op,
+            where,
+            pipeline,
+            site.file,
+            site.line,
+            site.via,
+            stateful,
         )
         self.positions.append(pos)
         return pos.id
@@ -175,13 +185,14 @@ def _handlers(sess: Session) -> dict[str, Any]:
         if not call.outermost or call.name not in POSITIONS:
             return call.proceed()
         role, where = POSITIONS[call.name]
-        info = call.pipeline
-        pos = sess.add(role, call.name, where, info.index if info else None, call.site)
+        info, state = call.pipeline, call.state()
+        stateful = state is not None and hasattr(state, "index")  # as _state_fields reads it
+        pos = sess.add(role, call.name, where, info.index if info else None, call.site, stateful)
         if where == "before":
-            emit(pos, call, call.state())
+            emit(pos, call, state)
         out = call.proceed()
         if where == "after":
-            emit(pos, call, call.state())
+            emit(pos, call, state)
         return out
 
     def create(call: Any) -> Any:

@@ -73,6 +73,7 @@ class Position:
     file: str | None = None
     line: int | None = None
     via: str | None = None
+    stateful: bool | None = True  # False: the op had no pipeline state (a TMA store's): count 0
 
     @property
     def label(self) -> str:
@@ -83,13 +84,13 @@ class Position:
     @property
     def iterates(self) -> bool:
         """The position has a pipeline state: its stage and iteration are keys."""
-        return self.op in STATE_OPS
+        return self.op in STATE_OPS and self.stateful is not False
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Position:
+    def from_json(cls, d: dict[str, Any]) -> Position:  # stateful absent (older): None
         return cls(**{f.name: d.get(f.name) for f in dataclasses.fields(cls)})
 
 
