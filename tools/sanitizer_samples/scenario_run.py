@@ -23,9 +23,7 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print(__doc__, file=sys.stderr)
         return 2
-    from cutedebug.engine import runner
-    from cutedebug.engine import scenario
-    from cutedebug.engine import worker
+    from cutedebug.engine import runner, scenario, worker
 
     sc = scenario.load(argv[0])
     with tempfile.TemporaryDirectory(prefix="cutedebug-sample-") as tmp:
