@@ -91,6 +91,21 @@ def fake_smi(bindir: Path) -> None:
     smi.chmod(smi.stat().st_mode | stat.S_IEXEC)
 
 
+STARTED: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_session_left():
+    """A test that failed between two sessions' ``finish`` still ends the other one (its
+    keeper then takes its workers along)."""
+    yield
+    while STARTED:
+        proc = STARTED.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 class Session:
     """A project of scenarios (``specs``: name -> params, limits, expected verdict) and the
     environment of its inner pytest: one fake GPU, a log, a lifeline tag, its own TMPDIR."""
@@ -148,6 +163,29 @@ class Session:
             timeout=timeout,
         )
         return p.returncode, p.stdout + p.stderr
+
+    def start(self, *args: str, runs: bool = False) -> subprocess.Popen:
+        """``run`` in the background (its output in out.txt): independent sessions of one
+        test run side by side (each has its own GPU token folder, log and tag)."""
+        with open(self.root / "out.txt", "wb") as out:
+            proc = subprocess.Popen(
+                self.argv(*args, runs=runs),
+                cwd=self.root,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        STARTED.append(proc)
+        return proc
+
+    def finish(self, proc: subprocess.Popen, timeout: float = 240) -> tuple[int, str]:
+        try:
+            proc.wait(timeout=timeout)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        return proc.returncode, (self.root / "out.txt").read_text()
 
     def popen(self, *args: str, runs: bool = False) -> subprocess.Popen:
         return subprocess.Popen(
@@ -214,9 +252,13 @@ def test_runs_compile_ahead_one_launch_at_a_time_same_verdicts_as_without(tmp_pa
     outcome, verdict and report are those of the session without prefetch, each worker
     compiled once; no token and no process left."""
     got = {}
-    for mode in ("off", "on"):
-        s = Session(tmp_path / mode, MIXED)
-        rc, out = s.run(f"--cutedebug-prefetch={mode}", f"--junitxml={s.root / 'j.xml'}")
+    sessions = {mode: Session(tmp_path / mode, MIXED) for mode in ("off", "on")}
+    procs = {
+        mode: s.start(f"--cutedebug-prefetch={mode}", f"--junitxml={s.root / 'j.xml'}")
+        for mode, s in sessions.items()
+    }
+    for mode, s in sessions.items():
+        rc, out = s.finish(procs[mode])
         assert rc == 1, out  # `wrong` hangs where it should pass
         log = s.steps()
         got[mode] = junit(s.root / "j.xml"), Counter((e.get("id"), e.get("mode")) for e in log), log
@@ -347,16 +389,20 @@ def test_two_xdist_workers_on_one_gpu_never_launch_together(tmp_path):
     without the prefetch (the old order) their kernels do overlap."""
     pytest.importorskip("xdist")
     specs = {f"s{i}": {"compile_s": 0.3, "kernel_s": 0.6} for i in range(4)}
-    s = Session(tmp_path / "on", specs)
-    rc, out = s.run("-n", "2", "--dist", "worksteal", runs=True)
+    s, off = Session(tmp_path / "on", specs), Session(tmp_path / "off", specs)
+    procs = (
+        s.start("-n", "2", "--dist", "worksteal", runs=True),
+        off.start("-n", "2", "--dist", "worksteal", "--cutedebug-prefetch=off", runs=True),
+    )
+    rc, out = s.finish(procs[0])
     assert rc == 0, out
     log = s.steps()
     assert {e["xdist"] for e in log if e["what"] == "gpu_acquired"} == {"gw0", "gw1"}
     spans = never_two_at_once(log)
     assert sorted(i for *_, i in spans) == sorted(f"k/{n}" for n in specs)
     assert s.left() == [] and s.token_dirs() == []
-    s = Session(tmp_path / "off", specs)
-    rc, out = s.run("-n", "2", "--dist", "worksteal", "--cutedebug-prefetch=off", runs=True)
+    s = off
+    rc, out = s.finish(procs[1])
     assert rc == 0, out
     spans = holds(s.steps())
     assert any(a[1] > b[0] for a, b in zip(spans, spans[1:]))  # the old order: overlapping
@@ -400,9 +446,13 @@ def test_an_xdist_worker_starts_its_next_compile_item_ahead_too(tmp_path):
     specs = {f"c{i}": {"compile_s": 0.5, "kernel_s": 0.1} for i in range(3)}
     specs["cerr"] = {"behaviour": "compile_error", "expect": "COMPILE_ERROR"}
     got = {}
-    for mode in ("off", "on"):
-        s = Session(tmp_path / mode, specs)
-        rc, out = s.run("-n", "1", f"--cutedebug-prefetch={mode}", f"--junitxml={s.root / 'j.xml'}")
+    sessions = {mode: Session(tmp_path / mode, specs) for mode in ("off", "on")}
+    procs = {
+        mode: s.start("-n", "1", f"--cutedebug-prefetch={mode}", f"--junitxml={s.root / 'j.xml'}")
+        for mode, s in sessions.items()
+    }
+    for mode, s in sessions.items():
+        rc, out = s.finish(procs[mode])
         assert rc == 0, out
         log = s.steps()
         starts = Counter((e["id"], e["mode"]) for e in log if e["what"] == "compile_start")
