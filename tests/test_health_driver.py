@@ -115,6 +115,7 @@ def test_only_a_healthy_driver_answer_stands_without_torch(
     from cutedebug import devices
 
     monkeypatch.setattr(devices, "gpu_device_node", lambda: "/dev/nvidia0")
+    monkeypatch.setenv(health.DRIVER_VAR, "1")
     asked = []
 
     def fake_driver():
@@ -146,6 +147,7 @@ def test_a_crash_inside_the_driver_library_costs_only_the_checks_child(
     from cutedebug import devices
 
     monkeypatch.setenv("FAKE_CUDA_SEGV", "1")
+    monkeypatch.setenv(health.DRIVER_VAR, "1")
     monkeypatch.setattr(devices, "gpu_device_node", lambda: "/dev/nvidia0")
     real = health.driver_check
     monkeypatch.setattr(health, "driver_check", lambda: real(libcuda))
@@ -158,3 +160,16 @@ def test_a_crash_inside_the_driver_library_costs_only_the_checks_child(
     with pytest.raises(RuntimeError, match="ValueError: no"):
         health.in_child(lambda: (_ for _ in ()).throw(ValueError("no")))
     assert health.in_child(lambda: {"a": 1}) == {"a": 1}
+
+
+def test_without_the_opt_in_the_check_is_torchs_alone(monkeypatch, capsys):
+    """The default until the driver path has run on a GPU: torch only, the driver not asked."""
+    from cutedebug import devices
+
+    monkeypatch.setattr(devices, "gpu_device_node", lambda: "/dev/nvidia0")
+    monkeypatch.delenv(health.DRIVER_VAR, raising=False)
+    monkeypatch.setattr(health, "in_child", lambda fn: pytest.fail("the driver was asked"))
+    monkeypatch.setattr(health, "torch_check", lambda: {"healthy": True, "via": "torch"})
+    assert health.main() == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out == {"healthy": True, "via": "torch"}

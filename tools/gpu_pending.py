@@ -224,12 +224,14 @@ STEPS = [
         "python3 tools/perturb_keys_probe.py; echo rc=$?; "
         f"python3 -m cutedebug run {S}/minimal/clean.toml --perturb 2 --perturb-scope rank=1 "
         "--runs-dir /tmp/pks; echo rc=$?; "
-        "s=$(date +%s.%N); python3 -m cutedebug.engine.health; echo rc=$?; "
-        "python3 -c \"import time,sys; print('health check %.2f s' % "
-        '(time.time()-float(sys.argv[1])))" $s',
+        "for d in 1 0 1 0; do s=$(date +%s.%N); CUTEDEBUG_HEALTH_DRIVER=$d python3 -m "
+        'cutedebug.engine.health; echo rc=$?; python3 -c "import time,sys; print('
+        "'health check (driver first: %s) %.2f s' % (sys.argv[2], time.time()-float("
+        'sys.argv[1])))" $s $d; done',
         "perturbation keys on the hardware (exact / whole warps / MISMATCH per scope, 0 delayed "
         "with a zero table); --perturb-scope rank=1 on a cluster-less kernel says 'perturbation "
-        "not run' (UNSUPPORTED); the health check says via driver, healthy, in well under 1 s",
+        "not run' (UNSUPPORTED); the health check, alternated: driver first (opt-in: via driver, "
+        "healthy, well under 1 s) and torch (the default, ~4 s)",
     ),
     Step(
         "racecheck_idiom",
