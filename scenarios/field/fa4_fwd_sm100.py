@@ -19,15 +19,13 @@ from __future__ import annotations
 
 import math
 
-import cuda.bindings.driver as cuda
-import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
-from cutlass.cute.runtime import from_dlpack, make_fake_stream, make_fake_tensor
+from field_host import AttentionBSHDHost
 from flash_attn.cute.flash_fwd_sm100 import FlashAttentionForwardSm100
 
 
-class FA4FwdSm100:
+class FA4FwdSm100(AttentionBSHDHost):
     PARAMS = {"batch": 2, "heads": 8, "seqlen": 1024, "head_dim": 128, "two_cta": True}
     SHRINKABLE = ("seqlen", "batch", "heads")
     ARCHS = ("sm_100a",)
@@ -51,40 +49,3 @@ class FA4FwdSm100:
             use_2cta_instrs=self.two_cta,
         )
         attn(mQ, mK, mV, mO, None, Float32(1.0 / math.sqrt(self.head_dim)), stream=stream)
-
-    # ---- interface ------------------------------------------------------------------------
-    def _shape(self):
-        return (self.batch, self.seqlen, self.heads, self.head_dim)
-
-    def fake_args(self):
-        b, s, h, d = self._shape()
-        stride = (s * h * d, h * d, d, 1)
-        q, k, v, o = (
-            make_fake_tensor(cutlass.BFloat16, (b, s, h, d), stride=stride, assumed_align=16)
-            for _ in range(4)
-        )
-        return (q, k, v, o, make_fake_stream())
-
-    def make_inputs(self, device):
-        import torch
-
-        g = torch.Generator(device="cpu").manual_seed(0)
-        q, k, v = (
-            torch.randn(*self._shape(), generator=g).to(device, torch.bfloat16) for _ in range(3)
-        )
-        return {"q": q, "k": k, "v": v, "o": torch.zeros_like(q)}
-
-    def cute_args(self, tensors):
-        import torch
-
-        args = tuple(from_dlpack(tensors[x], assumed_align=16) for x in ("q", "k", "v", "o"))
-        return (*args, cuda.CUstream(torch.cuda.current_stream().cuda_stream))
-
-    def reference(self, tensors):
-        import torch.nn.functional as F
-
-        q, k, v = (tensors[x].transpose(1, 2) for x in ("q", "k", "v"))
-        return F.scaled_dot_product_attention(q, k, v).transpose(1, 2)
-
-    def output(self, tensors):
-        return tensors["o"]

@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import math
 
-import cuda.bindings.driver as cuda
-import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
-from cutlass.cute.runtime import from_dlpack, make_fake_stream, make_fake_tensor
+from field_host import AttentionBSHDHost
 from flash_attn.cute.flash_fwd_sm90 import FlashAttentionForwardSm90
 
 
-class FA4FwdSm90:
+class FA4FwdSm90(AttentionBSHDHost):
     PARAMS = {"batch": 2, "heads": 8, "seqlen": 1024, "head_dim": 128, "causal": False}
     CHOICES = {"head_dim": (64, 128)}
     SHRINKABLE = ("seqlen", "batch", "heads")
@@ -56,44 +54,3 @@ class FA4FwdSm90:
             mma_pv_is_rs=True,
         )
         attn(mQ, mK, mV, mO, None, Float32(1.0 / math.sqrt(self.head_dim)), stream=stream)
-
-    # ---- interface ------------------------------------------------------------------------
-    def _shape(self):
-        return (self.batch, self.seqlen, self.heads, self.head_dim)
-
-    def fake_args(self):
-        b, s, h, d = self._shape()
-        stride = (s * h * d, h * d, d, 1)
-        q, k, v, o = (
-            make_fake_tensor(cutlass.BFloat16, (b, s, h, d), stride=stride, assumed_align=16)
-            for _ in range(4)
-        )
-        return (q, k, v, o, make_fake_stream())
-
-    def make_inputs(self, device):
-        import torch
-
-        g = torch.Generator(device="cpu").manual_seed(0)
-        q, k, v = (
-            torch.randn(*self._shape(), generator=g).to(device, torch.bfloat16) for _ in range(3)
-        )
-        return {"q": q, "k": k, "v": v, "o": torch.zeros_like(q)}
-
-    def cute_args(self, tensors):
-        import torch
-
-        args = tuple(from_dlpack(tensors[x], assumed_align=16) for x in ("q", "k", "v", "o"))
-        return (*args, cuda.CUstream(torch.cuda.current_stream().cuda_stream))
-
-    def reference(self, tensors):
-        # What a user compares with: PyTorch's SDPA on the same bf16 inputs (its flash kernel
-        # on the H200). compute-sanitizer sees that kernel too; its findings are another
-        # kernel's, counted apart (cutedebug sanitize), never this kernel's verdict.
-        import torch.nn.functional as F
-
-        q, k, v = (tensors[x].transpose(1, 2) for x in ("q", "k", "v"))
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
-        return out.transpose(1, 2)
-
-    def output(self, tensors):
-        return tensors["o"]

@@ -14,16 +14,14 @@ No kernel-level switches: the library's source is not edited, so only patch faul
 
 from __future__ import annotations
 
-import cuda.bindings.driver as cuda
-import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
-from cutlass.cute.runtime import from_dlpack, make_fake_stream, make_fake_tensor
+from field_host import GemmNTHost
 from quack.gemm_default_epi import GemmDefaultSm90
 from quack.tile_scheduler import TileSchedulerOptions
 
 
-class QuackGemmSm90:
+class QuackGemmSm90(GemmNTHost):
     PARAMS = {
         "m": 2048,
         "n": 2048,
@@ -65,36 +63,3 @@ class QuackGemmSm90:
             max_active_clusters=Int32(self.ctas // self.cluster[0]), max_swizzle_size=Int32(8)
         )
         gemm(mA, mB, mD, None, epi_args, sched, None, stream, None, None)
-
-    # ---- interface ------------------------------------------------------------------------
-    def fake_args(self):
-        bf16 = cutlass.BFloat16
-        a = make_fake_tensor(bf16, (self.m, self.k), stride=(self.k, 1), assumed_align=16)
-        b = make_fake_tensor(bf16, (self.n, self.k), stride=(self.k, 1), assumed_align=16)
-        d = make_fake_tensor(bf16, (self.m, self.n), stride=(self.n, 1), assumed_align=16)
-        return (a, b, d, make_fake_stream())
-
-    def make_inputs(self, device):
-        import torch
-
-        g = torch.Generator(device="cpu").manual_seed(0)
-        a = torch.randn(self.m, self.k, generator=g).to(device, torch.bfloat16)
-        b = torch.randn(self.n, self.k, generator=g).to(device, torch.bfloat16)
-        return {
-            "a": a,
-            "b": b,
-            "d": torch.zeros(self.m, self.n, dtype=torch.bfloat16, device=device),
-        }
-
-    def cute_args(self, tensors):
-        import torch
-
-        args = tuple(from_dlpack(tensors[x], assumed_align=16) for x in ("a", "b", "d"))
-        return (*args, cuda.CUstream(torch.cuda.current_stream().cuda_stream))
-
-    def reference(self, tensors):
-        # fp32 on the device (cuBLAS), compared in fp32; the kernel rounds its fp32 sum to bf16
-        return tensors["a"].float() @ tensors["b"].float().T
-
-    def output(self, tensors):
-        return tensors["d"]
