@@ -254,6 +254,22 @@ class CudaError(Payload):
     message: str | None = None
 
 
+@kind("gpu_check")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuCheck(Payload):
+    """The GPU check the worker makes in its own CUDA context after the probes ended a hang
+    (engine/health.py: in_worker_check); the runner takes it for the check in a new process
+    when nothing was killed (engine/runner.py: worker_gpu_check)."""
+
+    healthy: bool | None = None
+    device: str | None = None
+    free_gib: float | None = None
+    via: str | None = None
+    error: str | None = None
+    reason: str | None = None
+    secs: float | None = None
+
+
 @kind("checked")
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Checked(Payload):

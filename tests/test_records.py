@@ -740,4 +740,5 @@ def test_every_literal_emit_writes_only_keys_its_kind_declares():
         "compiled",
         "exit",
         "checkpoint",
+        "gpu_check",  # tests/test_run_seconds.py
     }, spread

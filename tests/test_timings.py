@@ -53,3 +53,17 @@ def test_a_killed_hang_ends_its_launch_at_the_kill():
 def test_workers_without_mono0_give_no_breakdown():
     o = outcome({"event": "started", "t": 0.0}, {"event": "done", "t": 1.0})
     assert runner.breakdown(o, {"t_call": 1.0, "t_return": 2.0}) == {}
+
+
+def test_imports_say_how_much_of_them_was_looking_for_the_gpu():
+    """device_s: started -> device (torch imported, CUDA initialized), a part of imports_s."""
+    o = outcome(
+        {"event": "started", "t": 0.0, "mono0": 10.0},
+        {"event": "device", "t": 2.25, "present": True},
+        {"event": "imported", "t": 3.0},
+        {"event": "compiling", "t": 3.1},
+        {"event": "done", "t": 4.0},
+    )
+    t = runner._timings(o, {"t_call": 9.9, "t_return": 14.2})
+    assert t["device_s"] == 2.25 and t["imports_s"] == 3.0
+    assert "device_s" not in runner._timings(o, {})  # no breakdown, no part of it

@@ -7,10 +7,15 @@ Each round runs the same command twice, as a user would type it (a new `cutedebu
 each time), `--no-warm` then `--warm`, so machine load drifts over both sides alike. The pool's
 server is started before the first round (`cutedebug pool start`, its start reported apart)
 and stopped after the last (`cutedebug pool stop`, with the processes it left). Prints each
-round, then per side the median, min and max wall and the report's phases (spawn, imports,
-compile, launch, exit), and the median of warm/cold per round. Default scenario: the probed
-HANG of the README (scenarios/tma_stream/wrong_expect_tx_plus.toml). Exit 1 when a run's
-verdict was not the expected one or the pool left a process.
+round, then per side the median, min and max wall and the report's phases (report.json
+timings: spawn, imports and the part of them that looked for the GPU (device), inputs, compile,
+launch, exit, verdict, health) plus ``cli_s``, the command's own seconds outside the run (its
+interpreter, imports, the report), and how the GPU health was checked (``health_via``: worker,
+torch, driver). Then the median of warm/cold per round. First it prints what decides an
+interpreter's imports: whether bytecode may be written and whether the DSL has it cached.
+Default scenario: the probed HANG of the README
+(scenarios/tma_stream/wrong_expect_tx_plus.toml). Exit 1 when a run's verdict was not the
+expected one or the pool left a process.
 """
 
 from __future__ import annotations
@@ -27,7 +32,35 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = ROOT / "scenarios" / "tma_stream" / "wrong_expect_tx_plus.toml"
-PHASES = ("pool_s", "spawn_s", "imports_s", "compile_s", "launch_s", "exit_s")
+PHASES = (
+    "pool_s",
+    "spawn_s",
+    "imports_s",
+    "device_s",
+    "inputs_s",
+    "compile_s",
+    "launch_s",
+    "exit_s",
+    "verdict_s",
+    "health_s",
+    "cli_s",
+)
+
+
+def bytecode_state() -> dict:
+    """Whether a fresh interpreter here writes bytecode, and whether the DSL's sources have it
+    cached (without it every fresh interpreter compiles cutlass's ~290 modules again)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("cutlass")
+    init = spec.origin if spec and spec.origin else None
+    cached = bool(init) and Path(importlib.util.cache_from_source(init)).is_file()
+    return {
+        "dont_write_bytecode": sys.flags.dont_write_bytecode,
+        "pycache_prefix": sys.pycache_prefix,
+        "cutlass": init,
+        "cutlass_bytecode_cached": cached,
+    }
 
 
 def cutedebug(*args: str) -> tuple[float, subprocess.CompletedProcess]:
@@ -55,6 +88,8 @@ def main() -> int:
     args = ap.parse_args()
     runs_dir = tempfile.mkdtemp(prefix="pool-bench-")
     common = ["--runs-dir", runs_dir] + (["--compile-only"] if args.compile_only else [])
+    state = bytecode_state()
+    print(f"bytecode: {state}")
     wall, r = cutedebug("pool", "start")
     print(f"pool start: {wall:.2f} s wall: {r.stdout.strip().splitlines()[0] if r.stdout else ''}")
     sides: dict[str, list[dict]] = {"cold": [], "warm": []}
@@ -63,9 +98,12 @@ def main() -> int:
         for side, flag in (("cold", "--no-warm"), ("warm", "--warm")):
             wall, r = cutedebug("run", flag, *common, args.scenario)
             rep = report(r.stdout)
-            t = rep.get("timings", {})
+            t = dict(rep.get("timings", {}))
+            if "wall_s" in t:
+                t["cli_s"] = round(wall - t["wall_s"], 3)
             row = {"wall_s": round(wall, 3), **{k: t[k] for k in PHASES if k in t}}
             row["verdict"] = rep.get("verdict")
+            row["health_via"] = (rep.get("health") or {}).get("via")
             row["pool_pid"] = (rep.get("evidence", {}).get("pool") or {}).get("pid")
             ok = ok and r.returncode in (0, 4)
             sides[side].append(row)
@@ -90,7 +128,9 @@ def main() -> int:
         f"(min {min(ratios):.2f}, max {max(ratios):.2f}); load {os.getloadavg()[0]:.1f}"
     )
     if args.json:
-        Path(args.json).write_text(json.dumps({"sides": sides, "ratios": ratios}, indent=1))
+        Path(args.json).write_text(
+            json.dumps({"sides": sides, "ratios": ratios, "bytecode": state}, indent=1)
+        )
     return 0 if ok else 1
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from cutedebug.engine import lifeline
+from cutedebug.event_kinds import CudaError, Done, GpuCheck
 
 ARCH_BY_CC = {(9, 0): "sm_90a", (10, 0): "sm_100a", (10, 3): "sm_100a"}
 
@@ -121,6 +122,29 @@ def health_check(
             lifeline.remove_tempdir(tmp)
     res["secs"] = round(time.monotonic() - t0, 3)
     return res
+
+
+WORKER_CHECKED = (
+    "in the worker's own CUDA context after the probes' bounded waits ended the kernel; the "
+    "worker then exited by itself: nothing was killed"
+)
+
+
+def worker_gpu_check(outcome: Any, facts: dict[str, Any]) -> dict[str, Any] | None:
+    """The worker's own GPU check (event gpu_check, :func:`in_worker_check`) of a run's
+    outcome (engine/verdict.py), when it stands for a check in a new
+    process: the kernel ended without a CUDA error (the probes' bounded waits), the worker said
+    healthy, then exited by itself with status 0, and nothing of it was left to sweep. The GPU
+    is then as a PASS run leaves it, after which no check runs either. None otherwise: after a
+    kill, a fault, an unhealthy answer or an unclean exit a new context must say it."""
+    own = outcome.last(GpuCheck)
+    if own is None or own.healthy is not True:
+        return None
+    if outcome.killed_by_watchdog or outcome.returncode != 0 or outcome.last(Done) is None:
+        return None
+    if outcome.last(CudaError) is not None or facts.get("swept") or facts.get("swept_after_exit"):
+        return None
+    return {**own.to_json(), "secs": own.secs or 0.0, "checked": WORKER_CHECKED}
 
 
 def _health_result(stdout: str, stderr: str) -> dict[str, Any]:
@@ -252,6 +276,20 @@ def torch_check() -> dict[str, Any] | None:
         "free_gib": round(free / 2**30, 1),
         "via": "torch",
     }
+
+
+def in_worker_check() -> dict[str, Any]:
+    """The torch check, in the calling worker's own CUDA context (milliseconds: torch and the
+    context are there already), after the probes' bounded waits ended a hang: the kernel
+    finished without a CUDA error, so the context it ran in is the one to ask. Never raises."""
+    t0 = time.monotonic()
+    try:
+        res = torch_check() or {"healthy": None, "reason": "no CUDA GPU"}
+    except Exception as e:  # a context that went bad after the sync: the runner asks anew
+        res = {"healthy": False, "error": f"{type(e).__name__}: {e}"}
+    res["via"] = "worker"
+    res["secs"] = round(time.monotonic() - t0, 3)
+    return res
 
 
 def in_child(fn: Any) -> dict[str, Any]:

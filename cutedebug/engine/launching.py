@@ -150,6 +150,7 @@ class Launch:
         self.kernel, self.compiled, self.args, self.tensors = kernel, compiled, args, tensors
         self.where, self.request = where, request
         self.probe_buf, self.probe_cfg, self.site_table = probe_buf, probe_cfg, site_table
+        self.waits_timed_out = False  # the last launch ended by the probes' bounded waits
 
     def once(self, emit, live=None, fresh: bool = False) -> None:
         import torch
@@ -164,6 +165,7 @@ class Launch:
 
                 probes.init_buffer(probe_buf.numpy(), probe_cfg)
         args, tensors = self.args, self.tensors
+        self.waits_timed_out = False
         atol, rtol = getattr(kernel, "TOLERANCE", (1e-5, 1e-5))
         launch = getattr(kernel, "launch", None)
         monitor = (
@@ -209,6 +211,7 @@ class Launch:
             if snap.stuck:
                 # The waits were bounded: the output is garbage by construction, not a
                 # MISMATCH.
+                self.waits_timed_out = True
                 emit("checked", skipped="bounded waits timed out", ok=None)
                 return
 

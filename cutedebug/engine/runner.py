@@ -23,8 +23,12 @@ from cutedebug.engine import health, lifeline, perturb_runs, watchdog
 from cutedebug.engine import timings as timings_mod
 from cutedebug.engine import verdict as V
 from cutedebug.engine.compile_checks import CompileCheck, references
+from cutedebug.engine.probe_evidence import (  # noqa: F401  (callers reach them here)
+    probe_evidence,
+    probe_picture,
+)
 from cutedebug.engine.scenario import Limits, Scenario, ScenarioError
-from cutedebug.event_kinds import Checked, Compiled, CudaError, Device, Done, KernelError, Progress
+from cutedebug.event_kinds import Checked, Compiled, Device, Done, KernelError
 from cutedebug.instrument.launch_gpu import release_gpu_token
 
 REPO_ROOT = watchdog.REPO_ROOT
@@ -210,69 +214,6 @@ def _evidence(o: V.Outcome, facts: dict[str, Any]) -> dict[str, Any]:
     return ev
 
 
-def probe_evidence(o: V.Outcome) -> dict[str, Any] | None:
-    """Stuck sites, per-warp picture and diagnosis from the probes, if any ran (the stuck
-    map is drawn from the same picture by ``cutedebug.reporting.stuck_map``).
-
-    Uses the final probe report when the kernel ended (bounded waits fired) and otherwise the
-    last live picture the worker streamed before the watchdog killed it.
-    """
-    picture, final = probe_picture(o)
-    if not picture:
-        return None
-    from cutedebug.instrument import probes
-
-    sites = (o.last(Compiled) or Compiled()).probe_sites or []
-    snap = probes.snapshot_from_json(picture)
-    stalled = o.killed_by_watchdog == "stall"
-    diagnosis = picture.get("diagnosis") or probes.diagnose(snap, sites, stalled=stalled)
-    stuck_sites = []
-    for row in picture.get("warps", []):
-        st = row.get("stuck")
-        if not st:
-            continue
-        stuck_sites.append(
-            {
-                "cta": row.get("cta"),
-                "warp": row.get("warp"),
-                "role": row.get("role"),
-                "op": st.get("op"),
-                "barrier": st.get("barrier") or None,
-                "stage": st.get("stage"),
-                "phase": st.get("phase"),
-                "waited_ms": st.get("waited_ms"),
-                "location": st.get("where"),
-                "site": st.get("site"),
-            }
-        )
-    source = (
-        "final probe report"
-        if final
-        else "last live picture before the fault (each warp's last completed event)"
-        if o.last(CudaError)
-        else "last live picture before the kill"
-    )
-    return {
-        "probe_source": source,
-        "stuck_sites": stuck_sites,
-        "diagnosis": diagnosis,
-        "warps": picture.get("warps", [])[:256],
-        "n_stuck_reported": picture.get("n_stuck_reported"),
-    }
-
-
-def probe_picture(o: V.Outcome) -> tuple[dict[str, Any] | None, bool]:
-    """The probe picture a run's evidence is drawn from, and whether it is the final report
-    (else the last live picture the worker streamed before a kill or a fault)."""
-    final = o.event("probe_report")  # its payload is a picture (ProbeReport)
-    if final is not None:
-        return final, True
-    for e in reversed(o.all(Progress)):
-        if e.picture:
-            return e.picture, False
-    return None, False
-
-
 def write_request(
     sub: Path,
     scenario: Scenario,
@@ -385,12 +326,19 @@ def run_once(
 
 
 def after_run_health(
-    classified: V.Classified, outcome: V.Outcome, mode: str, forkserver, run_dir: Path
+    classified: V.Classified,
+    outcome: V.Outcome,
+    mode: str,
+    forkserver,
+    run_dir: Path,
+    facts: dict[str, Any] | None = None,
 ) -> dict[str, Any] | None:
     """The GPU health after a run that was killed, crashed or hung; None after any other.
 
     Never None after a kill or a crash: where no check can run (no GPU, a compile-only run
-    that never touched it) the record says why."""
+    that never touched it) the record says why. A hang the probes ended, in a worker that then
+    exited by itself, is answered by the worker's own check (health.worker_gpu_check); every
+    other one by a check in a new process (engine/health.py)."""
     if not (outcome.killed_by_watchdog or classified.verdict in (V.Verdict.CRASH, V.Verdict.HANG)):
         return None
     device = outcome.last(Device) or Device()
@@ -399,6 +347,9 @@ def after_run_health(
     if not device.present:
         why = device.reason or "the worker did not report a device before it ended"
         return {"healthy": None, "skipped": f"no GPU check: {why}"}
+    own = health.worker_gpu_check(outcome, facts or {})
+    if own is not None:
+        return own
     return health_check(forkserver=forkserver, run_dir=run_dir)
 
 
@@ -412,7 +363,7 @@ def _attempt(scenario: Scenario, run_dir: Path, *, mode: str, forkserver, gpu_to
         classified, outcome, facts = run_once(
             scenario, run_dir, mode=mode, forkserver=forkserver, gpu_token=gpu_token, tag=tag, **kw
         )
-        health = after_run_health(classified, outcome, mode, forkserver, run_dir)
+        health = after_run_health(classified, outcome, mode, forkserver, run_dir, facts)
     finally:
         if gpu_token:
             release_gpu_token(gpu_token, tag)

@@ -24,6 +24,11 @@ def timings(o: V.Outcome, facts: dict[str, Any]) -> dict[str, float]:
         t["stall_to_verdict_s"] = facts["stall_detected_after_s"]
     for key, secs in breakdown(o, facts).items():
         t.setdefault(key, secs)  # compile_s and check_s as the worker measured them
+    st, dev = o.event("started"), o.event("device")
+    if "imports_s" in t and st and dev and st.t is not None and dev.t is not None:
+        # of imports_s: the GPU looked for (a run's worker imports torch and initializes CUDA
+        # to learn it), before cutlass, the kernel file and its class
+        t["device_s"] = round(max(0.0, dev.t - st.t), 3)
     if (launched := o.event("launched")) is not None and "kill_t" in facts:
         # kill_t counts from spawn, event times from the worker's start: close enough to
         # report how long the kernel ran before the watchdog ended it.

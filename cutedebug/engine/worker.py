@@ -303,6 +303,17 @@ def run(request: dict[str, Any], events: Events) -> None:
         perturb_runs.run_in_worker(request["perturb"], perturb_sess, perturb_table, run, events)
         return
     run.once(events.emit, live=events)
+    check_gpu_after(run, events.emit)
+
+
+def check_gpu_after(run: Launch, emit: Any) -> None:
+    """After a launch the probes' bounded waits ended (the kernel finished, this context is
+    intact): the GPU check a hang calls for, made here in milliseconds instead of in a new
+    process after the worker's exit (health.worker_gpu_check says when it stands for one)."""
+    if run.waits_timed_out:
+        from cutedebug.engine import health
+
+        emit("gpu_check", **health.in_worker_check())
 
 
 def take_gpu(request: dict[str, Any], events: Events) -> float:

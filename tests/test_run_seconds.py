@@ -1,0 +1,186 @@
+"""Where a `cutedebug run`'s seconds go, and the cuts (issue 22): a hang the probes ended is
+checked in the worker's own CUDA context instead of in a new process after its exit.
+
+The runner's side is driven with recorded-shape outcomes (the events a probed HANG's worker
+writes, tests/data/runs/wrong_expect_tx_plus); the worker's side with the launch's CUDA calls
+replaced (no GPU here).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from cutedebug.engine import health, launching, runner, worker
+from cutedebug.engine import scenario as S
+from cutedebug.engine import verdict as V
+
+ROOT = Path(__file__).resolve().parents[1]
+RECORDED = ROOT / "tests" / "data" / "runs" / "wrong_expect_tx_plus" / "events.jsonl"
+GPU_CHECK = {"healthy": True, "device": "NVIDIA H200", "free_gib": 139.2, "via": "worker"}
+
+
+def bounded_hang(gpu_check: dict | None = GPU_CHECK) -> V.Outcome:
+    """The outcome of the recorded probed HANG (its worker ended by itself after the waits
+    timed out), with the worker's own GPU check after its checked event."""
+    o = V.Outcome()
+    for line in RECORDED.read_text().splitlines():
+        ev = json.loads(line)
+        if ev["event"] == "done" and gpu_check is not None:
+            o.add({"event": "gpu_check", "t": ev["t"], **gpu_check, "secs": 0.004})
+        o.add(ev)
+    o.returncode = 0
+    return o
+
+
+def run_with(monkeypatch, tmp_path, outcome, facts=None):
+    """run_scenario over ``outcome`` (classified as the runner would); the new-process health
+    checks it asked for are listed in the second value."""
+    sc = S.adhoc(f"{ROOT}/kernels/minimal.py:Minimal", {}, None, {}, "HANG")
+    asked = []
+
+    def fake_run_once(scenario, run_dir, **kw):
+        return V.classify(outcome), outcome, {"t_call": 0.0, "t_return": 1.0, **(facts or {})}
+
+    def fake_health_check(**kw):
+        asked.append(kw["run_dir"])
+        return {"healthy": True, "via": "torch", "secs": 4.2}
+
+    monkeypatch.setattr(runner, "run_once", fake_run_once)
+    monkeypatch.setattr(runner, "health_check", fake_health_check)
+    return runner.run_scenario(sc, run_dir=tmp_path, probes=True), asked
+
+
+def test_a_hang_the_probes_ended_is_checked_in_the_worker_not_in_a_new_process(
+    tmp_path, monkeypatch
+):
+    res, asked = run_with(monkeypatch, tmp_path, bounded_hang())
+    assert res.verdict is V.Verdict.HANG
+    assert asked == []  # no interpreter started (~4 s cold on the H200) for what is known
+    assert res.health["healthy"] is True and res.health["via"] == "worker"
+    assert "nothing was killed" in res.health["checked"]
+    assert res.timings["health_s"] == 0.004
+
+
+@pytest.mark.parametrize(
+    "why",
+    [
+        "killed",  # the watchdog killed it (a stall, a deadline): a new context must answer
+        "exit_status",  # the worker did not exit cleanly after its check
+        "cuda_error",  # the kernel faulted: the worker's context is gone
+        "unhealthy",  # the worker's own check failed
+        "no_check",  # a worker of an earlier version, or the check never came
+        "swept",  # something of the worker's was left to sweep
+        "no_done",  # the worker died after its check
+    ],
+)
+def test_anything_short_of_a_clean_end_still_gets_a_new_process(tmp_path, monkeypatch, why):
+    o = bounded_hang(
+        None
+        if why == "no_check"
+        else {**GPU_CHECK, "healthy": False}
+        if why == "unhealthy"
+        else GPU_CHECK
+    )
+    facts = {}
+    if why == "killed":
+        o.killed_by_watchdog = "stall"
+    elif why == "exit_status":
+        o.returncode = -9
+    elif why == "cuda_error":
+        o.add({"event": "cuda_error", "name": "cudaErrorLaunchFailure", "message": "x"})
+    elif why == "swept":
+        facts["swept_after_exit"] = [12345]
+    elif why == "no_done":
+        o.events = [e for e in o.events if e.name != "done"]
+    res, asked = run_with(monkeypatch, tmp_path, o, facts)
+    assert asked == [tmp_path], why
+    assert res.health == {"healthy": True, "via": "torch", "secs": 4.2}
+    assert res.timings["health_s"] == 4.2
+
+
+def test_a_pass_still_gets_no_check(tmp_path, monkeypatch):
+    o = V.Outcome()
+    for name in ("started", "device", "imported", "compiling", "compiled", "launched"):
+        o.add({"event": name, **({"present": True} if name == "device" else {})})
+    o.add({"event": "synced", "kernel_s": 0.001})
+    o.add({"event": "checked", "ok": True, "digest": "abc"})
+    o.add({"event": "done"})
+    o.returncode = 0
+    res, asked = run_with(monkeypatch, tmp_path, o)
+    assert res.verdict is V.Verdict.PASS and res.health is None and asked == []
+
+
+# ---- the worker's side -------------------------------------------------------------------------
+class _Kernel:
+    def output(self, tensors):
+        return tensors["y"]
+
+    def reference(self, tensors):
+        return tensors["y"]
+
+
+def _launch(monkeypatch, stuck: bool, tmp_path: Path) -> tuple[launching.Launch, list]:
+    """One Launch.once of a kernel whose probe buffer says ``stuck`` (CUDA calls replaced); the
+    worker's check after it goes through the real event channel (each key its kind's)."""
+    import torch
+
+    from cutedebug.instrument import probes
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    snap = SimpleNamespace(stuck=[object()] if stuck else [], beacons=[])
+    monkeypatch.setattr(probes, "decode", lambda *a, **k: snap)
+    monkeypatch.setattr(probes, "snapshot_to_json", lambda *a, **k: {"warps": []})
+    tensors = {"y": torch.ones(4)}
+    run = launching.Launch(
+        _Kernel(), lambda *a: None, (), tensors, "k.py:K", {}, torch.zeros(8), object(), None
+    )
+    emitted: list = []
+    run.once(lambda name, **kw: emitted.append((name, kw)))
+    channel = worker.Events(str(tmp_path / "events.jsonl"))
+    worker.check_gpu_after(run, channel.emit)
+    for line in (tmp_path / "events.jsonl").read_text().splitlines():
+        ev = json.loads(line)
+        emitted.append((ev.pop("event"), {k: v for k, v in ev.items() if k not in ("t", "pid")}))
+    return run, emitted
+
+
+def test_the_worker_checks_its_gpu_after_the_waits_timed_out(monkeypatch, tmp_path):
+    monkeypatch.setattr(health, "torch_check", lambda: dict(GPU_CHECK, via="torch"))
+    run, emitted = _launch(monkeypatch, stuck=True, tmp_path=tmp_path)
+    names = [n for n, _ in emitted]
+    assert run.waits_timed_out
+    assert names == ["launched", "synced", "probe_report", "checked", "gpu_check"]
+    check = emitted[-1][1]
+    assert check["healthy"] is True and check["via"] == "worker" and check["secs"] >= 0
+
+
+def test_a_kernel_that_finished_its_work_asks_no_check(monkeypatch, tmp_path):
+    monkeypatch.setattr(health, "torch_check", lambda: pytest.fail("no check after a PASS"))
+    run, emitted = _launch(monkeypatch, stuck=False, tmp_path=tmp_path)
+    assert not run.waits_timed_out
+    assert [n for n, _ in emitted] == ["launched", "synced", "probe_report", "checked"]
+    assert emitted[-1][1]["ok"] is True
+
+
+def test_the_in_worker_check_never_raises(monkeypatch):
+    def broken():
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(health, "torch_check", broken)
+    res = health.in_worker_check()
+    assert res["healthy"] is False and "illegal memory access" in res["error"]
+    assert res["via"] == "worker"
+    monkeypatch.setattr(health, "torch_check", lambda: None)
+    assert health.in_worker_check()["healthy"] is None
+
+
+def test_torchs_own_answer_fits_the_event(tmp_path):
+    """The real torch check's record (here: no CUDA GPU) goes through the event channel."""
+    channel = worker.Events(str(tmp_path / "events.jsonl"))
+    channel.emit("gpu_check", **health.in_worker_check())
+    ev = json.loads((tmp_path / "events.jsonl").read_text())
+    assert ev["event"] == "gpu_check" and ev["via"] == "worker" and "healthy" in ev
