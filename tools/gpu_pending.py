@@ -321,10 +321,32 @@ STEPS = [
     Step(
         "warm",
         "22",
-        100,  # s4: 79 s
+        # s4: 79 s for pool_bench (cold 12.4 s, warm 2.8 s a round); the cold run no longer
+        # starts a health-check interpreter after a probed hang (~8 s a round, estimated), and
+        # cold_breakdown's 3 reps of its 7 pieces ~40 s
+        120,
         False,
-        "python3 tools/pool_bench.py --rounds 5 --json $STEP_OUT/pool.json",
-        "cutedebug run of a probed HANG: cold (<= 5 s) and warm pool (<= 2 s), alternated",
+        "python3 tools/pool_bench.py --rounds 5 --json $STEP_OUT/pool.json; "
+        "python3 tools/cold_breakdown.py --reps 3 --json $STEP_OUT/parts.json",
+        "cutedebug run of a probed HANG: cold (<= 5 s) and warm pool (<= 2 s), alternated, "
+        "every phase (health_via: worker); then a fresh interpreter's pieces (torch, a CUDA "
+        "context, cutlass, the CLI, the health check both ways) and whether bytecode is cached",
+    ),
+    Step(
+        "cold_bytecode",
+        "22",
+        90,  # 3 rounds of pool_bench (~35 s) + cold_breakdown 2 reps (~25 s) + compileall
+        False,
+        # The DSL bundle (.device) is unpacked without bytecode; where PYTHONDONTWRITEBYTECODE
+        # is set every new interpreter compiles cutlass's sources again (3.9 s against 0.7 s
+        # on the 2-core CPU machine). pip writes bytecode at install: this is a user's state.
+        # It stays for the machine's life: run it last in its call.
+        "python3 -m compileall -q -j 0 $(python3 -c 'import cutlass, os; "
+        "print(os.path.dirname(cutlass.__file__))') cutedebug kernels > /dev/null; echo rc=$?; "
+        "python3 tools/pool_bench.py --rounds 3 --json $STEP_OUT/pool.json; "
+        "python3 tools/cold_breakdown.py --reps 2 --json $STEP_OUT/parts.json",
+        "the warm step again with the DSL's and cutedebug's bytecode compiled, as a pip "
+        "install leaves them (only when the warm step's first line says it was not cached)",
     ),
     Step(
         "bench",
@@ -357,7 +379,7 @@ PRIORITY = (  # after s4 (reports/2026-12-01-h200-s4): what it did not reach or 
     "perturb",
     "pytest_gpu",
     "triage",
-    "warm",  # the health check through the driver (no torch) should take ~4 s off a cold run
+    "warm",  # the cold run's health check is the worker's own now (~4 s off, estimated)
     "coredump",
     "racecheck_idiom",  # no wheels: with the coredump call, not between the wheel calls
     "field_quack",
@@ -369,6 +391,7 @@ PRIORITY = (  # after s4 (reports/2026-12-01-h200-s4): what it did not reach or 
     "bench",
     "smoke",
     "triage_serial",
+    "cold_bytecode",  # last: the DSL's bytecode it writes stays for the machine's life
 )
 # A call that finds no warm machine spends a minute or more starting one (the device README),
 # and the machine goes back 30 s after a call: each call of a plan pays a start.
