@@ -3,13 +3,14 @@ hung worker that answers the coredump pipe like the driver (tests/helpers/fake_c
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from cutedebug.analyses import coredump
+from cutedebug.analyses import coredump, coredump_capture
 from cutedebug.engine import runner, watchdog
 from cutedebug.engine.scenario import Limits
 
@@ -23,7 +24,7 @@ def hooked(monkeypatch):
     monkeypatch.setattr(watchdog, "BEFORE_KILL", hooks)
     monkeypatch.setattr(runner, "BEFORE_KILL", hooks)
     coredump.register_hook()
-    monkeypatch.setattr(coredump, "DUMP_LIMIT_S", 1.5)
+    monkeypatch.setattr(coredump_capture, "DUMP_LIMIT_S", 1.5)
     return runner.BEFORE_KILL
 
 
@@ -85,6 +86,34 @@ def test_worker_env_names_the_run_folder(tmp_path):
     assert {"skip_global_memory", "skip_shared_memory", "skip_local_memory", "skip_abort"} <= set(
         flags
     )
+    assert env["CUDA_COREDUMP_SHOW_PROGRESS"] == "1"  # the driver's phases, in the worker log
+
+
+def test_the_dump_flags_by_environment(tmp_path, monkeypatch):
+    """The flags every H200 run used unless CUTEDEBUG_COREDUMP_FLAGS names others (the GPU
+    step compares the lightweight set on a big grid); skip_abort always; a name the driver
+    does not know is a usage error naming the variable and the allowed names."""
+    from cutedebug.errors import UsageError
+
+    monkeypatch.delenv(coredump.FLAGS_VAR, raising=False)
+    assert coredump.generation_flags() == (
+        "skip_global_memory,skip_shared_memory,skip_local_memory,skip_abort"
+    )
+    monkeypatch.setenv(
+        coredump.FLAGS_VAR,
+        "skip_nonrelocated_elf_images, skip_global_memory,skip_shared_memory,"
+        "skip_local_memory,skip_constbank_memory",
+    )
+    env = coredump.worker_env(tmp_path)
+    assert env["CUDA_COREDUMP_GENERATION_FLAGS"] == (
+        "skip_nonrelocated_elf_images,skip_global_memory,skip_shared_memory,skip_local_memory,"
+        "skip_constbank_memory,skip_abort"
+    )
+    monkeypatch.setenv(coredump.FLAGS_VAR, "skip_global_memory,skip_registers")
+    with pytest.raises(UsageError, match="CUTEDEBUG_COREDUMP_FLAGS=.*skip_registers not allowed"):
+        coredump.worker_env(tmp_path)
+    with pytest.raises(UsageError, match="skip_constbank_memory"):
+        coredump.Localizer()
 
 
 def test_exec_dumps_every_cuda_process_before_the_kill(tmp_path, monkeypatch):
@@ -96,7 +125,7 @@ def test_exec_dumps_every_cuda_process_before_the_kill(tmp_path, monkeypatch):
 
     # a deadline of 3 s and a dump limit of 5 s: at load 7 a 1 s deadline could kill the fake
     # before it had opened its pipe, and the dump came back None
-    monkeypatch.setattr(coredump, "DUMP_LIMIT_S", 5.0)
+    monkeypatch.setattr(coredump_capture, "DUMP_LIMIT_S", 5.0)
     monkeypatch.setattr(cudagdb, "find_cuda_gdb", lambda: None)
     run_dir = tmp_path / "run"
     s = X.Settings(
@@ -137,3 +166,56 @@ def test_worker_removes_its_own_coredump_pipe(tmp_path, monkeypatch):
     )
     assert worker.main([str(req)]) == 1  # a broken request: the pipe goes all the same
     assert not pipe.exists()
+
+
+def start_fake(tmp_path, behaviour):
+    events = tmp_path / "events.jsonl"
+    events.write_text("")
+    proc = subprocess.Popen([sys.executable, str(FAKE), str(events), behaviour])
+    for _ in range(500):  # its pipe, and its reader (the thread started before "launched")
+        if (tmp_path / f"coredump.pipe.{proc.pid}").exists() and "launched" in events.read_text():
+            time.sleep(0.05)
+            return proc
+        time.sleep(0.01)
+    proc.kill()
+    raise AssertionError("the fake worker made no coredump pipe")
+
+
+def closed_at(tmp_path, pid) -> float:
+    """When the fake worker closed its core (its note, written right after the close)."""
+    f = tmp_path / f"closed.{pid}"
+    for _ in range(300):
+        if f.exists() and f.read_text():
+            return float(f.read_text())
+        time.sleep(0.01)
+    raise AssertionError("the fake worker never closed its core")
+
+
+@pytest.mark.parametrize("behaviour", ["dump", "dump_pause"])
+def test_the_dump_is_complete_once_the_worker_closed_the_core(tmp_path, behaviour):
+    """The core is complete when the worker (the driver in it) closed it, not after a quiet
+    0.3 s: a pause in the writing while the file is open is waited out (the whole 64 KiB),
+    and the wait ends within ~0.1 s of the close, where a quiet 0.3 s ends 0.3 s after it."""
+    proc = start_fake(tmp_path, behaviour)
+    try:
+        dump = coredump.trigger(proc.pid, tmp_path, limit_s=5.0, alive=lambda: True)
+        t_done = time.monotonic()
+        assert dump["core_bytes"] == 64 * 1024 and dump["complete"] == "closed"
+        assert 0 <= t_done - closed_at(tmp_path, proc.pid) < 0.28
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_without_proc_the_dump_is_complete_when_it_stops_growing(tmp_path, monkeypatch):
+    monkeypatch.setattr(coredump_capture, "held_open", lambda pid, paths: None)
+    monkeypatch.setattr(coredump_capture, "STABLE_S", 0.8)  # > the fake's 0.2 s between its pieces
+    proc = start_fake(tmp_path, "dump")
+    try:
+        dump = coredump.trigger(proc.pid, tmp_path, limit_s=5.0, alive=lambda: True)
+        t_done = time.monotonic()
+        assert dump["core_bytes"] == 64 * 1024 and dump["complete"] == "stable"
+        assert t_done - closed_at(tmp_path, proc.pid) >= 0.8 - 0.05
+    finally:
+        proc.kill()
+        proc.wait()

@@ -38,7 +38,7 @@ def replay(name: str, monkeypatch, focus_pc: bool = True):
     base = int(re.match(r"\s*(0x[0-9a-f]+)", facts["function_base_line"]).group(1), 16)
     regs = {tuple(int(x) for x in k.split()): v for k, v in facts["registers"].items()}
     fake = ReplayGdb(pass1, base, regs, focus_pc=focus_pc)
-    monkeypatch.setattr(coredump, "run_gdb", fake)
+    monkeypatch.setattr(coredump, "gdb_session", fake.session)
     cps = facts["checkpoint_sites"]
     rep = coredump.read_core(
         "core",
@@ -57,7 +57,7 @@ def replay_named(name: str, monkeypatch):
     base = int(re.match(r"\s*(0x[0-9a-f]+)", facts["function_base_line"]).group(1), 16)
     regs = {tuple(int(x) for x in k.split()): v for k, v in facts["registers"].items()}
     fake = ReplayGdb(gzip.open(d / "pass1.txt.gz", "rt").read(), base, regs)
-    monkeypatch.setattr(coredump, "run_gdb", fake)
+    monkeypatch.setattr(coredump, "gdb_session", fake.session)
     rep = coredump.read_core(
         "core",
         sass_text=gzip.open(d / "sass.txt.gz", "rt").read(),
@@ -335,7 +335,7 @@ def test_crash_core_names_the_faulting_instruction_and_its_line(monkeypatch):
         f"device 0, sm 0, warp 0, lane 0]\n"
     )
     regs = {tuple(int(x) for x in k.split()): v for k, v in facts["registers"].items()}
-    monkeypatch.setattr(coredump, "run_gdb", ReplayGdb(header + pass1, base, regs))
+    monkeypatch.setattr(coredump, "gdb_session", ReplayGdb(header + pass1, base, regs).session)
     rep = coredump.read_core(
         "core", sass_text=sass_text, wait_sites=waitsites.sites_from_json(facts["wait_sites"])
     )
@@ -360,9 +360,8 @@ def test_warps_of_another_kernel_are_not_placed_in_this_kernels_sass(monkeypatch
         )
     )
     regs = {tuple(int(x) for x in k.split()): v for k, v in facts["registers"].items()}
-    monkeypatch.setattr(
-        coredump, "run_gdb", ReplayGdb(gzip.open(d / "pass1.txt.gz", "rt").read(), base, regs)
-    )
+    fake = ReplayGdb(gzip.open(d / "pass1.txt.gz", "rt").read(), base, regs)
+    monkeypatch.setattr(coredump, "gdb_session", fake.session)
     rep = coredump.read_core(
         "core", sass_text=sass_text, wait_sites=waitsites.sites_from_json(facts["wait_sites"])
     )

@@ -56,7 +56,7 @@ ANSWERS = {
 def load(name: str, monkeypatch):
     doc = json.loads(gzip.open(DATA / f"{name}.json.gz", "rt").read())
     fake = PassReplay(doc["passes"])
-    monkeypatch.setattr(coredump, "run_gdb", fake)
+    monkeypatch.setattr(coredump, "gdb_session", fake.session)
     cps = doc["checkpoint_sites"]
     rep = coredump.read_core(
         "core",

@@ -8,7 +8,7 @@ state through the driver's pipe before the kill; cuda-gdb reads the core), all f
 server. Default targets: every HANG scenario under scenarios/ that runs on this GPU. A row:
 verdict, the localization graded from the core (against the probes' expectation, or bisection's
 for the bisection-only scenarios), what the core says per role, the dump's seconds (pipe written
--> core complete), cuda-gdb's seconds, the seconds added between the kill decision and the
+-> core complete, and which rule said so), cuda-gdb's seconds (each round's, one process), the seconds added between the kill decision and the
 verdict (dump + reading the core + the GPU health check) against a plain kill (health check
 only), the core's size, the GPU health after it, processes left behind. ``--deadline`` shortens
 each scenario's kernel deadline (a hang is a hang after 2 s as after 10). ``--keep-fixtures``
@@ -71,9 +71,14 @@ def row(res: runner.RunResult, wall: float, leftovers: int) -> dict:
         "site_map": core.get("site_map"),
         "warps": core.get("warps"),
         "dump_s": dump.get("dump_s"),
+        "dump_complete": dump.get("complete"),  # closed / stable / exited / limit
+        "driver_progress": driver_progress(res.run_dir),
+        "flags": coredump.generation_flags(),
         "core_mb": round((core.get("core_bytes") or 0) / 2**20, 2),
         "gdb_s": core.get("gdb_s"),
         "gdb_passes": core.get("gdb_passes"),
+        "gdb_rounds_s": core.get("gdb_rounds_s"),  # one cuda-gdb: [load + warps, per PC + regs]
+        "nvdisasm_s": core.get("nvdisasm_s"),  # while cuda-gdb loads the core
         "core_s": t.get("core_s"),
         "added_s": round(added, 3),
         "health_s": t.get("health_s"),
@@ -82,6 +87,19 @@ def row(res: runner.RunResult, wall: float, leftovers: int) -> dict:
         "leftovers": leftovers,
         "rerun_with_probes": bool(ev.get("rerun_with_probes")),
     }
+
+
+def driver_progress(run_dir: Path) -> list[str]:
+    """The driver's "coredump: ..." lines (CUDA_COREDUMP_SHOW_PROGRESS: a timestamp per phase
+    of the dump) from the worker's log."""
+    out = []
+    for log in sorted(Path(run_dir).rglob("*.log")):
+        try:
+            text = log.read_text(errors="replace")
+        except OSError:
+            continue
+        out += [x.strip()[:160] for x in text.splitlines() if "coredump:" in x][:40]
+    return out
 
 
 def keep(res: runner.RunResult, dest: Path) -> None:
@@ -148,8 +166,9 @@ def main() -> int:
     finally:
         if fs is not None:
             fs.close()
+    print(f"\ndump flags: {coredump.generation_flags()}")
     print(
-        f"\n{'scenario':48} {'verdict':8} {'loc':5} {'dump':>5} {'gdb':>5} {'added':>6} "
+        f"{'scenario':48} {'verdict':8} {'loc':5} {'dump':>5} {'gdb':>5} {'added':>6} "
         f"{'MB':>5} {'ok?':4} core says"
     )
     for r in rows:
@@ -161,6 +180,16 @@ def main() -> int:
             f"{r['dump_s'] or 0:5.2f} {r['gdb_s'] or 0:5.2f} {r['added_s']:6.2f} "
             f"{r['core_mb']:5.1f} {str(r['healthy'])[:4]:4} {r['core'][:90]}"
         )
+    for r in rows:  # where the added seconds went, per scenario of over 1,000 warps
+        if "skipped" not in r and (r.get("warps") or 0) > 1000:
+            print(
+                f"{r['scenario']}: {r['warps']} warps, {r['core_mb']} MB: added {r['added_s']} s = "
+                f"dump {r['dump_s']} s (complete: {r['dump_complete']}) + reading "
+                f"{r['core_s']} s (cuda-gdb rounds {r['gdb_rounds_s']} s in one process, "
+                f"nvdisasm {r['nvdisasm_s']} s beside it)"
+            )
+            for line in r["driver_progress"]:
+                print(f"  {line}")
     done = [r for r in rows if "skipped" not in r]
     loc = [r for r in done if r["localization_ok"] is not None]
     print(

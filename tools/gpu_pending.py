@@ -66,6 +66,11 @@ LATENT = [
     "sm90_attention/wrong_arrive_count_empty_minus_v",
     "sm90_attention/drop_sync_epilogue",
 ]
+# The dump flags the coredump step compares with the default (coredump.SKIP_FLAGS: all)
+LIGHT = (
+    "skip_nonrelocated_elf_images,skip_global_memory,skip_shared_memory,skip_local_memory,"
+    "skip_constbank_memory"
+)
 CLEAN = ["tma_stream/clean", "cluster_reduce/clean", "minimal/clean", "sm90_gemm/clean"]
 # The one schedule each latent scenario's note predicts exposes it (for sm90_gemm's and
 # sm90_attention's missing_init_fence: the one that decides whether setmaxnreg hides it):
@@ -250,13 +255,24 @@ STEPS = [
     Step(
         "coredump",
         "25",
-        300,
+        330,
         False,
-        # s4 (reports/2026-12-01-h200-s4/call3) did bisect .. sm90_gemm/extra_consumer_release
-        f"python3 tools/gpu_coredump_table.py --deadline 1 --budget-s 260 --out /tmp/core "
-        f"--json $STEP_OUT/rows.json {S}/sm90_gemm {S}/tma_stream",
-        "the HANG scenarios s4's budget left (sm90_gemm, tma_stream) localized from the core "
-        "alone, seconds added, health after dumps",
+        # s4 (reports/2026-12-01-h200-s4/call3) did bisect .. sm90_gemm/extra_consumer_release;
+        # minimal/spin_hang first: s4's 13.34 s added for its 8,448 warps (dump 5.35 s, two
+        # cuda-gdb runs 6.91 s); now one cuda-gdb process, nvdisasm beside it, the dump done
+        # when the worker closes the core. Its row splits the added seconds (dump / rounds /
+        # nvdisasm) with the driver's own progress lines. Then the same grid with the
+        # lightweight flags (+ skip_nonrelocated_elf_images, skip_constbank_memory) and a small
+        # kernel with them: smaller, faster, still read?
+        f"python3 tools/gpu_coredump_table.py --deadline 1 --budget-s 230 --out /tmp/core "
+        f"--json $STEP_OUT/rows.json {S}/minimal/spin_hang.toml {S}/sm90_gemm {S}/tma_stream; "
+        f"CUTEDEBUG_COREDUMP_FLAGS={LIGHT} python3 tools/gpu_coredump_table.py --deadline 1 "
+        f"--out /tmp/corl --json $STEP_OUT/rows_light.json {S}/minimal/spin_hang.toml "
+        f"{S}/tma_stream/wrong_expect_tx_plus.toml",
+        "minimal/spin_hang's seconds added (split dump / reading) first, then the HANG "
+        "scenarios s4's budget left (sm90_gemm, tma_stream) localized from the core alone, "
+        "seconds added, health after dumps; spin_hang and one small hang again with the "
+        "lightweight dump flags",
     ),
     Step(
         "coredump_field",

@@ -2,18 +2,20 @@
 
 A run localized this way (``runner.run_scenario(core=Localizer())``: ``cutedebug run/triage
 --coredump``) gets, before CUDA initializes in its worker (request ``env``), the driver's coredump
-settings (:func:`worker_env`): a user-triggered dump through a named pipe in the run folder, a
-dump on a GPU exception, memory sections skipped (1-6 MB cores for this repository's kernels on the
-H200), no abort (the worker still reports a CUDA error). The worker also keeps its cubin and
-records, observe-only, the wait table (cutedebug.instrument.waitsites) and the bisection sites.
+settings (:func:`worker_env`; the capture half is cutedebug.analyses.coredump_capture, re-exported
+here): a user-triggered dump through a named pipe in the run folder, a dump on a GPU exception,
+memory sections skipped (1-6 MB cores for this repository's kernels on the H200), no abort (the
+worker still reports a CUDA error). The worker also keeps its cubin and records, observe-only,
+the wait table (cutedebug.instrument.waitsites) and the bisection sites.
 
 - On a hang, the watchdog's before-kill hook (:func:`before_kill`) writes the pipe and waits,
-  bounded (:data:`DUMP_LIMIT_S`), until the core stops growing; then the child is killed as
-  usual, and falls back to the plain kill when no core comes.
-- :func:`read_core` runs ``cuda-gdb -batch`` on the core (bounded, two runs; parsers in
-  cutedebug.analyses.cudagdb) and makes a record per warp: CTA, warp, lanes, PC and its offset,
-  what the SASS there is (cutedebug.analyses.sass), the barrier / flag registers, the traced
-  site it belongs to and that site's bisection role.
+  bounded (:data:`DUMP_LIMIT_S`), until the core is complete (the worker closed it); then the
+  child is killed as usual, and falls back to the plain kill when no core comes.
+- :func:`read_core` runs cuda-gdb on the core (one process, two rounds of commands, bounded;
+  nvdisasm of the cubin while it loads the core; cutedebug.analyses.cudagdb) and makes a
+  record per warp: CTA, warp, lanes, PC and its offset, what the SASS there is
+  (cutedebug.analyses.sass), the barrier / flag registers, the traced site it belongs to and
+  that site's bisection role.
 - :func:`analyse` turns a run folder's core into the HANG evidence the probes give (stuck sites,
   per-role answers, diagnosis, the stuck map; cutedebug.analyses.coredump_evidence) with
   "coredump" as the source, or a crash's faulting warp, instruction and line.
@@ -22,14 +24,30 @@ records, observe-only, the wait table (cutedebug.instrument.waitsites) and the b
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from cutedebug.analyses import sass as S
+from cutedebug.analyses.coredump_capture import (  # noqa: F401  (the capture half, re-exported)
+    CORE_NAME,
+    DUMP_LIMIT_S,
+    FLAGS_VAR,
+    PIPE_NAME,
+    SKIP_FLAGS,
+    SKIP_MEMORY,
+    before_kill,
+    cores,
+    dump_all,
+    generation_flags,
+    held_open,
+    remove_pipes,
+    trigger,
+    worker_env,
+)
 from cutedebug.analyses.coredump_evidence import (
     _next_site,
     crash_evidence,
@@ -44,131 +62,19 @@ from cutedebug.analyses.cudagdb import (
     CoreReport,
     WarpRecord,
     find_nvdisasm,
+    gdb_session,
     parse_exception,
     parse_frames,
     parse_kernels,
     parse_pc_offset,
     parse_values,
     parse_warps,
-    run_gdb,
     sections,
 )
 from cutedebug.engine import lifeline
 from cutedebug.event_kinds import CheckpointSites, Compiled
 
-SKIP_MEMORY = "skip_global_memory,skip_shared_memory,skip_local_memory"
-PIPE_NAME = "coredump.pipe"  # the driver creates <run dir>/coredump.pipe.<pid>
-CORE_NAME = "coredump"  # the driver writes <run dir>/coredump.<pid>.nvcudmp
-DUMP_LIMIT_S = 10.0
 KEEP_CORE_MAX = 64 << 20  # a larger core is removed once read (the cuda-gdb text stays)
-
-
-# ---- capture --------------------------------------------------------------------------------
-def worker_env(run_dir: Path | str) -> dict[str, str]:
-    """Driver settings for a worker whose hangs and crashes should leave a core in run_dir.
-    Must be in the environment before CUDA initializes (the worker sets them first thing)."""
-    d = Path(run_dir)
-    return {
-        "CUDA_ENABLE_USER_TRIGGERED_COREDUMP": "1",
-        "CUDA_ENABLE_COREDUMP_ON_EXCEPTION": "1",
-        "CUDA_ENABLE_CPU_COREDUMP_ON_EXCEPTION": "0",
-        "CUDA_COREDUMP_PIPE": str(d / f"{PIPE_NAME}.%p"),
-        "CUDA_COREDUMP_FILE": str(d / f"{CORE_NAME}.%p.nvcudmp"),
-        "CUDA_COREDUMP_GENERATION_FLAGS": SKIP_MEMORY + ",skip_abort",
-    }
-
-
-def cores(run_dir: Path | str, pid: int | None = None) -> list[Path]:
-    pat = f"{CORE_NAME}.{pid if pid is not None else '*'}.nvcudmp*"
-    return sorted(Path(run_dir).glob(pat))
-
-
-def trigger(
-    pid: int, run_dir: Path | str, limit_s: float = DUMP_LIMIT_S, alive: Any = None
-) -> dict[str, Any]:
-    """Write the coredump pipe of worker ``pid`` and wait (at most ``limit_s``) until its core
-    is complete: the file stopped growing for 0.3 s, or the process exited. When the driver is
-    already writing a core (a GPU exception's: a big grid's takes seconds, 4.2 s for minimal's
-    8,448 warps on the H200), only wait for that one. Never raises."""
-    d = Path(run_dir)
-    pipe = d / f"{PIPE_NAME}.{pid}"
-    t0 = time.monotonic()
-    facts: dict[str, Any] = {"pipe": str(pipe)}
-    if cores(d, pid):
-        facts["exception_core_in_progress"] = True
-    else:
-        try:
-            fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)
-            try:
-                os.write(fd, b"1")
-            finally:
-                os.close(fd)
-        except OSError as e:
-            facts["error"] = f"could not write the coredump pipe: {type(e).__name__}: {e}"
-            return facts
-    last, since = -1, None
-    while time.monotonic() - t0 < limit_s:
-        found = cores(d, pid)
-        size = sum(p.stat().st_size for p in found) if found else -1
-        now = time.monotonic()
-        if size != last:
-            last, since = size, now
-        if size > 0 and now - since >= 0.3:
-            break
-        if alive is not None and not alive() and found:
-            break
-        time.sleep(0.02)
-    found = cores(d, pid)
-    facts["dump_s"] = round(time.monotonic() - t0, 3)
-    if not found or last <= 0:
-        facts["error"] = f"no core written within {limit_s:g} s of the pipe write"
-        return facts
-    facts.update(core=str(found[0]), core_bytes=found[0].stat().st_size)
-    return facts
-
-
-def remove_pipes(run_dir: Path | str) -> None:
-    """The FIFOs of processes that are gone (a FIFO blocks file-by-file copies of a folder)."""
-    for pipe in Path(run_dir).glob(f"{PIPE_NAME}.*"):
-        pipe.unlink(missing_ok=True)
-
-
-def dump_all(run_dir: Path | str, limit_s: float = DUMP_LIMIT_S) -> list[dict[str, Any]]:
-    """Dump every live process whose coredump pipe is in run_dir (``cutedebug exec``: the
-    command may have started several CUDA processes), each bounded, all within ``limit_s``."""
-    t_end = time.monotonic() + limit_s
-    out = []
-    for pipe in sorted(Path(run_dir).glob(f"{PIPE_NAME}.*")):
-        try:
-            pid = int(pipe.name.rsplit(".", 1)[1])
-            os.kill(pid, 0)
-        except (ValueError, OSError):
-            continue  # not a pid, or the process is gone
-        left = t_end - time.monotonic()
-        if left <= 0:
-            out.append({"pipe": str(pipe), "error": "no time left for this process"})
-            continue
-        out.append(trigger(pid, run_dir, left))
-    return out
-
-
-def before_kill(ctx: dict[str, Any]) -> dict[str, Any] | None:
-    """Watchdog hook (before the SIGKILL of a hung child): dump the GPU state of a worker that
-    runs with :func:`worker_env`, i.e. whose run folder holds its coredump pipe."""
-    if ctx.get("phase") != "launched" or not ctx.get("events_path") or not ctx.get("pid"):
-        return None
-    run_dir = Path(ctx["events_path"]).parent
-    if not (run_dir / f"{PIPE_NAME}.{ctx['pid']}").exists():
-        return None
-
-    def alive() -> bool:
-        try:
-            os.kill(ctx["pid"], 0)
-            return True
-        except OSError:
-            return False
-
-    return {"coredump": trigger(int(ctx["pid"]), run_dir, DUMP_LIMIT_S, alive=alive)}
 
 
 # ---- reading a core ------------------------------------------------------------------------
@@ -194,7 +100,7 @@ def sass_of_cubin(cubin: Path | str, nvdisasm: str | None = None) -> str | None:
 def read_core(
     core: Path | str,
     *,
-    sass_text: str | None = None,
+    sass_text: str | Callable[[], str | None] | None = None,
     wait_sites: list | None = None,
     checkpoint_sites: list[dict[str, Any]] | None = None,
     timeout_s: float = GDB_LIMIT_S,
@@ -203,14 +109,31 @@ def read_core(
     """Every warp of the core as a record (module docstring). Raises RuntimeError when cuda-gdb
     is missing, too slow, or prints nothing we can read.
 
-    Two cuda-gdb runs when the SASS is known and the core has one kernel: (1) kernels, every
-    warp, the focus's bt and x/1i (the kernel's address, so every absolute PC gets its offset);
-    (2) per distinct PC a bt, and the barrier registers of the waiting warps. Otherwise a third
-    run reads the registers once the PCs are placed."""
+    One cuda-gdb process (cudagdb.GdbSession: the core is loaded once), two rounds of commands
+    when the SASS is known and the core has one kernel: (1) kernels, every warp, the focus's bt
+    and x/1i (the kernel's address, so every absolute PC gets its offset); (2) per distinct PC
+    a bt, and the barrier registers of the waiting warps. Otherwise a third round reads the
+    registers once the PCs are placed. ``sass_text`` may be a callable (nvdisasm of the cubin):
+    it is called while cuda-gdb loads the core."""
     t_end = time.monotonic() + timeout_s
+    gdb = gdb_session(core, cuda_gdb)
+    try:
+        return _read(gdb, core, sass_text, wait_sites, checkpoint_sites, t_end)
+    finally:
+        gdb.close()
+
+
+def _read(
+    gdb: Any,
+    core: Path | str,
+    sass_text: str | Callable[[], str | None] | None,
+    wait_sites: list | None,
+    checkpoint_sites: list[dict[str, Any]] | None,
+    t_end: float,
+) -> CoreReport:
     rep = CoreReport(core=str(core))
-    text, secs = run_gdb(
-        core,
+    t_send = time.monotonic()
+    gdb.send(
         [
             "echo @@kernels\\n",
             "info cuda kernels",
@@ -219,11 +142,13 @@ def read_core(
             "echo @@focus\\n",
             "bt",
             "x/1i $pc",
-        ],
-        timeout_s,
-        cuda_gdb,
+        ]
     )
+    if callable(sass_text):
+        sass_text = sass_text()  # while cuda-gdb loads the core
+    text, secs = gdb.receive(max(1.0, t_end - t_send))  # the limit counts from the send
     rep.raw["pass1"], rep.gdb_s, rep.passes = text, secs, 1
+    rep.rounds_s.append(secs)
     rep.kernels = parse_kernels(text)
     rep.warps = parse_warps(text)
     rep.exception = parse_exception(text)
@@ -249,7 +174,7 @@ def read_core(
     }
     mine = [w for w in rep.warps if w.kernel not in foreign]
     early = smap is not None and all(w.kernel in base for w in mine)
-    if early:  # place the PCs now, so the second run reads the registers too
+    if early:  # place the PCs now, so the second round reads the registers too
         _offsets(rep.warps, base)
         for w in mine:
             _place(w, code, smap, checkpoint_sites or [])
@@ -265,18 +190,21 @@ def read_core(
     if early:
         cmds += _register_commands(rep.warps)
     if cmds:
-        text2, secs2 = run_gdb(core, cmds, max(1.0, t_end - time.monotonic()), cuda_gdb)
+        text2, secs2 = gdb.run(cmds, max(1.0, t_end - time.monotonic()))
         rep.raw["pass2"], rep.gdb_s, rep.passes = text2, rep.gdb_s + secs2, 2
+        rep.rounds_s.append(secs2)
         sec = sections(text2)
+        by_pc: dict[tuple[int, int], list[WarpRecord]] = {}
+        for other in rep.warps:
+            by_pc.setdefault((other.kernel, other.pc), []).append(other)
         for w in reps:
             lines = sec.get(f"pc {w.kernel} {w.pc:#x}", [])
             frames = parse_frames(lines)
             off = parse_pc_offset(lines)
             if off is not None:
                 base.setdefault(w.kernel, w.pc - off)
-            for other in rep.warps:
-                if other.pc == w.pc and other.kernel == w.kernel:
-                    other.frames = frames
+            for other in by_pc[(w.kernel, w.pc)]:
+                other.frames = frames
         _offsets(rep.warps, base)
         if early:
             _parse_registers(rep, sec)
@@ -296,13 +224,14 @@ def read_core(
             f"({', '.join(names)}) not placed: the SASS is the run's "
             "kernel's"
         )
-    for w in mine:  # again: the frames (lines) came with the second run
+    for w in mine:  # again: the frames (lines) came with the second round
         _place(w, code, smap, checkpoint_sites or [])
     if not early:
         cmds = _register_commands(rep.warps)
         if cmds:
-            text3, secs3 = run_gdb(core, cmds, max(1.0, t_end - time.monotonic()), cuda_gdb)
+            text3, secs3 = gdb.run(cmds, max(1.0, t_end - time.monotonic()))
             rep.raw["pass3"], rep.gdb_s, rep.passes = text3, rep.gdb_s + secs3, 3
+            rep.rounds_s.append(secs3)
             _parse_registers(rep, sections(text3))
     return rep
 
@@ -473,12 +402,17 @@ def analyse(
     )
     cp_sites = cp_table.sites or []
     t0 = time.monotonic()
-    sass_text = sass_of_cubin(d / "kernel.cubin")
-    info["nvdisasm_s"] = round(time.monotonic() - t0, 3)
+
+    def sass() -> str | None:  # read_core calls it while cuda-gdb loads the core
+        t = time.monotonic()
+        text = sass_of_cubin(d / "kernel.cubin")
+        info["nvdisasm_s"] = round(time.monotonic() - t, 3)
+        return text
+
     try:
         rep = read_core(
             found[0],
-            sass_text=sass_text,
+            sass_text=sass,
             wait_sites=wait_sites,
             checkpoint_sites=cp_sites,
             timeout_s=timeout_s,
@@ -493,6 +427,8 @@ def analyse(
         core_bytes=found[0].stat().st_size,
         gdb_s=rep.gdb_s,
         gdb_passes=rep.passes,
+        gdb_rounds_s=rep.rounds_s,
+        gdb_processes=1,
         sass=rep.sass_source,
         site_map=rep.site_map_notes
         or ["every wait loop and BAR.SYNC mapped to its traced site (counts agree)"],
@@ -526,6 +462,7 @@ class Localizer:
 
     def __init__(self, timeout_s: float = GDB_LIMIT_S):
         self.timeout_s = timeout_s
+        generation_flags()  # a bad $CUTEDEBUG_COREDUMP_FLAGS is a usage error, before any run
         register_hook()
 
     def request_fields(self, run_dir: Path | str) -> dict[str, Any]:

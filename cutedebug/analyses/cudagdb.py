@@ -9,6 +9,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import select
 import shutil
 import subprocess
 import time
@@ -71,6 +72,136 @@ def run_gdb(
     except subprocess.TimeoutExpired as e:
         raise RuntimeError(f"cuda-gdb did not finish in {timeout_s:g} s") from e
     return p.stdout + p.stderr, round(time.monotonic() - t0, 3)
+
+
+# One cuda-gdb process per core. Loading the core is most of a run's time (on the H200, 0.3 s
+# for a 3 MB core, 2.5-3 s for the 128 MB core of 8,448 warps; reports/2026-12-01-h200/
+# coredump), so the reader's rounds of commands, each decided from the answers to the one
+# before, go to one process in turn instead of one `cuda-gdb -batch` each.
+SENTINEL = "@@@done"  # echoed after round N as "@@@done N" (a third @: never an @@section)
+
+
+class GdbSession:
+    """cuda-gdb on one core, interactive on pipes: :meth:`send` a round of commands (its end
+    marked by an echoed sentinel), :meth:`receive` its output (everything printed up to the
+    sentinel; the first round's includes what ``target cudacore`` printed), :meth:`close`.
+    Tied like :func:`lifeline.run_tool`'s tools (run tag, PDEATHSIG, own process group; swept
+    on close). A round past its time limit kills the process and raises RuntimeError; a
+    cuda-gdb that exits returns what it printed (the caller's parsers find what is there)."""
+
+    def __init__(self, core: Path | str, cuda_gdb: str | None = None):
+        exe = cuda_gdb or find_cuda_gdb()
+        if not exe:
+            raise RuntimeError("cuda-gdb not found (PATH, /usr/local/cuda*/bin)")
+        self.argv = [exe, "-nx", "-q"]
+        for c in ("set prompt", "set pagination off", "set width 0", "set height 0"):
+            self.argv += ["-ex", c]
+        self.argv += ["-ex", "set confirm off", "-ex", f"target cudacore {core}"]
+        self.proc: subprocess.Popen | None = None
+        self.tag = lifeline.new_run_tag()
+        self.rounds = 0
+        self.started = 0  # processes started (one per session)
+        self._todo = b""
+        self._t0 = 0.0
+        self._eof = False
+
+    def send(self, commands: list[str]) -> None:
+        if self.proc is None:
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                env=lifeline.child_env(None, self.tag),
+                start_new_session=True,
+                preexec_fn=lifeline.preexec(),
+            )
+            self.started += 1
+            for f in (self.proc.stdin, self.proc.stdout):
+                os.set_blocking(f.fileno(), False)
+        self.rounds += 1
+        end = f"echo {SENTINEL} {self.rounds}\\n"
+        self._todo += "".join(c + "\n" for c in [*commands, end]).encode()
+        self._t0 = time.monotonic()
+        self._write()
+
+    def _write(self) -> None:
+        assert self.proc is not None and self.proc.stdin is not None
+        if self._todo:
+            try:
+                n = os.write(self.proc.stdin.fileno(), self._todo)
+            except BlockingIOError:
+                return
+            except BrokenPipeError:
+                n = len(self._todo)  # cuda-gdb is gone: its output says what it did
+            self._todo = self._todo[n:]
+
+    def receive(self, timeout_s: float = GDB_LIMIT_S) -> tuple[str, float]:
+        """The last round's output, and the seconds since it was sent."""
+        assert self.proc is not None and self.proc.stdout is not None
+        out, fd = bytearray(), self.proc.stdout.fileno()
+        mark = f"{SENTINEL} {self.rounds}\n".encode()
+        t_end = self._t0 + timeout_s
+        while not self._eof:
+            i = out.find(mark, max(0, len(out) - 65536 - len(mark)))
+            if i >= 0:
+                del out[i:]
+                break
+            left = t_end - time.monotonic()
+            if left <= 0:
+                self.close(kill=True)
+                raise RuntimeError(f"cuda-gdb did not finish in {timeout_s:g} s")
+            wfds = [self.proc.stdin] if self._todo else []
+            r, w, _ = select.select([fd], wfds, [], min(left, 0.5))
+            if w:
+                self._write()
+            if r:
+                try:
+                    chunk = os.read(fd, 1 << 20)
+                except BlockingIOError:
+                    continue
+                if not chunk:
+                    self._eof = True
+                    out += f"\n[cuda-gdb exited: {self.proc.wait()}]\n".encode()
+                out += chunk
+        return out.decode("utf-8", "replace"), round(time.monotonic() - self._t0, 3)
+
+    def run(self, commands: list[str], timeout_s: float = GDB_LIMIT_S) -> tuple[str, float]:
+        self.send(commands)
+        return self.receive(timeout_s)
+
+    def close(self, kill: bool = False) -> None:
+        """Quit cuda-gdb (killed when it does not within 2 s), then sweep what it left."""
+        p, self.proc = self.proc, None
+        if p is None:
+            return
+        if not kill and p.poll() is None:
+            try:
+                os.set_blocking(p.stdin.fileno(), True)
+                p.stdin.write(b"quit\n")
+                p.stdin.close()
+                p.wait(2.0)
+            except (OSError, ValueError, subprocess.TimeoutExpired):
+                pass
+        if p.poll() is None:
+            lifeline.kill_group(p.pid)
+        lifeline.sweep(self.tag, timeout=1.0)
+        p.wait()
+        for f in (p.stdin, p.stdout):
+            try:
+                f.close()
+            except (OSError, ValueError):
+                pass
+
+    def __enter__(self) -> GdbSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def gdb_session(core: Path | str, cuda_gdb: str | None = None) -> GdbSession:
+    return GdbSession(core, cuda_gdb)
 
 
 # ---- parsing cuda-gdb's output ---------------------------------------------------------------
@@ -285,7 +416,8 @@ class CoreReport:
     exception: dict[str, Any] | None = None
     site_map_notes: list[str] = field(default_factory=list)
     gdb_s: float = 0.0
-    passes: int = 0
+    passes: int = 0  # rounds of commands, all in one cuda-gdb process (GdbSession)
+    rounds_s: list[float] = field(default_factory=list)  # each round's seconds (the first: load)
     sass_source: str = ""
     raw: dict[str, str] = field(default_factory=dict)  # each pass's output (kept in the run)
     base: dict[int, int] = field(default_factory=dict)  # kernel id -> its function's address

@@ -5,7 +5,10 @@ usage: python fake_core_worker.py EVENTS_PATH BEHAVIOUR
 It creates <events dir>/coredump.pipe.<pid> (a FIFO, as the driver does with
 CUDA_COREDUMP_PIPE=<dir>/coredump.pipe.%p), reports phases up to "launched" and hangs. Reading
 the pipe, BEHAVIOUR "dump" writes <dir>/coredump.<pid>.nvcudmp (64 KiB in two pieces, 0.2 s
-apart, as a dump in progress grows) and keeps hanging; "no_dump" reads and writes nothing.
+apart, as a dump in progress grows), closes it, notes the time it did in <dir>/closed.<pid>
+(time.monotonic) and keeps hanging; "dump_pause" the same with 0.6 s between the pieces (a
+driver still collecting state, the file open and not growing); "no_dump" reads and writes
+nothing.
 """
 
 import json
@@ -29,12 +32,14 @@ def emit(name, **kw):
 def listen():
     with open(pipe, "rb") as f:
         f.read(1)
-    if behaviour == "dump":
+    if behaviour in ("dump", "dump_pause"):
         with open(os.path.join(d, f"coredump.{pid}.nvcudmp"), "wb") as core:
             core.write(b"\x7fELF" + bytes(32 * 1024 - 4))
             core.flush()
-            time.sleep(0.2)
+            time.sleep(0.2 if behaviour == "dump" else 0.6)
             core.write(bytes(32 * 1024))
+        with open(os.path.join(d, f"closed.{pid}"), "w") as f:
+            f.write(repr(time.monotonic()))
 
 
 threading.Thread(target=listen, daemon=True).start()

@@ -2,7 +2,7 @@
 
 A capture (tools/capture_coredumps.py) keeps, per core, cuda-gdb's real answers: pass 1 (kernels,
 every warp), the kernel's disassembly and `info registers` of warps it focused. ``ReplayGdb``
-stands in for ``cutedebug.analyses.cudagdb.run_gdb``: a command list with "info cuda kernels"
+stands in for a ``cutedebug.analyses.cudagdb.GdbSession``: a round with "info cuda kernels"
 gets pass 1 as printed; any other list is answered command by command from the same facts
 (focus switches, ``x/1i $pc`` with the function offset, ``p/x $Rn`` from the captured
 registers; ``bt`` prints nothing, so the SASS line table gives the line).
@@ -42,7 +42,40 @@ def function_base(disassembly: str) -> int:
     return int(m.group(1), 16)
 
 
-class ReplayGdb:
+class Session:
+    """What read_core needs of cudagdb.GdbSession (send a round, receive its output, run =
+    both, close), answered by the subclass's ``answer(commands)``. ``opened`` counts the
+    sessions read_core asked for (``session`` stands in for coredump.gdb_session), ``calls``
+    the rounds, ``events`` the order of sends and receives."""
+
+    def __init__(self):
+        self.calls: list[list[str]] = []
+        self.events: list[str] = []
+        self.opened = self.closed = 0
+        self._pending: list[str] = []
+
+    def session(self, core, cuda_gdb=None):
+        self.opened += 1
+        return self
+
+    def send(self, commands):
+        self.events.append("send")
+        self._pending = list(commands)
+
+    def receive(self, timeout_s=None):
+        self.events.append("receive")
+        self.calls.append(self._pending)
+        return self.answer(self._pending), 0.0
+
+    def run(self, commands, timeout_s=None):
+        self.send(commands)
+        return self.receive(timeout_s)
+
+    def close(self, kill=False):
+        self.closed += 1
+
+
+class ReplayGdb(Session):
     def __init__(
         self,
         pass1: str,
@@ -52,13 +85,12 @@ class ReplayGdb:
     ):
         """``base``: the kernel's address (the <+0> line of cuda-gdb's disassembly).
         ``focus_pc``: answer pass 1's ``x/1i $pc`` (the focused warp's offset) too."""
+        super().__init__()
         self.pass1, self.registers, self.base = pass1, registers, base
         self.focus_pc = focus_pc
         self.pcs = {(w.dev, w.sm, w.hw_warp): w.pc for w in cudagdb.parse_warps(pass1)}
-        self.calls: list[list[str]] = []
 
-    def __call__(self, core, commands, timeout_s=None, cuda_gdb=None):
-        self.calls.append(list(commands))
+    def answer(self, commands):
         if "info cuda kernels" in commands:
             m = re.search(
                 r"focus set to CUDA kernel \d+,.*? device (\d+), sm (\d+), "
@@ -66,9 +98,9 @@ class ReplayGdb:
                 self.pass1,
             )
             if not (self.focus_pc and m and "x/1i $pc" in commands):
-                return self.pass1, 0.0
+                return self.pass1
             pc = self.pcs[tuple(int(x) for x in m.groups())]
-            return self.pass1 + f"=> {pc:#x} <kernel+{pc - self.base}>:\tINSTR\n", 0.0
+            return self.pass1 + f"=> {pc:#x} <kernel+{pc - self.base}>:\tINSTR\n"
         out, cur, n = [], None, 0
         for c in commands:
             if m := ECHO.match(c):
@@ -86,22 +118,22 @@ class ReplayGdb:
                 n += 1
                 v = self.registers.get(cur, {}).get(m.group(1))
                 out.append(f"${n} = {v:#x}" if v is not None else f"${n} = <unavailable>")
-        return "\n".join(out) + "\n", 0.0
+        return "\n".join(out) + "\n"
 
 
-class PassReplay:
+class PassReplay(Session):
     """cuda-gdb's output of a real run of read_core, returned call by call (the run folder's
-    coredump_gdb_pass1.txt, pass2, ...). A command the recorded run did not give (e.g. a
+    coredump_gdb_pass1.txt, pass2, ...: one per round). A command the recorded run did not give (e.g. a
     register read after a change of the reader) finds no output: its value stays unknown."""
 
     def __init__(self, outputs: list[str]):
-        self.outputs, self.calls = list(outputs), []
+        super().__init__()
+        self.outputs = list(outputs)
 
-    def __call__(self, core, commands, timeout_s=None, cuda_gdb=None):
-        self.calls.append(list(commands))
+    def answer(self, commands):
         if len(self.calls) > len(self.outputs):
             raise AssertionError(
-                f"read_core asked for cuda-gdb run {len(self.calls)}, the "
+                f"read_core asked for cuda-gdb round {len(self.calls)}, the "
                 f"recorded run had {len(self.outputs)}"
             )
-        return self.outputs[len(self.calls) - 1], 0.0
+        return self.outputs[len(self.calls) - 1]

@@ -1,0 +1,186 @@
+"""cudagdb.GdbSession: read_core loads a core into one cuda-gdb process and sends it its rounds
+of commands in turn (the H200: loading is most of a cuda-gdb run, 2.5-3 s for the 128 MB core
+of a grid of 8,448 warps, reports/2026-12-01-h200/coredump), bounded, nothing left behind.
+
+The cuda-gdb here is tests/helpers/fake_cuda_gdb.py: it answers each round with what cuda-gdb
+13.0 printed for the same commands on the H200 (tests/data/coredump/h200-runs/: the integrated
+path's own runs) and counts its starts.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from cutedebug.analyses import coredump, cudagdb
+from cutedebug.analyses import coredump_evidence as E
+from cutedebug.instrument import waitsites
+from tests.helpers.replay_gdb import PassReplay
+
+HERE = Path(__file__).parent
+FAKE = HERE / "helpers" / "fake_cuda_gdb.py"
+RUNS = HERE / "data" / "coredump" / "h200-runs"
+H200 = HERE / "data" / "coredump" / "h200"
+
+
+def fake_gdb(tmp_path: Path, rounds: list[str], **cfg) -> tuple[str, Path]:
+    """A cuda-gdb executable answering ``rounds``; returns it and its starts file."""
+    starts = tmp_path / "starts"
+    conf = tmp_path / "fake_gdb.json"
+    conf.write_text(json.dumps({"rounds": rounds, "starts": str(starts), **cfg}))
+    exe = tmp_path / "cuda-gdb"
+    exe.write_text(f'#!/bin/sh\nFAKE_GDB={conf} exec {sys.executable} {FAKE} "$@"\n')
+    exe.chmod(0o755)
+    return str(exe), starts
+
+
+def pids(starts: Path) -> list[int]:
+    return [int(x) for x in starts.read_text().split()] if starts.exists() else []
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def recorded(name: str) -> dict:
+    return json.loads(gzip.open(RUNS / f"{name}.json.gz", "rt").read())
+
+
+def read(doc: dict, **kw):
+    return coredump.read_core(
+        "core",
+        sass_text=doc["sass"],
+        wait_sites=waitsites.sites_from_json(doc["wait_sites"]),
+        checkpoint_sites=doc["checkpoint_sites"],
+        **kw,
+    )
+
+
+@pytest.mark.parametrize(
+    "name", ["tma_stream__wrong_expect_tx_plus", "sm90_attention__drop_sync_scheduler"]
+)
+def test_one_cuda_gdb_process_answers_every_round(name, tmp_path, monkeypatch):
+    """Both rounds (every warp; then per-PC frames and the waiting warps' registers) go to one
+    cuda-gdb: the core is loaded once. The answer is the one the same outputs give read by
+    rounds replayed without any process (PassReplay)."""
+    doc = recorded(name)
+    exe, starts = fake_gdb(tmp_path, doc["passes"])
+    rep = read(doc, cuda_gdb=exe)
+    assert len(pids(starts)) == 1, "one cuda-gdb process for the whole core"
+    assert rep.passes == 2 and len(rep.rounds_s) == 2
+    assert all(gone(p) for p in pids(starts))
+
+    fake = PassReplay(doc["passes"])
+    monkeypatch.setattr(coredump, "gdb_session", fake.session)
+    ref = read(doc)
+    cps = doc["checkpoint_sites"]
+    assert E.role_answers(rep, cps) == E.role_answers(ref, cps)
+    assert E.stuck_sites(rep, cps) == E.stuck_sites(ref, cps)
+    assert [w.to_json() for w in rep.warps] == [w.to_json() for w in ref.warps]
+
+
+def test_a_big_round_both_ways_does_not_block_on_the_pipes(tmp_path):
+    """A round answered with 0.8 MB (what cuda-gdb printed on the H200 for the first pass over
+    minimal's 8,448-warp core) from its first command on, while 300 KB of commands are still
+    being written to it."""
+    pass1 = gzip.open(H200 / "minimal__oob_store" / "pass1.txt.gz", "rt").read()
+    assert len(pass1) > 700_000
+    exe, starts = fake_gdb(tmp_path, [pass1, "@@b\nsecond\n"])
+    with cudagdb.GdbSession("core", exe) as gdb:
+        text, secs = gdb.run([f"p/x $R{i % 200}" for i in range(30_000)], timeout_s=30)
+        assert text == pass1
+        assert gdb.run(["bt"], timeout_s=30)[0] == "@@b\nsecond\n"
+    assert len(pids(starts)) == 1 and all(gone(p) for p in pids(starts))
+
+
+def test_a_round_past_its_limit_is_a_runtime_error_and_leaves_nothing(tmp_path):
+    exe, starts = fake_gdb(tmp_path, ["@@a\nfirst\n", "never"], hang_round=2)
+    gdb = cudagdb.GdbSession("core", exe)
+    assert gdb.run(["info cuda kernels"], timeout_s=30)[0] == "@@a\nfirst\n"
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="did not finish in 1 s"):
+        gdb.run(["bt"], timeout_s=1)
+    assert time.monotonic() - t0 < 4
+    gdb.close()
+    assert all(gone(p) for p in pids(starts))
+
+
+def test_a_cuda_gdb_that_exits_gives_what_it_printed(tmp_path):
+    exe, starts = fake_gdb(tmp_path, ["@@a\n" + "x" * 1000 + "\n"], exit_round=1)
+    with cudagdb.GdbSession("core", exe) as gdb:
+        text, _ = gdb.run(["info cuda kernels"], timeout_s=30)
+        assert text.startswith("@@a\nxxx") and text.rstrip().endswith("[cuda-gdb exited: 1]")
+        assert gdb.run(["bt"], timeout_s=30)[0] == ""  # nothing more, and no wait
+    assert all(gone(p) for p in pids(starts))
+
+
+def test_no_cuda_gdb_is_a_runtime_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(cudagdb, "find_cuda_gdb", lambda: None)
+    with pytest.raises(RuntimeError, match="cuda-gdb not found"):
+        coredump.read_core(tmp_path / "core")
+
+
+def test_nvdisasm_runs_while_cuda_gdb_loads_the_core(monkeypatch):
+    """analyse hands read_core the SASS as a callable: it runs after the first round is sent
+    and before its answer is awaited (the H200: nvdisasm 0.4-0.5 s, loading 0.3-3 s)."""
+    doc = recorded("tma_stream__wrong_expect_tx_plus")
+    fake = PassReplay(doc["passes"])
+    monkeypatch.setattr(coredump, "gdb_session", fake.session)
+
+    def sass():
+        fake.events.append("nvdisasm")
+        return doc["sass"]
+
+    rep = coredump.read_core(
+        "core",
+        sass_text=sass,
+        wait_sites=waitsites.sites_from_json(doc["wait_sites"]),
+        checkpoint_sites=doc["checkpoint_sites"],
+    )
+    assert fake.events == ["send", "nvdisasm", "receive", "send", "receive"]
+    assert (fake.opened, fake.closed) == (1, 1)
+    assert rep.sass_source == "nvdisasm of the worker's cubin" and rep.site_map_notes == []
+
+
+def test_the_session_is_closed_when_reading_fails(monkeypatch):
+    fake = PassReplay(["nothing a parser knows\n"])
+    monkeypatch.setattr(coredump, "gdb_session", fake.session)
+    with pytest.raises(RuntimeError, match="listed no warp"):
+        coredump.read_core("core", sass_text=None)
+    assert (fake.opened, fake.closed) == (1, 1)
+
+
+def test_pipes_of_a_closed_session_are_closed(tmp_path):
+    exe, _ = fake_gdb(tmp_path, ["@@a\n"])
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(5):
+        with cudagdb.GdbSession("core", exe) as gdb:
+            gdb.run(["bt"], timeout_s=30)
+    assert len(os.listdir("/proc/self/fd")) <= before
+
+
+@pytest.mark.skipif(not os.path.exists("/usr/bin/gdb"), reason="no GNU gdb here")
+def test_the_rounds_protocol_with_a_real_gdb(tmp_path):
+    """GNU gdb (what cuda-gdb is built on) driven as GdbSession drives cuda-gdb: no prompt in
+    the output (each @@section marker starts its line), every answer in its round, values the
+    parsers read, an error (no cudacore target in GNU gdb) printed in order, not fatal."""
+    with cudagdb.GdbSession(tmp_path / "core", "/usr/bin/gdb") as gdb:
+        t1, _ = gdb.run(["echo @@a\\n", "p/x 255", "echo @@b\\n", "p 1+1"], timeout_s=30)
+        t2, _ = gdb.run(["echo @@c\\n", "p/x 4096", "info cuda warps"], timeout_s=30)
+        assert gdb.started == 1 and gdb.rounds == 2
+    assert "cudacore" in t1.split("@@a")[0]  # target cudacore's own error, first
+    sec = cudagdb.sections(t1)
+    assert cudagdb.parse_values(sec["a"]) == [255] and cudagdb.parse_values(sec["b"]) == [2]
+    sec2 = cudagdb.sections(t2)
+    assert list(sec2) == ["c"] and cudagdb.parse_values(sec2["c"]) == [4096]
+    assert "(gdb)" not in t1 + t2
