@@ -184,3 +184,54 @@ def test_torchs_own_answer_fits_the_event(tmp_path):
     channel.emit("gpu_check", **health.in_worker_check())
     ev = json.loads((tmp_path / "events.jsonl").read_text())
     assert ev["event"] == "gpu_check" and ev["via"] == "worker" and "healthy" in ev
+
+
+# ---- the command line: a `cutedebug run` imports only what a run needs -------------------------
+def _actions(parser) -> list[tuple]:
+    return [
+        (tuple(a.option_strings), a.dest, repr(a.default), repr(a.choices), a.nargs)
+        for a in parser._actions
+    ]
+
+
+def _subparsers(parser) -> dict:
+    (sub,) = [a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"]
+    return dict(sub.choices)
+
+
+def test_each_command_alone_is_the_same_parser_as_in_the_full_one():
+    from cutedebug.commands import cli
+
+    full = _subparsers(cli.build_parser())
+    assert list(full) == list(cli.COMMANDS)  # every command is in the table, in --help's order
+    for name in cli.COMMANDS:
+        alone = _subparsers(cli.build_parser(cli.chosen_command([name, "--x"])))
+        assert list(alone) == [name]
+        assert _actions(alone[name]) == _actions(full[name]), name
+
+
+def test_a_command_line_naming_no_command_gets_every_one():
+    from cutedebug.commands import cli
+
+    for argv in ([], ["--help"], ["bogus", "run"], ["-h", "run"]):
+        only = cli.chosen_command(argv)
+        assert only in (None, "run")
+        if argv[:1] != ["-h"]:
+            assert only is None and len(_subparsers(cli.build_parser(only))) == len(cli.COMMANDS)
+
+
+def test_a_run_does_not_import_the_other_commands():
+    import subprocess
+    import sys
+
+    code = (
+        "import json, sys; from cutedebug.commands import cli; "
+        "cli.build_parser(cli.chosen_command(['run', 'scenarios/minimal/clean.toml'])); "
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('cutedebug.commands.'))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True
+    ).stdout
+    loaded = set(json.loads(out))
+    others = {"sanitize", "triage", "shard", "lint", "bisect", "exec", "mutate", "pool"}
+    assert not loaded & {f"cutedebug.commands.{m}" for m in others}, loaded

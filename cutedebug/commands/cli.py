@@ -16,6 +16,7 @@ ours), 4 could not run here (no GPU, another arch), 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import signal
@@ -291,7 +292,34 @@ def cmd_faults(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def build_parser() -> argparse.ArgumentParser:
+# Every subcommand, in --help's order, and how its module is imported when it is chosen (None:
+# defined here); literal names, so that the architecture test sees each edge.
+COMMANDS = {
+    "run": None,
+    "list": None,
+    "faults": None,
+    "sanitize": lambda: importlib.import_module("cutedebug.commands.sanitize"),
+    "triage": lambda: importlib.import_module("cutedebug.commands.triage"),
+    "merge": lambda: importlib.import_module("cutedebug.commands.shard"),
+    "lint": lambda: importlib.import_module("cutedebug.commands.lint"),
+    "bisect": lambda: importlib.import_module("cutedebug.commands.bisect"),
+    "exec": lambda: importlib.import_module("cutedebug.commands.exec"),
+    "mutate": lambda: importlib.import_module("cutedebug.commands.mutate"),
+    "pool": lambda: importlib.import_module("cutedebug.commands.pool"),
+}
+
+
+def chosen_command(argv: list[str]) -> str | None:
+    """The subcommand a command line names (its first word; the top-level parser has no option
+    that takes a value), or None when it names none of them (--help, a typo)."""
+    first = next((a for a in argv if not a.startswith("-")), None)
+    return first if first in COMMANDS else None
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser; ``only``: that subcommand alone, so that a `cutedebug run`
+    does not import the other commands' modules (a tenth of a second of every run; --help and
+    an unknown command get every one)."""
     p = argparse.ArgumentParser(
         prog="cutedebug",
         description=__doc__.split("\n\n")[0],
@@ -300,108 +328,90 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="cmd", required=True)
 
-    r = sub.add_parser(
-        "run",
-        help="run scenarios and give verdicts",
-        epilog=exits.HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    r.add_argument(
-        "targets",
-        nargs="+",
-        help="scenario .toml, a directory of them, or FILE.py:ENTRY for an ad-hoc run",
-    )
-    r.add_argument(
-        "--param",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="kernel parameter (ad-hoc runs)",
-    )
-    r.add_argument("--fault", metavar="NAME[:ARG=V,...]", help="fault to inject (ad-hoc runs)")
-    r.add_argument(
-        "--expect",
-        choices=VERDICTS,
-        help="expected verdict (default PASS for ad-hoc runs; overrides the scenario's)",
-    )
-    r.add_argument("--arch", action="append", choices=S.ARCHS, help="ad-hoc: archs it runs on")
-    r.add_argument("--compile-only", action="store_true", help="compile and stop")
-    r.add_argument(
-        "--probes",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="bounded waits + beacons (default: the scenario's setting)",
-    )
-    r.add_argument(
-        "--coredump",
-        action="store_true",
-        help="localize a hang (or crash) from a GPU coredump taken before the kill "
-        "(cuda-gdb on the core; probes off unless --probes)",
-    )
-    r.add_argument(
-        "--wait-budget-ms",
-        type=S.limit_arg("wait_budget_ms"),
-        help="bounded-wait budget with probes on",
-    )
-    r.add_argument(
-        "--repeat",
-        type=S.limit_arg("repeat"),
-        default=1,
-        help="run N times; disagreeing runs are NONDETERMINISTIC",
-    )
-    r.add_argument("--deadline", type=S.limit_arg("deadline_s"), help="kernel deadline in seconds")
-    r.add_argument(
-        "--stall", type=S.limit_arg("stall_s"), help="stall window in seconds (probes on)"
-    )
-    r.add_argument(
-        "--compile-deadline", type=S.limit_arg("compile_s"), help="compile deadline in seconds"
-    )
-    r.add_argument("--runs-dir", default="runs", help="where run directories go")
-    r.add_argument(
-        "--warm",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="fork workers from the warm pool's resident server, starting it if none runs "
-        "(--no-warm: never; default: CUTEDEBUG_WARM, else a running server only; "
-        "`cutedebug pool` starts, lists and stops servers)",
-    )
-    from cutedebug.commands import perturb_args  # --perturb N [--policy ...] [--replay S]
+    if only in (None, "run"):
+        r = sub.add_parser(
+            "run",
+            help="run scenarios and give verdicts",
+            epilog=exits.HELP,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        r.add_argument(
+            "targets",
+            nargs="+",
+            help="scenario .toml, a directory of them, or FILE.py:ENTRY for an ad-hoc run",
+        )
+        r.add_argument(
+            "--param",
+            action="append",
+            default=[],
+            metavar="NAME=VALUE",
+            help="kernel parameter (ad-hoc runs)",
+        )
+        r.add_argument("--fault", metavar="NAME[:ARG=V,...]", help="fault to inject (ad-hoc runs)")
+        r.add_argument(
+            "--expect",
+            choices=VERDICTS,
+            help="expected verdict (default PASS for ad-hoc runs; overrides the scenario's)",
+        )
+        r.add_argument("--arch", action="append", choices=S.ARCHS, help="ad-hoc: archs it runs on")
+        r.add_argument("--compile-only", action="store_true", help="compile and stop")
+        r.add_argument(
+            "--probes",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help="bounded waits + beacons (default: the scenario's setting)",
+        )
+        r.add_argument(
+            "--coredump",
+            action="store_true",
+            help="localize a hang (or crash) from a GPU coredump taken before the kill "
+            "(cuda-gdb on the core; probes off unless --probes)",
+        )
+        r.add_argument(
+            "--wait-budget-ms",
+            type=S.limit_arg("wait_budget_ms"),
+            help="bounded-wait budget with probes on",
+        )
+        r.add_argument(
+            "--repeat",
+            type=S.limit_arg("repeat"),
+            default=1,
+            help="run N times; disagreeing runs are NONDETERMINISTIC",
+        )
+        r.add_argument(
+            "--deadline", type=S.limit_arg("deadline_s"), help="kernel deadline in seconds"
+        )
+        r.add_argument(
+            "--stall", type=S.limit_arg("stall_s"), help="stall window in seconds (probes on)"
+        )
+        r.add_argument(
+            "--compile-deadline", type=S.limit_arg("compile_s"), help="compile deadline in seconds"
+        )
+        r.add_argument("--runs-dir", default="runs", help="where run directories go")
+        r.add_argument(
+            "--warm",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help="fork workers from the warm pool's resident server, starting it if none runs "
+            "(--no-warm: never; default: CUTEDEBUG_WARM, else a running server only; "
+            "`cutedebug pool` starts, lists and stops servers)",
+        )
+        from cutedebug.commands import perturb_args  # --perturb N [--policy ...] [--replay S]
 
-    perturb_args.add_arguments(r)
-    r.set_defaults(func=cmd_run)
-
-    ls = sub.add_parser("list", help="list scenarios")
-    ls.add_argument("dir", nargs="?", default="scenarios")
-    ls.add_argument("--json", action="store_true")
-    ls.set_defaults(func=cmd_list)
-
-    f = sub.add_parser("faults", help="list injectable faults")
-    f.add_argument("--json", action="store_true")
-    f.set_defaults(func=cmd_faults)
-    from cutedebug.commands import sanitize as sanitize_cmd  # `cutedebug sanitize`
-
-    sanitize_cmd.add_parser(sub)
-    from cutedebug.commands import triage  # `cutedebug triage`
-
-    triage.add_parser(sub)
-    from cutedebug.commands import shard  # `cutedebug merge` (of triage --shard outputs)
-
-    shard.add_parser(sub)
-    from cutedebug.commands import lint  # `cutedebug lint`
-
-    lint.add_parser(sub)
-    from cutedebug.commands import bisect  # `cutedebug bisect`
-
-    bisect.add_parser(sub)
-    from cutedebug.commands import exec as exec_cmd  # `cutedebug exec`
-
-    exec_cmd.add_parser(sub)
-    from cutedebug.commands import mutate  # `cutedebug mutate`
-
-    mutate.add_parser(sub)
-    from cutedebug.commands import pool as pool_cmd  # `cutedebug pool start|status|stop`
-
-    pool_cmd.add_parser(sub)
+        perturb_args.add_arguments(r)
+        r.set_defaults(func=cmd_run)
+    if only in (None, "list"):
+        ls = sub.add_parser("list", help="list scenarios")
+        ls.add_argument("dir", nargs="?", default="scenarios")
+        ls.add_argument("--json", action="store_true")
+        ls.set_defaults(func=cmd_list)
+    if only in (None, "faults"):
+        f = sub.add_parser("faults", help="list injectable faults")
+        f.add_argument("--json", action="store_true")
+        f.set_defaults(func=cmd_faults)
+    for name, module in COMMANDS.items():
+        if module is not None and only in (None, name):
+            module().add_parser(sub)
     return p
 
 
@@ -418,7 +428,8 @@ def _terminate(signum, _frame):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(chosen_command(argv))
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse: --help (0) or a bad option (2, message printed)
