@@ -5,12 +5,13 @@ alternated within each rep so that load drifts over all of them alike).
     python3 tools/cold_breakdown.py [--reps 3] [--json OUT]
 
 Pieces: the bare interpreter; the CLI's imports (`cutedebug --help`); `import torch`; torch with
-a CUDA context (what a run's worker does before its inputs exist); `import cutlass.cute`; the
-GPU health check in a new process (``python -m cutedebug.engine.health``), through torch and
-with ``CUTEDEBUG_HEALTH_DRIVER=1``. Where there is no GPU device node the CUDA and health
-pieces are skipped (said so). First it prints whether this interpreter writes bytecode and
-whether the DSL has it cached (tools/pool_bench.py: bytecode_state): without both, every new
-process compiles cutlass's sources again.
+a CUDA context (what a run's worker does before its inputs exist); `import cutlass.cute`; torch
+with its context then cutlass, and the same with torch and the context in a thread beside
+cutlass's import (what a worker overlapping them could gain). (The health check in a new
+process is gpu_pending's perturb_keys step's, both ways.) Where there is no GPU device node
+the CUDA pieces are skipped (said so). First it prints whether this interpreter writes
+bytecode and whether the DSL has it cached (tools/pool_bench.py: bytecode_state): without
+both, every new process compiles cutlass's sources again.
 """
 
 from __future__ import annotations
@@ -28,8 +29,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pool_bench import bytecode_state  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-CUDA_CONTEXT = (
-    "import torch; torch.cuda.init(); torch.empty(1, device='cuda'); torch.cuda.synchronize()"
+CONTEXT = "torch.cuda.init(); torch.empty(1, device='cuda'); torch.cuda.synchronize()"
+CUDA_CONTEXT = "import torch; " + CONTEXT
+# A cold worker imports torch and makes its CUDA context, then imports cutlass: one after the
+# other, and the same with torch and the context in a thread beside cutlass's import (what an
+# overlapping worker could gain, the GIL and the import locks included).
+IN_TURN = CUDA_CONTEXT + "; import cutlass.cute"
+BESIDE = (
+    "import threading\nerr = []\n"
+    "def gpu():\n    try:\n        import torch\n        "
+    + CONTEXT.replace("; ", "\n        ")
+    + "\n    except BaseException as e:\n        err.append(e)\n"
+    "t = threading.Thread(target=gpu)\nt.start()\nimport cutlass.cute\nt.join()\n"
+    "if err:\n    raise err[0]"
 )
 PIECES = (  # name, argv after the interpreter, extra environment, needs a GPU
     ("python", ["-c", "pass"], {}, False),
@@ -37,8 +49,8 @@ PIECES = (  # name, argv after the interpreter, extra environment, needs a GPU
     ("torch", ["-c", "import torch"], {}, False),
     ("torch_cuda_context", ["-c", CUDA_CONTEXT], {}, True),
     ("cutlass", ["-c", "import cutlass.cute"], {}, False),
-    ("health_torch", ["-m", "cutedebug.engine.health"], {"CUTEDEBUG_HEALTH_DRIVER": "0"}, True),
-    ("health_driver", ["-m", "cutedebug.engine.health"], {"CUTEDEBUG_HEALTH_DRIVER": "1"}, True),
+    ("context_then_cutlass", ["-c", IN_TURN], {}, True),
+    ("context_beside_cutlass", ["-c", BESIDE], {}, True),
 )
 
 
@@ -67,16 +79,14 @@ def main() -> int:
     gpu = gpu_here()
     pieces = [p for p in PIECES if gpu or not p[3]]
     if not gpu:
-        print("no GPU device node here: the CUDA and health pieces are skipped")
+        print("no GPU device node here: the CUDA pieces are skipped")
     samples: dict[str, list[float]] = {name: [] for name, *_ in pieces}
-    last: dict[str, str] = {}
     ok = True
     for rep in range(args.reps):
         order = pieces if rep % 2 == 0 else pieces[::-1]
         for name, argv, extra, _ in order:
             wall, rc, line = timed(argv, extra)
             samples[name].append(round(wall, 3))
-            last[name] = line[:200]
             if rc != 0:
                 ok = False
                 print(f"{name}: exit status {rc}: {line[:300]}")
@@ -84,7 +94,6 @@ def main() -> int:
         print(
             f"{name:20s} median {statistics.median(walls):6.2f} s "
             f"(min {min(walls):.2f}, max {max(walls):.2f}, n={len(walls)})"
-            + (f"  -> {last[name]}" if name.startswith("health") else "")
         )
     if args.json:
         Path(args.json).write_text(json.dumps({"bytecode": state, "samples": samples}, indent=1))

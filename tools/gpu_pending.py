@@ -339,14 +339,15 @@ STEPS = [
         "22",
         # s4: 79 s for pool_bench (cold 12.4 s, warm 2.8 s a round); the cold run no longer
         # starts a health-check interpreter after a probed hang (~8 s a round, estimated), and
-        # cold_breakdown's 3 reps of its 7 pieces ~40 s
-        120,
+        # cold_breakdown's 3 reps of its 7 pieces ~45 s
+        130,
         False,
         "python3 tools/pool_bench.py --rounds 5 --json $STEP_OUT/pool.json; "
         "python3 tools/cold_breakdown.py --reps 3 --json $STEP_OUT/parts.json",
         "cutedebug run of a probed HANG: cold (<= 5 s) and warm pool (<= 2 s), alternated, "
         "every phase (health_via: worker); then a fresh interpreter's pieces (torch, a CUDA "
-        "context, cutlass, the CLI, the health check both ways) and whether bytecode is cached",
+        "context, cutlass, both in turn and side by side in two threads, the CLI) and whether "
+        "bytecode is cached",
     ),
     Step(
         "cold_bytecode",
