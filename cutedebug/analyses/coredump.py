@@ -50,6 +50,7 @@ from cutedebug.analyses.coredump_capture import (  # noqa: F401  (the capture ha
 )
 from cutedebug.analyses.coredump_evidence import (
     _next_site,
+    bounded,
     crash_evidence,
     diagnosis,
     grade,
@@ -176,8 +177,7 @@ def _read(
     early = smap is not None and all(w.kernel in base for w in mine)
     if early:  # place the PCs now, so the second round reads the registers too
         _offsets(rep.warps, base)
-        for w in mine:
-            _place(w, code, smap, checkpoint_sites or [])
+        _place_all(mine, code, smap, checkpoint_sites or [])
     reps = _one_per_pc(rep.warps)
     cmds: list[str] = []
     if sass_text is None and reps:
@@ -224,8 +224,7 @@ def _read(
             f"({', '.join(names)}) not placed: the SASS is the run's "
             "kernel's"
         )
-    for w in mine:  # again: the frames (lines) came with the second round
-        _place(w, code, smap, checkpoint_sites or [])
+    _place_all(mine, code, smap, checkpoint_sites or [])  # again: the frames came with round 2
     if not early:
         cmds = _register_commands(rep.warps)
         if cmds:
@@ -272,6 +271,29 @@ def _one_per_pc(warps: list[WarpRecord]) -> list[WarpRecord]:
     for w in warps:
         out.setdefault((w.kernel, w.pc), w)
     return list(out.values())
+
+
+PLACED = ("construct", "file", "line", "site", "site_exact", "op", "barrier", "role")
+
+
+def _place_all(
+    warps: list[WarpRecord], code: S.Sass, smap: S.SiteMap, cp_sites: list[dict[str, Any]]
+) -> None:
+    """:func:`_place` once per distinct place (function offset and innermost frame), copied to
+    every warp there: a big grid's thousands of warps sit on a few PCs."""
+    done: dict[tuple, WarpRecord] = {}
+    for w in warps:
+        if w.offset is None:
+            continue
+        f = w.frames[0] if w.frames else {}
+        key = (w.kernel, w.offset, f.get("file"), f.get("line"))
+        first = done.get(key)
+        if first is None:  # (the warps of a key were placed alike before: same prior role)
+            _place(w, code, smap, cp_sites)
+            done[key] = w
+        else:
+            for k in PLACED:
+                setattr(w, k, getattr(first, k))
 
 
 def _place(w: WarpRecord, code: S.Sass, smap: S.SiteMap, cp_sites: list[dict[str, Any]]) -> None:
@@ -442,15 +464,19 @@ def analyse(
     if rep.exception is not None:
         out["crash"] = crash_evidence(rep)
         return out
-    sites = stuck_sites(rep, cp_sites)
+    # a big grid's thousands of stuck warps: at most PICTURE_MAX_ITEMS in the report, every
+    # kind of place among them; the diagnosis and the per-role answers count them all
+    sites, unlisted = bounded(stuck_sites(rep, cp_sites))
     out.update(
         probe_source="coredump (cuda-gdb on the GPU core taken before the kill; no probes)",
         stuck_sites=sites,
         diagnosis=diagnosis(rep, cp_sites),
         role_answers=role_answers(rep, cp_sites),
-        warps=[w.to_json() for w in rep.warps][:256],
+        warps=[w.to_json() for w in rep.warps[:256]],
         coredump_picture=picture(rep),
     )
+    if unlisted:
+        out["stuck_sites_unlisted"] = unlisted
     if expected:
         out["coredump_grade"] = grade(expected, rep, cp_sites, by=localized_by)
     return out

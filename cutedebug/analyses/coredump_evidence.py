@@ -14,6 +14,7 @@ from collections import Counter
 from typing import Any
 
 from cutedebug.analyses.cudagdb import CoreReport, WarpRecord
+from cutedebug.instrument.probe_diagnosis import PICTURE_MAX_ITEMS
 
 
 def parity(w: WarpRecord) -> int | None:
@@ -50,7 +51,49 @@ def stuck_sites(
     rep: CoreReport, cp_sites: list[dict[str, Any]] | None = None
 ) -> list[dict[str, Any]]:
     """One entry per live warp that waits (as the probes give one per stuck warp), plus one
-    per warp that is gone where that implies where its role stopped (:func:`inferred_sites`)."""
+    per warp that is gone where that implies where its role stopped (:func:`inferred_sites`).
+    Computed once per core and checkpoint table (role_answers, diagnosis and grade ask again;
+    a big grid has thousands of entries); a new list each call."""
+    key = ("stuck_sites", repr(cp_sites or []))
+    if key not in rep.derived:
+        rep.derived[key] = _stuck_sites(rep, cp_sites or [])
+    return list(rep.derived[key])
+
+
+def bounded(
+    sites: list[dict[str, Any]], limit: int = PICTURE_MAX_ITEMS
+) -> tuple[list[dict[str, Any]], int]:
+    """At most ``limit`` stuck sites, the first of every kind (role, op, barrier, place, what
+    the warp does, inferred or not) kept first, in their order; and how many were left out.
+    The probes' pictures are bounded the same way (probe_diagnosis.PICTURE_MAX_ITEMS)."""
+    return first_of_each_kind(
+        sites,
+        lambda s: (s["role"], s["op"], s["barrier"], s["location"], s["kind"], s.get("inferred")),
+        limit,
+    )
+
+
+def first_of_each_kind(items: list, kind: Any, limit: int) -> tuple[list, int]:
+    """At most ``limit`` of ``items`` in their order: the first item of every kind, then the
+    others from the start; and how many were left out."""
+    if len(items) <= limit:
+        return list(items), 0
+    seen: set = set()
+    keep: set[int] = set()
+    for i, x in enumerate(items):
+        k = kind(x)
+        if k not in seen:
+            seen.add(k)
+            keep.add(i)
+    keep = set(sorted(keep)[:limit])
+    i = 0
+    while len(keep) < limit:
+        keep.add(i)
+        i += 1
+    return [x for i, x in enumerate(items) if i in keep], len(items) - len(keep)
+
+
+def _stuck_sites(rep: CoreReport, cp_sites: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for w in sorted(rep.warps, key=lambda w: (w.cta, w.warp)):
         if w.construct is None or w.construct.kind in ("other", "exit"):
@@ -82,7 +125,7 @@ def stuck_sites(
                 "source": "coredump",
             }
         )
-    return out + inferred_sites(rep, cp_sites or [])
+    return out + inferred_sites(rep, cp_sites)
 
 
 def missing_warps(rep: CoreReport) -> dict[int, list[int]]:
@@ -113,8 +156,12 @@ def inferred_sites(rep: CoreReport, cp_sites: list[dict[str, Any]]) -> list[dict
     warp of those CTAs."""
     gone = missing_warps(rep)
     out = []
+    by_cta: dict[int, list[WarpRecord]] = {}
+    if gone:
+        for w in rep.warps:
+            by_cta.setdefault(w.cta, []).append(w)
     for cta, warps in sorted(gone.items()):
-        live = [w for w in rep.warps if w.cta == cta]
+        live = by_cta.get(cta, [])
         roles = {w.role for w in live}
         if roles & {"?", "any", "all"}:
             continue  # a live warp of unknown role may be the one that arrives
@@ -383,11 +430,15 @@ def picture(rep: CoreReport) -> dict[str, Any]:
                 globaltimer=0,
             )
         )
-    snap = probes.ProbeSnapshot(stuck=stuck, n_stuck_reported=len(stuck))
+    # bounded as a probe picture is (the footnote lines and the diagnosis count them all)
+    kept, unlisted = first_of_each_kind(
+        stuck, lambda r: (r.site_id, r.warp, r.phase), PICTURE_MAX_ITEMS
+    )
     return {
-        "stuck": [r.to_json() for r in snap.stuck],
+        "stuck": [r.to_json() for r in kept],
         "beacons": [],
         "n_stuck_reported": len(stuck),
+        "stuck_unlisted": unlisted,
         "sites": table.to_json(),
         "lines": picture_lines(rep),
     }

@@ -422,3 +422,5 @@ class CoreReport:
     raw: dict[str, str] = field(default_factory=dict)  # each pass's output (kept in the run)
     base: dict[int, int] = field(default_factory=dict)  # kernel id -> its function's address
     sass: Any = None  # sass.Sass of the kernel, when there was SASS
+    # what coredump_evidence derived from the warps, kept (stuck sites per checkpoint table)
+    derived: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)

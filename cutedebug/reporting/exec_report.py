@@ -160,6 +160,10 @@ def to_markdown(res: ExecResult, expect: str = "PASS", command: str = "") -> str
                 f"| {g['ctas']} | {g['warps']} | {g['role']} | {g['op']} | {bar} | "
                 f"{g['phase']} | {g['waited_ms']} | {g['location']} |"
             )
+        if ev.get("stuck_sites_unlisted"):
+            from cutedebug.reporting.report import unlisted_note
+
+            lines.append(unlisted_note(ev))
         lines.append("")
     if ev.get("stuck_map_text"):
         lines += ["## Stuck map", "", f"Source: {ev.get('probe_source')}.", ""]

@@ -67,6 +67,16 @@ def stuck_map(result: RunResult) -> tuple[SM.StuckMap, str] | None:
     )
 
 
+def unlisted_note(ev: dict[str, Any]) -> str:
+    """The line under a stuck-site table whose evidence left sites out (a core of a big grid:
+    cutedebug.analyses.coredump keeps PICTURE_MAX_ITEMS, every kind of place among them)."""
+    n, kept = ev.get("stuck_sites_unlisted") or 0, len(ev.get("stuck_sites") or [])
+    return (
+        f"\n{n} more stuck warp(s) not listed: the report keeps {kept}, every kind of place "
+        f"among them; the diagnosis counts all {n + kept}."
+    )
+
+
 def where(result: RunResult) -> str:
     """One phrase for where the problem is, if known."""
     sites = result.evidence.get("stuck_sites") or []
@@ -320,6 +330,9 @@ def to_markdown(
                 g["location"],
             ]
             lines.append("| " + " | ".join(md_text(x) for x in cells) + " |")
+        lines += (
+            [unlisted_note(result.evidence)] if result.evidence.get("stuck_sites_unlisted") else []
+        )
         lines.append("")
     sm = stuck_map(result)
     if sm is not None:
