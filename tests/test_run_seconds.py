@@ -235,3 +235,40 @@ def test_a_run_does_not_import_the_other_commands():
     loaded = set(json.loads(out))
     others = {"sanitize", "triage", "shard", "lint", "bisect", "exec", "mutate", "pool"}
     assert not loaded & {f"cutedebug.commands.{m}" for m in others}, loaded
+
+
+# ---- a cold worker's GPU lookup beside cutlass's import (opt-in) --------------------------------
+FAKE_GPU_WORKER = """
+import sys, threading
+from cutedebug import devices
+from cutedebug.engine import worker
+devices.gpu_device_node = lambda: "/dev/nvidiactl"  # a GPU machine, as far as the worker asks
+def detect_device():
+    name = threading.current_thread().name
+    return {"present": False, "reason": "looked up in " + name + " with cutlass imported: "
+            + str("cutlass.cute" in sys.modules)}
+worker.detect_device = detect_device
+sys.exit(worker.main([sys.argv[1]]))
+"""
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_fresh_run_worker_looks_for_the_gpu_beside_cutlasss_import_when_asked(tmp_path, overlap):
+    import os
+    import subprocess
+    import sys
+
+    sc = S.adhoc(f"{ROOT}/kernels/minimal.py:Minimal", {}, None, {}, "PASS")
+    req, events, _ = runner.write_request(tmp_path, sc, mode="run")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), CUTEDEBUG_OVERLAP_IMPORTS="1" if overlap else "0")
+    subprocess.run([sys.executable, "-c", FAKE_GPU_WORKER, str(req)], cwd=ROOT, env=env, check=True)
+    evs = [json.loads(line) for line in events.read_text().splitlines()]
+    names = [e["event"] for e in evs]
+    (device,) = [e for e in evs if e["event"] == "device"]
+    if overlap:  # asked in the lookup thread while the main thread imported cutlass
+        assert device["reason"].startswith("looked up in cutedebug-device")
+    else:  # asked first, in the main thread, before cutlass
+        assert device["reason"] == "looked up in MainThread with cutlass imported: False"
+    # either way the run goes on as before: compiled, then not run (no GPU after all)
+    assert names[:2] == ["started", "device"] and names[-1] == "done"
+    assert "compiled" in names and evs[-2]["event"] == "unsupported"

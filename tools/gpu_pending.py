@@ -338,14 +338,15 @@ STEPS = [
         "warm",
         "22",
         # s4: 79 s for pool_bench (cold 12.4 s, warm 2.8 s a round); the cold run no longer
-        # starts a health-check interpreter after a probed hang (~8 s a round, estimated), and
-        # cold_breakdown's 3 reps of its 7 pieces ~45 s
-        130,
+        # starts a health-check interpreter after a probed hang (~8 s, estimated), the overlap
+        # side ~7 s: ~18 s a round; cold_breakdown's 3 reps of its 7 pieces ~45 s
+        150,
         False,
-        "python3 tools/pool_bench.py --rounds 5 --json $STEP_OUT/pool.json; "
+        "python3 tools/pool_bench.py --rounds 5 --overlap --json $STEP_OUT/pool.json; "
         "python3 tools/cold_breakdown.py --reps 3 --json $STEP_OUT/parts.json",
-        "cutedebug run of a probed HANG: cold (<= 5 s) and warm pool (<= 2 s), alternated, "
-        "every phase (health_via: worker); then a fresh interpreter's pieces (torch, a CUDA "
+        "cutedebug run of a probed HANG: cold (<= 5 s), cold with the worker's GPU lookup "
+        "beside cutlass's import (CUTEDEBUG_OVERLAP_IMPORTS=1) and warm pool (<= 2 s), "
+        "alternated, every phase (health_via: worker); then a fresh interpreter's pieces (torch, a CUDA "
         "context, cutlass, both in turn and side by side in two threads, the CLI) and whether "
         "bytecode is cached",
     ),

@@ -1,14 +1,16 @@
 """Wall time of `cutedebug run` cold (a fresh worker interpreter) against warm (a worker forked
 from the warm pool's resident server), alternated in one loop.
 
-    python3 tools/pool_bench.py [SCENARIO] [--rounds N] [--compile-only] [--json OUT]
+    python3 tools/pool_bench.py [SCENARIO] [--rounds N] [--compile-only] [--overlap]
+                                [--json OUT]
 
 Each round runs the same command twice, as a user would type it (a new `cutedebug` process
-each time), `--no-warm` then `--warm`, so machine load drifts over both sides alike. The pool's
-server is started before the first round (`cutedebug pool start`, its start reported apart)
-and stopped after the last (`cutedebug pool stop`, with the processes it left). Prints each
-round, then per side the median, min and max wall and the report's phases (report.json
-timings: spawn, imports and the part of them that looked for the GPU (device), inputs, compile,
+each time), `--no-warm` then `--warm`, so machine load drifts over both sides alike
+(``--overlap``: a third side between them, cold with CUTEDEBUG_OVERLAP_IMPORTS=1, the worker's
+GPU lookup in a thread beside cutlass's import). The pool's server is started before the
+first round (`cutedebug pool start`, its start reported apart) and stopped after the last
+(`cutedebug pool stop`, with the processes it left). Prints each round, then per side the
+median, min and max wall and the report's phases (report.json timings: spawn, imports and the part of them that looked for the GPU (device), inputs, compile,
 launch, exit, verdict, health) plus ``cli_s``, the command's own seconds outside the run (its
 interpreter, imports, the report), and how the GPU health was checked (``health_via``: worker,
 torch, driver). Then the median of warm/cold per round. First it prints what decides an
@@ -32,6 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = ROOT / "scenarios" / "tma_stream" / "wrong_expect_tx_plus.toml"
+OVERLAP = "CUTEDEBUG_OVERLAP_IMPORTS"  # engine/worker.py: DeviceLookup
 PHASES = (
     "pool_s",
     "spawn_s",
@@ -63,10 +66,14 @@ def bytecode_state() -> dict:
     }
 
 
-def cutedebug(*args: str) -> tuple[float, subprocess.CompletedProcess]:
+def cutedebug(*args: str, env: dict[str, str] | None = None):
     t0 = time.monotonic()
     r = subprocess.run(
-        [sys.executable, "-m", "cutedebug", *args], capture_output=True, text=True, cwd=ROOT
+        [sys.executable, "-m", "cutedebug", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=None if env is None else {**os.environ, **env},
     )
     return time.monotonic() - t0, r
 
@@ -85,6 +92,12 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--compile-only", action="store_true")
     ap.add_argument("--json", help="write every run's wall and phases here")
+    ap.add_argument(
+        "--overlap",
+        action="store_true",
+        help="a third side, cold_overlap: cold with CUTEDEBUG_OVERLAP_IMPORTS=1 (the worker "
+        "looks for the GPU in a thread beside cutlass's import)",
+    )
     args = ap.parse_args()
     runs_dir = tempfile.mkdtemp(prefix="pool-bench-")
     common = ["--runs-dir", runs_dir] + (["--compile-only"] if args.compile_only else [])
@@ -92,11 +105,15 @@ def main() -> int:
     print(f"bytecode: {state}")
     wall, r = cutedebug("pool", "start")
     print(f"pool start: {wall:.2f} s wall: {r.stdout.strip().splitlines()[0] if r.stdout else ''}")
-    sides: dict[str, list[dict]] = {"cold": [], "warm": []}
+    kinds = [("cold", "--no-warm", {OVERLAP: "0"})]
+    if args.overlap:
+        kinds.append(("cold_overlap", "--no-warm", {OVERLAP: "1"}))
+    kinds.append(("warm", "--warm", None))
+    sides: dict[str, list[dict]] = {side: [] for side, _, _ in kinds}
     ok = r.returncode == 0
     for i in range(args.rounds):
-        for side, flag in (("cold", "--no-warm"), ("warm", "--warm")):
-            wall, r = cutedebug("run", flag, *common, args.scenario)
+        for side, flag, env in kinds:
+            wall, r = cutedebug("run", flag, *common, args.scenario, env=env)
             rep = report(r.stdout)
             t = dict(rep.get("timings", {}))
             if "wall_s" in t:
@@ -127,6 +144,12 @@ def main() -> int:
         f"warm/cold wall per round: median {statistics.median(ratios):.2f} "
         f"(min {min(ratios):.2f}, max {max(ratios):.2f}); load {os.getloadavg()[0]:.1f}"
     )
+    if args.overlap:
+        over = [o["wall_s"] / c["wall_s"] for c, o in zip(sides["cold"], sides["cold_overlap"])]
+        print(
+            f"cold_overlap/cold wall per round: median {statistics.median(over):.2f} "
+            f"(min {min(over):.2f}, max {max(over):.2f})"
+        )
     if args.json:
         Path(args.json).write_text(
             json.dumps({"sides": sides, "ratios": ratios, "bytecode": state}, indent=1)

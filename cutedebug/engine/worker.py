@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from contextlib import ExitStack, nullcontext
@@ -69,6 +70,47 @@ def detect_device() -> dict[str, Any]:
         return {"present": False, "reason": f"CUDA unusable: {e}"}
 
 
+OVERLAP_VAR = "CUTEDEBUG_OVERLAP_IMPORTS"  # "1": DeviceLookup in a fresh run worker
+
+
+class DeviceLookup:
+    """A fresh run worker's GPU lookup (detect_device: torch's import, CUDA's init) and its CUDA
+    context, in a thread beside the main thread's import of cutlass: a cold run's two longest
+    waits, overlapped. Only with CUTEDEBUG_OVERLAP_IMPORTS=1 (until measured on a GPU:
+    tools/pool_bench.py --overlap), only for a run, only where a GPU device node exists, and
+    not in a worker forked from a server (torch imported already: nothing to overlap)."""
+
+    def __init__(self) -> None:
+        self.device: dict[str, Any] | None = None
+        self._thread = threading.Thread(target=self._look, name="cutedebug-device", daemon=True)
+
+    @classmethod
+    def start(cls, mode: str) -> DeviceLookup | None:
+        if mode != "run" or os.environ.get(OVERLAP_VAR) != "1" or "torch" in sys.modules:
+            return None
+        if devices.gpu_device_node() is None:
+            return None
+        lookup = cls()
+        lookup._thread.start()
+        return lookup
+
+    def _look(self) -> None:
+        device = detect_device()
+        if device.get("present"):
+            try:  # the context now, not at make_inputs (a failure there is reported there)
+                import torch
+
+                torch.empty(1, device="cuda")
+                torch.cuda.synchronize()
+            except Exception:  # noqa: BLE001  (make_inputs meets it again and reports it)
+                pass
+        self.device = device
+
+    def join(self) -> dict[str, Any]:
+        self._thread.join()
+        return self.device or {"present": False, "reason": "the GPU lookup gave no answer"}
+
+
 def ptx_entries(ptx: str) -> list[str]:
     """The kernel symbols of a PTX module (``.entry NAME(``): the names compute-sanitizer
     reports for this kernel's findings (other kernels of the process are told apart by them)."""
@@ -105,15 +147,14 @@ def run(request: dict[str, Any], events: Events) -> None:
 
     # A compile-only run never touches the GPU: it does not import torch to look for one (the
     # 1.7 s of CPU a fresh interpreter would spend on it; the kernels import torch lazily).
-    device = (
-        detect_device()
-        if mode == "run"
-        else {"present": None, "reason": "compile-only run: no GPU looked for"}
-    )
-    events.emit("device", **device)
-    archs = sc["archs"]
-    runnable = mode == "run" and device["present"] and device["arch"] in archs
-    target = device["arch"] if runnable else archs[0]
+    lookup = DeviceLookup.start(mode)  # opt-in: torch and CUDA beside cutlass's import
+    if lookup is None:
+        device = (
+            detect_device()
+            if mode == "run"
+            else {"present": None, "reason": "compile-only run: no GPU looked for"}
+        )
+        events.emit("device", **device)
     if request.get("lineinfo"):
         os.environ["CUTE_DSL_LINEINFO"] = "1"
 
@@ -122,6 +163,12 @@ def run(request: dict[str, Any], events: Events) -> None:
 
     from cutedebug import kernel_api
 
+    if lookup is not None:
+        device = lookup.join()
+        events.emit("device", **device)
+    archs = sc["archs"]
+    runnable = mode == "run" and device["present"] and device["arch"] in archs
+    target = device["arch"] if runnable else archs[0]
     where = f"{sc['kernel']['file']}:{sc['kernel']['entry']}"
     missing = required_modules_missing(sc.get("modules") or [])
     if missing:
