@@ -272,3 +272,19 @@ def test_a_fresh_run_worker_looks_for_the_gpu_beside_cutlasss_import_when_asked(
     # either way the run goes on as before: compiled, then not run (no GPU after all)
     assert names[:2] == ["started", "device"] and names[-1] == "done"
     assert "compiled" in names and evs[-2]["event"] == "unsupported"
+
+
+def test_the_health_check_process_skips_the_interpreters_teardown():
+    """`python -m cutedebug.engine.health` (the check after a kill, in a fresh interpreter)
+    prints its answer and ends without tearing torch down: an atexit hook never runs."""
+    import subprocess
+    import sys
+
+    code = (
+        "import atexit, runpy, sys; atexit.register(lambda: print('TEARDOWN', flush=True)); "
+        "sys.argv = ['health']; runpy.run_module('cutedebug.engine.health', run_name='__main__')"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    lines = r.stdout.strip().splitlines()
+    assert r.returncode == 0 and "TEARDOWN" not in r.stdout, r.stdout
+    assert "healthy" in json.loads(lines[-1])  # the answer, printed and flushed
