@@ -288,3 +288,31 @@ def test_the_health_check_process_skips_the_interpreters_teardown():
     lines = r.stdout.strip().splitlines()
     assert r.returncode == 0 and "TEARDOWN" not in r.stdout, r.stdout
     assert "healthy" in json.loads(lines[-1])  # the answer, printed and flushed
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("overlap", ["0", "1"])
+def test_on_the_gpu_a_probed_hang_is_checked_in_its_worker(tmp_path, overlap):
+    """The README's probed HANG, cold, as a user runs it: HANG as expected and localized, the GPU
+    checked in the worker (no health-check process, no folder of one), with the worker's GPU
+    lookup in its main thread and beside cutlass's import (CUTEDEBUG_OVERLAP_IMPORTS)."""
+    import os
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-m", "cutedebug", "run", "--no-warm", "--runs-dir", str(tmp_path)]
+        + ["scenarios/tma_stream/wrong_expect_tx_plus.toml"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+        env=dict(os.environ, CUTEDEBUG_OVERLAP_IMPORTS=overlap),
+    )
+    assert r.returncode == 0, r.stdout + r.stderr  # verdict and localization as expected
+    line = next(ln for ln in r.stdout.splitlines() if ln.strip().startswith("report:"))
+    run_dir = Path(line.split("report:", 1)[1].strip()).parent
+    rep = json.loads((run_dir / "report.json").read_text())
+    assert rep["verdict"] == "HANG"
+    assert rep["health"]["via"] == "worker" and rep["health"]["healthy"] is True
+    assert rep["timings"]["health_s"] < 0.5 and not (run_dir / "health").exists()

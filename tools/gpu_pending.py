@@ -168,7 +168,7 @@ STEPS = [
     Step(
         "pytest_gpu",
         "18",
-        220,  # s4: 199 s (8 GPU tests + the lifeline attacks)
+        240,  # s4: 199 s (8 GPU tests + the lifeline attacks); + 2 cold runs (test_run_seconds)
         False,
         "python3 -m pytest -m gpu -q -p no:cacheprovider -rfEs --durations=15; echo rc=$?; "
         "python3 tools/gpu_trust_check.py --out $STEP_OUT/trust; echo rc=$?",
