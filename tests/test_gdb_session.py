@@ -41,8 +41,10 @@ def fake_gdb(tmp_path: Path, rounds: list[str], **cfg) -> tuple[str, Path]:
     return str(exe), starts
 
 
-def pids(starts: Path) -> list[int]:
-    return [int(x) for x in starts.read_text().split()] if starts.exists() else []
+def pids(starts: Path, mode: str = "session") -> list[int]:
+    """The fake cuda-gdb's starts in ``mode`` (session: interactive; batch: -batch)."""
+    rows = [x.split() for x in starts.read_text().splitlines()] if starts.exists() else []
+    return [int(p) for p, m in rows if m == mode]
 
 
 def gone(pid: int) -> bool:
@@ -153,11 +155,37 @@ def test_nvdisasm_runs_while_cuda_gdb_loads_the_core(monkeypatch):
 
 
 def test_the_session_is_closed_when_reading_fails(monkeypatch):
-    fake = PassReplay(["nothing a parser knows\n"])
+    """A core neither way can read: the error, both tried, the session closed, and the next
+    core still tried in one process (the session is not what failed)."""
+    monkeypatch.setattr(coredump, "SESSION_FAILED", "")
+    fake, batch = PassReplay(["nothing a parser knows\n"]), PassReplay(["nor here\n"])
     monkeypatch.setattr(coredump, "gdb_session", fake.session)
+    monkeypatch.setattr(coredump, "gdb_batch", batch.session)
     with pytest.raises(RuntimeError, match="listed no warp"):
         coredump.read_core("core", sass_text=None)
-    assert (fake.opened, fake.closed) == (1, 1)
+    assert (fake.opened, fake.closed, batch.opened) == (1, 1, 1)
+    assert coredump.SESSION_FAILED == ""
+
+
+def test_a_cuda_gdb_that_cannot_be_driven_on_pipes_falls_back_to_batch(tmp_path, monkeypatch):
+    """Should cuda-gdb quit when its stdin is a pipe, the rounds go to one `cuda-gdb -batch`
+    each (as before), the report says why, and the next core goes there at once."""
+    monkeypatch.setattr(coredump, "SESSION_FAILED", "")
+    doc = recorded("tma_stream__wrong_expect_tx_plus")
+    exe, starts = fake_gdb(tmp_path, doc["passes"], no_session=True)
+    rep = read(doc, cuda_gdb=exe)
+    assert len(pids(starts, "session")) == 1 and len(pids(starts, "batch")) == 2
+    assert rep.processes == 2 and rep.fallback.startswith(
+        "one cuda-gdb process for every round failed: cuda-gdb listed no warp"
+    )
+    cps = doc["checkpoint_sites"]
+    assert {r: (a["op"], a["barrier"]) for r, a in E.role_answers(rep, cps).items()} == {
+        "consumer": ("consumer_wait", "full"),
+        "producer": ("producer_acquire", "empty"),
+    }
+    starts.unlink()
+    rep2 = read(doc, cuda_gdb=exe)
+    assert pids(starts, "session") == [] and rep2.fallback == rep.fallback
 
 
 def test_pipes_of_a_closed_session_are_closed(tmp_path):

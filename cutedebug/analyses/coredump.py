@@ -63,6 +63,7 @@ from cutedebug.analyses.cudagdb import (
     CoreReport,
     WarpRecord,
     find_nvdisasm,
+    gdb_batch,
     gdb_session,
     parse_exception,
     parse_frames,
@@ -115,13 +116,46 @@ def read_core(
     and x/1i (the kernel's address, so every absolute PC gets its offset); (2) per distinct PC
     a bt, and the barrier registers of the waiting warps. Otherwise a third round reads the
     registers once the PCs are placed. ``sass_text`` may be a callable (nvdisasm of the cubin):
-    it is called while cuda-gdb loads the core."""
-    t_end = time.monotonic() + timeout_s
-    gdb = gdb_session(core, cuda_gdb)
-    try:
-        return _read(gdb, core, sass_text, wait_sites, checkpoint_sites, t_end)
-    finally:
-        gdb.close()
+    it is called while cuda-gdb loads the core.
+
+    Should the session fail (cuda-gdb exits, prints no warp, or a round times out), the same
+    rounds go to one ``cuda-gdb -batch`` each, with a fresh time limit, as the reader ran
+    before; ``fallback`` says why, and later cores of this process go there directly."""
+    global SESSION_FAILED
+    if callable(sass_text):
+        sass_text = _once(sass_text)
+    args = (core, sass_text, wait_sites, checkpoint_sites)
+    why = SESSION_FAILED
+    if not why:
+        gdb = gdb_session(core, cuda_gdb)
+        try:
+            rep = _read(gdb, *args, time.monotonic() + timeout_s)
+            rep.processes = gdb.started
+            return rep
+        except RuntimeError as e:
+            why = f"one cuda-gdb process for every round failed: {e}"[:300]
+        finally:
+            gdb.close()
+    gdb = gdb_batch(core, cuda_gdb)
+    rep = _read(gdb, *args, time.monotonic() + timeout_s)
+    SESSION_FAILED = why  # -batch read the core the session could not: keep to -batch
+    rep.processes, rep.fallback = gdb.started, why
+    return rep
+
+
+# Why the one-process session failed on a core -batch then read (later cores: -batch at once)
+SESSION_FAILED = ""
+
+
+def _once(f: Callable[[], str | None]) -> Callable[[], str | None]:
+    done: list[str | None] = []
+
+    def once() -> str | None:
+        if not done:
+            done.append(f())
+        return done[0]
+
+    return once
 
 
 def _read(
@@ -450,7 +484,8 @@ def analyse(
         gdb_s=rep.gdb_s,
         gdb_passes=rep.passes,
         gdb_rounds_s=rep.rounds_s,
-        gdb_processes=1,
+        gdb_processes=rep.processes,
+        **({"gdb_fallback": rep.fallback} if rep.fallback else {}),
         sass=rep.sass_source,
         site_map=rep.site_map_notes
         or ["every wait loop and BAR.SYNC mapped to its traced site (counts agree)"],

@@ -204,6 +204,35 @@ def gdb_session(core: Path | str, cuda_gdb: str | None = None) -> GdbSession:
     return GdbSession(core, cuda_gdb)
 
 
+class BatchGdb:
+    """GdbSession's interface over one ``cuda-gdb -batch`` per round (:func:`run_gdb`: the core
+    loaded each time): the reader's fallback when the one-process session fails."""
+
+    def __init__(self, core: Path | str, cuda_gdb: str | None = None):
+        self.core, self.cuda_gdb = core, cuda_gdb
+        self.rounds = self.started = 0
+        self._cmds: list[str] = []
+
+    def send(self, commands: list[str]) -> None:
+        self._cmds = list(commands)
+
+    def receive(self, timeout_s: float = GDB_LIMIT_S) -> tuple[str, float]:
+        self.rounds += 1
+        self.started += 1
+        return run_gdb(self.core, self._cmds, timeout_s, self.cuda_gdb)
+
+    def run(self, commands: list[str], timeout_s: float = GDB_LIMIT_S) -> tuple[str, float]:
+        self.send(commands)
+        return self.receive(timeout_s)
+
+    def close(self, kill: bool = False) -> None:
+        pass
+
+
+def gdb_batch(core: Path | str, cuda_gdb: str | None = None) -> BatchGdb:
+    return BatchGdb(core, cuda_gdb)
+
+
 # ---- parsing cuda-gdb's output ---------------------------------------------------------------
 KERNEL_ROW = re.compile(
     r"^\s*\*?\s*(\d+)\s+(\S+)\s+(\d+)\s+(-?\d+)\s+([A-Za-z]+(?: \([a-z]+\))?)\s+"
@@ -418,6 +447,8 @@ class CoreReport:
     gdb_s: float = 0.0
     passes: int = 0  # rounds of commands, all in one cuda-gdb process (GdbSession)
     rounds_s: list[float] = field(default_factory=list)  # each round's seconds (the first: load)
+    processes: int = 0  # cuda-gdb processes started (1; one per round after a fallback)
+    fallback: str = ""  # why the rounds went to one cuda-gdb -batch each
     sass_source: str = ""
     raw: dict[str, str] = field(default_factory=dict)  # each pass's output (kept in the run)
     base: dict[int, int] = field(default_factory=dict)  # kernel id -> its function's address

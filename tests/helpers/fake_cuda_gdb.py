@@ -2,14 +2,14 @@
 
 usage: fake_cuda_gdb.py [-batch] [-ex CMD ...]   (FAKE_GDB: a JSON file, below)
 
-FAKE_GDB = {"rounds": [text, ...], "starts": path, "hang_round": N, "exit_round": N}. Each
-start appends this process's pid to ``starts``. Interactive (no -batch), as GdbSession drives
+FAKE_GDB = {"rounds": [text, ...], "starts": path, "hang_round": N, "exit_round": N,
+"no_session": bool}. Each start appends its pid and mode (session / batch) to ``starts``. Interactive (no -batch), as GdbSession drives
 it: commands are read from stdin a round at a time (a round ends with the echo of its marker,
 ``echo @@@xxx N\\n``); at a round's first line it prints ``rounds[N-1]`` (what cuda-gdb printed
 for that round's commands on the H200), at its end the marker. Round ``hang_round`` never
 answers (sleeps); at round ``exit_round`` it prints half the text and exits 1. With -batch
-(one round given as -ex commands, the way the reader ran cuda-gdb before) it prints the round
-of its start.
+(one round given as -ex commands, the way the reader ran cuda-gdb before; its fallback) it
+prints the round of its -batch start; with no_session it exits at once unless -batch.
 """
 
 import json
@@ -19,12 +19,15 @@ import sys
 import time
 
 cfg = json.load(open(os.environ["FAKE_GDB"]))
+batch = "-batch" in sys.argv
 with open(cfg["starts"], "a") as f:
-    f.write(f"{os.getpid()}\n")
-starts = len(open(cfg["starts"]).read().split())
+    f.write(f"{os.getpid()} {'batch' if batch else 'session'}\n")
 rounds = cfg["rounds"]
-if "-batch" in sys.argv:
-    sys.stdout.write(rounds[min(starts, len(rounds)) - 1])
+if batch:
+    n = open(cfg["starts"]).read().count(" batch\n")
+    sys.stdout.write(rounds[min(n, len(rounds)) - 1])
+    sys.exit(0)
+if cfg.get("no_session"):  # a cuda-gdb that quits on a pipe for stdin
     sys.exit(0)
 END = re.compile(r"^echo (@@@\w+ (\d+))\\n$")
 n, said = 1, False  # the round being read; its answer printed?

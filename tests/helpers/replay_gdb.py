@@ -52,6 +52,7 @@ class Session:
         self.calls: list[list[str]] = []
         self.events: list[str] = []
         self.opened = self.closed = 0
+        self.started = 1  # cuda-gdb processes, as GdbSession counts them
         self._pending: list[str] = []
 
     def session(self, core, cuda_gdb=None):
