@@ -79,6 +79,8 @@ def row(res: runner.RunResult, wall: float, leftovers: int) -> dict:
         "gdb_passes": core.get("gdb_passes"),
         "gdb_rounds_s": core.get("gdb_rounds_s"),  # one cuda-gdb: [load + warps, per PC + regs]
         "nvdisasm_s": core.get("nvdisasm_s"),  # while cuda-gdb loads the core
+        "gdb_processes": core.get("gdb_processes"),  # 1; per round after a fallback
+        "gdb_fallback": core.get("gdb_fallback"),  # why the session was not used
         "core_s": t.get("core_s"),
         "added_s": round(added, 3),
         "health_s": t.get("health_s"),
@@ -185,11 +187,15 @@ def main() -> int:
             print(
                 f"{r['scenario']}: {r['warps']} warps, {r['core_mb']} MB: added {r['added_s']} s = "
                 f"dump {r['dump_s']} s (complete: {r['dump_complete']}) + reading "
-                f"{r['core_s']} s (cuda-gdb rounds {r['gdb_rounds_s']} s in one process, "
-                f"nvdisasm {r['nvdisasm_s']} s beside it)"
+                f"{r['core_s']} s (cuda-gdb rounds {r['gdb_rounds_s']} s in "
+                f"{r['gdb_processes']} process(es), nvdisasm {r['nvdisasm_s']} s beside it)"
             )
             for line in r["driver_progress"]:
                 print(f"  {line}")
+    fell = [r["scenario"] for r in rows if r.get("gdb_fallback")]
+    if fell:
+        print(f"cuda-gdb -batch fallback in {len(fell)} row(s): {fell[0]}: ", end="")
+        print(next(r["gdb_fallback"] for r in rows if r.get("gdb_fallback")))
     done = [r for r in rows if "skipped" not in r]
     loc = [r for r in done if r["localization_ok"] is not None]
     print(
