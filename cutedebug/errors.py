@@ -1,4 +1,5 @@
-"""Errors shared by the command front ends (no imports: any layer may raise them)."""
+"""Errors shared by the command front ends, and the names of CUDA errors (no imports: any layer
+may raise or read them)."""
 
 from __future__ import annotations
 
@@ -6,3 +7,49 @@ from __future__ import annotations
 class UsageError(Exception):
     """Bad command-line input: the message names the option, the value and what is allowed;
     the command prints it and exits with status 2."""
+
+
+# CUDA error names by the message the driver/runtime gives them (torch and cuda-python both
+# surface these strings).
+CUDA_ERRORS = (
+    ("illegal memory access", "cudaErrorIllegalAddress"),
+    ("illegal instruction", "cudaErrorIllegalInstruction"),
+    ("misaligned address", "cudaErrorMisalignedAddress"),
+    ("unspecified launch failure", "cudaErrorLaunchFailure"),
+    ("device-side assert", "cudaErrorAssert"),
+    ("operation not supported on global/shared address space", "cudaErrorInvalidAddressSpace"),
+    ("invalid program counter", "cudaErrorInvalidPc"),
+    ("too many resources requested", "cudaErrorLaunchOutOfResources"),
+    ("launch timed out", "cudaErrorLaunchTimeout"),
+    ("hardware stack error", "cudaErrorHardwareStackError"),
+    ("out of memory", "cudaErrorMemoryAllocation"),
+    ("trap", "cudaErrorAssert"),
+)
+
+# How a raised exception says it is the GPU's error (torch 2.11 raises AcceleratorError for
+# what it used to raise RuntimeError("CUDA error: ...") for; cuda-python names CUDA_ERROR_*).
+_GPU_ERROR_TYPES = ("AcceleratorError", "CUDAError", "CudaError")
+_GPU_ERROR_TEXT = ("cuda error:", "cuda_error_", "cudaerror")
+
+
+def cuda_error_name(message: str) -> str | None:
+    low = message.lower()
+    for needle, name in CUDA_ERRORS:
+        if needle in low:
+            return name
+    if "cuda" in low and "error" in low:
+        return "cudaErrorUnknown"
+    return None
+
+
+def gpu_error_name(exc: BaseException) -> str | None:
+    """The CUDA error ``exc`` reports (its name), or None when it is not the GPU's error.
+
+    A CUDA error raised wherever it surfaces (the program's next CUDA call, or cutedebug's own
+    query of an event or a buffer in the same context) is a fault of what ran on the GPU, never
+    a bug of cutedebug's: the context's sticky error is reported by every later call."""
+    msg = str(exc)
+    low = msg.lower()
+    if type(exc).__name__ in _GPU_ERROR_TYPES or any(t in low for t in _GPU_ERROR_TEXT):
+        return cuda_error_name(msg) or "cudaErrorUnknown"
+    return None

@@ -252,6 +252,7 @@ class Done(Payload):
 class CudaError(Payload):
     name: str | None = None  # e.g. cudaErrorIllegalAddress
     message: str | None = None
+    surfaced: str | None = None  # where the sticky error was raised, when not at the launch
 
 
 @kind("gpu_check")

@@ -760,3 +760,55 @@ def hostile(behaviour: str, tmp_path: Path, pidfile: str = "", import_s: float =
     return S.adhoc(
         f"{HOSTILE}:Hostile", {"behaviour": behaviour, "pidfile": pidfile}, None, {}, "PASS"
     ).with_overrides(limits=S.Limits(import_s=import_s, compile_s=60.0))
+
+
+class AcceleratorError(RuntimeError):
+    """Stands for torch's (2.11) class of the same name: how a CUDA error is raised."""
+
+
+@pytest.mark.parametrize(
+    "exc, name",
+    [
+        (AcceleratorError("CUDA error: unspecified launch failure"), "cudaErrorLaunchFailure"),
+        (
+            RuntimeError("CUDA error: an illegal memory access was encountered"),
+            "cudaErrorIllegalAddress",
+        ),
+        (RuntimeError("CUDA_ERROR_LAUNCH_FAILED"), "cudaErrorUnknown"),
+        (ValueError("shape mismatch"), None),
+        (KeyError("site 7"), None),
+    ],
+)
+def test_a_cuda_error_is_the_gpus_wherever_it_surfaces(exc, name):
+    from cutedebug.errors import gpu_error_name
+
+    assert gpu_error_name(exc) == name
+
+
+def test_a_cuda_error_escaping_the_worker_is_a_crash_not_a_harness_error(tmp_path, monkeypatch):
+    """The H200 perturbation run (2026-12-02): a seed's fault surfaced as a sticky CUDA error
+    outside the launch's own check (e.g. the next seed's inputs) and the run read HARNESS_ERROR.
+    A CUDA error is what ran on the GPU faulting: CRASH with its name; any other exception
+    escaping the worker stays a HARNESS_ERROR."""
+    from cutedebug.engine import verdict as V
+
+    def outcome(exc):
+        def run(request, events):
+            events.emit("launched")
+            raise exc
+
+        monkeypatch.setattr(worker, "run", run)
+        monkeypatch.setattr(worker.lifeline, "become_subreaper", lambda: None)
+        monkeypatch.setattr(worker.lifeline, "kill_descendants", lambda: None)
+        ev_path = tmp_path / f"{type(exc).__name__}.jsonl"
+        req = tmp_path / "req.json"
+        req.write_text(json.dumps({"events": str(ev_path)}))
+        rc = worker.main([str(req)])
+        o = V.Outcome(returncode=rc)
+        for line in ev_path.read_text().splitlines():
+            o.add(json.loads(line))
+        return V.classify(o)
+
+    crash = outcome(AcceleratorError("CUDA error: unspecified launch failure"))
+    assert crash.verdict is V.Verdict.CRASH and crash.reason.startswith("cudaErrorLaunchFailure")
+    assert outcome(KeyError("ours")).verdict is V.Verdict.HARNESS_ERROR

@@ -450,3 +450,58 @@ def test_probe_site_ids_go_on_across_traces(tmp_path):
     by_id = {site["id"]: site for site in tables[-1]}
     assert {by_id[i]["kernel"] for i in (0, 1, 2)} == {"TmaStream.kernel"}
     assert by_id[3]["kernel"] == "Minimal.kernel" and by_id[3]["op"] == "raw_wait"
+
+
+class AcceleratorError(RuntimeError):
+    """Stands for torch's (2.11) class of the same name: how a CUDA error is raised."""
+
+
+def test_a_cuda_error_seen_by_the_probe_monitor_is_the_programs_crash_not_ours(tmp_path):
+    """The H200 mutate run (2026-12-02): a mutant's kernel faulted and the probe monitor's
+    event query raised the context's sticky error first; it was reported as 'instrumentation
+    failed' (HARNESS_ERROR). It is the program's CRASH, named; a real monitor bug stays ours."""
+    from cutedebug.commands import exec as X
+    from cutedebug.engine import verdict as V
+    from cutedebug.instrument import launch as L
+
+    def monitor_raising(exc):
+        state = L._State({"events": str(tmp_path / "e.jsonl"), "stall_s": None})
+        mon = L._Monitor.__new__(L._Monitor)
+        mon.state, mon.interval_s, mon.picture_s = state, 0.001, 0.25
+        mon.stop = __import__("threading").Event()
+
+        def snapshot():
+            raise exc
+
+        mon.snapshot = snapshot
+        mon.run()
+        return [json.loads(x) for x in (tmp_path / "e.jsonl").read_text().splitlines()]
+
+    crash = AcceleratorError("CUDA error: unspecified launch failure\nSearch for ...")
+    (ev,) = monitor_raising(crash)
+    assert ev["event"] == "cuda_error" and ev["name"] == "cudaErrorLaunchFailure"
+    (tmp_path / "e.jsonl").unlink()
+    (bug,) = monitor_raising(KeyError("site 7"))
+    assert bug["event"] == "instrument_error" and bug["type"] == "KeyError"
+
+    def classify(events, rc):
+        tree = X._Tree()
+        for e in [{"event": "instrumented", "probes": {"budget_ns": 1}}, *events]:
+            tree.add({**e, "pid": 7})
+        res = X.ExecResult(
+            settings=X.Settings(argv=["python", "-m", "pytest"], probes={"budget_ns": 1}),
+            verdict=V.Verdict.PASS,
+            reason="",
+            run_dir=tmp_path,
+            returncode=rc,
+            killed_by=None,
+            elapsed_s=3.0,
+            processes=tree.procs,
+        )
+        X.classify(res)
+        return res
+
+    res = classify([ev], 0)  # even when the program swallowed the error and exited 0
+    assert res.verdict is V.Verdict.CRASH and res.reason.startswith("cudaErrorLaunchFailure")
+    assert "probe monitor" in res.reason and res.evidence["cuda_error"]["name"] == ev["name"]
+    assert classify([bug], 1).verdict is V.Verdict.HARNESS_ERROR

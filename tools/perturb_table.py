@@ -30,6 +30,7 @@ from cutedebug.engine import runner  # noqa: E402
 from cutedebug.engine import scenario as S  # noqa: E402
 
 BENIGN = "predicted benign by construction"  # the phrase of a scenario note's written reason
+KERNEL_VERDICTS = ("HANG", "CRASH", "MISMATCH", "NONDETERMINISTIC")  # what exposes a fault
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
                 "secs": round(time.monotonic() - t0, 2),
                 "health": res.health,
                 "predicted": BENIGN if BENIGN in (sc.expect.note or "") else None,
+                "reason": res.reason[:400],
+                "run_dir": str(res.run_dir),
             }
             if p.get("exposed_by") is not None and args.replays:
                 same = 0
@@ -113,12 +116,20 @@ def main(argv: list[str] | None = None) -> int:
             f"{r.get('replay', '-')} | {delays or '-'} | {r.get('secs', '-')} |"
         )
     ran = [r for r in rows if r.get("runs")]
-    exposed = [r for r in ran if r.get("exposed_by") is not None or r["verdict"] != "PASS"]
+    # a verdict about the kernel; HARNESS_ERROR is a bug of ours and UNSUPPORTED ran nothing:
+    # neither exposes anything (each is listed below instead)
+    exposed = [r for r in ran if r["verdict"] in KERNEL_VERDICTS]
+    ours = [r for r in rows if r["verdict"] in ("HARNESS_ERROR", "UNSUPPORTED")]
+    unperturbed = [r for r in rows if not r.get("runs") and r not in ours]
     what = "false alarms" if args.clean else "exposed"
     print(
         f"\n{what}: {len(exposed)}/{len(ran)} scenarios ({args.seeds} seeds each); "
         f"{time.monotonic() - t_start:.1f} s"
     )
+    for r in ours:
+        print(f"NOT A RESULT ({r['verdict']}): {r['scenario']}: {r.get('reason', '')[:300]}")
+    for r in unperturbed:
+        print(f"NOT PERTURBED ({r['verdict']}): {r['scenario']}: {r.get('reason', '')[:300]}")
     if not args.clean:
         open_ = [r for r in ran if not r.get("predicted")]
         print(
@@ -129,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1, default=str))
-    return 0
+    return 1 if ours or unperturbed else 0
 
 
 if __name__ == "__main__":

@@ -1,13 +1,16 @@
 """Whose exception is it? An exception raised by cutedebug's own code (its innermost frame in
 the package, and not one of the errors cutedebug raises on purpose about the user's input) is
 a HARNESS_ERROR naming our frame; one raised by the kernel, its adapter, the DSL or a library
-keeps the user's class (a kernel adapter's error is the user's to fix: exit 2).
+keeps the user's class (a kernel adapter's error is the user's to fix: exit 2); a CUDA error is
+the GPU's wherever it surfaces (a CRASH, never ours nor the adapter's).
 """
 
 from __future__ import annotations
 
 import os
 from typing import Any
+
+from cutedebug.errors import gpu_error_name
 
 # Exceptions cutedebug raises on purpose about the user's input (a fault that cannot apply
 # to this kernel, an entry that does not load): the user's to fix, not a bug of ours.
@@ -44,7 +47,7 @@ def user_call(where: str, what: str, fn, *args: Any) -> Any:
     try:
         return fn(*args)
     except Exception as e:
-        if our_frame(e):
+        if our_frame(e) or gpu_error_name(e):  # ours, or the GPU's (a CRASH, errors.py)
             raise
         from cutedebug.kernel_api import KernelLoadError
 

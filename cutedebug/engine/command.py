@@ -37,6 +37,7 @@ from cutedebug.errors import UsageError
 from cutedebug.event import Event
 from cutedebug.event_kinds import (
     Compiled,
+    CudaError,
     Exit,
     InstrumentError,
     ProbeReport,
@@ -175,6 +176,8 @@ class _Tree:
             p["instrumented"] = ev
         elif isinstance(payload, InstrumentError):
             p.setdefault("errors", []).append(ev)
+        elif isinstance(payload, CudaError):  # a kernel faulted; seen by the probe monitor
+            p.setdefault("cuda_errors", []).append(payload)
         elif isinstance(payload, Compiled):
             p["traces"].append({k: getattr(payload, k) for k in TRACE_KEYS})
             p["compiled"] = ev  # the probe sites so far
@@ -463,6 +466,19 @@ def _classify(res: ExecResult) -> None:
     if rc not in (0, None) and (name := cuda_error(tail)):
         res.verdict, res.reason = V.Verdict.CRASH, f"{name}: {_cuda_line(tail)}"
         res.evidence["cuda_error"] = {"name": name, "line": _cuda_line(tail)}
+        return
+    seen = next(
+        ((pid, e) for pid, p in res.processes.items() for e in p.get("cuda_errors", [])), None
+    )
+    if seen is not None:  # the program swallowed it or died otherwise; the context is gone
+        pid, err = seen
+        res.verdict = V.Verdict.CRASH
+        res.reason = (
+            f"{err.name}: raised in pid {pid} while its kernel was in flight "
+            f"(seen by cutedebug's {err.surfaced or 'monitor'}); the command exited with "
+            f"status {rc}"
+        )
+        res.evidence["cuda_error"] = {"name": err.name, "line": (err.message or "")[:300]}
         return
     if rc is not None and rc < 0:
         sig = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else -rc

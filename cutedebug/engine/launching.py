@@ -16,33 +16,7 @@ from contextlib import nullcontext
 from typing import Any
 
 from cutedebug.engine.blame import user_call
-
-# CUDA error names by the message the driver/runtime gives them (torch and cuda-python both
-# surface these strings).
-CUDA_ERRORS = (
-    ("illegal memory access", "cudaErrorIllegalAddress"),
-    ("illegal instruction", "cudaErrorIllegalInstruction"),
-    ("misaligned address", "cudaErrorMisalignedAddress"),
-    ("unspecified launch failure", "cudaErrorLaunchFailure"),
-    ("device-side assert", "cudaErrorAssert"),
-    ("operation not supported on global/shared address space", "cudaErrorInvalidAddressSpace"),
-    ("invalid program counter", "cudaErrorInvalidPc"),
-    ("too many resources requested", "cudaErrorLaunchOutOfResources"),
-    ("launch timed out", "cudaErrorLaunchTimeout"),
-    ("hardware stack error", "cudaErrorHardwareStackError"),
-    ("out of memory", "cudaErrorMemoryAllocation"),
-    ("trap", "cudaErrorAssert"),
-)
-
-
-def cuda_error_name(message: str) -> str | None:
-    low = message.lower()
-    for needle, name in CUDA_ERRORS:
-        if needle in low:
-            return name
-    if "cuda" in low and "error" in low:
-        return "cudaErrorUnknown"
-    return None
+from cutedebug.errors import CUDA_ERRORS, cuda_error_name  # noqa: F401  (re-exported)
 
 
 def compare(out, ref, atol: float, rtol: float) -> dict[str, Any]:

@@ -259,3 +259,25 @@ def evidence(o: Any) -> dict[str, Any]:
     if shrunk is not None:
         out["perturbation"]["shrunk"] = shrunk.to_json()
     return out
+
+
+def rerun_fields(perturb: dict[str, Any] | None, first: Any) -> dict[str, Any]:
+    """The request fields of the rerun with probes after a perturbed run hung without them:
+    the exposing seed alone (the one the killed run was in), not an unperturbed launch, which
+    would grade a kernel other than the one that hung (engine/runner.py)."""
+    if not perturb:
+        return {}
+    seed = (evidence(first).get("perturbation") or {}).get("exposed_by")
+    return {
+        "perturb": {**perturb, "replay": seed, "shrink": False} if seed is not None else perturb
+    }
+
+
+def keep_first_hang(perturb: dict[str, Any] | None, first: tuple, rerun: tuple) -> tuple:
+    """A perturbed HANG whose replay with probes did not hang again stays the HANG it was
+    (killed at the deadline, unlocalized), never the replay's PASS."""
+    if perturb and rerun[0].verdict.value != "HANG":
+        classified = first[0]
+        reason = f"{classified.reason} (the exposing seed's replay with probes gave {rerun[0].verdict.value})"
+        return (type(classified)(classified.verdict, reason, classified.evidence), *first[1:])
+    return rerun

@@ -396,10 +396,8 @@ def run_scenario(
     every clock of the run (stall, deadline) and out of its work and overhead.
 
     ``perturb``: the request's perturbation field (engine/perturb_runs.py: seeds, policy,
-    replay, shrink); the worker then runs the seeds after one compile.
-
-    ``compile_checks``: what checks the recorded protocol (``[lint.static_findings]``) for the
-    compiled evidence's ``static_findings`` (None: nothing checked); engine/compile_checks.py.
+    replay, shrink); the worker then runs the seeds after one compile. ``compile_checks``: what
+    checks the recorded protocol for the evidence's ``static_findings`` (engine/compile_checks).
 
     ``core``: a hang (or crash) without probes is localized from its GPU coredump instead of a
     rerun with probes: an object with ``request_fields(run_dir) -> dict`` (the worker's extra
@@ -456,15 +454,17 @@ def run_scenario(
             budget = wait_budget_ms or scenario.limits.wait_budget_ms
             probe_cfg = {"budget_ns": int(budget) * 1_000_000}
             first = (classified, outcome, facts)
-            classified, outcome, facts, rerun_health = _attempt(
+            *rerun, rerun_health = _attempt(
                 scenario,
                 run_dir / "with_probes",
                 mode=mode,
                 probes=probe_cfg,
                 forkserver=forkserver,
-                request_extra={"compile_checks": compile_checks},
+                request_extra={"compile_checks": compile_checks}
+                | perturb_runs.rerun_fields(perturb, outcome),
                 gpu_token=gpu_token,
             )
+            classified, outcome, facts = perturb_runs.keep_first_hang(perturb, first, rerun)
             facts["rerun_with_probes"] = {
                 "first_verdict": first[0].verdict.value,
                 "first_reason": first[0].reason,

@@ -35,6 +35,7 @@ from cutedebug.engine.launching import (  # noqa: F401  (names other modules imp
     cuda_error_name,
     digest,
 )
+from cutedebug.errors import gpu_error_name
 
 # The event channel (one capped JSON object per line): engine/events.py.
 Events, cap_text = events_mod.Events, events_mod.cap_text
@@ -395,6 +396,12 @@ def main(argv: list[str] | None = None) -> int:
             events.emit("done")
             return 0
 
+        if (gpu := gpu_error_name(e)) is not None:
+            # the context's sticky error surfacing at a later CUDA call (the next seed's inputs,
+            # the output's copy): what ran on the GPU faulted, not cutedebug (errors.py)
+            events.emit("cuda_error", name=gpu, message=str(e)[:2000], surfaced=our_frame(e))
+            events.emit("done")
+            return 0
         kind = "kernel_error" if isinstance(e, KernelLoadError) else "harness_error"
         frame = our_frame(e) if kind == "harness_error" else None
         events.emit(

@@ -51,6 +51,7 @@ from typing import Any
 
 from cutedebug import devices
 from cutedebug.devices import GPU_DEVICE_NODES  # noqa: F401  (part of this interface)
+from cutedebug.errors import gpu_error_name
 from cutedebug.event import Event
 from cutedebug.instrument.launch_gpu import (  # noqa: F401  (part of this interface)
     _WAITS_ATTR,
@@ -472,7 +473,16 @@ class _Monitor(threading.Thread):
                 snap = self.snapshot()
                 running = self.launches.running_since(time.monotonic())
             except Exception as e:
-                self.state.events.emit("instrument_error", type=type(e).__name__, message=str(e))
+                if (gpu := gpu_error_name(e)) is not None:
+                    # a kernel of the program faulted: the context's sticky error answers our
+                    # event query first; the program's own next CUDA call will raise it too
+                    self.state.events.emit(
+                        "cuda_error", name=gpu, message=str(e)[:2000], surfaced="probe monitor"
+                    )
+                else:
+                    self.state.events.emit(
+                        "instrument_error", type=type(e).__name__, message=str(e)
+                    )
                 return
             sig = probes.progress_signature(snap)
             stuck = snap.n_stuck_reported
