@@ -316,3 +316,33 @@ def test_on_the_gpu_a_probed_hang_is_checked_in_its_worker(tmp_path, overlap):
     assert rep["verdict"] == "HANG"
     assert rep["health"]["via"] == "worker" and rep["health"]["healthy"] is True
     assert rep["timings"]["health_s"] < 0.5 and not (run_dir / "health").exists()
+
+
+@pytest.mark.parametrize(
+    "behaviour,new_process", [("bounded_hang", False), ("bounded_hang_leaves_a_child", True)]
+)
+def test_through_the_watchdog_a_clean_end_is_what_spares_the_new_process(
+    tmp_path, monkeypatch, behaviour, new_process
+):
+    """run_scenario over a real child process (tests/helpers/fake_worker.py replaying the
+    recorded probed HANG and its worker's check): its own exit status and the sweep after it
+    decide, as they would for the worker."""
+    import sys
+
+    fake = ROOT / "tests" / "helpers" / "fake_worker.py"
+    monkeypatch.setattr(
+        runner,
+        "worker_argv",
+        lambda req: [sys.executable, str(fake), str(Path(req).parent / "events.jsonl"), behaviour],
+    )
+    asked = []
+    monkeypatch.setattr(
+        runner, "health_check", lambda **kw: asked.append(kw) or {"healthy": True, "via": "torch"}
+    )
+    sc = S.load(ROOT / "scenarios" / "tma_stream" / "wrong_expect_tx_plus.toml")
+    res = runner.run_scenario(sc, run_dir=tmp_path, probes=True)
+    assert res.verdict is V.Verdict.HANG and res.expected  # localized as the scenario expects
+    assert bool(asked) is new_process
+    assert res.health["via"] == ("torch" if new_process else "worker")
+    if new_process:
+        assert res.evidence["swept_pids"]  # the child it left, swept after its exit

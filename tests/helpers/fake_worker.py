@@ -141,5 +141,21 @@ elif behaviour == "perturbed_hang":  # the third seed hangs
         emit("perturb_seed", seed=seed, tag="seed", rules=[{"position": 1, "delay_ns": 1000}])
         emit("launched")
         time.sleep(0.5 if seed < 2 else 10_000)
+elif behaviour in ("bounded_hang", "bounded_hang_leaves_a_child"):
+    # the recorded probed HANG (tests/data/runs/wrong_expect_tx_plus), then the worker's own GPU
+    # check, as a worker on the H200 writes them; exits 0 by itself
+    recorded = os.path.join(
+        os.path.dirname(__file__), "..", "data", "runs", "wrong_expect_tx_plus", "events.jsonl"
+    )
+    if behaviour == "bounded_hang_leaves_a_child":  # carries the run's tag: swept after exit
+        subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(10000)"], start_new_session=True
+        )
+    with open(recorded) as f:
+        lines = f.read().splitlines()
+    with open(events_path, "a") as f:
+        f.write("\n".join(lines[:-1]) + "\n")  # up to its done
+    emit("gpu_check", healthy=True, device="NVIDIA H200", via="worker", secs=0.003)
+    emit("done")
 else:
     sys.exit(f"unknown behaviour {behaviour}")
