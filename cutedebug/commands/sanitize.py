@@ -36,11 +36,11 @@ from cutedebug.analyses.sanitizer.tool import (
     child_env,
     find_sanitizer,
 )
-from cutedebug.analyses.sanitizer.triage import CLEAN, filter_noise, group
+from cutedebug.analyses.sanitizer.triage import CLEAN, filter_noise, group, mbarrier_caveat
 from cutedebug.commands import exits
 from cutedebug.engine.limits import limit_arg
 from cutedebug.engine.verdict import values
-from cutedebug.event_kinds import Compiled, Launched, Synced
+from cutedebug.event_kinds import Compiled, Launched, ProtocolSites, Synced
 from cutedebug.records import ABSENT
 from cutedebug.reporting.files import write_text
 from cutedebug.reporting.sanitize import (
@@ -247,6 +247,9 @@ def run_tool(
         records=records,
         other_records=len(others),
     )
+    compiled, sites = outcome.last(Compiled) or Compiled(), outcome.last(ProtocolSites)
+    if caveat := mbarrier_caveat(result.verdict, compiled.pipelines, sites and sites.sites):
+        reason = f"{reason}. Caveat: {caveat}"
     k_san, k_plain = _kernel_seconds(outcome), plain.kernel_seconds if plain else None
     result = replace(
         result,

@@ -4,7 +4,7 @@ the run classified into the closed set of ``SanitizerClass``."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -70,6 +70,19 @@ NOISE_PROC_ADDRESS = (
 NOISE_TMA = (
     "one side of the hazard is a bulk async copy (TMA); racecheck does not follow "
     "the mbarrier transaction count that orders it"
+)
+# Measured on the H200 (2026-12-02, reports/2026-12-02-h200/, step racecheck_idiom): a correct
+# hand-off of thread-written shared memory through mbarriers alone
+# (tools/sanitizer_samples/mbarrier_handoff.py --mode mbarrier) gave 102 WAR hazards, its
+# sync_threads control 0, its real race (--mode none) 34 of the same kind at the same lines.
+MBARRIER_CAVEAT = (
+    "racecheck does not credit mbarrier arrive/wait ordering between threads' shared-memory "
+    "accesses (on the H200 a correct mbarrier hand-off of thread-written shared memory gave "
+    "102 WAR hazards, its sync_threads control none: tools/sanitizer_samples/"
+    "mbarrier_handoff.py), and this kernel hands shared memory between threads through "
+    "mbarriers ({how}): these hazards may be that hand-off, not a race; racecheck cannot tell "
+    "them apart. `cutedebug run --perturb 32` on the same scenario delays each side and "
+    "reports whether the output changes"
 )
 NOISE_ANALYSIS_DUP = "racecheck analysis record summarising hazards already reported one by one"
 
@@ -238,3 +251,21 @@ def classify(kept: Iterable[Finding], tool: str) -> str:
     if own in classes:
         return own
     return next(c for c in _CLASS_PRIORITY if c in classes)
+
+
+def mbarrier_caveat(
+    sanitizer_class: str, pipelines: Sequence[Any] | None, sites: Sequence[Any] | None
+) -> str | None:
+    """What a racecheck RACE cannot tell in a kernel that orders shared memory by mbarriers
+    (its pipelines, or raw mbarrier waits among its protocol sites); None otherwise. The class
+    stays RACE: a hazard the tool reported is never called clean on a guess."""
+    if sanitizer_class != "RACE":
+        return None
+    raw = [s for s in sites or [] if "wait" in str(s.get("op", "")) and s.get("pipeline") is None]
+    if pipelines:
+        how = f"{len(pipelines)} pipeline(s)"
+    elif raw:
+        how = f"{len(raw)} raw mbarrier wait line(s)"
+    else:
+        return None
+    return MBARRIER_CAVEAT.format(how=how)
