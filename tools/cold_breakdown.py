@@ -4,7 +4,7 @@ alternated within each rep so that load drifts over all of them alike).
 
     python3 tools/cold_breakdown.py [--reps 3] [--json OUT]
 
-Pieces: the bare interpreter; the CLI's imports (`cutedebug --help`); `import torch`; torch with
+Pieces: the bare interpreter; the CLI's imports for a run (`cutedebug run --help`); `import torch`; torch with
 a CUDA context (what a run's worker does before its inputs exist); `import cutlass.cute`; torch
 with its context then cutlass, and the same with torch and the context in a thread beside
 cutlass's import (what a worker overlapping them could gain). (The health check in a new
@@ -45,7 +45,7 @@ BESIDE = (
 )
 PIECES = (  # name, argv after the interpreter, extra environment, needs a GPU
     ("python", ["-c", "pass"], {}, False),
-    ("cli_imports", ["-m", "cutedebug", "--help"], {}, False),
+    ("cli_run_imports", ["-m", "cutedebug", "run", "--help"], {}, False),
     ("torch", ["-c", "import torch"], {}, False),
     ("torch_cuda_context", ["-c", CUDA_CONTEXT], {}, True),
     ("cutlass", ["-c", "import cutlass.cute"], {}, False),
