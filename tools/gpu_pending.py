@@ -154,6 +154,22 @@ class Step:
     what: str
 
 
+# What the 2026-12-02 calls left to settle: the perturbed scenarios that read HARNESS_ERROR or
+# an unperturbed PASS (fixed since: a CUDA error is a CRASH wherever it surfaces, a perturbed
+# hang's rerun replays its seed), and the quack verdicts that differed from their predictions.
+RECHECK_PERTURB = [
+    "tma_stream/missing_init_fence",
+    "sm90_gemm/missing_init_fence",
+    "sm90_gemm/missing_init_fence_cluster",
+    "sm90_gemm/skip_producer_tail_cluster",
+    "sm90_attention/missing_init_fence",
+]
+RECHECK_FIELD = [
+    "quack_rmsnorm_bwd/extra_consumer_release",
+    "quack_rmsnorm_bwd/missing_phase_flip_consumer",
+    "quack_rmsnorm_fwd/wrong_expect_tx_minus",
+]
+
 STEPS = [
     Step(
         "smoke",
@@ -217,6 +233,24 @@ STEPS = [
         "latent faults exposed within 32 seeds (and among those not predicted benign by "
         "construction), replay rate, 0 false alarms over 64 seeds; each scenario note's "
         "perturbation prediction checked by its one targeted schedule",
+    ),
+    Step(
+        "recheck",
+        "17,20",
+        150,  # 5 x 32 seeds (~4 s each) + 3 replays; 3 field scenarios x 2 runs (~10 s each)
+        True,
+        f"python3 tools/perturb_table.py --seeds 32 --replays 3 --budget-s 80 "
+        f"--json $STEP_OUT/latent.json {_toml(RECHECK_PERTURB)}; echo rc=$?; "
+        + "; ".join(
+            f"python3 -m cutedebug run {S}/field/{n}.toml --runs-dir /tmp/rck; "
+            f"python3 -m cutedebug run {S}/field/{n}.toml --runs-dir /tmp/rck"
+            for n in RECHECK_FIELD
+        )
+        + "; mkdir -p $STEP_OUT/reports; for f in /tmp/rck/*/report.md; do "
+        'cp "$f" "$STEP_OUT/reports/$(basename $(dirname $f)).md"; done',
+        "the perturbed scenarios that read HARNESS_ERROR / an unperturbed PASS, with the "
+        "fixes; the quack verdicts that differed from their predictions, twice each, with "
+        "their reports (the mechanism)",
     ),
     Step(
         "perturb_keys",
@@ -392,10 +426,11 @@ BY_NAME = {s.name: s for s in STEPS}
 # half of #23's; with xdist #23 is done; pytest_gpu is owed whenever GPU code changed; perturb
 # and coredump each close one issue; warm + bench finish #22 (with the triage); the field and
 # exec steps (#17, #19) carry the wheels and come last.
-PRIORITY = (  # after s4 (reports/2026-12-01-h200-s4): what it did not reach or must re-check
+PRIORITY = (  # after 2026-12-02's calls (reports/2026-12-02-h200): what is left or re-checked
+    "pytest_gpu",
+    "recheck",  # the fixes of that session's findings (perturbation HARNESS_ERRORs, quack)
     "perturb_keys",  # short: whether the keys select on the GPU what the perturb step assumes
     "perturb",
-    "pytest_gpu",
     "triage",
     "warm",  # the cold run's health check is the worker's own now (~4 s off, estimated)
     "coredump",
