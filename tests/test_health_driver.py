@@ -162,14 +162,29 @@ def test_a_crash_inside_the_driver_library_costs_only_the_checks_child(
     assert health.in_child(lambda: {"a": 1}) == {"a": 1}
 
 
-def test_without_the_opt_in_the_check_is_torchs_alone(monkeypatch, capsys):
-    """The default until the driver path has run on a GPU: torch only, the driver not asked."""
+def test_with_the_driver_turned_off_the_check_is_torchs_alone(monkeypatch, capsys):
+    """CUTEDEBUG_HEALTH_DRIVER=0: torch only, the driver not asked."""
     from cutedebug import devices
 
     monkeypatch.setattr(devices, "gpu_device_node", lambda: "/dev/nvidia0")
-    monkeypatch.delenv(health.DRIVER_VAR, raising=False)
+    monkeypatch.setenv(health.DRIVER_VAR, "0")
     monkeypatch.setattr(health, "in_child", lambda fn: pytest.fail("the driver was asked"))
     monkeypatch.setattr(health, "torch_check", lambda: {"healthy": True, "via": "torch"})
     assert health.main() == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out == {"healthy": True, "via": "torch"}
+
+
+def test_by_default_the_driver_answers_first(monkeypatch, capsys):
+    """The default since the H200 measured it (reports/2026-12-02-h200, call2 perturb_keys:
+    0.53-0.67 s through the driver, 4.28-4.81 s through torch): a healthy driver answer is
+    final, torch is not imported."""
+    from cutedebug import devices
+
+    monkeypatch.setattr(devices, "gpu_device_node", lambda: "/dev/nvidia0")
+    monkeypatch.delenv(health.DRIVER_VAR, raising=False)
+    monkeypatch.setattr(health, "in_child", lambda fn: {"healthy": True, "via": "driver"})
+    monkeypatch.setattr(health, "torch_check", lambda: pytest.fail("torch was asked"))
+    assert health.main() == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out == {"healthy": True, "via": "driver"}
