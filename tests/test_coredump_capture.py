@@ -39,7 +39,7 @@ def run_fake(tmp_path, behaviour):
 
 
 def test_core_dumped_before_the_kill(tmp_path, hooked):
-    assert hooked == [coredump.before_kill]
+    assert hooked == [coredump.prefetch_sass, coredump.before_kill]  # nvdisasm, then the dump
     outcome, facts, wall = run_fake(tmp_path, "dump")
     assert outcome.killed_by_watchdog.startswith("deadline:launched")
     dump = facts["before_kill"][0]["coredump"]

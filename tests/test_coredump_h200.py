@@ -15,6 +15,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -418,3 +419,36 @@ def test_a_hang_verdict_with_an_exception_core_becomes_the_crash(tmp_path, monke
     assert res.verdict is V.Verdict.CRASH and res.expected
     assert res.reason.startswith("GPU exception in the core: Warp Illegal Address at minimal.py:64")
     assert res.evidence["crash"] == crash and not res.evidence.get("rerun_with_probes")
+
+
+def test_nvdisasm_starts_at_the_kill_decision_and_analyse_takes_its_sass(tmp_path, monkeypatch):
+    """The before-kill hooks start nvdisasm on the worker's cubin (prefetch_sass, a thread)
+    before the dump; analyse, after the kill and the health check, takes that SASS instead of
+    running nvdisasm then: the reading no longer waits for it."""
+    import threading
+
+    name = "tma_stream__wrong_expect_tx_plus"
+    sc, outcome = core_run_folder(name, tmp_path, "coredump.4242.nvcudmp", monkeypatch)
+    text = gzip.open(DATA / name / "sass.txt.gz", "rt").read()
+    calls = []
+
+    def slow_nvdisasm(cubin):
+        calls.append((Path(cubin).name, threading.current_thread().name))
+        time.sleep(0.4)
+        return text
+
+    monkeypatch.setattr(coredump, "sass_of_cubin", slow_nvdisasm)
+    (tmp_path / "kernel.cubin").write_bytes(b"\x7fELF")
+    (tmp_path / "coredump.pipe.4242").write_text("")  # the driver's pipe: a coredump run
+    ctx = {"phase": "launched", "events_path": str(tmp_path / "events.jsonl"), "pid": 4242}
+    assert coredump.prefetch_sass(ctx) is None  # nothing for the facts: it only starts
+    time.sleep(0.6)  # the dump, the kill, the health check
+    ev = coredump.analyse(tmp_path, outcome, {}, sc.expect.localization(), "probes")
+    assert calls == [("kernel.cubin", "cutedebug-nvdisasm")]
+    info = ev["coredump"]
+    assert info["nvdisasm_s"] >= 0.4 and info["nvdisasm_wait_s"] < 0.2
+    assert info["sass"] == "nvdisasm of the worker's cubin" and ev["coredump_grade"]["ok"]
+    # a run folder without the pipe (no coredump settings) or a worker not launched: nothing
+    assert coredump.prefetch_sass({**ctx, "pid": 1}) is None
+    assert coredump.prefetch_sass({**ctx, "phase": "compiling"}) is None
+    assert coredump._SASS == {} and len(calls) == 1

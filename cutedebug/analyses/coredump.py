@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -417,8 +418,64 @@ def request_fields(run_dir: Path | str) -> dict[str, Any]:
     }
 
 
+# nvdisasm of a hung worker's cubin, started by the before-kill hook :func:`prefetch_sass`
+# (beside the dump, the kill and the health check: CPU only), taken by :func:`analyse`
+_SASS: dict[str, tuple[float, threading.Thread, list]] = {}
+_SASS_LOCK = threading.Lock()
+SASS_KEEP_S = 600.0  # a prefetch no analyse took (a run that was not analysed) is dropped
+
+
+def prefetch_sass(ctx: dict[str, Any]) -> None:
+    """Watchdog hook, before :func:`before_kill`: start nvdisasm on the cubin of a worker that
+    runs with :func:`worker_env` (its run folder holds its coredump pipe), in a thread."""
+    if ctx.get("phase") != "launched" or not ctx.get("events_path") or not ctx.get("pid"):
+        return None
+    d = Path(ctx["events_path"]).parent.resolve()
+    cubin = d / "kernel.cubin"
+    if not cubin.exists() or not (d / f"{PIPE_NAME}.{ctx['pid']}").exists():
+        return None
+    out: list[tuple[str | None, float]] = []
+
+    def work() -> None:
+        t = time.monotonic()
+        text = sass_of_cubin(cubin)
+        out.append((text, round(time.monotonic() - t, 3)))
+
+    th = threading.Thread(target=work, name="cutedebug-nvdisasm", daemon=True)
+    now = time.monotonic()
+    with _SASS_LOCK:
+        for k in [k for k, v in _SASS.items() if now - v[0] > SASS_KEEP_S]:
+            del _SASS[k]
+        _SASS[str(d)] = (now, th, out)
+    th.start()
+    return None
+
+
+def _prefetched_sass(run_dir: Path, info: dict[str, Any]) -> Callable[[], str | None]:
+    """The SASS of the run's cubin for read_core: the prefetch's, waited for, or nvdisasm
+    now; ``info`` gets nvdisasm's seconds and, for a prefetch, the seconds still waited."""
+    with _SASS_LOCK:
+        pre = _SASS.pop(str(run_dir.resolve()), None)
+
+    def sass() -> str | None:
+        t = time.monotonic()
+        if pre is not None:
+            _, th, out = pre
+            th.join(60.0)
+            if out:
+                text, secs = out[0]
+                info.update(nvdisasm_s=secs, nvdisasm_wait_s=round(time.monotonic() - t, 3))
+                return text
+        text = sass_of_cubin(run_dir / "kernel.cubin")
+        info["nvdisasm_s"] = round(time.monotonic() - t, 3)
+        return text
+
+    return sass
+
+
 def register_hook() -> None:
-    """Put :func:`before_kill` in the watchdog's before-kill hooks (once)."""
+    """Put :func:`prefetch_sass` and :func:`before_kill` in the watchdog's before-kill hooks
+    (once, in that order: nvdisasm runs while the driver dumps)."""
     try:
         from cutedebug.engine import watchdog as W
     except ImportError:  # the watchdog still lives in the runner
@@ -428,6 +485,8 @@ def register_hook() -> None:
         raise RuntimeError("this engine has no before-kill hook: coredumps cannot be taken")
     if before_kill not in hooks:
         hooks.append(before_kill)
+    if prefetch_sass not in hooks:
+        hooks.insert(hooks.index(before_kill), prefetch_sass)
 
 
 def analyse(
@@ -458,13 +517,7 @@ def analyse(
     )
     cp_sites = cp_table.sites or []
     t0 = time.monotonic()
-
-    def sass() -> str | None:  # read_core calls it while cuda-gdb loads the core
-        t = time.monotonic()
-        text = sass_of_cubin(d / "kernel.cubin")
-        info["nvdisasm_s"] = round(time.monotonic() - t, 3)
-        return text
-
+    sass = _prefetched_sass(d, info)  # read_core calls it while cuda-gdb loads the core
     try:
         rep = read_core(
             found[0],
