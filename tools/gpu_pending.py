@@ -253,6 +253,23 @@ STEPS = [
         "their reports (the mechanism)",
     ),
     Step(
+        "sanitize_rest",
+        "17",
+        100,  # s4: racecheck 15-34 s, memcheck 13-16 s per kernel; fa4_bwd's compile ~18 s
+        True,
+        # fa4_bwd_sm90: the one clean field kernel s4's budget left unsanitized; quack's GEMM
+        # racecheck again: its RACE now carries the mbarrier caveat (racecheck_idiom)
+        f"python3 -m cutedebug sanitize {S}/field/fa4_bwd_sm90/clean.toml --tool "
+        "racecheck,memcheck --no-plain --expect PASS --deadline-scale 6 --runs-dir /tmp/fs1 "
+        "| tail -6; "
+        f"python3 -m cutedebug sanitize {S}/field/quack_gemm_sm90/clean.toml --tool racecheck "
+        "--no-plain --expect PASS --deadline-scale 6 --runs-dir /tmp/fs2 | tail -6; "
+        "mkdir -p $STEP_OUT/md; for f in /tmp/fs1/*/*.md /tmp/fs2/*/*.md; do "
+        'cp "$f" "$STEP_OUT/md/$(basename $(dirname $f))-$(basename $f)"; done',
+        "the last clean field kernel under racecheck and memcheck (fa4_bwd_sm90), and quack's "
+        "GEMM racecheck finding with its caveat",
+    ),
+    Step(
         "perturb_keys",
         "20",
         45,  # ESTIMATE: one small compile, 10 launches; a run refused before launch; health
@@ -429,6 +446,7 @@ BY_NAME = {s.name: s for s in STEPS}
 PRIORITY = (  # after 2026-12-02's calls (reports/2026-12-02-h200): what is left or re-checked
     "pytest_gpu",
     "recheck",  # the fixes of that session's findings (perturbation HARNESS_ERRORs, quack)
+    "sanitize_rest",
     "perturb_keys",  # short: whether the keys select on the GPU what the perturb step assumes
     "perturb",
     "triage",
