@@ -302,6 +302,7 @@ def test_report_of_a_run_localized_from_its_core(tmp_path, monkeypatch):
     assert res.localization["ok"] is True  # graded like probes, from the core's stuck sites
     md = report.to_markdown(res)
     assert "- GPU coredump: coredump.77.nvcudmp (64 bytes" in md
+    assert "80 warps read by cuda-gdb in 0.0 s (2 round(s) of commands in 1 process(es)" in md
     assert (
         "## Stuck sites" in md and "| 0-15 | 4 | producer | producer_acquire | empty | 0 |" in md
     )  # no stage from a core: the barrier alone

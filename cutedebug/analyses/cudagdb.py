@@ -1,4 +1,5 @@
-"""cuda-gdb in batch mode on a GPU core, and its output parsed (cutedebug.analyses.coredump).
+"""cuda-gdb on a GPU core (one process fed rounds of commands, or -batch), and its output
+parsed (cutedebug.analyses.coredump).
 
 Each regex matches the output of one ``info cuda`` / ``bt`` / ``p`` command; the samples they
 were written against are real captures from the H200 (tests/data/coredump/, cuda-gdb 13.0).

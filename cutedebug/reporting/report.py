@@ -171,12 +171,16 @@ def _md_coredump(ev: dict[str, Any]) -> list[str]:
     dump = core.get("dump") or {}
     if core.get("error"):
         return [f"- GPU coredump: {md_text(core['error'])}"]
+    procs = core.get("gdb_processes") or core.get("gdb_passes")
     out = [
         f"- GPU coredump: {md_text(core.get('core'))} ({core.get('core_bytes')} bytes, "
         f"dumped in {dump.get('dump_s', 'n/a')} s), {core.get('warps')} warps read by "
-        f"cuda-gdb in {core.get('gdb_s')} s ({core.get('gdb_passes')} runs; output in "
-        f"coredump_gdb_pass*.txt); SASS: {md_text(core.get('sass'))}"
+        f"cuda-gdb in {core.get('gdb_s')} s ({core.get('gdb_passes')} round(s) of commands in "
+        f"{procs} process(es); output in coredump_gdb_pass*.txt); SASS: "
+        f"{md_text(core.get('sass'))}"
     ]
+    if core.get("gdb_fallback"):
+        out.append(f"  - cuda-gdb -batch per round: {md_text(core['gdb_fallback'])}")
     out += [f"  - site map: {md_text(n)}" for n in core.get("site_map") or []]
     if (crash := ev.get("crash")) is not None:
         out.append(
