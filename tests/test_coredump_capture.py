@@ -191,11 +191,12 @@ def closed_at(tmp_path, pid) -> float:
     raise AssertionError("the fake worker never closed its core")
 
 
-@pytest.mark.parametrize("behaviour", ["dump", "dump_pause"])
+@pytest.mark.parametrize("behaviour", ["dump", "dump_pause", "dump_child"])
 def test_the_dump_is_complete_once_the_worker_closed_the_core(tmp_path, behaviour):
-    """The core is complete when the worker (the driver in it) closed it, not after a quiet
-    0.3 s: a pause in the writing while the file is open is waited out (the whole 64 KiB),
-    and the wait ends within ~0.1 s of the close, where a quiet 0.3 s ends 0.3 s after it."""
+    """The core is complete when the worker (the driver in it, or a process of its own) closed
+    it, not after a quiet 0.3 s: a pause in the writing while the file is open is waited out
+    (the whole 64 KiB), and the wait ends within ~0.1 s of the close, where a quiet 0.3 s ends
+    0.3 s after it."""
     proc = start_fake(tmp_path, behaviour)
     try:
         dump = coredump.trigger(proc.pid, tmp_path, limit_s=5.0, alive=lambda: True)

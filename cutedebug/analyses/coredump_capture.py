@@ -81,9 +81,23 @@ CLOSED_S = 0.05  # a core the worker no longer holds open, unchanged this long, 
 
 
 def held_open(pid: int, paths: list[Path]) -> bool | None:
-    """Whether process ``pid`` has one of ``paths`` open (its /proc/PID/fd links); None when
-    that cannot be read (gone, another user's, no /proc)."""
+    """Whether process ``pid`` or one of its descendants (should the driver write the core
+    from a helper process) has one of ``paths`` open (their /proc/PID/fd links); None when
+    the worker's cannot be read (gone, another user's, no /proc)."""
     want = {str(p.resolve()) for p in paths}
+    held = _holds(pid, want)
+    if held is None or held:
+        return held
+    try:
+        import psutil
+
+        kids = [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    except Exception:  # noqa: BLE001  (psutil missing or the process gone: the worker's answer)
+        kids = []
+    return any(_holds(k, want) for k in kids)
+
+
+def _holds(pid: int, want: set[str]) -> bool | None:
     try:
         fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
