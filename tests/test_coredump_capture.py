@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cutedebug.analyses import coredump, coredump_capture
+from cutedebug.analyses import coredump, coredump_capture, cudagdb
 from cutedebug.engine import runner, watchdog
 from cutedebug.engine.scenario import Limits
 
@@ -25,6 +25,8 @@ def hooked(monkeypatch):
     monkeypatch.setattr(runner, "BEFORE_KILL", hooks)
     coredump.register_hook()
     monkeypatch.setattr(coredump_capture, "DUMP_LIMIT_S", 1.5)
+    # the hook after the dump starts cuda-gdb on the core: none here (tests/test_gdb_session.py)
+    monkeypatch.setattr(cudagdb, "find_cuda_gdb", lambda: None)
     return runner.BEFORE_KILL
 
 
@@ -39,7 +41,7 @@ def run_fake(tmp_path, behaviour):
 
 
 def test_core_dumped_before_the_kill(tmp_path, hooked):
-    assert hooked == [coredump.prefetch_sass, coredump.before_kill]  # nvdisasm, then the dump
+    assert hooked == [coredump.prefetch_sass, coredump.before_kill, coredump.prefetch_core]
     outcome, facts, wall = run_fake(tmp_path, "dump")
     assert outcome.killed_by_watchdog.startswith("deadline:launched")
     dump = facts["before_kill"][0]["coredump"]

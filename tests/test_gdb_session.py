@@ -212,3 +212,83 @@ def test_the_rounds_protocol_with_a_real_gdb(tmp_path):
     sec2 = cudagdb.sections(t2)
     assert list(sec2) == ["c"] and cudagdb.parse_values(sec2["c"]) == [4096]
     assert "(gdb)" not in t1 + t2
+
+
+@pytest.fixture(autouse=True)
+def no_prefetch_left():
+    yield
+    coredump.close_prefetched()
+
+
+def started(starts: Path, n: int) -> list[int]:
+    """The session starts, once ``n`` are recorded (a started process writes its own)."""
+    for _ in range(500):
+        if len(pids(starts)) >= n:
+            break
+        time.sleep(0.01)
+    return pids(starts)
+
+
+def prefetch_folder(tmp_path: Path) -> tuple[Path, dict]:
+    """A run folder right after the dump: its worker's pipe and complete core (held by no
+    process), and the watchdog's hook context."""
+    run = tmp_path / "run"
+    run.mkdir()
+    pid = os.getpid()  # a live process that does not hold the core open
+    (run / f"coredump.pipe.{pid}").write_text("")
+    (run / f"coredump.{pid}.nvcudmp").write_bytes(b"\x7fELF" + bytes(60))
+    return run, {"phase": "launched", "events_path": str(run / "events.jsonl"), "pid": pid}
+
+
+def test_cuda_gdb_loads_the_core_while_the_worker_is_killed(tmp_path, monkeypatch):
+    """prefetch_core (the hook after the dump) starts cuda-gdb on the complete core and sends
+    round 1; read_core, after the kill and the health check, takes that session: one process,
+    round 1 already answered, the same records."""
+    monkeypatch.setattr(coredump, "SESSION_FAILED", "")
+    doc = recorded("tma_stream__wrong_expect_tx_plus")
+    exe, starts = fake_gdb(tmp_path, doc["passes"])
+    monkeypatch.setattr(cudagdb, "find_cuda_gdb", lambda: exe)
+    run, ctx = prefetch_folder(tmp_path)
+    assert coredump.prefetch_core(ctx) is None  # nothing for the facts: it only starts
+    assert len(started(starts, 1)) == 1
+    time.sleep(0.4)  # the kill, the health check
+    rep = coredump.read_core(
+        run / f"coredump.{ctx['pid']}.nvcudmp",
+        sass_text=doc["sass"],
+        wait_sites=waitsites.sites_from_json(doc["wait_sites"]),
+        checkpoint_sites=doc["checkpoint_sites"],
+    )
+    assert len(pids(starts)) == 1 and all(gone(p) for p in pids(starts))
+    assert rep.prefetched >= 0.4 and rep.round1_wait_s < 0.2 and rep.passes == 2
+    cps = doc["checkpoint_sites"]
+    assert {r: (a["op"], a["barrier"]) for r, a in E.role_answers(rep, cps).items()} == {
+        "consumer": ("consumer_wait", "full"),
+        "producer": ("producer_acquire", "empty"),
+    }
+    assert coredump._SESSIONS == {}
+
+
+def test_no_prefetch_of_a_core_still_written_or_of_a_run_without_coredumps(tmp_path, monkeypatch):
+    monkeypatch.setattr(coredump, "SESSION_FAILED", "")
+    exe, starts = fake_gdb(tmp_path, ["@@a\n"])
+    monkeypatch.setattr(cudagdb, "find_cuda_gdb", lambda: exe)
+    run, ctx = prefetch_folder(tmp_path)
+    core = run / f"coredump.{ctx['pid']}.nvcudmp"
+    with open(core, "ab"):  # this process holds it open: the driver still writing
+        assert coredump.prefetch_core(ctx) is None
+    (run / f"coredump.pipe.{ctx['pid']}").unlink()  # no coredump settings in this run
+    assert coredump.prefetch_core(ctx) is None
+    assert coredump.prefetch_core({**ctx, "phase": "compiled"}) is None
+    time.sleep(0.3)  # (a start would have written its pid by now)
+    assert pids(starts) == [] and coredump._SESSIONS == {}
+
+
+def test_a_prefetch_nobody_takes_is_closed(tmp_path, monkeypatch):
+    monkeypatch.setattr(coredump, "SESSION_FAILED", "")
+    exe, starts = fake_gdb(tmp_path, ["@@a\n"])
+    monkeypatch.setattr(cudagdb, "find_cuda_gdb", lambda: exe)
+    _, ctx = prefetch_folder(tmp_path)
+    coredump.prefetch_core(ctx)
+    assert len(coredump._SESSIONS) == 1 and len(started(starts, 1)) == 1
+    coredump.close_prefetched()  # at exit (or SASS_KEEP_S after it was started)
+    assert coredump._SESSIONS == {} and all(gone(p) for p in pids(starts))

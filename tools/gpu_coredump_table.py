@@ -80,6 +80,8 @@ def row(res: runner.RunResult, wall: float, leftovers: int) -> dict:
         "gdb_rounds_s": core.get("gdb_rounds_s"),  # one cuda-gdb: [load + warps, per PC + regs]
         "nvdisasm_s": core.get("nvdisasm_s"),  # while cuda-gdb loads the core
         "gdb_processes": core.get("gdb_processes"),  # 1; per round after a fallback
+        "gdb_prefetched_s": core.get("gdb_prefetched_s"),  # round 1 sent at the kill, this early
+        "gdb_round1_wait_s": core.get("gdb_round1_wait_s"),  # what the reading still waited
         "gdb_fallback": core.get("gdb_fallback"),  # why the session was not used
         "core_s": t.get("core_s"),
         "added_s": round(added, 3),
@@ -188,7 +190,9 @@ def main() -> int:
                 f"{r['scenario']}: {r['warps']} warps, {r['core_mb']} MB: added {r['added_s']} s = "
                 f"dump {r['dump_s']} s (complete: {r['dump_complete']}) + reading "
                 f"{r['core_s']} s (cuda-gdb rounds {r['gdb_rounds_s']} s in "
-                f"{r['gdb_processes']} process(es), nvdisasm {r['nvdisasm_s']} s beside it)"
+                f"{r['gdb_processes']} process(es), round 1 sent {r['gdb_prefetched_s']} s "
+                f"before the reading and waited {r['gdb_round1_wait_s']} s; nvdisasm "
+                f"{r['nvdisasm_s']} s beside it)"
             )
             for line in r["driver_progress"]:
                 print(f"  {line}")

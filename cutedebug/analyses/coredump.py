@@ -24,7 +24,7 @@ the wait table (cutedebug.instrument.waitsites) and the bisection sites.
 
 from __future__ import annotations
 
-import re
+import atexit
 import subprocess
 import threading
 import time
@@ -50,7 +50,6 @@ from cutedebug.analyses.coredump_capture import (  # noqa: F401  (the capture ha
     worker_env,
 )
 from cutedebug.analyses.coredump_evidence import (
-    _next_site,
     bounded,
     crash_evidence,
     diagnosis,
@@ -59,8 +58,20 @@ from cutedebug.analyses.coredump_evidence import (
     role_answers,
     stuck_sites,
 )
+from cutedebug.analyses.coredump_place import (  # noqa: F401  (MAX_WARPS re-exported)
+    MAX_WARPS,
+    _focus,
+    _focus_base,
+    _offsets,
+    _one_per_pc,
+    _parse_registers,
+    _place_all,
+    _register_commands,
+    _same_function,
+)
 from cutedebug.analyses.cudagdb import (
     GDB_LIMIT_S,
+    ROUND1,
     CoreReport,
     WarpRecord,
     find_nvdisasm,
@@ -70,7 +81,6 @@ from cutedebug.analyses.cudagdb import (
     parse_frames,
     parse_kernels,
     parse_pc_offset,
-    parse_values,
     parse_warps,
     sections,
 )
@@ -81,12 +91,6 @@ KEEP_CORE_MAX = 64 << 20  # a larger core is removed once read (the cuda-gdb tex
 
 
 # ---- reading a core ------------------------------------------------------------------------
-MAX_WARPS = 256  # warps whose registers are read (one cuda-gdb focus each)
-WAIT_OPS = {
-    "named_barrier_sync": "named_barrier",
-    "sync_threads": "named_barrier",
-    "cluster_wait": "cluster_wait",
-}
 
 
 def sass_of_cubin(cubin: Path | str, nvdisasm: str | None = None) -> str | None:
@@ -128,7 +132,7 @@ def read_core(
     args = (core, sass_text, wait_sites, checkpoint_sites)
     why = SESSION_FAILED
     if not why:
-        gdb = gdb_session(core, cuda_gdb)
+        gdb = _take_prefetched(core) or gdb_session(core, cuda_gdb)
         try:
             rep = _read(gdb, *args, time.monotonic() + timeout_s)
             rep.processes = gdb.started
@@ -168,23 +172,18 @@ def _read(
     t_end: float,
 ) -> CoreReport:
     rep = CoreReport(core=str(core))
-    t_send = time.monotonic()
-    gdb.send(
-        [
-            "echo @@kernels\\n",
-            "info cuda kernels",
-            "echo @@warps\\n",
-            "info cuda warps device 0",
-            "echo @@focus\\n",
-            "bt",
-            "x/1i $pc",
-        ]
-    )
+    t0 = time.monotonic()
+    if getattr(gdb, "awaiting", False):  # a prefetch sent round 1 already (prefetch_core)
+        rep.prefetched = round(t0 - gdb.sent_at, 3)
+    else:
+        gdb.send(ROUND1)
     if callable(sass_text):
         sass_text = sass_text()  # while cuda-gdb loads the core
-    text, secs = gdb.receive(max(1.0, t_end - t_send))  # the limit counts from the send
+    # the limit counts from now (a prefetch's round has had its head start)
+    text, secs = gdb.receive(max(1.0, t_end - t0) + (rep.prefetched or 0.0))
     rep.raw["pass1"], rep.gdb_s, rep.passes = text, secs, 1
     rep.rounds_s.append(secs)
+    rep.round1_wait_s = round(time.monotonic() - t0, 3)
     rep.kernels = parse_kernels(text)
     rep.warps = parse_warps(text)
     rep.exception = parse_exception(text)
@@ -270,139 +269,6 @@ def _read(
     return rep
 
 
-def _same_function(kernel: str, function: str) -> bool:
-    """cuda-gdb's kernel name against the SASS's (either may be cut short)."""
-    return bool(kernel and function) and (
-        kernel.startswith(function) or function.startswith(kernel)
-    )
-
-
-def _focus_base(text: str, warps: list[WarpRecord]) -> dict[int, int]:
-    """The focused warp's kernel address, from pass 1's x/1i after its bt."""
-    m = FOCUS_RE.search(text)
-    off = parse_pc_offset(text.split("@@focus", 1)[-1].splitlines())
-    if not m or off is None:
-        return {}
-    key = (int(m.group(2)), int(m.group(3)), int(m.group(4)))
-    w = next((x for x in warps if (x.dev, x.sm, x.hw_warp) == key), None)
-    return {w.kernel: w.pc - off} if w is not None else {}
-
-
-FOCUS_RE = re.compile(r"focus set to CUDA kernel (\d+),.*? device (\d+), sm (\d+), warp (\d+),")
-
-
-def _offsets(warps: list[WarpRecord], base: dict[int, int]) -> None:
-    for w in warps:
-        if w.offset is None and w.kernel in base:
-            w.offset = w.pc - base[w.kernel]
-
-
-def _focus(w: WarpRecord) -> str:
-    return f"cuda device {w.dev} sm {w.sm} warp {w.hw_warp} lane {w.first_lane}"
-
-
-def _one_per_pc(warps: list[WarpRecord]) -> list[WarpRecord]:
-    out: dict[tuple[int, int], WarpRecord] = {}
-    for w in warps:
-        out.setdefault((w.kernel, w.pc), w)
-    return list(out.values())
-
-
-PLACED = ("construct", "file", "line", "site", "site_exact", "op", "barrier", "role")
-
-
-def _place_all(
-    warps: list[WarpRecord], code: S.Sass, smap: S.SiteMap, cp_sites: list[dict[str, Any]]
-) -> None:
-    """:func:`_place` once per distinct place (function offset and innermost frame), copied to
-    every warp there: a big grid's thousands of warps sit on a few PCs."""
-    done: dict[tuple, WarpRecord] = {}
-    for w in warps:
-        if w.offset is None:
-            continue
-        f = w.frames[0] if w.frames else {}
-        key = (w.kernel, w.offset, f.get("file"), f.get("line"))
-        first = done.get(key)
-        if first is None:  # (the warps of a key were placed alike before: same prior role)
-            _place(w, code, smap, cp_sites)
-            done[key] = w
-        else:
-            for k in PLACED:
-                setattr(w, k, getattr(first, k))
-
-
-def _place(w: WarpRecord, code: S.Sass, smap: S.SiteMap, cp_sites: list[dict[str, Any]]) -> None:
-    if w.offset is None:
-        return  # the PC could not be placed in its function
-    c = code.classify(w.offset)
-    w.construct = c
-    w.file, w.line = code.line_at(w.offset)
-    if w.frames:  # cuda-gdb's innermost frame with a line beats the SASS line table
-        w.file, w.line = w.frames[0]["file"], w.frames[0]["line"]
-    if c.kind == "spin_load" and c.anchor is not None and c.anchor.line:
-        w.file, w.line = c.anchor.file, c.anchor.line  # the loop's load, not its branch
-    site, exact = smap.site_of(c)
-    w.site, w.site_exact = site, exact
-    if site is not None:
-        w.op = site.op if site.kind in S.MBAR_KINDS else WAIT_OPS.get(site.kind, site.kind)
-        w.barrier = site.barrier
-        w.file, w.line = site.file or w.file, site.line or w.line
-        cp = _checkpoint_site(site, cp_sites)
-        w.role = cp["role"] if cp else site.role
-    elif c.kind == "named_barrier":
-        w.op, w.barrier = "named_barrier", "named"
-    elif c.kind in ("spin_load", "nanosleep", "cluster_barrier", "exit"):
-        w.op = c.kind
-    else:
-        w.op = c.kind
-    if w.role in ("?", "any") and cp_sites and w.file:
-        near = _next_site(w.file, w.line, cp_sites)
-        if near is not None:
-            w.role = near["role"]
-
-
-def _checkpoint_site(site: Any, cp_sites: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The bisection site (its role) that a traced wait belongs to: same file and line, and
-    the op that contains the wait."""
-    want = site.op if site.kind in S.MBAR_KINDS else "named_barrier"
-    same = [c for c in cp_sites if c.get("file") == site.file and c.get("line") == site.line]
-    for c in same:
-        if c.get("op") == want or (want.endswith(c.get("op", "@")) and c.get("op")):
-            return c
-    return same[0] if same else None
-
-
-def _register_commands(warps: list[WarpRecord]) -> list[str]:
-    """cuda-gdb commands printing the barrier address and parity registers of each waiting
-    warp (at most MAX_WARPS), each block marked with the warp and the register names."""
-    cmds: list[str] = []
-    todo = [
-        w
-        for w in warps
-        if w.construct is not None and (w.construct.address_reg or w.construct.phase_reg)
-    ][:MAX_WARPS]
-    for w in todo:
-        c = w.construct
-        regs = [
-            r for r in (c.address_reg, c.address_hi, c.phase_reg) if r and r not in ("RZ", "URZ")
-        ]
-        if regs:
-            cmds += [f"echo @@reg {w.dev} {w.sm} {w.hw_warp} {' '.join(regs)}\\n", _focus(w)]
-            cmds += [f"p/x ${r}" for r in regs]
-    return cmds
-
-
-def _parse_registers(rep: CoreReport, sec: dict[str, list[str]]) -> None:
-    by_key = {(w.dev, w.sm, w.hw_warp): w for w in rep.warps}
-    for name, lines in sec.items():
-        parts = name.split()
-        if parts[0] != "reg" or len(parts) < 5:
-            continue
-        w = by_key.get((int(parts[1]), int(parts[2]), int(parts[3])))
-        if w is not None:
-            w.registers.update(zip(parts[4:], parse_values(lines)))
-
-
 # ---- a run with a core ----------------------------------------------------------------------
 def request_fields(run_dir: Path | str) -> dict[str, Any]:
     """What a worker needs for a coredump run: the driver settings, the cubin kept, the
@@ -473,9 +339,61 @@ def _prefetched_sass(run_dir: Path, info: dict[str, Any]) -> Callable[[], str | 
     return sass
 
 
+# cuda-gdb sessions a prefetch started on a complete core (round 1 sent), taken by read_core
+_SESSIONS: dict[str, tuple[float, Any]] = {}
+
+
+def prefetch_core(ctx: dict[str, Any]) -> None:
+    """Watchdog hook, after :func:`before_kill`: the core it waited for is complete (the
+    worker closed it), so start cuda-gdb on it and send round 1 now: the core loads while the
+    worker is killed and the GPU health check runs (cuda-gdb reads a core through libcudacore,
+    not the GPU). analyse's read_core takes the session; one nobody takes is closed after
+    SASS_KEEP_S, and at exit."""
+    if ctx.get("phase") != "launched" or not ctx.get("events_path") or not ctx.get("pid"):
+        return None
+    d = Path(ctx["events_path"]).parent.resolve()
+    pid = int(ctx["pid"])
+    found = cores(d, pid)
+    if SESSION_FAILED or not (d / f"{PIPE_NAME}.{pid}").exists() or not found:
+        return None
+    if held_open(pid, found) is not False or found[0].stat().st_size == 0:
+        return None  # not complete by the dump's own rule: read_core starts its own
+    try:
+        gdb = gdb_session(found[0])
+        gdb.send(ROUND1)
+    except (RuntimeError, OSError):
+        return None  # no cuda-gdb: read_core says so
+    now = time.monotonic()
+    with _SASS_LOCK:
+        stale = [k for k, v in _SESSIONS.items() if now - v[0] > SASS_KEEP_S]
+        old = [_SESSIONS.pop(k)[1] for k in stale]
+        old += [x[1] for x in [_SESSIONS.pop(str(found[0].resolve()), None)] if x]
+        _SESSIONS[str(found[0].resolve())] = (now, gdb)
+    for g in old:
+        g.close()
+    return None
+
+
+def _take_prefetched(core: Path | str) -> Any:
+    with _SASS_LOCK:
+        got = _SESSIONS.pop(str(Path(core).resolve()), None)
+    return got[1] if got else None
+
+
+@atexit.register
+def close_prefetched() -> None:
+    """Quit the cuda-gdb of every prefetch nobody took."""
+    with _SASS_LOCK:
+        left = [v[1] for v in _SESSIONS.values()]
+        _SESSIONS.clear()
+    for g in left:
+        g.close()
+
+
 def register_hook() -> None:
-    """Put :func:`prefetch_sass` and :func:`before_kill` in the watchdog's before-kill hooks
-    (once, in that order: nvdisasm runs while the driver dumps)."""
+    """Put :func:`prefetch_sass`, :func:`before_kill` and :func:`prefetch_core` in the
+    watchdog's before-kill hooks (once, in that order: nvdisasm runs while the driver dumps,
+    cuda-gdb loads the core while the worker is killed and the GPU checked)."""
     try:
         from cutedebug.engine import watchdog as W
     except ImportError:  # the watchdog still lives in the runner
@@ -487,6 +405,8 @@ def register_hook() -> None:
         hooks.append(before_kill)
     if prefetch_sass not in hooks:
         hooks.insert(hooks.index(before_kill), prefetch_sass)
+    if prefetch_core not in hooks:
+        hooks.insert(hooks.index(before_kill) + 1, prefetch_core)
 
 
 def analyse(
@@ -538,6 +458,8 @@ def analyse(
         gdb_passes=rep.passes,
         gdb_rounds_s=rep.rounds_s,
         gdb_processes=rep.processes,
+        gdb_round1_wait_s=rep.round1_wait_s,  # round 1 as read_core waited for it
+        **({"gdb_prefetched_s": rep.prefetched} if rep.prefetched is not None else {}),
         **({"gdb_fallback": rep.fallback} if rep.fallback else {}),
         sass=rep.sass_source,
         site_map=rep.site_map_notes

@@ -79,6 +79,17 @@ def run_gdb(
 # for a 3 MB core, 2.5-3 s for the 128 MB core of 8,448 warps; reports/2026-12-01-h200/
 # coredump), so the reader's rounds of commands, each decided from the answers to the one
 # before, go to one process in turn instead of one `cuda-gdb -batch` each.
+# The reader's first round: the kernels, every warp, the focused warp's frame and instruction
+# (its function offset: the kernel's address). Also sent by a prefetch (coredump.prefetch_core).
+ROUND1 = [
+    "echo @@kernels\\n",
+    "info cuda kernels",
+    "echo @@warps\\n",
+    "info cuda warps device 0",
+    "echo @@focus\\n",
+    "bt",
+    "x/1i $pc",
+]
 SENTINEL = "@@@done"  # echoed after round N as "@@@done N" (a third @: never an @@section)
 
 
@@ -103,7 +114,8 @@ class GdbSession:
         self.rounds = 0
         self.started = 0  # processes started (one per session)
         self._todo = b""
-        self._t0 = 0.0
+        self.sent_at = 0.0  # when the last round was sent
+        self.awaiting = False  # a round sent and not yet received
         self._eof = False
 
     def send(self, commands: list[str]) -> None:
@@ -123,7 +135,7 @@ class GdbSession:
         self.rounds += 1
         end = f"echo {SENTINEL} {self.rounds}\\n"
         self._todo += "".join(c + "\n" for c in [*commands, end]).encode()
-        self._t0 = time.monotonic()
+        self.sent_at, self.awaiting = time.monotonic(), True
         self._write()
 
     def _write(self) -> None:
@@ -142,7 +154,8 @@ class GdbSession:
         assert self.proc is not None and self.proc.stdout is not None
         out, fd = bytearray(), self.proc.stdout.fileno()
         mark = f"{SENTINEL} {self.rounds}\n".encode()
-        t_end = self._t0 + timeout_s
+        self.awaiting = False
+        t_end = self.sent_at + timeout_s
         while not self._eof:
             i = out.find(mark, max(0, len(out) - 65536 - len(mark)))
             if i >= 0:
@@ -165,7 +178,7 @@ class GdbSession:
                     self._eof = True
                     out += f"\n[cuda-gdb exited: {self.proc.wait()}]\n".encode()
                 out += chunk
-        return out.decode("utf-8", "replace"), round(time.monotonic() - self._t0, 3)
+        return out.decode("utf-8", "replace"), round(time.monotonic() - self.sent_at, 3)
 
     def run(self, commands: list[str], timeout_s: float = GDB_LIMIT_S) -> tuple[str, float]:
         self.send(commands)
@@ -449,6 +462,8 @@ class CoreReport:
     passes: int = 0  # rounds of commands, all in one cuda-gdb process (GdbSession)
     rounds_s: list[float] = field(default_factory=list)  # each round's seconds (the first: load)
     processes: int = 0  # cuda-gdb processes started (1; one per round after a fallback)
+    prefetched: float | None = None  # round 1 sent this long before read_core (at the kill)
+    round1_wait_s: float = 0.0  # what read_core still waited for round 1 (nvdisasm included)
     fallback: str = ""  # why the rounds went to one cuda-gdb -batch each
     sass_source: str = ""
     raw: dict[str, str] = field(default_factory=dict)  # each pass's output (kept in the run)
