@@ -193,11 +193,12 @@ def closed_at(tmp_path, pid) -> float:
     raise AssertionError("the fake worker never closed its core")
 
 
-@pytest.mark.parametrize("behaviour", ["dump", "dump_pause", "dump_child"])
+@pytest.mark.parametrize("behaviour", ["dump", "dump_pause", "dump_child", "dump_reopen"])
 def test_the_dump_is_complete_once_the_worker_closed_the_core(tmp_path, behaviour):
     """The core is complete when the worker (the driver in it, or a process of its own) closed
-    it, not after a quiet 0.3 s: a pause in the writing while the file is open is waited out
-    (the whole 64 KiB), and the wait ends within ~0.1 s of the close, where a quiet 0.3 s ends
+    it and it is as long as its ELF header says, not after a quiet 0.3 s: a pause in the
+    writing while the file is open, or while it is closed half-written, is waited out (the
+    whole 64 KiB), and the wait ends within ~0.1 s of the close, where a quiet 0.3 s ends
     0.3 s after it."""
     proc = start_fake(tmp_path, behaviour)
     try:
@@ -222,3 +223,37 @@ def test_without_proc_the_dump_is_complete_when_it_stops_growing(tmp_path, monke
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_an_elf_file_is_complete_when_its_header_tables_fit_in_it(tmp_path):
+    """coredump_capture.elf_complete against real ELF files (this Python and its truncated
+    copies) and headers written here."""
+    import struct
+
+    from cutedebug.analyses.coredump_capture import elf_complete
+
+    real = Path(sys.executable).resolve().read_bytes()
+    assert real[:4] == b"\x7fELF"
+    for n, want in [(len(real), True), (len(real) - 1, False), (40, False), (3, None)]:
+        f = tmp_path / f"elf{n}"
+        f.write_bytes(real[:n])
+        assert elf_complete(f) is want, n
+    (tmp_path / "text").write_text("not an ELF file at all" * 10)
+    assert elf_complete(tmp_path / "text") is None
+
+    def header(shoff, shnum, size):
+        h = bytearray(size)
+        h[:6] = b"\x7fELF\x02\x01"
+        struct.pack_into("<QQ", h, 32, 0, shoff)
+        struct.pack_into("<HHHH", h, 54, 56, 0, 64, shnum)
+        return h
+
+    f = tmp_path / "ext"  # more sections than e_shnum holds: entry 0's sh_size counts them
+    h = header(128, 0, 128 + 64)
+    struct.pack_into("<Q", h, 128 + 32, 3)
+    f.write_bytes(bytes(h))
+    assert elf_complete(f) is False
+    f.write_bytes(bytes(h) + bytes(128))
+    assert elf_complete(f) is True
+    f.write_bytes(bytes(header(0, 0, 64)))  # no tables at all (the fake cores above)
+    assert elf_complete(f) is True

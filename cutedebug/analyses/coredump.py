@@ -43,6 +43,7 @@ from cutedebug.analyses.coredump_capture import (  # noqa: F401  (the capture ha
     before_kill,
     cores,
     dump_all,
+    elf_complete,
     generation_flags,
     held_open,
     remove_pipes,
@@ -356,7 +357,11 @@ def prefetch_core(ctx: dict[str, Any]) -> None:
     found = cores(d, pid)
     if SESSION_FAILED or not (d / f"{PIPE_NAME}.{pid}").exists() or not found:
         return None
-    if held_open(pid, found) is not False or found[0].stat().st_size == 0:
+    if (
+        held_open(pid, found) is not False
+        or found[0].stat().st_size == 0
+        or elf_complete(found[0]) is False
+    ):
         return None  # not complete by the dump's own rule: read_core starts its own
     try:
         gdb = gdb_session(found[0])

@@ -15,6 +15,7 @@ user-triggered dump through the driver's named pipe, and the wait until the core
 from __future__ import annotations
 
 import os
+import struct
 import time
 from pathlib import Path
 from typing import Any
@@ -111,15 +112,43 @@ def _holds(pid: int, want: set[str]) -> bool | None:
     return False
 
 
+def elf_complete(path: Path) -> bool | None:
+    """Whether an ELF file (a GPU core is one) is as long as its header says: its program and
+    section header tables inside the file. None when it is no ELF64 file this can read (the
+    rules above decide alone)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+            size = os.fstat(f.fileno()).st_size
+            if head[:4] != b"\x7fELF":
+                return None
+            if len(head) < 64:
+                return False  # not even its header yet
+            if head[4] != 2 or head[5] not in (1, 2):
+                return None  # not ELF64
+            e = "<" if head[5] == 1 else ">"
+            phoff, shoff = struct.unpack_from(e + "QQ", head, 32)
+            phentsize, phnum, shentsize, shnum = struct.unpack_from(e + "HHHH", head, 54)
+            if shnum == 0 and shoff:  # more sections than the header counts: entry 0 says
+                if size < shoff + shentsize:
+                    return False
+                f.seek(shoff + 32)
+                shnum = struct.unpack(e + "Q", f.read(8))[0]
+    except (OSError, struct.error):
+        return None
+    return size >= max(phoff + phnum * phentsize, shoff + shnum * shentsize)
+
+
 def trigger(
     pid: int, run_dir: Path | str, limit_s: float = DUMP_LIMIT_S, alive: Any = None
 ) -> dict[str, Any]:
     """Write the coredump pipe of worker ``pid`` and wait (at most ``limit_s``) until its core
     is complete: the worker (whose driver writes it) no longer holds it open and it did not
     grow for :data:`CLOSED_S`; where /proc cannot tell, it did not grow for :data:`STABLE_S`;
-    or the process exited. ``complete`` in the facts says which. When the driver is already
-    writing a core (a GPU exception's: a big grid's takes seconds, 4.2 s for minimal's 8,448
-    warps on the H200), only wait for that one. Never raises."""
+    either way as long as its ELF header says (:func:`elf_complete`); or the process exited.
+    ``complete`` in the facts says which. When the driver is already writing a core (a GPU
+    exception's: a big grid's takes seconds, 4.2 s for minimal's 8,448 warps on the H200),
+    only wait for that one. Never raises."""
     d = Path(run_dir)
     pipe = d / f"{PIPE_NAME}.{pid}"
     t0 = time.monotonic()
@@ -145,12 +174,11 @@ def trigger(
             last, since = size, now
         if size > 0:
             held = held_open(pid, found)
-            if held is False and now - since >= CLOSED_S:
-                how = "closed"
-                break
-            if held is None and now - since >= STABLE_S:
-                how = "stable"
-                break
+            quiet = now - since
+            if (held is False and quiet >= CLOSED_S) or (held is None and quiet >= STABLE_S):
+                if all(elf_complete(p) is not False for p in found):
+                    how = "closed" if held is False else "stable"
+                    break
         if alive is not None and not alive() and found:
             how = "exited"
             break

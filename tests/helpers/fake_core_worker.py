@@ -8,22 +8,40 @@ the pipe, BEHAVIOUR "dump" writes <dir>/coredump.<pid>.nvcudmp (64 KiB in two pi
 apart, as a dump in progress grows), closes it, notes the time it did in <dir>/closed.<pid>
 (time.monotonic) and keeps hanging; "dump_pause" the same with 0.6 s between the pieces (a
 driver still collecting state, the file open and not growing); "dump_child" the same from a
-child process of the worker; "no_dump" reads and writes nothing.
+child process of the worker; "dump_reopen" closes it half-written and appends the rest 0.6 s
+later (its ELF header says 64 KiB from the start); "no_dump" reads and writes nothing.
 """
 
 import json
 import os
+import struct
 import sys
 import threading
 import time
 
 
-def write_core(d, pid, pause):
-    with open(os.path.join(d, f"coredump.{pid}.nvcudmp"), "wb") as core:
-        core.write(b"\x7fELF" + bytes(32 * 1024 - 4))
+def elf_header(size):
+    """An ELF64 header whose one section header is the file's last 64 bytes."""
+    h = bytearray(64)
+    h[:6] = b"\x7fELF\x02\x01"
+    struct.pack_into("<QQ", h, 32, 0, size - 64)  # e_phoff, e_shoff
+    struct.pack_into("<HHHH", h, 54, 56, 0, 64, 1)  # phentsize, phnum, shentsize, shnum
+    return bytes(h)
+
+
+def write_core(d, pid, pause, reopen=False):
+    path = os.path.join(d, f"coredump.{pid}.nvcudmp")
+    with open(path, "wb") as core:
+        core.write(elf_header(64 * 1024) + bytes(32 * 1024 - 64))
         core.flush()
-        time.sleep(pause)
+        if reopen:  # closed half-written, opened again to write the rest
+            core.close()
+            time.sleep(pause)
+            core = open(path, "ab")
+        else:
+            time.sleep(pause)
         core.write(bytes(32 * 1024))
+        core.close()
     with open(os.path.join(d, f"closed.{pid}"), "w") as f:
         f.write(repr(time.monotonic()))
 
@@ -51,8 +69,8 @@ def listen():
 
         subprocess.Popen([sys.executable, __file__, "--write", d, str(pid), "0.6"])
         return
-    if behaviour in ("dump", "dump_pause"):
-        write_core(d, pid, 0.2 if behaviour == "dump" else 0.6)
+    if behaviour in ("dump", "dump_pause", "dump_reopen"):
+        write_core(d, pid, 0.2 if behaviour == "dump" else 0.6, behaviour == "dump_reopen")
 
 
 threading.Thread(target=listen, daemon=True).start()
