@@ -257,3 +257,46 @@ def test_an_elf_file_is_complete_when_its_header_tables_fit_in_it(tmp_path):
     assert elf_complete(f) is True
     f.write_bytes(bytes(header(0, 0, 64)))  # no tables at all (the fake cores above)
     assert elf_complete(f) is True
+
+
+def test_through_the_watchdog_cuda_gdb_is_loading_the_core_before_the_kill(
+    tmp_path, hooked, monkeypatch
+):
+    """The hooks in the real watchdog: the dump, then prefetch_core starts cuda-gdb (here the
+    fake one answering with the H200's outputs for tma_stream's core) before the kill; the
+    reading after it takes that session: one cuda-gdb, nothing left behind by the kill."""
+    import gzip
+    import json
+
+    from cutedebug.instrument import waitsites
+    from tests.test_gdb_session import fake_gdb, pids, started
+
+    monkeypatch.setattr(coredump, "SESSION_FAILED", "")
+    doc = json.loads(
+        gzip.open(
+            Path(__file__).parent
+            / "data/coredump/h200-runs/tma_stream__wrong_expect_tx_plus.json.gz",
+            "rt",
+        ).read()
+    )
+    gdb_dir = tmp_path / "gdb"
+    gdb_dir.mkdir()
+    exe, starts = fake_gdb(gdb_dir, doc["passes"])
+    monkeypatch.setattr(cudagdb, "find_cuda_gdb", lambda: exe)
+    try:
+        outcome, facts, _ = run_fake(tmp_path, "dump")
+        core = Path(facts["before_kill"][0]["coredump"]["core"])
+        assert outcome.killed_by_watchdog.startswith("deadline:launched")
+        assert len(started(starts, 1)) == 1  # started before the kill, by the hook
+        assert list(coredump._SESSIONS) == [str(core.resolve())]
+        assert runner.tagged_processes(facts["tag"]) == []  # the worker's tree is gone
+        rep = coredump.read_core(
+            core,
+            sass_text=doc["sass"],
+            wait_sites=waitsites.sites_from_json(doc["wait_sites"]),
+            checkpoint_sites=doc["checkpoint_sites"],
+        )
+        assert rep.prefetched is not None and rep.processes == 1 and rep.passes == 2
+        assert len(pids(starts)) == 1 and coredump._SESSIONS == {}
+    finally:
+        coredump.close_prefetched()
