@@ -375,7 +375,7 @@ def prefetch_core(ctx: dict[str, Any]) -> None:
         old += [x[1] for x in [_SESSIONS.pop(str(found[0].resolve()), None)] if x]
         _SESSIONS[str(found[0].resolve())] = (now, gdb)
     for g in old:
-        g.close()
+        g.close(kill=True)  # its output unread: no quit it could read
     return None
 
 
@@ -387,12 +387,12 @@ def _take_prefetched(core: Path | str) -> Any:
 
 @atexit.register
 def close_prefetched() -> None:
-    """Quit the cuda-gdb of every prefetch nobody took."""
+    """End the cuda-gdb of every prefetch nobody took (killed: its output was never read)."""
     with _SASS_LOCK:
         left = [v[1] for v in _SESSIONS.values()]
         _SESSIONS.clear()
     for g in left:
-        g.close()
+        g.close(kill=True)
 
 
 def register_hook() -> None:
