@@ -156,11 +156,13 @@ class GdbSession:
         mark = f"{SENTINEL} {self.rounds}\n".encode()
         self.awaiting = False
         t_end = self.sent_at + timeout_s
+        seen = 0  # out[:seen] holds no mark
         while not self._eof:
-            i = out.find(mark, max(0, len(out) - 65536 - len(mark)))
+            i = out.find(mark, max(0, seen - len(mark)))
             if i >= 0:
                 del out[i:]
                 break
+            seen = len(out)
             left = t_end - time.monotonic()
             if left <= 0:
                 self.close(kill=True)
@@ -176,7 +178,11 @@ class GdbSession:
                     continue
                 if not chunk:
                     self._eof = True
-                    out += f"\n[cuda-gdb exited: {self.proc.wait()}]\n".encode()
+                    try:
+                        rc: int | str = self.proc.wait(2.0)
+                    except subprocess.TimeoutExpired:
+                        rc = "still running, output closed"
+                    out += f"\n[cuda-gdb exited: {rc}]\n".encode()
                 out += chunk
         return out.decode("utf-8", "replace"), round(time.monotonic() - self.sent_at, 3)
 
