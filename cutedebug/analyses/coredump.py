@@ -142,6 +142,8 @@ def read_core(
             why = f"one cuda-gdb process for every round failed: {e}"[:300]
         finally:
             gdb.close()
+    elif (pre := _take_prefetched(core)) is not None:
+        pre.close(kill=True)  # started before the session was found wanting
     gdb = gdb_batch(core, cuda_gdb)
     rep = _read(gdb, *args, time.monotonic() + timeout_s)
     SESSION_FAILED = why  # -batch read the core the session could not: keep to -batch
