@@ -164,6 +164,7 @@ RECHECK_PERTURB = [
     "sm90_gemm/skip_producer_tail_cluster",
     "sm90_attention/missing_init_fence",
 ]
+RECHECK_SHRINK = ["sm90_attention/drop_sync_epilogue", "cluster_reduce/skip_init_cluster_sync"]
 RECHECK_FIELD = [
     "quack_rmsnorm_bwd/extra_consumer_release",
     "quack_rmsnorm_bwd/missing_phase_flip_consumer",
@@ -237,10 +238,13 @@ STEPS = [
     Step(
         "recheck",
         "17,20",
-        150,  # 5 x 32 seeds (~4 s each) + 3 replays; 3 field scenarios x 2 runs (~10 s each)
+        180,  # 5 x 32 seeds (~4 s each) + 3 replays; 2 shrinks; 3 field scenarios x 2 runs
         True,
         f"python3 tools/perturb_table.py --seeds 32 --replays 3 --budget-s 80 "
         f"--json $STEP_OUT/latent.json {_toml(RECHECK_PERTURB)}; echo rc=$?; "
+        # --shrink on the GPU (never run there yet): the minimal delay set of two exposures
+        f"python3 tools/perturb_table.py --seeds 4 --replays 2 --shrink --budget-s 60 "
+        f"--json $STEP_OUT/shrunk.json {_toml(RECHECK_SHRINK)}; echo rc=$?; "
         + "; ".join(
             f"python3 -m cutedebug run {S}/field/{n}.toml --runs-dir /tmp/rck; "
             f"python3 -m cutedebug run {S}/field/{n}.toml --runs-dir /tmp/rck"
