@@ -147,19 +147,29 @@ def _libraries_missing() -> str | None:
 needs_libs = pytest.mark.skipif(_libraries_missing() is not None, reason=_libraries_missing() or "")
 
 
-@needs_libs
-def test_fault_sites_land_on_the_library_lines(tmp_path):
-    """tools/field_fault_sites.py traces each adapter once per fault (sm_90a, no GPU; trace
-    only: the sites and findings asserted here are trace facts, and the field scenarios'
-    compile items lower these faults to PTX)."""
-    targets = [f"{FIELD / ADAPTERS[n][0]}:{ADAPTERS[n][1]}" for n in SURVEYED]
+def _fault_sites_tool():
+    """tools/field_fault_sites.py as a module (tools/ is no package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "field_fault_sites", REPO / "tools" / "field_fault_sites.py"
+    )
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    return tool
+
+
+def test_fault_sites_command_line_writes_the_survey(tmp_path):
+    """The tool's command line (--json, --only, --trace-only) on a project kernel, in a process
+    of its own that imports the DSL alone: the wrong_expect_tx variants land on the kernel's
+    one expect_tx (its producer_acquire call), and the clean trace has no static error."""
+    kernel = REPO / "kernels" / "tma_stream.py"
     out = tmp_path / "sites.json"
     env = dict(
         os.environ,
         CUTE_DSL_ARCH="sm_90a",
         PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
     )
-    only = ("wrong_expect_tx", "skip_consumer_release", "skip_producer_tail")
     proc = subprocess.run(
         [
             sys.executable,
@@ -167,19 +177,48 @@ def test_fault_sites_land_on_the_library_lines(tmp_path):
             "--json",
             str(out),
             "--trace-only",
-            *(f"--only={f}" for f in only),
-            *targets,
+            "--only=wrong_expect_tx",
+            f"{kernel}:TmaStream",
         ],
         capture_output=True,
         text=True,
-        timeout=1800,
+        timeout=600,
         env=env,
         check=False,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    survey = {
+    (rec,) = json.loads(out.read_text())
+    assert rec["target"] == f"{kernel}:TmaStream" and rec["arch"] == "sm_90a"
+    assert [f["fault"] for f in rec["faults"]] == ["wrong_expect_tx", "wrong_expect_tx"]
+    assert [f["args"] for f in rec["faults"]] == [{"delta_bytes": 16}, {"delta_bytes": -16}]
+    line = next(
+        i
+        for i, text in enumerate(kernel.read_text().splitlines(), 1)
+        if "producer_acquire(" in text
+    )
+    for f in rec["faults"]:
+        assert f["count"] == 1
+        assert f["sites"] == {f"mbarrier_arrive_and_expect_tx tma_stream.py:{line}": 1}
+    assert [x for x in rec["clean"]["static_findings"] if x["severity"] == "error"] == []
+    assert "wrong_expect_tx{'delta_bytes': 16}: 1 site(s)" in proc.stdout
+
+
+@needs_libs
+def test_fault_sites_land_on_the_library_lines():
+    """tools/field_fault_sites.py's survey of each adapter, once per fault (sm_90a, no GPU), in
+    this process, which imports the libraries for the tests below anyway (its command line:
+    the test above); trace only: the sites and findings asserted here are trace facts, and the
+    field scenarios' compile items lower these faults to PTX."""
+    tool = _fault_sites_tool()
+    only = ("wrong_expect_tx", "skip_consumer_release", "skip_producer_tail")
+    with trace_only():
+        results = [
+            tool.survey(f"{FIELD / ADAPTERS[n][0]}:{ADAPTERS[n][1]}", "sm_90a", only)
+            for n in SURVEYED
+        ]
+    survey = {  # as --json writes it
         Path(r["target"].split(":")[0]).name + ":" + r["target"].split(":")[1]: r
-        for r in json.loads(out.read_text())
+        for r in json.loads(json.dumps(results, default=str))
     }
 
     def sites(family, fault, **args):

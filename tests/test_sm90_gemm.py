@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from helpers.ptx import PtxCache, expect_tx_bytes, init_counts, shrink_smem_field
+from helpers.trace_only import trace_only
 
 from cutedebug.instrument import faults, value_faults
 from cutedebug.kernel_api import load_entry, resolve_params
@@ -316,13 +317,19 @@ def test_fault_triggers_and_changes_the_ptx(ptx, name, cluster_m):
 
 @pytest.mark.parametrize("name", sorted(NOT_HERE))
 def test_faults_that_do_not_apply_do_not_trigger(tmp_path, name):
+    """A fault's sites are counted while the kernel is traced: trace only (the lowering of
+    this kernel is the compile matrix's)."""
     from cutlass import cute
     from cutlass.base_dsl.compiler import DumpDir
 
+    from cutedebug.analyses import lint
+
     k = Sm90Gemm(**SCENARIO_SIZE, cluster_m=2)
-    with faults.inject(name, {}) as applied:
+    with trace_only(), lint.record() as protocol, faults.inject(name, {}) as applied:
         cute.compile[cute.GPUArch("sm_90a"), DumpDir(str(tmp_path))](k, *k.fake_args())
-    assert applied.count == 0
+    assert applied.patched and applied.count == 0
+    # the kernel was traced (its TMA pipeline recorded): 0 sites is a fact, not a skipped trace
+    assert [p.cls for p in protocol.pipelines.values()] == ["PipelineTmaAsync"] and protocol.events
 
 
 def test_switch_skip_init_cluster_sync_syncs_only_the_cta(ptx):
