@@ -238,7 +238,7 @@ STEPS = [
     Step(
         "recheck",
         "17,20",
-        180,  # 5 x 32 seeds (~4 s each) + 3 replays; 2 shrinks; 3 field scenarios x 2 runs
+        170,  # 5 x 32 seeds (~4 s each) + 3 replays; 2 shrinks; 3 field scenarios once each
         True,
         f"python3 tools/perturb_table.py --seeds 32 --replays 3 --budget-s 80 "
         f"--json $STEP_OUT/latent.json {_toml(RECHECK_PERTURB)}; echo rc=$?; "
@@ -246,7 +246,6 @@ STEPS = [
         f"python3 tools/perturb_table.py --seeds 4 --replays 2 --shrink --budget-s 60 "
         f"--json $STEP_OUT/shrunk.json {_toml(RECHECK_SHRINK)}; echo rc=$?; "
         + "; ".join(
-            f"python3 -m cutedebug run {S}/field/{n}.toml --runs-dir /tmp/rck; "
             f"python3 -m cutedebug run {S}/field/{n}.toml --runs-dir /tmp/rck"
             for n in RECHECK_FIELD
         )
@@ -272,6 +271,21 @@ STEPS = [
         'cp "$f" "$STEP_OUT/md/$(basename $(dirname $f))-$(basename $f)"; done',
         "the last clean field kernel under racecheck and memcheck (fa4_bwd_sm90), and quack's "
         "GEMM racecheck finding with its caveat",
+    ),
+    Step(
+        "coredump_lite",
+        "25",
+        70,  # spin_hang ~25 s (compile, 1 s deadline, dump + reading); tma_stream ~12 s each
+        False,
+        # the coredump step's first part alone, for a call short of device time: the big grid
+        # (dump / reading split) and one small hang, default flags, then the big grid light
+        f"python3 tools/gpu_coredump_table.py --deadline 1 --out /tmp/core "
+        f"--json $STEP_OUT/rows.json {S}/minimal/spin_hang.toml "
+        f"{S}/tma_stream/wrong_expect_tx_plus.toml; "
+        f"CUTEDEBUG_COREDUMP_FLAGS={LIGHT} python3 tools/gpu_coredump_table.py --deadline 1 "
+        f"--out /tmp/corl --json $STEP_OUT/rows_light.json {S}/minimal/spin_hang.toml",
+        "minimal/spin_hang's seconds added (dump / reading) with one cuda-gdb process, one "
+        "small hang, and the big grid with the lightweight dump flags",
     ),
     Step(
         "perturb_keys",
@@ -451,6 +465,7 @@ PRIORITY = (  # after 2026-12-02's calls (reports/2026-12-02-h200): what is left
     "pytest_gpu",
     "recheck",  # the fixes of that session's findings (perturbation HARNESS_ERRORs, quack)
     "sanitize_rest",
+    "coredump_lite",  # #25's big grid with one cuda-gdb process, when the full step won't fit
     "perturb_keys",  # short: whether the keys select on the GPU what the perturb step assumes
     "perturb",
     "triage",
