@@ -288,6 +288,15 @@ STEPS = [
         "small hang, and the big grid with the lightweight dump flags",
     ),
     Step(
+        "warm_lite",
+        "22",
+        55,  # the warm step's pool_bench, 2 rounds (~18 s a round measured on the new code: est.)
+        False,
+        "python3 tools/pool_bench.py --rounds 2 --overlap --json $STEP_OUT/pool.json",
+        "the warm step's cold / cold-overlap / warm runs of a probed HANG, 2 rounds, for a call "
+        "short of device time",
+    ),
+    Step(
         "perturb_keys",
         "20",
         45,  # ESTIMATE: one small compile, 10 launches; a run refused before launch; health
@@ -466,6 +475,7 @@ PRIORITY = (  # after 2026-12-02's calls (reports/2026-12-02-h200): what is left
     "recheck",  # the fixes of that session's findings (perturbation HARNESS_ERRORs, quack)
     "sanitize_rest",
     "coredump_lite",  # #25's big grid with one cuda-gdb process, when the full step won't fit
+    "warm_lite",
     "perturb_keys",  # short: whether the keys select on the GPU what the perturb step assumes
     "perturb",
     "triage",
