@@ -127,3 +127,81 @@ def test_priority_names_every_step_once_and_sessions_fit_their_budget():
         cost = sum(sum(st.seconds for st in c) + 120 for c in s)
         assert cost <= 1800 or len(s) == 1
     assert sess[0][0][0].name == gpu_pending.PRIORITY[0]  # the order is kept
+
+
+def _copy_tail(command: str, tmp: Path) -> str:
+    """The part of a step's command after its runs (from ``mkdir -p $STEP_OUT``), with its
+    /tmp/ folders moved under ``tmp``."""
+    i = command.index("mkdir -p $STEP_OUT")
+    return command[i:].replace("/tmp/", f"{tmp}/")
+
+
+def _step_copy(command: str, tmp: Path) -> list[str]:
+    """Run a step's copy tail as the step would (bash, $STEP_OUT set): the files it kept."""
+    import os
+    import subprocess
+
+    out = tmp / "step_out"
+    out.mkdir()
+    subprocess.run(
+        ["bash", "-c", _copy_tail(command, tmp)],
+        cwd=ROOT,
+        env=dict(os.environ, STEP_OUT=str(out)),
+        check=False,
+        capture_output=True,
+    )
+    return sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+
+
+def test_the_sanitize_rest_step_keeps_each_sanitize_report(tmp_path, fake_sanitizer):
+    """sanitize_rest's `cp` of the reports: `cutedebug sanitize --runs-dir D` writes
+    D/<run>/sanitize/sanitize.md (made here through the fake compute-sanitizer, the layout the
+    command itself makes), and the step must copy each one to $STEP_OUT/md (a glob that
+    matches nothing copies nothing, silently, on the GPU)."""
+    import os
+
+    from helpers.sanitize_runs import cutedebug_sanitize
+
+    env = dict(
+        os.environ,
+        COMPUTE_SANITIZER=str(fake_sanitizer),
+        FAKE_SANITIZER_CASE="racecheck_clean",
+        FAKE_SANITIZER_MODE="simulate",
+        CUTE_DSL_ARCH="sm_90a",
+    )
+    cmd = gpu_pending.BY_NAME["sanitize_rest"].command
+    for runs in re.findall(r"--runs-dir /tmp/(\w+)", cmd):
+        r = cutedebug_sanitize(
+            str(ROOT / "scenarios/minimal/clean.toml"),
+            "--tool",
+            "racecheck",
+            "--no-plain",
+            "--runs-dir",
+            str(tmp_path / runs),
+            env=env,
+        )
+        assert "report:" in r.stdout, r.stdout + r.stderr
+    kept = _step_copy(cmd, tmp_path)
+    assert len(kept) == 2 and all(k.startswith("md/minimal__clean-") for k in kept), kept
+    assert all(k.endswith("sanitize.md") for k in kept), kept
+
+
+def test_the_recheck_step_keeps_each_run_report(tmp_path):
+    """recheck's `cp` of the field runs' reports: `cutedebug run --runs-dir D` writes
+    D/<run>/report.md (a compile-only run here makes the same layout)."""
+    import os
+    import subprocess
+
+    cmd = gpu_pending.BY_NAME["recheck"].command
+    (runs,) = set(re.findall(r"--runs-dir /tmp/(\w+)", cmd))
+    subprocess.run(
+        [sys.executable, "-m", "cutedebug", "run", "--compile-only", "--no-warm"]
+        + ["--runs-dir", str(tmp_path / runs), str(ROOT / "scenarios/minimal/clean.toml")],
+        cwd=ROOT,
+        env=dict(os.environ, CUTE_DSL_ARCH="sm_90a"),
+        check=False,
+        capture_output=True,
+        timeout=300,
+    )
+    kept = _step_copy(cmd, tmp_path)
+    assert len(kept) == 1 and re.fullmatch(r"reports/minimal__clean-.*\.md", kept[0]), kept

@@ -267,8 +267,9 @@ STEPS = [
         "| tail -6; "
         f"python3 -m cutedebug sanitize {S}/field/quack_gemm_sm90/clean.toml --tool racecheck "
         "--no-plain --expect PASS --deadline-scale 6 --runs-dir /tmp/fs2 | tail -6; "
-        "mkdir -p $STEP_OUT/md; for f in /tmp/fs1/*/*.md /tmp/fs2/*/*.md; do "
-        'cp "$f" "$STEP_OUT/md/$(basename $(dirname $f))-$(basename $f)"; done',
+        # each report is <runs-dir>/<run>/sanitize/sanitize.md (commands/sanitize.py)
+        "mkdir -p $STEP_OUT/md; for f in /tmp/fs1/*/sanitize/*.md /tmp/fs2/*/sanitize/*.md; "
+        'do cp "$f" "$STEP_OUT/md/$(basename $(dirname $(dirname $f)))-$(basename $f)"; done',
         "the last clean field kernel under racecheck and memcheck (fa4_bwd_sm90), and quack's "
         "GEMM racecheck finding with its caveat",
     ),
