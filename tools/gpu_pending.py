@@ -432,7 +432,7 @@ STEPS = [
     Step(
         "cold_bytecode",
         "22",
-        90,  # 3 rounds of pool_bench (~35 s) + cold_breakdown 2 reps (~25 s) + compileall
+        65,  # compileall (~10 s) + pool_bench 2 rounds of cold / cold_overlap / warm (~18 s each)
         False,
         # The DSL bundle (.device) is unpacked without bytecode; where PYTHONDONTWRITEBYTECODE
         # is set every new interpreter compiles cutlass's sources again (3.9 s against 0.7 s
@@ -440,10 +440,9 @@ STEPS = [
         # It stays for the machine's life: run it last in its call.
         "python3 -m compileall -q -j 0 $(python3 -c 'import cutlass, os; "
         "print(os.path.dirname(cutlass.__file__))') cutedebug kernels > /dev/null; echo rc=$?; "
-        "python3 tools/pool_bench.py --rounds 3 --json $STEP_OUT/pool.json; "
-        "python3 tools/cold_breakdown.py --reps 2 --json $STEP_OUT/parts.json",
-        "the warm step again with the DSL's and cutedebug's bytecode compiled, as a pip "
-        "install leaves them (only when the warm step's first line says it was not cached)",
+        "python3 tools/pool_bench.py --rounds 2 --overlap --json $STEP_OUT/pool.json",
+        "the warm step's runs again with the DSL's and cutedebug's bytecode compiled, as a pip "
+        "install leaves them (only when pool_bench's first line said it was not cached)",
     ),
     Step(
         "bench",
