@@ -130,10 +130,10 @@ def test_priority_names_every_step_once_and_sessions_fit_their_budget():
 
 
 def _copy_tail(command: str, tmp: Path) -> str:
-    """The part of a step's command after its runs (from ``mkdir -p $STEP_OUT``), with its
-    /tmp/ folders moved under ``tmp``."""
-    i = command.index("mkdir -p $STEP_OUT")
-    return command[i:].replace("/tmp/", f"{tmp}/")
+    """The folders a step makes in $STEP_OUT and its loops copying files there, in order,
+    with their /tmp/ folders moved under ``tmp``."""
+    parts = re.findall(r"mkdir -p \$STEP_OUT/\w+|for f in [^;]+; do [^;]+; done", command)
+    return "; ".join(parts).replace("/tmp/", f"{tmp}/")
 
 
 def _step_copy(command: str, tmp: Path) -> list[str]:

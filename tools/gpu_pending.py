@@ -144,6 +144,16 @@ def _triage(src: str, out: str, flags: str) -> str:
     )
 
 
+def _keep(pattern: str, dest: str) -> str:
+    """A shell loop copying the files ``pattern`` matches to ``dest`` (an expression of $f);
+    a pattern that matches nothing copies nothing (cp says so in the log)."""
+    return f'for f in {pattern}; do cp "$f" "{dest}"; done'
+
+
+# a sanitize report's name in $STEP_OUT/md: its run folder's name
+SAN_MD = "$STEP_OUT/md/$(basename $(dirname $(dirname $f)))-$(basename $f)"
+
+
 @dataclass(frozen=True)
 class Step:
     name: str
@@ -245,15 +255,17 @@ STEPS = [
         # --shrink on the GPU (never run there yet): the minimal delay set of two exposures
         f"python3 tools/perturb_table.py --seeds 4 --replays 2 --shrink --budget-s 60 "
         f"--json $STEP_OUT/shrunk.json {_toml(RECHECK_SHRINK)}; echo rc=$?; "
+        # each run's report kept as soon as it is written (a step cut by its timeout keeps
+        # those before): <runs-dir>/<run>/report.md
+        + "mkdir -p $STEP_OUT/reports; "
         + "; ".join(
-            f"python3 -m cutedebug run {S}/field/{n}.toml --runs-dir /tmp/rck"
+            f"python3 -m cutedebug run {S}/field/{n}.toml --runs-dir /tmp/rck; "
+            + _keep("/tmp/rck/*/report.md", "$STEP_OUT/reports/$(basename $(dirname $f)).md")
             for n in RECHECK_FIELD
-        )
-        + "; mkdir -p $STEP_OUT/reports; for f in /tmp/rck/*/report.md; do "
-        'cp "$f" "$STEP_OUT/reports/$(basename $(dirname $f)).md"; done',
+        ),
         "the perturbed scenarios that read HARNESS_ERROR / an unperturbed PASS, with the "
-        "fixes; the quack verdicts that differed from their predictions, twice each, with "
-        "their reports (the mechanism)",
+        "fixes; the quack verdicts that differed from their predictions, once more each, "
+        "with their reports (the mechanism)",
     ),
     Step(
         "sanitize_rest",
@@ -262,14 +274,15 @@ STEPS = [
         True,
         # fa4_bwd_sm90: the one clean field kernel s4's budget left unsanitized; quack's GEMM
         # racecheck again: its RACE now carries the mbarrier caveat (racecheck_idiom)
+        # each report is <runs-dir>/<run>/sanitize/sanitize.md (commands/sanitize.py), kept
+        # as soon as it is written
+        "mkdir -p $STEP_OUT/md; "
         f"python3 -m cutedebug sanitize {S}/field/fa4_bwd_sm90/clean.toml --tool "
         "racecheck,memcheck --no-plain --expect PASS --deadline-scale 6 --runs-dir /tmp/fs1 "
-        "| tail -6; "
+        f"| tail -6; {_keep('/tmp/fs1/*/sanitize/*.md', SAN_MD)}; "
         f"python3 -m cutedebug sanitize {S}/field/quack_gemm_sm90/clean.toml --tool racecheck "
         "--no-plain --expect PASS --deadline-scale 6 --runs-dir /tmp/fs2 | tail -6; "
-        # each report is <runs-dir>/<run>/sanitize/sanitize.md (commands/sanitize.py)
-        "mkdir -p $STEP_OUT/md; for f in /tmp/fs1/*/sanitize/*.md /tmp/fs2/*/sanitize/*.md; "
-        'do cp "$f" "$STEP_OUT/md/$(basename $(dirname $(dirname $f)))-$(basename $f)"; done',
+        f"{_keep('/tmp/fs2/*/sanitize/*.md', SAN_MD)}",
         "the last clean field kernel under racecheck and memcheck (fa4_bwd_sm90), and quack's "
         "GEMM racecheck finding with its caveat",
     ),
