@@ -302,6 +302,31 @@ STEPS = [
         "small hang, and the big grid with the lightweight dump flags",
     ),
     Step(
+        "variant",
+        "20",
+        75,  # 2 plain runs (~10 s), 2 x 16 random seeds + 2 x 1 role schedule, replays
+        False,
+        # sm90_attention/wrong_arrive_count_empty_minus_k/v are benign by construction at
+        # seqlen 1000 (8 key blocks a CTA; their notes): the same fault with >= 9 key blocks,
+        # the second consumer warpgroup late, is the exposable variant the notes name. Made
+        # here (not in the matrix) by changing seqlen and id; var/ sits at the repository
+        # root so their ../../kernels path still holds.
+        "mkdir -p var/sm90_attention; for x in k v; do "
+        f"sed -e 's/^seqlen = 1000$/seqlen = 2048/' -e 's/^id = \"\\(.*\\)\"$/id = \"\\1_seqlen2048\"/' "
+        f"{S}/sm90_attention/wrong_arrive_count_empty_minus_$x.toml "
+        "> var/sm90_attention/wrong_arrive_count_empty_minus_$x.toml; "
+        "grep -E '^(id|seqlen)' var/sm90_attention/wrong_arrive_count_empty_minus_$x.toml; "
+        "python3 -m cutedebug run var/sm90_attention/wrong_arrive_count_empty_minus_$x.toml "
+        "--runs-dir /tmp/var; done; "
+        "python3 tools/perturb_table.py --seeds 16 --replays 2 --budget-s 40 "
+        "--json $STEP_OUT/random.json var/sm90_attention/*.toml; "
+        "python3 tools/perturb_table.py --seeds 1 --replays 2 --policy role --role consumer "
+        "--scope warpgroup=2 --delay-us 20 --budget-s 30 --json $STEP_OUT/role.json "
+        "var/sm90_attention/*.toml",
+        "the exposable variant of sm90_attention's wrong_arrive_count_empty_minus_k/v (seqlen "
+        "2048): plain, 16 random seeds, and the second consumer warpgroup slowed throughout",
+    ),
+    Step(
         "warm_lite",
         "22",
         55,  # the warm step's pool_bench, 2 rounds (~18 s a round measured on the new code: est.)
@@ -488,6 +513,7 @@ PRIORITY = (  # after 2026-12-02's calls (reports/2026-12-02-h200): what is left
     "recheck",  # the fixes of that session's findings (perturbation HARNESS_ERRORs, quack)
     "sanitize_rest",
     "coredump_lite",  # #25's big grid with one cuda-gdb process, when the full step won't fit
+    "variant",
     "warm_lite",
     "perturb_keys",  # short: whether the keys select on the GPU what the perturb step assumes
     "perturb",
