@@ -33,6 +33,31 @@ BENIGN = "predicted benign by construction"  # the phrase of a scenario note's w
 KERNEL_VERDICTS = ("HANG", "CRASH", "MISMATCH", "NONDETERMINISTIC")  # what exposes a fault
 
 
+def not_a_result(res) -> dict:
+    """For a HARNESS_ERROR row, what its run folder alone would say (the folders stay on the
+    GPU machine): the exception's type, our frame and its traceback's end, the malformed event
+    lines, the worker log's end. Empty for any other verdict."""
+    if res.verdict.value != "HARNESS_ERROR":
+        return {}
+    from cutedebug.event_kinds import HarnessError
+
+    out: dict = {}
+    o = res.outcome
+    err = o.last(HarnessError) if o is not None else None
+    if err is not None:
+        out["harness_error"] = {
+            "type": err.type,
+            "frame": err.frame,
+            "traceback": (err.traceback or "")[-1500:],
+        }
+    if o is not None and o.malformed_lines:
+        out["malformed_lines"] = [x[:300] for x in o.malformed_lines[:3]]
+    log = Path(res.run_dir) / "worker.log"
+    if log.is_file():
+        out["worker_log_tail"] = log.read_text(errors="replace")[-1500:]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("scenarios", nargs="+")
@@ -86,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                 "predicted": BENIGN if BENIGN in (sc.expect.note or "") else None,
                 "reason": res.reason[:400],
                 "run_dir": str(res.run_dir),
+                **not_a_result(res),
             }
             if p.get("exposed_by") is not None and args.replays:
                 same = 0
@@ -128,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     for r in ours:
         print(f"NOT A RESULT ({r['verdict']}): {r['scenario']}: {r.get('reason', '')[:300]}")
+        tb = (r.get("harness_error") or {}).get("traceback") or r.get("worker_log_tail") or ""
+        for line in tb.strip().splitlines()[-8:]:
+            print(f"    {line}")
     for r in unperturbed:
         print(f"NOT PERTURBED ({r['verdict']}): {r['scenario']}: {r.get('reason', '')[:300]}")
     if not args.clean:
