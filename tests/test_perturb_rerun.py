@@ -68,3 +68,49 @@ def test_the_rerun_with_probes_replays_the_exposing_seed(tmp_path, monkeypatch, 
     if not replay_hangs:
         assert "replay with probes gave PASS" in res.reason
     assert res.evidence["perturbation"]["exposed_by"] == 7
+
+
+def test_a_seed_whose_kernel_faults_is_a_crash_exposure_not_a_harness_error(monkeypatch):
+    """The H200 recheck (2026-12-02, reports/2026-12-02-h200 call5): every perturbed CRASH read
+    HARNESS_ERROR: the seed's collector took the event name as a parameter called ``name``, and
+    cuda_error's own field ``name`` (the CUDA error's) made it raise TypeError inside the
+    launch. Here the worker's perturbed path over a launch that faults at its second seed."""
+    from cutedebug.engine import perturb_runs
+    from cutedebug.instrument import perturb as device
+    from cutedebug.instrument import perturb_plan as P
+
+    monkeypatch.setattr(device, "write_table", lambda table, raw: None)
+    live = []
+
+    class Events:
+        def emit(self, event, **fields):
+            live.append((event, fields))
+
+    class Launch:
+        kernel = object()
+        seeds = 0
+
+        def once(self, emit, live=None, fresh=False):
+            emit("launched")
+            self.seeds += 1
+            if self.seeds == 2:
+                msg = "CUDA error: unspecified launch failure"
+                emit("cuda_error", name="cudaErrorLaunchFailure", message=msg)
+                return
+            emit("synced", kernel_s=0.001)
+            emit("checked", ok=True, digest="d")
+
+    class Sess:
+        positions = [
+            P.Position(id=0, role="producer", op="producer_commit", where="after", pipeline=0)
+        ]
+        dropped = 0
+        shape = {"ctas": 2, "warps": 4, "cluster": 1}
+
+    spec = {"n": 8, "seed": 0, "policy": {"name": "random"}}
+    perturb_runs.run_in_worker(spec, Sess(), None, Launch(), Events())
+    names = [e for e, _ in live]
+    summary = dict(live[names.index("perturb_summary")][1])
+    assert summary["exposed_by"] == 1 and summary["exposing_outcome"] == "CRASH"
+    crash = dict(live[names.index("cuda_error")][1])  # the exposing run's events, re-emitted
+    assert crash["name"] == "cudaErrorLaunchFailure"

@@ -180,11 +180,12 @@ def run_in_worker(perturb: dict[str, Any], sess: Any, table: Any, launch: Any, e
     def one() -> OneRun:
         got: list[tuple[str, dict[str, Any]]] = []
 
-        def emit(name: str, **f: Any) -> None:
-            if name == "launched":  # live: the watchdog's phase and kernel deadline
-                events.emit(name, **f)
+        # positional-only: events have fields called ``name`` (cuda_error's CUDA error name)
+        def emit(event: str, /, **f: Any) -> None:
+            if event == "launched":  # live: the watchdog's phase and kernel deadline
+                events.emit(event, **f)
             else:
-                got.append((name, f))
+                got.append((event, f))
 
         launch.once(emit, live=events, fresh=not first[0])
         first[0] = False
