@@ -205,3 +205,24 @@ def test_the_recheck_step_keeps_each_run_report(tmp_path):
     )
     kept = _step_copy(cmd, tmp_path)
     assert len(kept) == 1 and re.fullmatch(r"reports/minimal__clean-.*\.md", kept[0]), kept
+
+
+def test_pack_keeps_every_step_in_one_archive_rewritten_after_each(tmp_path, monkeypatch):
+    """A device call brings back at most 8 files (2026-12-02's call1 lost two logs): --pack
+    writes the whole out folder as one .tar.gz after every step."""
+    import tarfile
+
+    steps = {
+        n: gpu_pending.Step(
+            n, "0", 1, False, f"for i in 1 2 3 4 5; do echo {n} > $STEP_OUT/f$i; done", n
+        )
+        for n in ("one", "two")
+    }
+    monkeypatch.setattr(gpu_pending, "BY_NAME", steps)
+    monkeypatch.setattr(gpu_pending, "ours_left", lambda grace: [])
+    pack = tmp_path / "call.tgz"
+    assert gpu_pending.run(["one", "two"], tmp_path / "out", budget_s=60, pack=pack) == 0
+    with tarfile.open(pack) as tar:
+        names = set(tar.getnames())
+    assert {f"out/{n}/f{i}" for n in ("one", "two") for i in range(1, 6)} <= names
+    assert {"out/summary.md", "out/one/log.txt", "out/two/log.txt"} <= names

@@ -4,6 +4,7 @@
     python3 tools/gpu_pending.py --plan [--call-s 540]       # device calls and sessions, in
                                                              # PRIORITY order
     python3 tools/gpu_pending.py --out $OUT STEP [STEP ...]  # run them (on the GPU machine)
+    python3 tools/gpu_pending.py --out /tmp/o --pack $OUT/call.tgz STEP ...  # more than 8 files
 
 A device call runs at most 10 minutes and a session has 30 minutes of device time, so the
 checks are named steps with an estimate each (seconds of device time, from the last H200
@@ -230,7 +231,7 @@ STEPS = [
     Step(
         "perturb",
         "20",
-        240,  # s4: 130 s; the asymmetric keys and raw-barrier positions + the targeted checks
+        350,  # 2026-12-02 call1: 345 s (s4: 130 s before the keys, positions and targeted checks)
         False,
         f"python3 tools/perturb_table.py --seeds 32 --replays 5 --budget-s 200 "
         f"--json $STEP_OUT/latent.json {_toml(LATENT)}; "
@@ -452,6 +453,23 @@ STEPS = [
         "exec on library hangs (the kernel's line, no adapter), mutate over the field tests",
     ),
     Step(
+        "mutate_all",
+        "19",
+        # 2026-12-02 call4: -k gemm's clean run 23 s, 11 mutants in 58 s at 6 a time; the whole
+        # file adds the two RMSNorm tests and FA-4's forward (3 pipelines): ~25-30 mutants,
+        # FA-4's compile ~20 s each: estimated
+        360,
+        True,
+        "python3 -m cutedebug mutate --out /tmp/fma --jobs 6 --deadline 180 --faults "
+        "skip_consumer_release,extra_consumer_release,wrong_expect_tx,skip_producer_tail,"
+        "missing_phase_flip -- python3 -m pytest -q -p no:cacheprovider "
+        "examples/test_field_libs.py; echo rc=$?; cp /tmp/fma/matrix.md /tmp/fma/matrix.json "
+        "$STEP_OUT/",
+        "mutate over the whole field test file (quack RMSNorm forward and backward, GEMM, FA-4's "
+        "forward): every mutant caught, survived with its site, or not applied; time per "
+        "mutant; 0 harness errors (the CRASHes the monitor saw are the GPU's since edeef8d)",
+    ),
+    Step(
         "warm",
         "22",
         # s4: 79 s for pool_bench (cold 12.4 s, warm 2.8 s a round); the cold run no longer
@@ -508,29 +526,30 @@ BY_NAME = {s.name: s for s in STEPS}
 # half of #23's; with xdist #23 is done; pytest_gpu is owed whenever GPU code changed; perturb
 # and coredump each close one issue; warm + bench finish #22 (with the triage); the field and
 # exec steps (#17, #19) carry the wheels and come last.
-PRIORITY = (  # after 2026-12-02's calls (reports/2026-12-02-h200): what is left or re-checked
-    "pytest_gpu",
-    "recheck",  # the fixes of that session's findings (perturbation HARNESS_ERRORs, quack)
-    "sanitize_rest",
-    "coredump_lite",  # #25's big grid with one cuda-gdb process, when the full step won't fit
-    "variant",
-    "warm_lite",
-    "perturb_keys",  # short: whether the keys select on the GPU what the perturb step assumes
-    "perturb",
+PRIORITY = (  # after 2026-12-02's six calls (reports/2026-12-02-h200): what is left
+    "pytest_gpu",  # GPU code changed after call5 (4bc737a: the perturbation's CRASH collector)
+    "perturb",  # the whole latent set with 4bc737a: every perturbed CRASH a CRASH now?
+    "sanitize_rest",  # fa4_bwd_sm90 under racecheck + memcheck; quack GEMM's caveat
+    "warm",  # cold / warm with the in-worker health check, never measured on the H200
+    "coredump",  # the 26 own HANG scenarios not yet dumped (spin_hang first)
+    "mutate_all",  # #19: the whole field test file
+    "coredump_field",  # the field hangs from the core alone
+    "cold_bytecode",  # whether the device's cold imports are the bundle's missing bytecode
     "triage",
-    "warm",  # the cold run's health check is the worker's own now (~4 s off, estimated)
-    "coredump",
-    "racecheck_idiom",  # no wheels: with the coredump call, not between the wheel calls
+    "exec",
+    "recheck",
+    "perturb_keys",
+    "racecheck_idiom",
     "field_quack",
     "field_fa4",
     "field_sanitize",
-    "exec",
-    "coredump_field",
+    "coredump_lite",
+    "variant",
+    "warm_lite",
     "xdist",
     "bench",
     "smoke",
     "triage_serial",
-    "cold_bytecode",  # last: the DSL's bytecode it writes stays for the machine's life
 )
 # A call that finds no warm machine spends a minute or more starting one (the device README),
 # and the machine goes back 30 s after a call: each call of a plan pays a start.
@@ -568,7 +587,7 @@ def plan(steps: list[Step], call_s: int) -> list[list[Step]]:
     return calls
 
 
-def run(names: list[str], out: Path, budget_s: float) -> int:
+def run(names: list[str], out: Path, budget_s: float, pack: Path | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     bundle = ROOT / ".field" / "field-site.tar.xz"  # tools/field_bundle.py: fits a call
@@ -618,14 +637,30 @@ def run(names: list[str], out: Path, budget_s: float) -> int:
                 log.write("processes of ours left 5 s after the step:\n" + "\n".join(left) + "\n")
         rows.append((n, status, f"{wall:.0f}", str(len(left)), (tail or [""])[0][:120]))
         print(f"[{n}] {status} in {wall:.0f} s", flush=True)
+        _summary(out, rows, pack)
+    print("\n".join(_summary(out, rows, pack)))
+    return 0
+
+
+def _summary(out: Path, rows: list[tuple[str, ...]], pack: Path | None) -> list[str]:
+    """OUT/summary.md, and with ``pack`` the whole OUT as one .tar.gz, rewritten after every
+    step: a device call brings back at most 8 files two folders down (the device README), so a
+    call that writes more (2026-12-02's call1 lost two logs) packs its folder into one, and a
+    call cut short keeps every step before the cut."""
     lines = [
         "| step | result | wall s | ours left | last line |",
         "|---|---|---|---|---|",
         *(f"| {' | '.join(r)} |" for r in rows),
     ]
     (out / "summary.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    return 0
+    if pack is not None:
+        import tarfile
+
+        tmp = pack.with_name(pack.name + ".part")
+        with tarfile.open(tmp, "w:gz") as tar:
+            tar.add(out, arcname=out.name)
+        tmp.replace(pack)
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -642,6 +677,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--out", type=Path, help="where the logs go (run)")
     ap.add_argument("--budget-s", type=float, default=570.0, help="the whole call's seconds")
+    ap.add_argument(
+        "--pack", type=Path, help="also write OUT as one .tar.gz here after every step ($OUT/x.tgz)"
+    )
     a = ap.parse_args(argv)
     unknown = [n for n in a.steps if n not in BY_NAME]
     if unknown:
@@ -667,7 +705,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not a.out:
         ap.error("--out is needed to run steps (or --list / --plan)")
-    return run([s.name for s in chosen], a.out, a.budget_s)
+    return run([s.name for s in chosen], a.out, a.budget_s, a.pack)
 
 
 if __name__ == "__main__":
