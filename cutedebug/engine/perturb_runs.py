@@ -22,6 +22,7 @@ named) and nothing more runs in this process.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from cutedebug.event_kinds import PerturbPositions, PerturbSeed, PerturbShrunk, PerturbSummary
@@ -277,8 +278,7 @@ def rerun_fields(perturb: dict[str, Any] | None, first: Any) -> dict[str, Any]:
 def keep_first_hang(perturb: dict[str, Any] | None, first: tuple, rerun: tuple) -> tuple:
     """A perturbed HANG whose replay with probes did not hang again stays the HANG it was
     (killed at the deadline, unlocalized), never the replay's PASS."""
-    if perturb and rerun[0].verdict.value != "HANG":
-        classified = first[0]
-        reason = f"{classified.reason} (the exposing seed's replay with probes gave {rerun[0].verdict.value})"
-        return (type(classified)(classified.verdict, reason, classified.evidence), *first[1:])
+    if perturb and rerun[0].verdict.value != HANG:
+        said = f" (the exposing seed's replay with probes gave {rerun[0].verdict.value})"
+        return (replace(first[0], reason=first[0].reason + said), *first[1:])
     return rerun
