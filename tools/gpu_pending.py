@@ -460,11 +460,14 @@ STEPS = [
         # FA-4's compile ~20 s each: estimated
         360,
         True,
-        "python3 -m cutedebug mutate --out /tmp/fma --jobs 6 --deadline 180 --faults "
-        "skip_consumer_release,extra_consumer_release,wrong_expect_tx,skip_producer_tail,"
-        "missing_phase_flip -- python3 -m pytest -q -p no:cacheprovider "
+        # bounded inside the step (SIGTERM: mutate sweeps its mutant and stops) so that the
+        # per-mutant records (results.jsonl) come back even when the matrix is not finished;
+        # `--resume` in a later call runs the rest
+        "timeout 420 python3 -m cutedebug mutate --out /tmp/fma --jobs 6 --deadline 180 "
+        "--faults skip_consumer_release,extra_consumer_release,wrong_expect_tx,"
+        "skip_producer_tail,missing_phase_flip -- python3 -m pytest -q -p no:cacheprovider "
         "examples/test_field_libs.py; echo rc=$?; cp /tmp/fma/matrix.md /tmp/fma/matrix.json "
-        "$STEP_OUT/",
+        "/tmp/fma/results.jsonl /tmp/fma/clean.json $STEP_OUT/",
         "mutate over the whole field test file (quack RMSNorm forward and backward, GEMM, FA-4's "
         "forward): every mutant caught, survived with its site, or not applied; time per "
         "mutant; 0 harness errors (the CRASHes the monitor saw are the GPU's since edeef8d)",
