@@ -112,6 +112,49 @@ def _toml(names: list[str]) -> str:
     return " ".join(f"{S}/{n}.toml" for n in names)
 
 
+# issue #25: what the H200 has not yet localized from a core alone (tools/coredump_coverage.py
+# --pending: the 35 field HANG scenarios; the 60 own ones are in reports/2026-12-01-h200-s4/call3
+# and reports/2026-12-02-h200-s2/call2), in order of value for one call of <= 120 s: the crash
+# through the integrated path (minimal/oob_store: the exception's core against memcheck's
+# minimal.py:64, measured so far only offline on core-1's capture), the field hangs only
+# bisection could grade (named barriers in quack's GEMM and FA-4: the <= 10 s target), then one
+# hang of each field kernel not dumped yet. ~11 s each (field compile 4-8 s on the H200 host,
+# 2 s deadline, dump + reading ~1.5-3 s, health check); the step starts none after 95 s.
+CORE_REST = [
+    "minimal/oob_store",
+    "field/quack_gemm_sm90/wrong_barrier_threads_plus",
+    "field/fa4_fwd_sm90/wrong_barrier_threads_plus",
+    "field/quack_gemm_sm90/wrong_barrier_threads_minus",
+    "field/fa4_fwd_sm90/wrong_barrier_threads_minus",
+    "field/quack_rmsnorm_fwd/wrong_expect_tx_plus",
+    "field/quack_softmax/wrong_expect_tx_plus",
+    "field/fa4_bwd_sm90/wrong_expect_tx_plus",
+    "field/quack_rmsnorm_bwd/skip_consumer_release",
+    "field/fa4_fwd_sm90/wrong_expect_tx_plus",
+    "field/quack_gemm_sm90/skip_consumer_release",
+]
+
+
+def _field_hangs() -> list[str]:
+    """The field scenarios that may HANG on sm_90a (HANG among expect.verdict / expect.also),
+    read from their TOML files as the loader reads those keys."""
+    import tomllib
+
+    out = []
+    for f in sorted((ROOT / S / "field").glob("*/*.toml")):
+        d = tomllib.loads(f.read_text())
+        e = d.get("expect", {})
+        if "HANG" in [e.get("verdict"), *e.get("also", [])] and "sm_90a" in d.get(
+            "requires", {}
+        ).get("arch", ["sm_90a"]):
+            out.append(d["id"])
+    return out
+
+
+# the field hangs coredump_rest leaves for coredump_field
+CORE_FIELD_REST = [n for n in _field_hangs() if n not in CORE_REST]
+
+
 # The copy of the sm_90 families: a folder directly under the repository root (the steps run
 # there), so each TOML's `../../kernels/X.py` still names the project's kernel file.
 MATRIX_DIR = "matrix_sm90"
@@ -393,13 +436,26 @@ STEPS = [
         "lightweight dump flags",
     ),
     Step(
+        "coredump_rest",
+        "25",
+        120,
+        True,
+        f"python3 tools/gpu_coredump_table.py --deadline 2 --budget-s 95 --out /tmp/corr "
+        f"--json $STEP_OUT/rows.json {_toml(CORE_REST)}",
+        "#25's gaps by value: minimal/oob_store's exception core through the integrated path "
+        "(faulting line vs memcheck's minimal.py:64), the 4 field hangs only bisection could "
+        "grade (<= 10 s each?), one hang of each other field kernel; the reader's prefetch "
+        "and dump facts per row",
+    ),
+    Step(
         "coredump_field",
         "25",
         300,
         True,
         f"python3 tools/gpu_coredump_table.py --deadline 2 --budget-s 260 --out /tmp/corf "
-        f"--json $STEP_OUT/rows.json {S}/field",
-        "the field libraries' HANG scenarios localized from the core alone (no probes)",
+        f"--json $STEP_OUT/rows.json {_toml(CORE_FIELD_REST)}",
+        "the field libraries' HANG scenarios coredump_rest leaves, localized from the core "
+        "alone (no probes): 25 x ~11 s, more than one call's 260 s budget",
     ),
     Step(
         "field_quack",
@@ -534,9 +590,10 @@ PRIORITY = (  # after 2026-12-02's six calls (reports/2026-12-02-h200): what is 
     "perturb",  # the whole latent set with 4bc737a: every perturbed CRASH a CRASH now?
     "sanitize_rest",  # fa4_bwd_sm90 under racecheck + memcheck; quack GEMM's caveat
     "warm",  # cold / warm with the in-worker health check, never measured on the H200
-    "coredump",  # the 26 own HANG scenarios not yet dumped (spin_hang first)
+    "coredump_rest",  # #25's gaps by value (CORE_REST), <= 120 s
+    "coredump",  # done: reports/2026-12-02-h200-s2/call2 (every own HANG scenario dumped)
     "mutate_all",  # #19: the whole field test file
-    "coredump_field",  # the field hangs from the core alone
+    "coredump_field",  # the field hangs from the core alone (the rest of them)
     "cold_bytecode",  # whether the device's cold imports are the bundle's missing bytecode
     "triage",
     "exec",

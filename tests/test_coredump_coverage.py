@@ -1,0 +1,116 @@
+"""tools/coredump_coverage.py over the committed H200 rows: issue #25's table is what those
+files say, computed apart here from the raw rows and the scenario files."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+
+import coredump_coverage as C  # noqa: E402
+import gpu_pending  # noqa: E402
+
+
+def _raw(rel: str) -> list[dict]:
+    p = ROOT / rel
+    return json.load(gzip.open(p, "rt") if p.suffix == ".gz" else open(p))
+
+
+def _hang_ids_from_toml() -> set[str]:
+    """HANG scenarios on sm_90a read from the TOML text alone (not through the loader)."""
+    out = set()
+    for f in (ROOT / "scenarios").rglob("*.toml"):
+        d = tomllib.loads(f.read_text())
+        e = d.get("expect", {})
+        arch = d.get("requires", {}).get("arch", ["sm_90a"])
+        if "HANG" in [e.get("verdict"), *e.get("also", [])] and "sm_90a" in arch:
+            out.add(d["id"])
+    return out
+
+
+def test_every_hang_scenario_has_one_row_and_each_row_is_the_newest_run_of_it():
+    cov = C.coverage()
+    assert {r["scenario"] for r in cov} == _hang_ids_from_toml()
+    ran: dict[str, tuple[str, dict]] = {}  # newest default-flags row that executed, by hand
+    for label, rel, flags in C.RUNS:
+        for i, r in enumerate(_raw(rel)):
+            if flags == "default" and "skipped" not in r and r["verdict"] != "UNSUPPORTED":
+                ran[r["scenario"]] = (f"{label}#{i}", r)
+    for r in cov:
+        if r["scenario"] not in ran:
+            assert not r["measured"], r["scenario"]
+            continue
+        source, raw = ran[r["scenario"]]
+        assert r["source"] == source
+        assert (r["verdict"], r["localization_ok"], r["added_s"], r["healthy"]) == (
+            raw["verdict"],
+            raw["localization_ok"],
+            raw["added_s"],
+            raw["healthy"],
+        )
+
+
+def test_the_summary_counts_what_the_h200_rows_say():
+    cov = C.coverage()
+    s = C.summary(cov)
+    done = [r for r in cov if r["measured"]]
+    # every own-family HANG scenario was dumped on the H200 and none of the field ones (s4's
+    # call had no field libraries: those rows read UNSUPPORTED and do not count)
+    assert {r["scenario"] for r in done} == {r["scenario"] for r in cov if not r["field"]}
+    assert s["not_measured"] == [r["scenario"] for r in cov if r["field"]]
+    assert s["verdict_ok"] == s["measured"] == len(done)
+    assert s["localized_ok"] == s["graded"] == sum(r["localization_ok"] is not None for r in done)
+    # the scenarios without an expected place are the ones whose TOML names none
+    assert set(s["no_expected_place"]) == {r["scenario"] for r in done if not r["expected_place"]}
+    assert s["healthy_after_every_dump"] and s["leftovers"] == 0
+
+
+def test_seconds_added_small_grids_within_target_and_the_big_grid_over_it():
+    s = C.summary(C.coverage())
+    a = s["added_small"]
+    assert a["n"] == a["within_target"] and a["max"] <= C.ADDED_TARGET_S
+    big = s["added_big"]
+    assert {b["scenario"] for b in big} == {"minimal/spin_hang"}
+    # s2's run: dump 5.382 s + reading 3.798 s (reports/2026-12-02-h200-s2/call2/coredump)
+    s2 = next(b for b in big if b["source"] == "s2/call2#0")
+    assert (s2["dump_s"], s2["core_s"], s2["added_s"], s2["warps"]) == (5.382, 3.798, 9.18, 8448)
+    assert all(b["added_s"] > C.ADDED_TARGET_S for b in big)
+
+
+def test_bisection_only_scenarios_graded_from_the_core_within_ten_seconds():
+    s = C.summary(C.coverage())
+    rows = {b["scenario"]: b for b in s["bisect_only"]}
+    own = [b for n, b in rows.items() if not n.startswith("field/")]
+    assert own and all(b["localized"] and b["within_target"] for b in own)
+    # against printf-bisection on the same GPU (reports/2026-11-30-h200-s3/bisect-table.txt)
+    assert rows["bisect/tma_stream_early_exit_consumer"]["bisection_wall_s"] == 20.3
+    assert rows["bisect/tma_stream_early_exit_consumer"]["core_wall_s"] == 6.06
+
+
+def test_the_crash_core_names_memchecks_line():
+    c = C.crash_pair()
+    assert c["core"] == "Warp Illegal Address at minimal.py:64"
+    assert c["memcheck_where"] == "minimal.py:64" and c["same_line"]
+
+
+def test_the_gpu_steps_name_exactly_what_is_not_measured():
+    """coredump_rest + coredump_field together run every HANG scenario not yet dumped, each
+    once; coredump_rest's extra one is the crash scenario it measures against memcheck."""
+    pending = {r["scenario"] for r in C.coverage() if not r["measured"]}
+    rest = set(gpu_pending.CORE_REST)
+    assert rest - pending == {"minimal/oob_store"}
+    assert not rest & set(gpu_pending.CORE_FIELD_REST)
+    assert (rest | set(gpu_pending.CORE_FIELD_REST)) - {"minimal/oob_store"} == pending
+    for step, names in (("coredump_rest", rest), ("coredump_field", gpu_pending.CORE_FIELD_REST)):
+        cmd = gpu_pending.BY_NAME[step].command
+        assert all(f"scenarios/{n}.toml" in cmd for n in names), step
+    # the bisection-only field hangs come first (the <= 10 s target), after the crash
+    by = {sc.id: sc.expect.localized_by for sc in C.hang_scenarios()}
+    first = gpu_pending.CORE_REST[1:5]
+    assert all(by[n] == "bisect" for n in first)
+    assert {n for n in pending if by[n] == "bisect"} == set(first)

@@ -1,0 +1,303 @@
+"""Issue #25's targets against what the H200 measured: one row per HANG scenario of the sm_90 matrix.
+
+    python tools/coredump_coverage.py [--json FILE] [--pending]
+
+Reads only committed files: the scenario files (``scenarios/``, through the project's own
+loader: every scenario whose expected verdicts include HANG and that runs on sm_90a) and the
+rows ``tools/gpu_coredump_table.py`` wrote on the H200 (:data:`RUNS`, probes off, localized
+from the core alone). Per scenario, the newest run that executed it: the verdict, the
+localization as that run graded it (role, op and barrier against the scenario's expectation:
+probes' for ``localized_by = "probes"``, bisection's for ``"bisect"``), what the core said per
+role, the seconds added between the kill decision and the verdict (dump + reading the core),
+the wall seconds from spawn to verdict, the GPU health after the dump and the processes left.
+Then the targets: bisection-only scenarios in <= 10 s, <= 5 s added, 0 orphans and a healthy
+GPU after every dump, and the one crash core against memcheck's line. ``--pending`` prints only
+the HANG scenarios no run has localized from its core (the work a GPU step still owes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from cutedebug.analyses import cudagdb  # noqa: E402
+from cutedebug.engine import scenario as S  # noqa: E402
+
+ARCH = "sm_90a"
+# The H200 runs of tools/gpu_coredump_table.py, oldest first (a newer run of a scenario wins).
+# (label, rows file, dump flags): "default" = coredump.SKIP_FLAGS, "light" = + skip_
+# nonrelocated_elf_images, skip_constbank_memory (CUTEDEBUG_COREDUMP_FLAGS).
+RUNS = [
+    ("s4/call3", "reports/2026-12-01-h200-s4/call3/coredump/rows.json.gz", "default"),
+    ("12-02/call5", "reports/2026-12-02-h200/call5/coredump_lite/rows.json", "default"),
+    ("12-02/call5 light", "reports/2026-12-02-h200/call5/coredump_lite/rows_light.json", "light"),
+    ("s2/call2", "reports/2026-12-02-h200-s2/call2/coredump/rows.json.gz", "default"),
+    ("s2/call2 light", "reports/2026-12-02-h200-s2/call2/coredump/rows_light.json", "light"),
+]
+# printf-bisection of the same scenarios on the H200 (reports/2026-11-30-h200-s3): wall seconds
+BISECT_TABLE = "reports/2026-11-30-h200-s3/bisect-table.txt"
+# The one real crash core (minimal/oob_store, request core-1: the driver's core on the GPU
+# exception) as cuda-gdb printed it, and memcheck's finding for the same kernel file.
+CRASH_CORE = "tests/data/coredump/h200/minimal__oob_store/pass1.txt.gz"
+CRASH_MEMCHECK = "reports/2026-11-30-h200-s2/sanitize-table-minimal.txt"
+BISECT_TARGET_S = 10.0
+ADDED_TARGET_S = 5.0
+BIG_GRID_WARPS = 1000
+
+
+def _load(path: Path) -> Any:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        return json.load(f)
+
+
+def hang_scenarios(root: Path = ROOT / "scenarios") -> list[S.Scenario]:
+    """The matrix's HANG scenarios that run on sm_90a (HANG among the expected verdicts)."""
+    out = []
+    for f in S.discover(root):
+        sc = S.load(f)
+        if ARCH in sc.archs and "HANG" in sc.expect.verdicts:
+            out.append(sc)
+    return out
+
+
+def crash_scenarios(root: Path = ROOT / "scenarios") -> list[S.Scenario]:
+    return [
+        sc
+        for sc in (S.load(f) for f in S.discover(root))
+        if ARCH in sc.archs and "CRASH" in sc.expect.verdicts
+    ]
+
+
+def measured_rows(root: Path = ROOT) -> dict[str, list[dict[str, Any]]]:
+    """Every row that ran (not skipped, not UNSUPPORTED), per scenario, oldest first, each
+    with ``source`` = "LABEL#INDEX" (its index in that rows file) and ``flags``."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for label, rel, flags in RUNS:
+        for i, r in enumerate(_load(root / rel)):
+            if "skipped" in r or r.get("verdict") in (None, "UNSUPPORTED"):
+                continue
+            out.setdefault(r["scenario"], []).append(
+                {**r, "source": f"{label}#{i}", "rows_file": rel, "flags": flags}
+            )
+    return out
+
+
+def _place(d: dict[str, Any] | None) -> dict[str, Any]:
+    return {k: v for k, v in (d or {}).items() if k in ("role", "op", "barrier")}
+
+
+def coverage(root: Path = ROOT) -> list[dict[str, Any]]:
+    """One row per HANG scenario: the newest default-flags run of it (or None)."""
+    rows = measured_rows(root)
+    out = []
+    for sc in hang_scenarios(root / "scenarios"):
+        runs = rows.get(sc.id, [])
+        default = [r for r in runs if r["flags"] == "default"]
+        best = default[-1] if default else None
+        want = _place(sc.expect.localization())
+        row: dict[str, Any] = {
+            "scenario": sc.id,
+            "field": sc.id.startswith("field/"),
+            "verdicts": list(sc.expect.verdicts),
+            "localized_by": sc.expect.localized_by,
+            "expected_place": want,
+            "runs": len(runs),
+            "measured": best is not None,
+        }
+        if best is not None:
+            then = _place(best.get("expected"))
+            row.update(
+                source=best["source"],
+                rows_file=best["rows_file"],
+                verdict=best["verdict"],
+                verdict_ok=best["verdict_ok"],
+                localization_ok=best["localization_ok"],
+                # graded against what the scenario expected then; a changed expectation says so
+                expectation_changed=bool(then != want),
+                core=best.get("core", ""),
+                warps=best.get("warps"),
+                dump_s=best.get("dump_s"),
+                core_s=best.get("core_s"),
+                added_s=best.get("added_s"),
+                wall_s=best.get("wall_s"),
+                healthy=best.get("healthy"),
+                leftovers=best.get("leftovers"),
+            )
+        out.append(row)
+    return out
+
+
+def bisection_seconds(root: Path = ROOT) -> dict[str, float]:
+    """printf-bisection's wall seconds per scenario on the H200 (the JSON lines of the table)."""
+    out = {}
+    for line in (root / BISECT_TABLE).read_text().splitlines():
+        if line.startswith("{"):
+            r = json.loads(line)
+            out[r["scenario"]] = r["wall_s"]
+    return out
+
+
+def crash_pair(root: Path = ROOT) -> dict[str, Any]:
+    """The crash core's faulting line (cuda-gdb's own words, parsed by the reader's parser)
+    and memcheck's line for the same kernel file."""
+    text = gzip.open(root / CRASH_CORE, "rt").read()
+    ex = cudagdb.parse_exception(text) or {}
+    memcheck = None
+    for line in (root / CRASH_MEMCHECK).read_text().splitlines():
+        if line.startswith("{"):
+            r = json.loads(line)
+            if r["scenario"] == "minimal/oob_store" and r["tool"] == "memcheck":
+                memcheck = r["findings"]
+    core_where = f"{ex.get('file')}:{ex.get('line')}" if ex.get("file") else None
+    mem_where = memcheck.split("@", 1)[1].split()[0] if memcheck and "@" in memcheck else None
+    return {
+        "scenario": "minimal/oob_store",
+        "core": f"{ex.get('exception')} at {core_where}",
+        "core_where": core_where,
+        "memcheck": memcheck,
+        "memcheck_where": mem_where,
+        "same_line": core_where is not None and core_where == mem_where,
+        "sources": [CRASH_CORE, CRASH_MEMCHECK],
+    }
+
+
+def summary(cov: list[dict[str, Any]], root: Path = ROOT) -> dict[str, Any]:
+    done = [r for r in cov if r["measured"]]
+    graded = [r for r in done if r["localization_ok"] is not None]
+    bis = bisection_seconds(root)
+    bisect_rows = [r for r in cov if r["localized_by"] == "bisect"]
+    small = [r["added_s"] for r in done if (r["warps"] or 0) < BIG_GRID_WARPS]
+    every = [x for runs in measured_rows(root).values() for x in runs]
+    big = [x for x in every if (x.get("warps") or 0) >= BIG_GRID_WARPS]
+    return {
+        "hang_scenarios": len(cov),
+        "own": sum(not r["field"] for r in cov),
+        "field": sum(r["field"] for r in cov),
+        "measured": len(done),
+        "verdict_ok": sum(bool(r["verdict_ok"]) for r in done),
+        "localized_ok": sum(bool(r["localization_ok"]) for r in graded),
+        "graded": len(graded),
+        "no_expected_place": [r["scenario"] for r in done if r["localization_ok"] is None],
+        "expectation_changed": [r["scenario"] for r in done if r.get("expectation_changed")],
+        "not_measured": [r["scenario"] for r in cov if not r["measured"]],
+        "bisect_only": [
+            {
+                "scenario": r["scenario"],
+                "core_wall_s": r.get("wall_s"),
+                "localized": r.get("localization_ok"),
+                "within_target": r["measured"] and r["wall_s"] <= BISECT_TARGET_S,
+                "bisection_wall_s": bis.get(r["scenario"]),
+            }
+            for r in bisect_rows
+        ],
+        "added_small": {
+            "n": len(small),
+            "min": min(small) if small else None,
+            "median": round(statistics.median(small), 3) if small else None,
+            "max": max(small) if small else None,
+            "within_target": sum(x <= ADDED_TARGET_S for x in small),
+        },
+        "added_big": [
+            {k: x.get(k) for k in ("scenario", "source", "flags", "warps", "core_mb")}
+            | {k: x.get(k) for k in ("dump_s", "core_s", "added_s")}
+            for x in big
+        ],
+        "dumps": len(every),
+        "healthy_after_every_dump": all(x.get("healthy") is True for x in every),
+        "leftovers": sum(x.get("leftovers") or 0 for x in every),
+        "crash": crash_pair(root),
+        "crash_scenarios": [sc.id for sc in crash_scenarios(root / "scenarios")],
+    }
+
+
+def _f(x: Any, fmt: str = "5.2f") -> str:
+    return format(x, fmt) if isinstance(x, (int, float)) else "-"
+
+
+def print_report(cov: list[dict[str, Any]], s: dict[str, Any]) -> None:
+    print(
+        f"{'scenario':50} {'by':6} {'source':18} {'verdict':8} {'loc':5} {'added':>6} "
+        f"{'wall':>6} {'ok?':4} core says"
+    )
+    for r in cov:
+        if not r["measured"]:
+            print(f"{r['scenario'][:50]:50} {r['localized_by']:6} not measured")
+            continue
+        loc = str(r["localization_ok"]) + ("*" if r["expectation_changed"] else "")
+        print(
+            f"{r['scenario'][:50]:50} {r['localized_by']:6} {r['source']:18} "
+            f"{r['verdict'][:8]:8} {loc[:5]:5} {_f(r['added_s'], '6.2f')} "
+            f"{_f(r['wall_s'], '6.2f')} {str(r['healthy'])[:4]:4} {r['core'][:80]}"
+        )
+    print(
+        f"\n{s['hang_scenarios']} HANG scenarios run on {ARCH} ({s['own']} own, {s['field']} "
+        f"field); localized from the core alone on the H200: {s['measured']}; verdict as "
+        f"expected {s['verdict_ok']}/{s['measured']}; role/op/barrier as expected "
+        f"{s['localized_ok']}/{s['graded']} graded; no expected place "
+        f"{len(s['no_expected_place'])}: {', '.join(s['no_expected_place'])}"
+    )
+    if s["expectation_changed"]:
+        print(f"  * graded against an expectation changed since: {s['expectation_changed']}")
+    print(f"not measured ({len(s['not_measured'])}): {', '.join(s['not_measured'])}")
+    print(f"\nbisection-only scenarios (target: <= {BISECT_TARGET_S:g} s from spawn to verdict):")
+    for b in s["bisect_only"]:
+        print(
+            f"  {b['scenario']:50} core {_f(b['core_wall_s'])} s localized {b['localized']} "
+            f"within target {b['within_target']}; bisection {_f(b['bisection_wall_s'])} s"
+        )
+    a = s["added_small"]
+    print(
+        f"\nadded between the kill decision and the verdict (dump + reading; target <= "
+        f"{ADDED_TARGET_S:g} s): grids under {BIG_GRID_WARPS} warps: {a['n']} scenarios, "
+        f"{_f(a['min'])}-{_f(a['max'])} s, median {_f(a['median'])} s, {a['within_target']} "
+        f"within target"
+    )
+    for b in s["added_big"]:
+        print(
+            f"  {b['scenario']} ({b['source']}, {b['flags']} flags, {b['warps']} warps, "
+            f"{b['core_mb']} MB): added {b['added_s']} s = dump {b['dump_s']} + reading "
+            f"{b['core_s']}"
+        )
+    print(
+        f"\n{s['dumps']} dumps in these runs: GPU healthy after every one "
+        f"{s['healthy_after_every_dump']}, processes left {s['leftovers']}"
+    )
+    c = s["crash"]
+    print(
+        f"\ncrash: {c['scenario']}: core {c['core']}; memcheck {c['memcheck']}; same line "
+        f"{c['same_line']}"
+    )
+    print(
+        f"crash scenarios on {ARCH} ({len(s['crash_scenarios'])}): {', '.join(s['crash_scenarios'])}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", help="write the rows and the summary here")
+    ap.add_argument("--pending", action="store_true", help="only the scenarios not measured")
+    args = ap.parse_args(argv)
+    cov = coverage()
+    if args.pending:
+        for r in cov:
+            if not r["measured"]:
+                print(r["scenario"])
+        return 0
+    s = summary(cov)
+    print_report(cov, s)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": cov, "summary": s}, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
