@@ -41,7 +41,7 @@ from cutedebug.commands import exits
 from cutedebug.engine.limits import limit_arg
 from cutedebug.engine.verdict import values
 from cutedebug.event_kinds import Compiled, Launched, ProtocolSites, Synced
-from cutedebug.records import ABSENT
+from cutedebug.records import ABSENT, present
 from cutedebug.reporting.files import write_text
 from cutedebug.reporting.sanitize import (
     render_summary_markdown,
@@ -248,8 +248,8 @@ def run_tool(
         other_records=len(others),
     )
     compiled, sites = outcome.last(Compiled) or Compiled(), outcome.last(ProtocolSites)
-    if caveat := mbarrier_caveat(result.verdict, compiled.pipelines, sites and sites.sites):
-        reason = f"{reason}. Caveat: {caveat}"
+    # its own field: a RACE's reason ("findings below") is not what its report shows
+    caveat = mbarrier_caveat(verdict, compiled.pipelines, sites and sites.sites)
     k_san, k_plain = _kernel_seconds(outcome), plain.kernel_seconds if plain else None
     result = replace(
         result,
@@ -271,6 +271,7 @@ def run_tool(
             slowdown=k_san / k_plain if k_san and k_plain else None,
         ),
         reproduce_cutedebug=reproduce or ABSENT,
+        caveat=caveat,
     )
     return ToolRun(tool, result, list(findings), outcome.elapsed_s)
 
@@ -482,10 +483,10 @@ def cmd_sanitize(args: Any) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
 
     def progress(r: ToolResult) -> None:
-        print(
-            f"{r.tool}: {r.verdict} — {top_line(r)} ({secs(r.sanitizer_seconds)})",
-            flush=True,
-        )
+        print(f"{r.tool}: {r.verdict} — {top_line(r)} ({secs(r.sanitizer_seconds)})")
+        if present(r.caveat):
+            print(f"  caveat: {r.caveat}")
+        sys.stdout.flush()
 
     summary = sanitize_scenario(
         sc,

@@ -52,6 +52,8 @@ def render_markdown(result: ToolResult) -> str:
             f"{md_code(g.kernel or '?')})"
         )
         out.append(tldr + (f": {md_code(src)}" if src else "") + ".")
+        if caveat := present(result.caveat):
+            out += ["", f"**Caveat:** {md_text(caveat)}.", ""]
         more = len(groups) - 1
         if more:
             out.append(f"{more} more distinct finding(s) below.")
@@ -196,7 +198,11 @@ def render_summary_markdown(summary: SanitizeSummary, verdict_line: str) -> str:
     plain = summary.plain
     out = [f"# cutedebug sanitize: {md_text(sc['id'])}", ""]
     for tool, r in tools.items():
-        out.append(f"- **{md_text(tool)} → {md_text(r.verdict)}**: {top_line(r, md=True)}")
+        caveat = " (caveat: the kernel orders shared memory by mbarriers; see below)"
+        out.append(
+            f"- **{md_text(tool)} → {md_text(r.verdict)}**: {top_line(r, md=True)}"
+            + (md_text(caveat) if present(r.caveat) else "")
+        )
     out += ["", md_text(verdict_line[0].upper() + verdict_line[1:]) + "."]
     if plain:
         out.append(

@@ -24,6 +24,10 @@ The target (the worker command) is handled per $FAKE_SANITIZER_MODE:
 FAKE_SANITIZER_KERNELS="NAME,..." puts those kernel names in the simulated "compiled" event
 (the kernels the worker launched; the capture's findings of other kernels are counted apart).
 
+FAKE_SANITIZER_EVENTS='{"compiled": {...}, "protocol_sites": {...}}' adds those fields to the simulated
+events (e.g. the pipelines a real compile of a field kernel recorded), "protocol_sites" emitted
+after "compiled" as the worker does.
+
 FAKE_SANITIZER_BELOW="PARAM=V:OTHER_CASE" replays OTHER_CASE instead when the request's
 scenario has PARAM < V (a finding that disappears below a problem size, for --shrink).
 
@@ -116,20 +120,26 @@ def main() -> int:
     if kernels := os.environ.get("FAKE_SANITIZER_KERNELS"):
         compiled["kernel_names"] = kernels.split(",")  # what the worker says it launched
     extra = {"device": DEVICE, "compiled": compiled, "synced": {"kernel_s": 0.002}}
+    more = json.loads(os.environ.get("FAKE_SANITIZER_EVENTS") or "{}")
+    for name, fields in more.items():
+        extra[name] = {**extra.get(name, {}), **fields}
+    up_to_launch = list(UP_TO_LAUNCH)
+    if "protocol_sites" in more:
+        up_to_launch.insert(up_to_launch.index("compiled") + 1, "protocol_sites")
     rc = 0
     if mode == "exec":
         rc = subprocess.run(target, check=False).returncode
     elif mode == "simulate":
         worker_events(
             target,
-            [*UP_TO_LAUNCH, "synced", "checked", "done"],
+            [*up_to_launch, "synced", "checked", "done"],
             checked={"ok": True, "digest": "d"},
             **extra,
         )
     elif mode == "simulate-crash":
         worker_events(
             target,
-            [*UP_TO_LAUNCH, "cuda_error", "done"],
+            [*up_to_launch, "cuda_error", "done"],
             cuda_error={
                 "name": "cudaErrorLaunchFailure",
                 "message": "CUDA error: unspecified launch failure",
@@ -137,7 +147,7 @@ def main() -> int:
             **extra,
         )
     elif mode == "hang":
-        worker_events(target, UP_TO_LAUNCH, **extra)
+        worker_events(target, up_to_launch, **extra)
         time.sleep(600)
     else:
         raise SystemExit(f"fake compute-sanitizer: unknown FAKE_SANITIZER_MODE {mode!r}")

@@ -74,6 +74,8 @@ class ToolResult(records.Record):
     other_kernel_records: int | Absent = ABSENT
     kernel_seconds: KernelSeconds | Absent = ABSENT
     reproduce_cutedebug: str | Absent = ABSENT  # the cutedebug command line, when given
+    # what the tool cannot tell about its verdict in this kernel (triage.mbarrier_caveat)
+    caveat: str | None | Absent = ABSENT
 
     @classmethod
     def from_json(cls, data: Any, where: str = "") -> ToolResult:
