@@ -213,6 +213,8 @@ class Compiled(Payload):
     index: int | None = None
     function: str | None = None
     occurrence: int | None = None
+    test: str | None = None  # the pytest item that traced it (its node id), under pytest
+    test_occurrence: int | None = None  # the n-th trace of the function in that test
     kernels: list[str] | None = None
     error: str | None = None
     gpu: bool | None = None

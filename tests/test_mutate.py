@@ -357,3 +357,105 @@ def test_resume_keeps_the_mutants_an_earlier_version_recorded(tmp_path):
     old = {r["id"]: r for r in map(json.loads, before.splitlines())}
     assert {r["id"]: r for r in m["mutants"]} == old  # key for key, nothing added
     assert m["score"]["score"] == 0.5 and m["facts"]["processes_left"] == []
+
+
+@pytest.mark.slow
+def test_under_pytest_a_mutant_runs_only_the_test_that_traced_its_kernel(tmp_path):
+    """Two test items trace the same function (the process's occurrences 0 and 1): each mutant
+    runs only its own item (the other deselected), and the fault still lands there although that
+    item's trace is then the process's first: a trace is its test's n-th, not the process's."""
+    out = tmp_path / "m"
+    target = "tests/exec_targets/pytest_two.py"
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", target]
+    rc, text = mutate("--jobs", "2", "--faults", "wrong_expect_tx", "--", *argv, out=out)
+    assert rc == 0, text
+    m = json.loads((out / "matrix.json").read_text())
+    tests = [(t["test"], t["test_occurrence"], t["occurrence"]) for t in m["traces"]]
+    assert tests == [(f"{target}::test_first", 0, 0), (f"{target}::test_second", 0, 1)]
+    by_id = {r["id"]: r for r in m["mutants"]}
+    assert sorted(by_id) == ["t0.p0.wrong_expect_tx+16", "t1.p0.wrong_expect_tx+16"]
+    for rid, name in (
+        ("t0.p0.wrong_expect_tx+16", "test_first"),
+        ("t1.p0.wrong_expect_tx+16", "test_second"),
+    ):
+        r = by_id[rid]
+        assert r["status"] == "CAUGHT" and r["verdict"] == "FAIL" and r["fault_count"] == 1, r
+        assert r["trace"]["test"] == f"{target}::{name}"
+        log = (out / Path(r["report"]).parent / "command.log").read_text()
+        assert "1 failed, 1 deselected" in log and f"FAILED {target}::{name}" in log, log
+    # --all-tests: the whole command per mutant (both items run; only the mutant's one fails)
+    rc, text = mutate(
+        "--all-tests",
+        "--faults",
+        "wrong_expect_tx",
+        "--pipelines",
+        "0",
+        "--",
+        *argv,
+        out=tmp_path / "w",
+    )
+    assert rc == 0, text
+    r = json.loads((tmp_path / "w" / "matrix.json").read_text())["mutants"][1]
+    log = (tmp_path / "w" / Path(r["report"]).parent / "command.log").read_text()
+    assert "1 failed, 1 passed" in log and f"FAILED {target}::test_second" in log, log
+
+
+def test_the_selection_plugin_keeps_every_item_when_none_has_the_id(tmp_path):
+    from cutedebug.instrument import pytest_only
+
+    (tmp_path / "test_x.py").write_text("def test_a():\n    pass\n\ndef test_b():\n    pass\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **M.only_test_env("test_x.py::test_b", {}))
+    run = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_x.py"]
+    r = subprocess.run(run, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert r.returncode == 0 and "1 passed, 1 deselected" in r.stdout, r.stdout + r.stderr
+    env[pytest_only.ONLY_TEST_ENV] = "test_x.py::test_gone"
+    r = subprocess.run(run, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert r.returncode == 0 and "2 passed" in r.stdout, r.stdout + r.stderr
+    assert "matches none of the 2 collected test(s): all of them run" in r.stdout
+    assert M.only_test_env("a::b", {"PYTEST_PLUGINS": "x.y"})["PYTEST_PLUGINS"] == (
+        "x.y," + pytest_only.ONLY_TEST_PLUGIN
+    )
+
+
+@pytest.mark.slow
+def test_sigterm_stops_mutate_and_its_running_mutants_at_once(tmp_path):
+    """SIGTERM while mutants run (each sleeping, as a hung program would): mutate kills them,
+    starts no other, records none, and exits 143 within seconds, leaving no process behind."""
+    import signal
+    import time
+
+    import psutil
+
+    out = tmp_path / "m"
+    target = ROOT / "tests" / "exec_targets" / "sleeps_when_faulted.py"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    argv = [sys.executable, "-m", "cutedebug", "mutate", "--out", str(out), "--jobs", "2"]
+    argv += ["--faults", "wrong_expect_tx,wrong_arrive_count", "--", sys.executable, str(target)]
+    p = subprocess.Popen(argv, cwd=str(ROOT), env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        t0 = time.monotonic()
+        sleeping = []
+        while time.monotonic() - t0 < 300 and not sleeping:  # a mutant reached its sleep
+            sleeping = list((out / "mutants").glob("*/command.log"))
+            sleeping = [f for f in sleeping if "sleeping" in f.read_text()]
+            time.sleep(0.5)
+        assert sleeping, "no mutant reached its sleep"
+        kids = [c.pid for c in psutil.Process(p.pid).children(recursive=True)]
+        t1 = time.monotonic()
+        p.send_signal(signal.SIGTERM)
+        rc = p.wait(timeout=60)
+        took = time.monotonic() - t1
+    finally:
+        if p.poll() is None:
+            p.kill()
+    text = p.stdout.read()
+    assert rc == 143 and took < 10, (rc, took, text)
+    # only the mutants that had ended by themselves are recorded: not the one killed asleep
+    rec = out / "results.jsonl"
+    done = [json.loads(ln) for ln in (rec.read_text().splitlines() if rec.exists() else [])]
+    assert all(r["killed_by"] is None for r in done), done
+    assert "t0.p0.wrong_expect_tx+16" not in {r["id"] for r in done}
+    time.sleep(0.5)
+    assert [
+        k for k in kids if psutil.pid_exists(k) and psutil.Process(k).status() != "zombie"
+    ] == []

@@ -34,6 +34,7 @@ from cutedebug.engine import command as X
 from cutedebug.engine import verdict as V
 from cutedebug.instrument.launch_gpu import release_gpu_token
 from cutedebug.instrument.launch_record import PipelineEntry
+from cutedebug.instrument.pytest_only import ONLY_TEST_ENV, ONLY_TEST_PLUGIN
 
 CAUGHT, SURVIVED, NOT_APPLIED, HARNESS = "CAUGHT", "SURVIVED", "NOT_APPLIED", "HARNESS_ERROR"
 CAUGHT_BY = ("HANG", "CRASH", "FAIL")
@@ -183,7 +184,13 @@ def recorded(clean: CleanReport) -> list[Trace]:
     seen = set()
     for p in clean.processes:
         for tr in p.traces:
-            key = (tr.function, tr.occurrence or 0)
+            # under pytest a trace is its test item's n-th trace of the function (the same in
+            # every process, whichever tests ran before it), else the process's n-th
+            key = (
+                (tr.function, tr.test, tr.test_occurrence or 0)
+                if tr.test is not None
+                else (tr.function, tr.occurrence or 0)
+            )
             if key in seen or tr.protocol is None or tr.error:
                 continue
             seen.add(key)
@@ -191,8 +198,13 @@ def recorded(clean: CleanReport) -> list[Trace]:
             out.append(
                 Trace(
                     t=len(out),
-                    function=key[0],
-                    occurrence=key[1],
+                    function=tr.function,
+                    occurrence=tr.occurrence or 0,
+                    **(
+                        {"test": tr.test, "test_occurrence": tr.test_occurrence or 0}
+                        if tr.test is not None
+                        else {}
+                    ),
                     kernels=tr.kernels or [],
                     kernel=", ".join(proto.kernel_names) or None,
                     pipelines=proto.pipelines,
@@ -211,6 +223,8 @@ def plan(
     out: list[Mutant] = []
     for tr in traces:
         trace = {"function": tr.function, "occurrence": tr.occurrence}
+        if isinstance(tr.test, str):
+            trace.update(test=tr.test, test_occurrence=tr.test_occurrence)
         t = f"t{tr.t}"
         for p in tr.pipelines:
             if pipelines_wanted is not None and p.index not in pipelines_wanted:
@@ -323,11 +337,20 @@ def mutant_record(m: Mutant, res: X.ExecResult, out: Path) -> MutantRecord:
     )
 
 
+def only_test_env(test: str, env: dict[str, str]) -> dict[str, str]:
+    """The variables that make a pytest command run only ``test`` (the item that traced the
+    mutant's kernel): the selection plugin added to the plugins the environment names."""
+    plugins = [p for p in env.get("PYTEST_PLUGINS", "").split(",") if p.strip()]
+    plugins.append(ONLY_TEST_PLUGIN)
+    return {"PYTEST_PLUGINS": ",".join(plugins), ONLY_TEST_ENV: test}
+
+
 def run_mutant(
-    m: Mutant, clean: X.Settings, deadline_s: float, out: Path
+    m: Mutant, clean: X.Settings, deadline_s: float, out: Path, *, whole: bool = False
 ) -> tuple[MutantRecord, X.ExecResult]:
     """The command with this mutant's fault in its trace; its record and the run (whose report
-    the caller writes)."""
+    the caller writes). Under pytest only the test item that traced the kernel runs (the
+    others cannot catch a fault in a kernel they do not trace), unless ``whole``."""
     s = X.Settings(
         **{
             **vars(clean),
@@ -342,6 +365,8 @@ def run_mutant(
     # The DSL names its dump files (KeepPTX, ...) after the traced function: mutants that run
     # at once must not read each other's.
     s.extra_env = {**s.extra_env, "CUTE_DSL_DUMP_DIR": str(run_dir / "dsl_dump")}
+    if m.trace.get("test") is not None and not whole:
+        s.extra_env.update(only_test_env(m.trace["test"], {**os.environ, **s.extra_env}))
     (run_dir / "dsl_dump").mkdir(parents=True, exist_ok=True)
     res = X.watch_command(s, run_dir)
     if s.gpu_token:  # the mutant and everything it started are gone: the GPU is free

@@ -120,6 +120,10 @@ class Trace(records.Record):
     t: int
     function: str | None
     occurrence: int
+    # under pytest: the item that traced it (a mutant runs only it) and the n-th trace of the
+    # function there; absent otherwise (and in files written before they existed)
+    test: str | Absent = ABSENT
+    test_occurrence: int | Absent = ABSENT
     kernels: list[str]
     kernel: str | None
     pipelines: list[PipelineEntry]

@@ -40,15 +40,18 @@ from typing import Any
 from cutedebug.analyses import mutate as M
 from cutedebug.analyses.mutate import CAUGHT, HARNESS
 from cutedebug.commands import exec as X
+from cutedebug.engine.command import CANCEL
 from cutedebug.engine.limits import limit_arg
 from cutedebug.engine.verdict import Verdict
 from cutedebug.reporting.mutation_matrix import _score_text, facts_lines, survivors, write_matrix
 
 
 # ---- command line --------------------------------------------------------------------------------
-def run_and_report(m: M.Mutant, clean: X.Settings, deadline_s: float, out: Path) -> M.MutantRecord:
+def run_and_report(
+    m: M.Mutant, clean: X.Settings, deadline_s: float, out: Path, whole: bool = False
+) -> M.MutantRecord:
     """One mutant: run it, write its report.md / report.json, return its record."""
-    record, res = M.run_mutant(m, clean, deadline_s, out)
+    record, res = M.run_mutant(m, clean, deadline_s, out, whole=whole)
     X.write_report(res, "PASS")
     return record
 
@@ -86,6 +89,12 @@ def add_parser(sub: Any) -> None:
         "their kernels one at a time",
     )
     p.add_argument(
+        "--all-tests",
+        action="store_true",
+        help="under pytest, run the whole command for each mutant (default: only the test "
+        "item that traced the mutant's kernel, as the clean run recorded it)",
+    )
+    p.add_argument(
         "--min-score", type=limit_arg("min_score"), help="exit 1 below this mutation score (0-1)"
     )
     X.add_common(p, mutate=True)
@@ -115,6 +124,7 @@ def cmd_mutate(args: argparse.Namespace) -> int:
         return X.EXIT_USAGE
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    CANCEL.clear()
     command = command_line()
     budget = args.wait_budget_ms
     probes = None if args.probes is False else X.probe_config(budget)
@@ -203,14 +213,27 @@ def cmd_mutate(args: argparse.Namespace) -> int:
     # Mutants compile at once; the GPU token lets one of them at a time run kernels.
     gpu_token = str(token) if clean.used_gpu and jobs > 1 else None
     clean_run = X.Settings(**{**vars(clean_s), "record": False, "gpu_token": gpu_token})
+    whole = args.all_tests
     if jobs == 1:
         for m in todo:
-            finished(run_and_report(m, clean_run, deadline, out))
+            finished(run_and_report(m, clean_run, deadline, out, whole))
     else:
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            futures = [pool.submit(run_and_report, m, clean_run, deadline, out) for m in todo]
+        pool = ThreadPoolExecutor(max_workers=jobs)
+        try:
+            futures = [
+                pool.submit(run_and_report, m, clean_run, deadline, out, whole) for m in todo
+            ]
             for fut in as_completed(futures):
                 finished(fut.result())
+        except BaseException:
+            # Ctrl-C / SIGTERM reach this thread only: the mutants under way are killed by
+            # their own watchdogs (at their next poll), those not started never start, and
+            # none of them is recorded (``--resume`` runs them again)
+            CANCEL.set()
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        finally:
+            pool.shutdown(wait=True)
     m = replace(
         M.build_matrix(clean, traces, results, planned, command),
         facts=M.run_facts(clean, results, time.monotonic() - t0),

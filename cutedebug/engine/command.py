@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -48,6 +49,9 @@ from cutedebug.event_kinds import (
 from cutedebug.instrument import launch
 
 DEFAULT_DEADLINE_S = 600.0
+# Set by a caller watching several commands from threads (mutate) when it is interrupted: every
+# watch under way kills its command at its next poll ("cancelled").
+CANCEL = threading.Event()
 DEFAULT_BUDGET_MS = 500
 DEFAULT_STALL_S = 1.0
 STUCK_SETTLE_S = 0.3  # stuck records stop arriving for this long: every warp has reported
@@ -138,6 +142,8 @@ TRACE_KEYS = (
     "index",
     "function",
     "occurrence",
+    "test",
+    "test_occurrence",
     "kernels",
     "error",
     "fault_applied",
@@ -258,7 +264,9 @@ def watch_command(
             clock["stuck"], clock["stuck_change"] = live.stuck, now
             clock["first_stuck"] = clock["first_stuck"] or now
         why = None
-        if clock["first_stuck"] is not None and (
+        if CANCEL.is_set():
+            why = "cancelled"
+        elif clock["first_stuck"] is not None and (
             now - clock["stuck_change"] >= STUCK_SETTLE_S
             or now - clock["first_stuck"] >= STUCK_MAX_WAIT_S
         ):

@@ -75,6 +75,8 @@ class ExecTrace(records.Record):
     index: int | None
     function: str | None
     occurrence: int | None
+    test: str | None = later(None)  # the pytest item that traced it (mutate narrows to it)
+    test_occurrence: int | None = later(None)
     kernels: list[str] | None
     error: str | None
     fault_applied: int | None

@@ -123,6 +123,7 @@ class _State:
         self.kernel_of: dict[int, dict[str, Any]] = {}  # probe site id -> its kernel
         self.traces = 0  # top-level traces (cute.compile / first call of a @cute.jit)
         self.seen: dict[str, int] = {}  # traced function name -> times traced
+        self.seen_in_test: dict[tuple[str, str], int] = {}  # (test, function) -> times traced
         self.current: dict[str, Any] | None = None  # the trace under way
         self.fault_count = 0  # sites the fault changed, over every trace
         self.monitor: _Monitor | None = None
@@ -344,6 +345,11 @@ def _wrap_traces(state: _State) -> None:
             "occurrence": occurrence,
             "kernels": [],
         }
+        test = current_test()
+        if test is not None:  # under pytest: the test item that traced it, and how often
+            n = state.seen_in_test.get((test, function_name), 0)
+            state.seen_in_test[(test, function_name)] = n + 1
+            cur["test"], cur["test_occurrence"] = test, n
         state.traces += 1
         error = None
         sites_before = len(state.sites.sites) if state.sites is not None else 0
@@ -375,6 +381,28 @@ def _wrap_traces(state: _State) -> None:
     BaseDSL.generate_mlir = generate_mlir
 
 
+def current_test() -> str | None:
+    """The pytest item under way in this process (its node id, from the variable pytest sets
+    for each test's setup, call and teardown), or None outside pytest."""
+    raw = os.environ.get("PYTEST_CURRENT_TEST")
+    if not raw:
+        return None
+    return raw.rsplit(" (", 1)[0] if raw.endswith(")") else raw
+
+
+def is_trace(target: dict[str, Any], cur: dict[str, Any]) -> bool:
+    """Whether the trace under way is the one a mutant names: by the test item that traced it
+    and its occurrence in that test when the target has one (the same trace however many of
+    the command's tests run), else by its occurrence in the process."""
+    if target.get("function") != cur["function"]:
+        return False
+    if target.get("test") is not None:
+        return target["test"] == cur.get("test") and target.get("test_occurrence", 0) == cur.get(
+            "test_occurrence"
+        )
+    return target.get("occurrence", 0) == cur["occurrence"]
+
+
 @contextlib.contextmanager
 def _trace_scope(state: _State, cur: dict[str, Any]):
     cfg = state.cfg
@@ -387,13 +415,7 @@ def _trace_scope(state: _State, cur: dict[str, Any]):
         if cfg.get("record"):
             cur["protocol"] = _enter_recorder(stack)
         target = cfg.get("fault_trace")
-        if cfg.get("fault") and (
-            target is None
-            or (
-                target.get("function") == cur["function"]
-                and target.get("occurrence", 0) == cur["occurrence"]
-            )
-        ):
+        if cfg.get("fault") and (target is None or is_trace(target, cur)):
             from cutedebug.instrument import faults
 
             applied = stack.enter_context(faults.inject(cfg["fault"], cfg.get("fault_args") or {}))
@@ -409,6 +431,7 @@ def _emit_compiled(state: _State, cur: dict[str, Any], error: str | None) -> Non
         "index": cur["index"],
         "function": cur["function"][:300],
         "occurrence": cur["occurrence"],
+        **{k: cur[k] for k in ("test", "test_occurrence") if k in cur},
         "kernels": cur["kernels"],
         "error": error,
         "gpu": _gpu_present(),
