@@ -511,22 +511,23 @@ STEPS = [
     Step(
         "mutate_all",
         "19",
-        # 2026-12-02 call4: -k gemm's clean run 23 s, 11 mutants in 58 s at 6 a time; the whole
-        # file adds the two RMSNorm tests and FA-4's forward (3 pipelines): ~25-30 mutants,
-        # FA-4's compile ~20 s each: estimated
-        360,
+        # 2026-12-02-h200-s2 call1: every mutant ran the whole file (~45 s holding the GPU
+        # token): 4 of 31 in 420 s. Now a mutant runs only the test item that traced its kernel
+        # (the -k gemm clean run: 23 s) and every fault kind applies (~75 mutants, 8 at a
+        # time on 16 cores): estimated
+        300,
         True,
-        # bounded inside the step (SIGTERM: mutate sweeps its mutant and stops) so that the
-        # per-mutant records (results.jsonl) come back even when the matrix is not finished;
-        # `--resume` in a later call runs the rest
-        "timeout 420 python3 -m cutedebug mutate --out /tmp/fma --jobs 6 --deadline 180 "
-        "--faults skip_consumer_release,extra_consumer_release,wrong_expect_tx,"
-        "skip_producer_tail,missing_phase_flip -- python3 -m pytest -q -p no:cacheprovider "
-        "examples/test_field_libs.py; echo rc=$?; cp /tmp/fma/matrix.md /tmp/fma/matrix.json "
-        "/tmp/fma/results.jsonl /tmp/fma/clean.json $STEP_OUT/",
+        # bounded inside the step (SIGTERM: mutate kills the mutants under way and stops) so
+        # that the per-mutant records (results.jsonl) come back even when the matrix is not
+        # finished; `--resume` in a later call runs the rest
+        "timeout 380 python3 -m cutedebug mutate --out /tmp/fma --jobs 8 --deadline 120 -- "
+        "python3 -m pytest -q -p no:cacheprovider examples/test_field_libs.py; echo rc=$?; "
+        "cp /tmp/fma/matrix.md /tmp/fma/matrix.json /tmp/fma/results.jsonl /tmp/fma/clean.json "
+        "$STEP_OUT/",
         "mutate over the whole field test file (quack RMSNorm forward and backward, GEMM, FA-4's "
-        "forward): every mutant caught, survived with its site, or not applied; time per "
-        "mutant; 0 harness errors (the CRASHes the monitor saw are the GPU's since edeef8d)",
+        "forward), every fault kind, each mutant running only the test that traced its kernel: "
+        "every mutant caught, survived with its site, or not applied; time per mutant; 0 "
+        "harness errors, 0 processes left",
     ),
     Step(
         "warm",
