@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import struct
 import sys
 import time
 from pathlib import Path
@@ -249,7 +250,7 @@ def test_cuda_gdb_loads_the_core_while_the_worker_is_killed(tmp_path, monkeypatc
     exe, starts = fake_gdb(tmp_path, doc["passes"])
     monkeypatch.setattr(cudagdb, "find_cuda_gdb", lambda: exe)
     run, ctx = prefetch_folder(tmp_path)
-    assert coredump.prefetch_core(ctx) is None  # nothing for the facts: it only starts
+    assert coredump.prefetch_core(ctx) == {"cuda_gdb_prefetch": "started"}
     assert len(started(starts, 1)) == 1
     time.sleep(0.4)  # the kill, the health check
     rep = coredump.read_core(
@@ -275,12 +276,39 @@ def test_no_prefetch_of_a_core_still_written_or_of_a_run_without_coredumps(tmp_p
     run, ctx = prefetch_folder(tmp_path)
     core = run / f"coredump.{ctx['pid']}.nvcudmp"
     with open(core, "ab"):  # this process holds it open: the driver still writing
-        assert coredump.prefetch_core(ctx) is None
-    (run / f"coredump.pipe.{ctx['pid']}").unlink()  # no coredump settings in this run
+        assert coredump.prefetch_core(ctx) == {
+            "cuda_gdb_prefetch": "not started: the worker may still write the core"
+        }
+    h = bytearray(64)  # an ELF64 header whose section table (at 4096) is not written yet
+    h[:6] = b"\x7fELF\x02\x01"
+    struct.pack_into("<QQ", h, 32, 0, 4096)
+    struct.pack_into("<HHHH", h, 54, 56, 0, 64, 1)
+    core.write_bytes(bytes(h))
+    assert coredump.prefetch_core(ctx) == {
+        "cuda_gdb_prefetch": "not started: the core is shorter than its ELF header says"
+    }
+    core.unlink()  # no coredump settings in this run (or no core came): nothing to say
+    (run / f"coredump.pipe.{ctx['pid']}").unlink()
     assert coredump.prefetch_core(ctx) is None
     assert coredump.prefetch_core({**ctx, "phase": "compiled"}) is None
     time.sleep(0.3)  # (a start would have written its pid by now)
     assert pids(starts) == [] and coredump._SESSIONS == {}
+
+
+def test_prefetch_when_the_driver_removed_its_pipe_after_the_dump(tmp_path, monkeypatch):
+    """The worker's core in the run folder is what says the run had the coredump settings: a
+    driver that unlinks its pipe once the dump is written does not stop the prefetch."""
+    monkeypatch.setattr(coredump, "SESSION_FAILED", "")
+    exe, starts = fake_gdb(tmp_path, ["@@a\n"])
+    monkeypatch.setattr(cudagdb, "find_cuda_gdb", lambda: exe)
+    run, ctx = prefetch_folder(tmp_path)
+    (run / f"coredump.pipe.{ctx['pid']}").unlink()
+    try:
+        assert coredump.prefetch_core(ctx) == {"cuda_gdb_prefetch": "started"}
+        assert len(started(starts, 1)) == 1 and len(coredump._SESSIONS) == 1
+    finally:
+        coredump.close_prefetched()
+    assert all(gone(p) for p in pids(starts))
 
 
 def test_a_prefetch_nobody_takes_is_closed(tmp_path, monkeypatch):

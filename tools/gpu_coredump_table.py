@@ -83,6 +83,9 @@ def row(res: runner.RunResult, wall: float, leftovers: int) -> dict:
         "gdb_prefetched_s": core.get("gdb_prefetched_s"),  # round 1 sent at the kill, this early
         "gdb_round1_wait_s": core.get("gdb_round1_wait_s"),  # what the reading still waited
         "gdb_fallback": core.get("gdb_fallback"),  # why the session was not used
+        "gdb_prefetch": core.get("prefetch"),  # "started" at the kill, or why not
+        "pipe_after_dump": dump.get("pipe_after_dump"),  # the driver's pipe left after a dump?
+        "hook_errors": core.get("hook_errors"),  # a before-kill hook that raised
         "core_s": t.get("core_s"),
         "added_s": round(added, 3),
         "health_s": t.get("health_s"),
@@ -196,6 +199,16 @@ def main() -> int:
             )
             for line in r["driver_progress"]:
                 print(f"  {line}")
+    seen: dict[str, int] = {}  # did cuda-gdb load each core while the worker was killed?
+    for r in rows:
+        if "skipped" not in r and r.get("dump_s") is not None:
+            k = f"prefetch {r.get('gdb_prefetch')}, pipe after the dump {r.get('pipe_after_dump')}"
+            seen[k] = seen.get(k, 0) + 1
+    for k, n in seen.items():
+        print(f"{n} core(s): {k}")
+    for r in rows:
+        if r.get("hook_errors"):
+            print(f"{r['scenario']}: before-kill hook error(s): {r['hook_errors']}")
     fell = [r["scenario"] for r in rows if r.get("gdb_fallback")]
     if fell:
         print(f"cuda-gdb -batch fallback in {len(fell)} row(s): {fell[0]}: ", end="")

@@ -346,30 +346,36 @@ def _prefetched_sass(run_dir: Path, info: dict[str, Any]) -> Callable[[], str | 
 _SESSIONS: dict[str, tuple[float, Any]] = {}
 
 
-def prefetch_core(ctx: dict[str, Any]) -> None:
+def prefetch_core(ctx: dict[str, Any]) -> dict[str, Any] | None:
     """Watchdog hook, after :func:`before_kill`: the core it waited for is complete (the
     worker closed it), so start cuda-gdb on it and send round 1 now: the core loads while the
     worker is killed and the GPU health check runs (cuda-gdb reads a core through libcudacore,
     not the GPU). analyse's read_core takes the session; one nobody takes is closed after
-    SASS_KEEP_S, and at exit."""
+    SASS_KEEP_S, and at exit. Returns {"cuda_gdb_prefetch": "started" or why not} for a run
+    whose worker wrote a core (its pid's core in the run folder: the coredump settings were
+    its, whether or not the driver kept the pipe after the dump), None for any other run."""
     if ctx.get("phase") != "launched" or not ctx.get("events_path") or not ctx.get("pid"):
         return None
     d = Path(ctx["events_path"]).parent.resolve()
     pid = int(ctx["pid"])
     found = cores(d, pid)
-    if SESSION_FAILED or not (d / f"{PIPE_NAME}.{pid}").exists() or not found:
-        return None
-    if (
-        held_open(pid, found) is not False
-        or found[0].stat().st_size == 0
-        or elf_complete(found[0]) is False
-    ):
-        return None  # not complete by the dump's own rule: read_core starts its own
+    if not found:
+        return None  # no coredump settings, or no core came: nothing to load
+
+    def skipped(why: str) -> dict[str, Any]:
+        return {"cuda_gdb_prefetch": f"not started: {why}"}
+
+    if SESSION_FAILED:
+        return skipped("an earlier session failed: reading with -batch")
+    if (held := held_open(pid, found)) is not False:
+        return skipped("the worker may still write the core" if held else "/proc is mute")
+    if found[0].stat().st_size == 0 or elf_complete(found[0]) is False:
+        return skipped("the core is shorter than its ELF header says")
     try:
         gdb = gdb_session(found[0])
         gdb.send(ROUND1)
-    except (RuntimeError, OSError):
-        return None  # no cuda-gdb: read_core says so
+    except (RuntimeError, OSError) as e:
+        return skipped(f"{type(e).__name__}: {e}"[:200])  # read_core says it again
     now = time.monotonic()
     with _SASS_LOCK:
         stale = [k for k, v in _SESSIONS.items() if now - v[0] > SASS_KEEP_S]
@@ -378,7 +384,7 @@ def prefetch_core(ctx: dict[str, Any]) -> None:
         _SESSIONS[str(found[0].resolve())] = (now, gdb)
     for g in old:
         g.close(kill=True)  # its output unread: no quit it could read
-    return None
+    return {"cuda_gdb_prefetch": "started"}
 
 
 def _take_prefetched(core: Path | str) -> Any:
@@ -427,10 +433,16 @@ def analyse(
     """Evidence from the run's core (a hang's, dumped before the kill, or a crash's), for the
     run's report; {"coredump": {"error": ...}} when there is none or it cannot be read."""
     d = Path(run_dir)
-    dump = next((f["coredump"] for f in facts.get("before_kill", []) if "coredump" in f), None)
+    hooks = facts.get("before_kill", [])
+    dump = next((f["coredump"] for f in hooks if "coredump" in f), None)
     remove_pipes(d)
     found = cores(d)
     info: dict[str, Any] = {"dump": dump}
+    prefetch = next((f["cuda_gdb_prefetch"] for f in hooks if "cuda_gdb_prefetch" in f), None)
+    if prefetch:  # whether cuda-gdb loaded the core during the kill and the health check
+        info["prefetch"] = prefetch
+    if errors := [f["error"] for f in hooks if "error" in f]:
+        info["hook_errors"] = errors  # a before-kill hook that raised
     if not found:
         info["error"] = (dump or {}).get("error") or "no core was written"
         return {"coredump": info}

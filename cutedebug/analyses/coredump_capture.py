@@ -189,6 +189,7 @@ def trigger(
         facts["error"] = f"no core written within {limit_s:g} s of the pipe write"
         return facts
     facts.update(core=str(found[0]), core_bytes=found[0].stat().st_size, complete=how)
+    facts["pipe_after_dump"] = pipe.exists()  # the driver's pipe, still there after its dump?
     return facts
 
 
