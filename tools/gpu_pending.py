@@ -441,7 +441,15 @@ STEPS = [
         120,
         True,
         f"python3 tools/gpu_coredump_table.py --deadline 2 --budget-s 95 --out /tmp/corr "
-        f"--json $STEP_OUT/rows.json {_toml(CORE_REST)}",
+        f"--json $STEP_OUT/rows.json {_toml(CORE_REST)}; "
+        # the two smallest real cores (<= 8 MB) with what cuda-gdb listed from them: fixtures
+        # for reading a core's warp and lane tables without cuda-gdb (its load is most of the
+        # reading: ~3.1 s for the 125 MB core of 8,448 warps)
+        "mkdir -p $STEP_OUT/cores; for c in $(ls -Sr /tmp/corr/*/coredump.*.nvcudmp "
+        "2>/dev/null | head -2); do r=$(dirname $c); n=$(basename $r); "
+        "[ $(stat -c %s $c) -le 8388608 ] && gzip -9 -c $c > $STEP_OUT/cores/$n.nvcudmp.gz "
+        "&& cp $r/coredump_gdb_pass1.txt $STEP_OUT/cores/$n.pass1.txt; done; "
+        "ls -la $STEP_OUT/cores",
         "#25's gaps by value: minimal/oob_store's exception core through the integrated path "
         "(faulting line vs memcheck's minimal.py:64), the 4 field hangs only bisection could "
         "grade (<= 10 s each?), one hang of each other field kernel; the reader's prefetch "
