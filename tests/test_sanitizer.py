@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import psutil
@@ -60,6 +61,7 @@ from cutedebug.analyses.sanitizer.triage import (
     NOISE_PROC_ADDRESS,
     NOISE_TMA,
     classify,
+    enclosing_def,
     filter_noise,
     group,
 )
@@ -825,6 +827,38 @@ def test_tma_hazard_filtered_by_source_line(tmp_path):
     ) == "1 tma"
     assert [g.kind for g in off.groups] == ["WAR_HAZARD", "RAW_HAZARD"]
     assert (off.tma_filter, sanitize_report.noise_cell(off)) == (False, "0")
+
+
+def test_tma_hazard_filtered_by_the_library_helper_the_line_is_in(tmp_path):
+    """FA-4's backward on the H200: racecheck's writer was a plain `cute.copy(` line of a
+    library's bulk-copy helper (quack copy_utils' `def copy_bulk`), its reader the kernel's
+    load of the stage: the helper's name says TMA where the line does not. A `cute.copy(` in a
+    function that is not a bulk copy, or after such a helper ended, stays a finding."""
+    lib = tmp_path / "copy_utils.py"
+    lib.write_text(
+        "def make_fns(src, dst):\n"
+        "    def copy_bulk(src_idx, dst_idx, tma_bar_ptr):\n"
+        "        atom = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), src.element_type)\n"
+        "        with cute.arch.elect_one():\n"
+        "            cute.copy(\n"
+        "                atom, src[None, src_idx], dst[None, dst_idx], mbar_ptr=tma_bar_ptr\n"
+        "            )\n"
+        "    cute.copy(atom, src, dst)\n"
+        "    return copy_bulk\n"
+        "\n"
+        "def store_tile(src, dst):\n"
+        "    cute.copy(atom, src, dst)\n"
+    )
+    kernel = tmp_path / "flash_bwd.py"
+    kernel.write_text("x = 1\ntLSErLSE = copy_utils.load_s2r(tLSEsLSE[None, smem_idx_Q])\n")
+    bulk = finding(kind="WAR_HAZARD", lines=((str(kernel), 2), (str(lib), 5)))
+    after = finding(kind="WAR_HAZARD", lines=((str(kernel), 2), (str(lib), 8)))
+    plain = finding(kind="WAR_HAZARD", lines=((str(kernel), 2), (str(lib), 12)))
+    kept, filtered = filter_noise([bulk, after, plain])
+    assert filtered == [replace(bulk, noise_reason=NOISE_TMA)] and kept == [after, plain]
+    assert enclosing_def(str(lib), 5, partial(source_line, strip=False)) == "copy_bulk"
+    assert enclosing_def(str(lib), 8, partial(source_line, strip=False)) == "make_fns"
+    assert enclosing_def(str(lib), 1, partial(source_line, strip=False)) is None
 
 
 def test_real_race_is_not_taken_for_tma():

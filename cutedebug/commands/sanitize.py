@@ -219,6 +219,9 @@ def run_tool(
     def read(file: str | None, line: int | None) -> str | None:
         return source_line(file, line, roots=roots)
 
+    def read_raw(file: str | None, line: int | None) -> str | None:
+        return source_line(file, line, roots=roots, strip=False)
+
     names = launched_kernels(outcome)
     result = make_result(
         tool,
@@ -230,10 +233,11 @@ def run_tool(
         plain_seconds=plain.seconds if plain else None,
         xml_path=str(command["xml"]),
         read_source=read,
+        read_raw=read_raw,
         tma_filter=tma_filter,
         kernel_names=names,
     )
-    _, filtered = filter_noise(findings, tma=tma_filter, read_source=read)
+    _, filtered = filter_noise(findings, tma=tma_filter, read_source=read, read_raw=read_raw)
     findings, others = attribute(findings, names)
     records = len([f for f in findings if f.kind != PARSE_FAILURE])
     verdict, reason = tool_verdict(

@@ -90,7 +90,11 @@ def parse_failure(tool: str, text: str) -> Finding:
 
 # ---- source lines ------------------------------------------------------------------------
 def source_line(
-    file: str | None, line: int | None, roots: Sequence[str | os.PathLike] = ()
+    file: str | None,
+    line: int | None,
+    roots: Sequence[str | os.PathLike] = (),
+    *,
+    strip: bool = True,
 ) -> str | None:
     """The stripped source line ``file:line`` (the kernel's Python), None if unreadable.
 
@@ -106,7 +110,7 @@ def source_line(
         with open(path, encoding="utf-8", errors="replace") as fh:
             for i, text in enumerate(fh, 1):
                 if i == line:
-                    return text.strip()
+                    return text.strip() if strip else text.rstrip("\n")
     except OSError:
         return None
     return None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from cutedebug import records
@@ -92,14 +93,20 @@ _TMA_SOURCE = re.compile(
 _TMA_TEXT = re.compile(r"bulk|async copy|cp\.async\.bulk|UTMA|UBLKCP|\btma\b", re.IGNORECASE)
 
 
+Reader = Callable[[str | None, int | None], str | None]
+
+
 def filter_noise(
     findings: Iterable[Finding],
     *,
     tma: bool = True,
-    read_source: Callable[[str | None, int | None], str | None] | None = None,
+    read_source: Reader | None = None,
+    read_raw: Reader | None = None,
 ) -> tuple[list[Finding], list[Finding]]:
-    """(kept, filtered); every filtered finding carries its ``noise_reason``."""
+    """(kept, filtered); every filtered finding carries its ``noise_reason``. ``read_source``
+    gives a source line stripped, ``read_raw`` as written (default: from the path as recorded)."""
     read = read_source or source_line
+    raw = read_raw or partial(source_line, strip=False)
     findings = list(findings)
     kept: list[Finding] = []
     filtered: list[Finding] = []
@@ -112,7 +119,7 @@ def filter_noise(
             reason = NOISE_PROC_ADDRESS
         elif f.kind == RACE and f.lines and set(f.lines) <= typed_hazard_lines:
             reason = NOISE_ANALYSIS_DUP
-        elif tma and f.kind in HAZARD_KINDS and _touches_bulk_copy(f, read):
+        elif tma and f.kind in HAZARD_KINDS and _touches_bulk_copy(f, read, raw):
             reason = NOISE_TMA
         if reason:
             filtered.append(replace(f, noise_reason=reason))
@@ -121,7 +128,7 @@ def filter_noise(
     return kept, filtered
 
 
-def _touches_bulk_copy(f: Finding, read: Callable[[str | None, int | None], str | None]) -> bool:
+def _touches_bulk_copy(f: Finding, read: Reader, read_raw: Reader) -> bool:
     if _TMA_TEXT.search(f.text):
         return True
     for s in f.sites:
@@ -130,7 +137,35 @@ def _touches_bulk_copy(f: Finding, read: Callable[[str | None, int | None], str 
         src = read(s.file, s.line)
         if src and _TMA_SOURCE.search(src):
             return True
+        # a library's bulk-copy helper: the line is a plain `cute.copy(` inside its
+        # `def copy_bulk(...)` (quack's copy_utils, which FA-4's backward loads its LSE with)
+        name = enclosing_def(s.file, s.line, read_raw)
+        if name and _TMA_SOURCE.search(name):
+            return True
     return False
+
+
+_DEF = re.compile(r"^(\s*)(?:async\s+)?def\s+(\w+)")
+
+
+def enclosing_def(file: str | None, line: int | None, read: Reader, reach: int = 60) -> str | None:
+    """The name of the Python function a source line is in: the nearest `def` above it that is
+    indented less (within ``reach`` lines); None when there is none or the file is unreadable.
+    ``read`` gives a line as written (indentation kept)."""
+    if not file or not line:
+        return None
+    src = read(file, line)
+    if src is None:
+        return None
+    indent = len(src) - len(src.lstrip())
+    for k in range(line - 1, max(0, line - reach), -1):
+        text = read(file, k)
+        if text is None:
+            return None
+        m = _DEF.match(text)
+        if m and len(m.group(1)) < indent:
+            return m.group(2)
+    return None
 
 
 # ---- grouping and classification ---------------------------------------------------------
