@@ -114,3 +114,26 @@ def test_the_gpu_steps_name_exactly_what_is_not_measured():
     first = gpu_pending.CORE_REST[1:5]
     assert all(by[n] == "bisect" for n in first)
     assert {n for n in pending if by[n] == "bisect"} == set(first)
+
+
+def test_a_newer_run_added_on_the_command_line_counts(tmp_path, capsys):
+    """After a GPU call: its rows file given with --add marks those scenarios measured, and
+    a newer row of a scenario replaces the older one; a bad --add is a usage error."""
+    old = _raw("reports/2026-12-02-h200-s2/call2/coredump/rows.json.gz")[1]
+    new_rows = [
+        {**old, "scenario": "field/quack_softmax/wrong_expect_tx_plus", "added_s": 2.5},
+        {**old, "added_s": 0.9},  # sm90_gemm/early_exit_consumer again
+        {"scenario": "field/fa4_bwd_sm90/wrong_expect_tx_plus", "skipped": "budget"},
+    ]
+    f = tmp_path / "rows.json"
+    f.write_text(json.dumps(new_rows))
+    assert C.main(["--pending", "--add", f"next={f}"]) == 0
+    pending = capsys.readouterr().out.split()
+    assert "field/quack_softmax/wrong_expect_tx_plus" not in pending
+    assert "field/fa4_bwd_sm90/wrong_expect_tx_plus" in pending  # skipped: not measured
+    runs = [*C.RUNS, ("next", str(f), "default")]
+    rows = {r["scenario"]: r for r in C.coverage(runs=runs)}
+    assert rows["sm90_gemm/early_exit_consumer"]["source"] == "next#1"
+    assert rows["sm90_gemm/early_exit_consumer"]["added_s"] == 0.9
+    assert C.main(["--add", "no-equals-sign"]) == 2
+    assert "LABEL=PATH" in capsys.readouterr().err

@@ -1,6 +1,6 @@
 """Issue #25's targets against what the H200 measured: one row per HANG scenario of the sm_90 matrix.
 
-    python tools/coredump_coverage.py [--json FILE] [--pending]
+    python tools/coredump_coverage.py [--json FILE] [--pending] [--add LABEL=ROWS.json ...]
 
 Reads only committed files: the scenario files (``scenarios/``, through the project's own
 loader: every scenario whose expected verdicts include HANG and that runs on sm_90a) and the
@@ -13,6 +13,8 @@ the wall seconds from spawn to verdict, the GPU health after the dump and the pr
 Then the targets: bisection-only scenarios in <= 10 s, <= 5 s added, 0 orphans and a healthy
 GPU after every dump, and the one crash core against memcheck's line. ``--pending`` prints only
 the HANG scenarios no run has localized from its core (the work a GPU step still owes).
+``--add`` reads a newer run's rows (e.g. gpu_pending's coredump_rest: its rows.json) after
+:data:`RUNS`, before they are committed and listed there.
 """
 
 from __future__ import annotations
@@ -77,11 +79,13 @@ def crash_scenarios(root: Path = ROOT / "scenarios") -> list[S.Scenario]:
     ]
 
 
-def measured_rows(root: Path = ROOT) -> dict[str, list[dict[str, Any]]]:
+def measured_rows(
+    root: Path = ROOT, runs: list[tuple[str, str, str]] | None = None
+) -> dict[str, list[dict[str, Any]]]:
     """Every row that ran (not skipped, not UNSUPPORTED), per scenario, oldest first, each
     with ``source`` = "LABEL#INDEX" (its index in that rows file) and ``flags``."""
     out: dict[str, list[dict[str, Any]]] = {}
-    for label, rel, flags in RUNS:
+    for label, rel, flags in RUNS if runs is None else runs:
         for i, r in enumerate(_load(root / rel)):
             if "skipped" in r or r.get("verdict") in (None, "UNSUPPORTED"):
                 continue
@@ -95,9 +99,11 @@ def _place(d: dict[str, Any] | None) -> dict[str, Any]:
     return {k: v for k, v in (d or {}).items() if k in ("role", "op", "barrier")}
 
 
-def coverage(root: Path = ROOT) -> list[dict[str, Any]]:
+def coverage(
+    root: Path = ROOT, runs: list[tuple[str, str, str]] | None = None
+) -> list[dict[str, Any]]:
     """One row per HANG scenario: the newest default-flags run of it (or None)."""
-    rows = measured_rows(root)
+    rows = measured_rows(root, runs)
     out = []
     for sc in hang_scenarios(root / "scenarios"):
         runs = rows.get(sc.id, [])
@@ -170,13 +176,15 @@ def crash_pair(root: Path = ROOT) -> dict[str, Any]:
     }
 
 
-def summary(cov: list[dict[str, Any]], root: Path = ROOT) -> dict[str, Any]:
+def summary(
+    cov: list[dict[str, Any]], root: Path = ROOT, runs: list[tuple[str, str, str]] | None = None
+) -> dict[str, Any]:
     done = [r for r in cov if r["measured"]]
     graded = [r for r in done if r["localization_ok"] is not None]
     bis = bisection_seconds(root)
     bisect_rows = [r for r in cov if r["localized_by"] == "bisect"]
     small = [r["added_s"] for r in done if (r["warps"] or 0) < BIG_GRID_WARPS]
-    every = [x for runs in measured_rows(root).values() for x in runs]
+    every = [x for rs in measured_rows(root, runs).values() for x in rs]
     big = [x for x in every if (x.get("warps") or 0) >= BIG_GRID_WARPS]
     return {
         "hang_scenarios": len(cov),
@@ -285,14 +293,28 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="write the rows and the summary here")
     ap.add_argument("--pending", action="store_true", help="only the scenarios not measured")
+    ap.add_argument(
+        "--add",
+        action="append",
+        default=[],
+        metavar="LABEL=ROWS.json",
+        help="a newer run's rows (gpu_coredump_table --json, default flags) after RUNS",
+    )
     args = ap.parse_args(argv)
-    cov = coverage()
+    runs = list(RUNS)
+    for a in args.add:
+        label, sep, path = a.partition("=")
+        if not sep or not label or not Path(path).is_file():
+            print(f"--add {a!r}: expected LABEL=PATH of a rows file", file=sys.stderr)
+            return 2
+        runs.append((label, str(Path(path).resolve()), "default"))
+    cov = coverage(runs=runs)
     if args.pending:
         for r in cov:
             if not r["measured"]:
                 print(r["scenario"])
         return 0
-    s = summary(cov)
+    s = summary(cov, runs=runs)
     print_report(cov, s)
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": cov, "summary": s}, indent=1, default=str))
