@@ -124,6 +124,7 @@ def test_a_newer_run_added_on_the_command_line_counts(tmp_path, capsys):
         {**old, "scenario": "field/quack_softmax/wrong_expect_tx_plus", "added_s": 2.5},
         {**old, "added_s": 0.9},  # sm90_gemm/early_exit_consumer again
         {"scenario": "field/fa4_bwd_sm90/wrong_expect_tx_plus", "skipped": "budget"},
+        {**old, "scenario": "minimal/oob_store", "verdict": "CRASH", "core": "X at minimal.py:64"},
     ]
     f = tmp_path / "rows.json"
     f.write_text(json.dumps(new_rows))
@@ -135,5 +136,9 @@ def test_a_newer_run_added_on_the_command_line_counts(tmp_path, capsys):
     rows = {r["scenario"]: r for r in C.coverage(runs=runs)}
     assert rows["sm90_gemm/early_exit_consumer"]["source"] == "next#1"
     assert rows["sm90_gemm/early_exit_consumer"]["added_s"] == 0.9
+    crashes = C.summary(list(rows.values()), runs=runs)["crash_rows"]
+    assert [(x["scenario"], x["source"], x["core"]) for x in crashes] == [
+        ("minimal/oob_store", "next#3", "X at minimal.py:64")
+    ]
     assert C.main(["--add", "no-equals-sign"]) == 2
     assert "LABEL=PATH" in capsys.readouterr().err

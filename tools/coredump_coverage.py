@@ -223,7 +223,13 @@ def summary(
         "healthy_after_every_dump": all(x.get("healthy") is True for x in every),
         "leftovers": sum(x.get("leftovers") or 0 for x in every),
         "crash": crash_pair(root),
-        "crash_scenarios": [sc.id for sc in crash_scenarios(root / "scenarios")],
+        "crash_scenarios": (crashes := [sc.id for sc in crash_scenarios(root / "scenarios")]),
+        # crash scenarios run through the integrated path (their core's faulting place)
+        "crash_rows": [
+            {k: x.get(k) for k in ("scenario", "source", "verdict", "core", "healthy")}
+            for x in every
+            if x["scenario"] in crashes and x["verdict"] == "CRASH"
+        ],
     }
 
 
@@ -285,8 +291,13 @@ def print_report(cov: list[dict[str, Any]], s: dict[str, Any]) -> None:
         f"{c['same_line']}"
     )
     print(
-        f"crash scenarios on {ARCH} ({len(s['crash_scenarios'])}): {', '.join(s['crash_scenarios'])}"
+        f"crash scenarios on {ARCH} ({len(s['crash_scenarios'])}): "
+        f"{', '.join(s['crash_scenarios'])}"
     )
+    for x in s["crash_rows"]:
+        print(f"  through --coredump: {x['scenario']} ({x['source']}): {x['verdict']}, {x['core']}")
+    if not s["crash_rows"]:
+        print("  through --coredump on the GPU: none yet")
 
 
 def main(argv: list[str] | None = None) -> int:
