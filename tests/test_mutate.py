@@ -383,6 +383,12 @@ def test_under_pytest_a_mutant_runs_only_the_test_that_traced_its_kernel(tmp_pat
         assert r["trace"]["test"] == f"{target}::{name}"
         log = (out / Path(r["report"]).parent / "command.log").read_text()
         assert "1 failed, 1 deselected" in log and f"FAILED {target}::{name}" in log, log
+        assert r["only_test"] == f"{target}::{name}"
+    # each item ran alone first, without a fault: the baseline of its mutants' times
+    alone = m["facts"]["alone_s"]
+    assert sorted(alone) == [f"{target}::test_first", f"{target}::test_second"]
+    assert all(s is not None and s > 0 for s in alone.values())
+    assert f"alone: {target}::test_first: PASS in" in text
     # --all-tests: the whole command per mutant (both items run; only the mutant's one fails)
     rc, text = mutate(
         "--all-tests",
@@ -395,9 +401,11 @@ def test_under_pytest_a_mutant_runs_only_the_test_that_traced_its_kernel(tmp_pat
         out=tmp_path / "w",
     )
     assert rc == 0, text
-    r = json.loads((tmp_path / "w" / "matrix.json").read_text())["mutants"][1]
+    w = json.loads((tmp_path / "w" / "matrix.json").read_text())
+    r = w["mutants"][1]
     log = (tmp_path / "w" / Path(r["report"]).parent / "command.log").read_text()
     assert "1 failed, 1 passed" in log and f"FAILED {target}::test_second" in log, log
+    assert "only_test" not in r and "alone_s" not in w["facts"]
 
 
 def test_the_selection_plugin_keeps_every_item_when_none_has_the_id(tmp_path):
@@ -459,3 +467,24 @@ def test_sigterm_stops_mutate_and_its_running_mutants_at_once(tmp_path):
     assert [
         k for k in kids if psutil.pid_exists(k) and psutil.Process(k).status() != "zombie"
     ] == []
+
+
+@pytest.mark.slow
+def test_an_item_that_fails_alone_gets_its_mutants_run_over_the_whole_command(tmp_path):
+    """test_second passes only after test_first: alone it FAILs, so a FAIL of its mutant alone
+    would say nothing about the fault: its mutants run the whole command (and still catch)."""
+    out = tmp_path / "m"
+    target = "tests/exec_targets/pytest_order.py"
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", target]
+    rc, text = mutate("--jobs", "2", "--faults", "wrong_expect_tx", "--", *argv, out=out)
+    assert rc == 0, text
+    m = json.loads((out / "matrix.json").read_text())
+    assert m["facts"]["alone_s"][f"{target}::test_second"] is None
+    assert m["facts"]["alone_s"][f"{target}::test_first"] > 0
+    assert "its mutants run the whole command" in text
+    by_id = {r["id"]: r for r in m["mutants"]}
+    first, second = by_id["t0.p0.wrong_expect_tx+16"], by_id["t1.p0.wrong_expect_tx+16"]
+    assert first["only_test"] == f"{target}::test_first" and "only_test" not in second
+    assert second["status"] == "CAUGHT" and second["fault_count"] == 1
+    log = (out / Path(second["report"]).parent / "command.log").read_text()
+    assert "1 failed, 1 passed" in log and f"FAILED {target}::test_second" in log, log

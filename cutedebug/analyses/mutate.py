@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -345,12 +345,34 @@ def only_test_env(test: str, env: dict[str, str]) -> dict[str, str]:
     return {"PYTEST_PLUGINS": ",".join(plugins), ONLY_TEST_ENV: test}
 
 
+def _folder(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)[:120]
+
+
+def run_alone(
+    test: str, clean: X.Settings, deadline_s: float, out: Path
+) -> tuple[str, X.ExecResult]:
+    """One test item of the command alone, without a fault: whether it passes by itself (else
+    its mutants run the whole command: a FAIL could be the missing earlier items' doing) and
+    its seconds, the baseline of its mutants' times."""
+    s = X.Settings(**{**vars(clean), "fault": None, "fault_args": {}, "record": False})
+    run_dir = out / "alone" / _folder(test)
+    s.deadline_s = deadline_s
+    s.extra_env = {**s.extra_env, "CUTE_DSL_DUMP_DIR": str(run_dir / "dsl_dump")}
+    s.extra_env.update(only_test_env(test, {**os.environ, **s.extra_env}))
+    (run_dir / "dsl_dump").mkdir(parents=True, exist_ok=True)
+    res = X.watch_command(s, run_dir)
+    if s.gpu_token:
+        release_gpu_token(Path(s.gpu_token), res.tag)
+    return test, res
+
+
 def run_mutant(
-    m: Mutant, clean: X.Settings, deadline_s: float, out: Path, *, whole: bool = False
+    m: Mutant, clean: X.Settings, deadline_s: float, out: Path, *, only_test: str | None = None
 ) -> tuple[MutantRecord, X.ExecResult]:
     """The command with this mutant's fault in its trace; its record and the run (whose report
-    the caller writes). Under pytest only the test item that traced the kernel runs (the
-    others cannot catch a fault in a kernel they do not trace), unless ``whole``."""
+    the caller writes). ``only_test``: under pytest, the one test item to run (the one that
+    traced the kernel: the others cannot catch a fault in a kernel they do not trace)."""
     s = X.Settings(
         **{
             **vars(clean),
@@ -365,13 +387,16 @@ def run_mutant(
     # The DSL names its dump files (KeepPTX, ...) after the traced function: mutants that run
     # at once must not read each other's.
     s.extra_env = {**s.extra_env, "CUTE_DSL_DUMP_DIR": str(run_dir / "dsl_dump")}
-    if m.trace.get("test") is not None and not whole:
-        s.extra_env.update(only_test_env(m.trace["test"], {**os.environ, **s.extra_env}))
+    if only_test is not None:
+        s.extra_env.update(only_test_env(only_test, {**os.environ, **s.extra_env}))
     (run_dir / "dsl_dump").mkdir(parents=True, exist_ok=True)
     res = X.watch_command(s, run_dir)
     if s.gpu_token:  # the mutant and everything it started are gone: the GPU is free
         release_gpu_token(Path(s.gpu_token), res.tag)
-    return mutant_record(m, res, out), res
+    record = mutant_record(m, res, out)
+    if only_test is not None:
+        record = replace(record, only_test=only_test)
+    return record, res
 
 
 def load_results(path: Path) -> dict[str, MutantRecord]:
@@ -446,15 +471,25 @@ def build_matrix(
     )
 
 
-def run_facts(clean: CleanReport, results: list[MutantRecord], wall_s: float) -> RunFacts:
+def run_facts(
+    clean: CleanReport,
+    results: list[MutantRecord],
+    wall_s: float,
+    alone_s: dict[str, float | None] | None = None,
+) -> RunFacts:
     """Leftover processes, GPU health after the kills, each mutant's time against the clean
-    run's (interpreter start + compile + run; a mutant may take 2 s more)."""
+    run of what it ran (interpreter start + compile + run; a mutant may take 2 s more): its one
+    test item alone (``alone_s``) or the whole command."""
     from cutedebug.engine import runner
 
     killed_gpu = [r for r in results if r.killed_by and r.used_gpu]
-    limit = clean.elapsed_s + 2.0
+
+    def limit(r: MutantRecord) -> float:
+        alone = (alone_s or {}).get(r.only_test) if isinstance(r.only_test, str) else None
+        return (alone if alone is not None else clean.elapsed_s) + 2.0
+
     # A mutant's own time: what it spent waiting for the GPU token is the others'.
-    over = [r.id for r in results if r.elapsed_s - r.gpu_wait_s > limit]
+    over = [r.id for r in results if r.elapsed_s - r.gpu_wait_s > limit(r)]
     return RunFacts(
         clean_s=clean.elapsed_s,
         wall_s=round(wall_s, 1),
@@ -463,4 +498,5 @@ def run_facts(clean: CleanReport, results: list[MutantRecord], wall_s: float) ->
         processes_left=sorted({p for r in results for p in r.left_pids}),
         gpu_health=runner.health_check() if killed_gpu else None,
         killed_on_gpu=len(killed_gpu),
+        **({"alone_s": alone_s} if alone_s is not None else {}),
     )

@@ -63,6 +63,7 @@ class MutantRecord(records.Record):
     left_pids: list[int] = later(default_factory=list)
     swept_pids: list[int]
     report: str  # its report.md, relative to OUT
+    only_test: str | Absent = ABSENT  # under pytest: the one test item it ran (else the command)
     lacked: frozenset[str] = records.absent_keys()
 
     @classmethod
@@ -142,6 +143,9 @@ class RunFacts(records.Record):
     processes_left: list[int]
     gpu_health: dict[str, Any] | None
     killed_on_gpu: int
+    # under pytest: each traced test item run alone without a fault (seconds; None: it did not
+    # pass alone, and its mutants ran the whole command): the baseline of its mutants' times
+    alone_s: dict[str, float | None] | Absent = ABSENT
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

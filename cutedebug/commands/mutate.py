@@ -48,10 +48,10 @@ from cutedebug.reporting.mutation_matrix import _score_text, facts_lines, surviv
 
 # ---- command line --------------------------------------------------------------------------------
 def run_and_report(
-    m: M.Mutant, clean: X.Settings, deadline_s: float, out: Path, whole: bool = False
+    m: M.Mutant, clean: X.Settings, deadline_s: float, out: Path, only_test: str | None = None
 ) -> M.MutantRecord:
     """One mutant: run it, write its report.md / report.json, return its record."""
-    record, res = M.run_mutant(m, clean, deadline_s, out, whole=whole)
+    record, res = M.run_mutant(m, clean, deadline_s, out, only_test=only_test)
     X.write_report(res, "PASS")
     return record
 
@@ -213,30 +213,45 @@ def cmd_mutate(args: argparse.Namespace) -> int:
     # Mutants compile at once; the GPU token lets one of them at a time run kernels.
     gpu_token = str(token) if clean.used_gpu and jobs > 1 else None
     clean_run = X.Settings(**{**vars(clean_s), "record": False, "gpu_token": gpu_token})
-    whole = args.all_tests
-    if jobs == 1:
-        for m in todo:
-            finished(run_and_report(m, clean_run, deadline, out, whole))
-    else:
-        pool = ThreadPoolExecutor(max_workers=jobs)
-        try:
-            futures = [
-                pool.submit(run_and_report, m, clean_run, deadline, out, whole) for m in todo
-            ]
-            for fut in as_completed(futures):
-                finished(fut.result())
-        except BaseException:
-            # Ctrl-C / SIGTERM reach this thread only: the mutants under way are killed by
-            # their own watchdogs (at their next poll), those not started never start, and
-            # none of them is recorded (``--resume`` runs them again)
-            CANCEL.set()
-            pool.shutdown(wait=True, cancel_futures=True)
-            raise
-        finally:
-            pool.shutdown(wait=True)
+    pool = ThreadPoolExecutor(max_workers=jobs)
+    try:
+        # Under pytest each test item that traced a kernel runs alone first, without a fault:
+        # its mutants run only that item when it passes alone (their times against its time)
+        tests = (
+            [] if args.all_tests else sorted({m.trace["test"] for m in todo if m.trace.get("test")})
+        )
+        alone_s: dict[str, float | None] | None = {} if tests else None
+        for fut in as_completed(
+            [pool.submit(M.run_alone, t, clean_run, deadline, out) for t in tests]
+        ):
+            test, res = fut.result()
+            ok = res.verdict.value == "PASS"
+            alone_s[test] = res.elapsed_s if ok else None
+            print(
+                f"alone: {test}: {res.verdict.value} in {res.elapsed_s} s"
+                + ("" if ok else " — its mutants run the whole command"),
+                flush=True,
+            )
+
+        def only(m: M.Mutant) -> str | None:
+            test = m.trace.get("test")
+            return test if alone_s and alone_s.get(test) is not None else None
+
+        futures = [pool.submit(run_and_report, m, clean_run, deadline, out, only(m)) for m in todo]
+        for fut in as_completed(futures):
+            finished(fut.result())
+    except BaseException:
+        # Ctrl-C / SIGTERM reach this thread only: the mutants under way are killed by their
+        # own watchdogs (at their next poll), those not started never start, and none of them
+        # is recorded (``--resume`` runs them again)
+        CANCEL.set()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    finally:
+        pool.shutdown(wait=True)
     m = replace(
         M.build_matrix(clean, traces, results, planned, command),
-        facts=M.run_facts(clean, results, time.monotonic() - t0),
+        facts=M.run_facts(clean, results, time.monotonic() - t0, alone_s),
     )
     write_matrix(out, m)
     print(_score_text(m.score) + f" ({time.monotonic() - t0:.1f} s)")

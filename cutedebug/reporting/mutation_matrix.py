@@ -151,10 +151,16 @@ def facts_lines(f: RunFacts) -> list[str]:
     if not f:
         return []
     health = f.gpu_health
+    alone = f.alone_s if isinstance(f.alone_s, dict) else {}
+    base = "clean + 2 s" if not alone else "the clean run of what it ran (its test alone) + 2 s"
     return [
         f"clean run {f.clean_s} s; slowest mutant {f.max_mutant_s} s; "
-        f"{len(f.over_clean_plus_2s)} mutant(s) over clean + 2 s"
+        f"{len(f.over_clean_plus_2s)} mutant(s) over {base}"
         + (f" ({', '.join(f.over_clean_plus_2s[:5])})" if f.over_clean_plus_2s else ""),
+        *(
+            f"alone: {t}: " + (f"{s} s" if s is not None else "did not pass alone (whole command)")
+            for t, s in alone.items()
+        ),
         f"processes of ours left: {len(f.processes_left)}"
         + (f" {f.processes_left}" if f.processes_left else ""),
         "GPU health after the kills: "
