@@ -246,6 +246,16 @@ STEPS = [
         "every GPU test on the final code, then the lifeline attacked on a real GPU hang",
     ),
     Step(
+        "pytest_gpu_only",
+        "18",
+        180,  # 2026-12-02 call5: 165.96 s for the 10 GPU tests
+        False,
+        # for a call short of device time when the lifeline's code did not change: the GPU
+        # tests alone, without pytest_gpu's attacks on a real GPU hang (tools/gpu_trust_check.py)
+        "python3 -m pytest -m gpu -q -p no:cacheprovider -rfEs --durations=15; echo rc=$?",
+        "every GPU test on the final code (without the lifeline attacks)",
+    ),
+    Step(
         "triage",
         "17,21,22,23",
         160,  # s4: 138 s (114 scenarios)
@@ -595,13 +605,14 @@ BY_NAME = {s.name: s for s in STEPS}
 # and coredump each close one issue; warm + bench finish #22 (with the triage); the field and
 # exec steps (#17, #19) carry the wheels and come last.
 PRIORITY = (  # after 2026-12-02's six calls (reports/2026-12-02-h200): what is left
-    "pytest_gpu",  # GPU code changed after call5 (4bc737a: the perturbation's CRASH collector)
+    "mutate_all",  # #19: the whole field test file, each mutant on its own test item
+    "pytest_gpu_only",  # GPU code changed (mutate's narrowing, 4bc737a), the lifeline did not
+    "pytest_gpu",
     "perturb",  # the whole latent set with 4bc737a: every perturbed CRASH a CRASH now?
     "sanitize_rest",  # fa4_bwd_sm90 under racecheck + memcheck; quack GEMM's caveat
     "warm",  # cold / warm with the in-worker health check, never measured on the H200
     "coredump_rest",  # #25's gaps by value (CORE_REST), <= 120 s
     "coredump",  # done: reports/2026-12-02-h200-s2/call2 (every own HANG scenario dumped)
-    "mutate_all",  # #19: the whole field test file
     "coredump_field",  # the field hangs from the core alone (the rest of them)
     "cold_bytecode",  # whether the device's cold imports are the bundle's missing bytecode
     "triage",
