@@ -347,6 +347,7 @@ class PerturbSeed(Payload):
     seed: int | None = None
     tag: str | None = None  # seed | shrink | shrunk
     rules: list[Json] | None = None
+    policy: Json | None = None  # the seed's own policy (the sanitizer's referee: one per seed)
 
 
 @kind("perturb_result")
@@ -377,11 +378,13 @@ class PerturbSummary(Payload):
     runs: int | None = None
     exposed_by: int | None = None
     exposing_outcome: str | None = None
+    exposing_policy: Json | None = None  # the exposing seed's policy (its replay's)
     exposing_rules: list[Json] | None = None
     described: list[str] | None = None
     nondeterministic: bool | None = None
     distinct_outputs: int | None = None
     digest_seeds: dict[str, int | None] | None = None
+    referee: Json | None = None  # the referee's schedules: runs per family, targets (words)
 
 
 # ---- printf-bisection (instrument/checkpoint.py) ------------------------------------------------

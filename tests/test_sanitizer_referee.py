@@ -58,6 +58,8 @@ def test_a_race_in_a_pipelined_kernel_shows_its_caveat(fake_sanitizer, tmp_path)
         SCEN / "clean.toml",
         "racecheck",
         tmp_path / "runs",
+        "--referee",
+        "0",
         expect="RACE",
         env={"FAKE_SANITIZER_EVENTS": json.dumps(events)},
     )
@@ -85,7 +87,7 @@ def test_a_race_without_mbarriers_has_no_caveat(fake_sanitizer, tmp_path):
     )
     assert "caveat" not in r.stdout
     _, md, res = tool_report(r, "racecheck")
-    assert res["caveat"] is None and "Caveat" not in md
+    assert res["caveat"] is None and "Caveat" not in md and res["referee"] is None
 
 
 def _field_compiled(name: str, tmp_path: Path):
@@ -128,3 +130,288 @@ def test_field_kernels_carry_their_pipelines(name, classes, tmp_path, monkeypatc
         assert all(os.path.basename(p["file"]) == "flash_bwd_sm90.py" for p in compiled.pipelines)
     caveat = mbarrier_caveat("RACE", compiled.pipelines, sites and sites.sites)
     assert caveat is not None and f"({len(classes)} pipeline(s))" in caveat
+
+
+# ---- the referee's schedules (engine/perturb_runs: referee_plans, drive) --------------------
+def _positions():
+    from cutedebug.instrument import perturb_plan as P
+
+    return [
+        P.Position(0, "producer", "create", "before", 0, "/k/k.py", 10),
+        P.Position(1, "producer", "producer_acquire", "after", 0, "/k/k.py", 20),
+        P.Position(2, "producer", "producer_commit", "after", 0, "/k/k.py", 22),
+        P.Position(3, "consumer", "consumer_wait", "after", 0, "/k/k.py", 30),
+        P.Position(4, "consumer", "consumer_release", "before", 0, "/k/k.py", 34),
+    ]
+
+
+def test_referee_plans_cycle_roles_targets_and_random():
+    from cutedebug.engine.perturb_runs import referee_plans
+
+    plans = referee_plans(_positions(), 12)
+    assert [s for s, _ in plans] == list(range(12))
+    got = [
+        (p.name, p.role, p.target, p.delay_us) for _, p in plans
+    ]  # round-robin over the four families, widest delays first
+    assert got[:8] == [
+        ("role", "producer", None, 50.0),
+        ("role", "consumer", None, 50.0),
+        ("targeted", None, 4, 200.0),  # before consumer_release first
+        ("random", None, None, None),
+        ("role", "producer", None, 200.0),
+        ("role", "consumer", None, 200.0),
+        ("targeted", None, 1, 200.0),  # then after producer_acquire
+        ("random", None, None, None),
+    ]
+    assert [p.target for _, p in plans if p.name == "targeted"] == [4, 1, 3]
+    # create is never a target (an init race is not the hand-off's window)
+    assert all(p.target != 0 for _, p in plans)
+    # a raw-mbarrier kernel (role "any"): targeted and random only
+    from cutedebug.instrument import perturb_plan as P
+
+    raw = [
+        P.Position(0, "any", "mbarrier_init", "before", None, "/k/r.py", 5),
+        P.Position(1, "any", "mbarrier_arrive", "before", None, "/k/r.py", 9),
+    ]
+    assert [(p.name, p.target) for _, p in referee_plans(raw, 3)] == [
+        ("targeted", 1),
+        ("random", None),
+        ("targeted", 1),
+    ]
+    assert referee_plans([], 8) == []
+
+
+def _drive_referee(spec, outcome_of):
+    import struct
+
+    from cutedebug.engine import perturb_runs as R
+
+    table, events = {}, []
+
+    def write(raw):
+        table["rows"] = [struct.unpack_from("<16i", raw, i * 64) for i in range(len(raw) // 64)]
+
+    def launch():
+        out = outcome_of(table["rows"])
+        return R.OneRun(out, [("checked", {"ok": out == "PASS", "digest": "d"})], "d")
+
+    R.drive(
+        R.spec_from_request(spec),
+        _positions(),
+        write,
+        launch,
+        lambda name, **f: events.append((name, f)),
+        ctas=4,
+        iterations=8,
+        deterministic=False,
+        warps=8,
+    )
+    return events
+
+
+def test_referee_drive_names_each_seeds_policy_and_the_exposing_one():
+    # the "race": shows only when the consumer's release is delayed by 100 us or more
+    def release_late(rows):
+        return "MISMATCH" if rows[4][0] >= 100_000 else "PASS"
+
+    spec = {"n": 16, "seed": 0, "referee": True, "policy": {"name": "random"}}
+    ev = _drive_referee(spec, release_late)
+    seeds = [f for n, f in ev if n == "perturb_seed"]
+    summary = dict(ev)["perturb_summary"]
+    # role consumer 50 us (seed 1) does not reach 100 us; the targeted 200 us (seed 2) does
+    assert [s["seed"] for s in seeds] == [0, 1, 2]
+    assert seeds[1]["policy"]["role"] == "consumer" and seeds[1]["policy"]["delay_us"] == 50.0
+    assert summary["exposed_by"] == 2 and summary["exposing_outcome"] == "MISMATCH"
+    pol = summary["exposing_policy"]
+    assert (pol["name"], pol["target"], pol["delay_us"]) == ("targeted", 4, 200.0)
+    assert summary["described"] == [
+        "a 200 us delay before consumer_release of pipeline 0 (k.py:34) (consumer) in every CTA"
+    ]
+    assert summary["referee"] == {
+        "runs": {"role producer": 1, "role consumer": 1, "targeted": 1},
+        "targets": ["before consumer_release of pipeline 0 (k.py:34)"],
+        "targets_total": 1,
+    }
+    # the replay the report prints (the seed under its own policy, as `cutedebug run` builds
+    # it from --replay / --policy / --perturb-target / --perturb-delay-us) gives the same rules
+    from cutedebug.analyses.sanitizer.referee import replay_args
+
+    args = replay_args(2, pol)
+    assert args == [
+        "--perturb", "1", "--replay", "2", "--policy", "targeted",
+        "--perturb-target", "4", "--perturb-delay-us", "200",
+    ]  # fmt: skip
+    replay = {"n": 1, "seed": 0, "replay": 2, "policy": {"name": "targeted", "target": 4,
+              "delay_us": 200.0}}  # fmt: skip
+    again = dict(_drive_referee(replay, release_late))["perturb_summary"]
+    assert again["exposing_rules"] == summary["exposing_rules"]
+    # and the referee's own replay of seed 2 (the rerun with probes after a hang) too
+    own = dict(_drive_referee({**spec, "replay": 2}, release_late))["perturb_summary"]
+    assert own["exposing_rules"] == summary["exposing_rules"] and own["runs"] == 1
+
+
+def test_referee_drive_all_matched_and_no_position():
+    spec = {"n": 8, "seed": 0, "referee": True, "policy": {"name": "random"}}
+    summary = dict(_drive_referee(spec, lambda rows: "PASS"))["perturb_summary"]
+    assert summary["runs"] == 8 and summary["exposed_by"] is None
+    assert summary["referee"]["runs"] == {
+        "role producer": 2,
+        "role consumer": 2,
+        "targeted": 2,
+        "random": 2,
+    }
+    from cutedebug.engine import perturb_runs as R
+
+    events = []
+    R.drive(
+        R.spec_from_request(spec),
+        [],
+        lambda raw: None,
+        lambda: R.OneRun("PASS", [("checked", {"ok": True})], "d"),
+        lambda name, **f: events.append((name, f)),
+        ctas=1,
+        iterations=None,
+        deterministic=False,
+    )
+    summary = dict(events)["perturb_summary"]
+    assert summary["runs"] == 1 and summary["referee"] is None  # one launch as it is
+
+
+# ---- the referee's verdict (analyses/sanitizer/referee.judge) ------------------------------
+def test_referee_judge_table():
+    from cutedebug.analyses.sanitizer.referee import judge
+
+    ran = {"positions": 14, "runs": 32, "exposed_by": None}
+    out, why = judge("PASS", "output matches", ran, 32)
+    assert out == "UNCONFIRMED" and why.startswith("all 32 perturbed run(s) matched")
+    assert "neither shown nor ruled out" in why
+    hit = {"positions": 14, "runs": 7, "exposed_by": 6, "exposing_outcome": "MISMATCH"}
+    out, why = judge("MISMATCH", "max error 3", hit, 32)
+    assert (out, why) == (
+        "CONFIRMED",
+        "perturbed run 7 of 32 (seed 6) gave MISMATCH (MISMATCH): the hazard's order is not "
+        "enforced",
+    )
+    killed = {"positions": 14, "runs": 3, "exposed_by": 2, "killed_during": "seed"}
+    assert judge("HANG", "killed", killed, 32)[0] == "CONFIRMED"
+    out, why = judge("UNSUPPORTED", "execution skipped: no GPU", {}, 32)
+    assert out == "NOT_RUN" and "no GPU" in why
+    out, why = judge("PASS", "ok", {"positions": 0, "runs": 1}, 32)
+    assert out == "NOT_RUN" and "no delay position" in why
+    out, why = judge("HARNESS_ERROR", "ours", {"positions": 3, "runs": 1}, 32)
+    assert out == "NOT_RUN" and why.endswith("ours")
+
+
+# ---- `cutedebug sanitize` with the referee, end to end ---------------------------------------
+def _perturbed_result(outcome_of, verdict):
+    """What runner.run_scenario gives for the referee's perturbed run: the evidence built by
+    the engine (perturb_runs.evidence) from the events drive() emits over a fake launch."""
+    from types import SimpleNamespace
+
+    from cutedebug.engine import perturb_runs as R
+    from cutedebug.engine import verdict as V
+
+    spec = {"n": 32, "seed": 0, "referee": True, "policy": {"name": "random"}}
+    o = V.Outcome(returncode=0)
+    o.add({"t": 0.0, "event": "compiled"})
+    for i, (name, fields) in enumerate(_drive_referee(spec, outcome_of)):
+        o.add({"t": float(i + 1), "event": name, **fields})
+    return SimpleNamespace(
+        verdict=V.Verdict(verdict), reason="from the fake run", evidence=R.evidence(o)
+    )
+
+
+@pytest.mark.parametrize("confirmed", [True, False])
+def test_sanitize_referees_a_caveated_race(
+    fake_sanitizer, tmp_path, monkeypatch, capsys, confirmed
+):
+    from cutedebug.commands.cli import main
+    from cutedebug.engine import runner
+
+    def release_late(rows):
+        return "MISMATCH" if confirmed and rows[4][0] >= 100_000 else "PASS"
+
+    asked = []
+
+    def run_scenario(sc, *, run_dir, perturb, **kw):
+        asked.append((sc.id, perturb, kw))
+        return _perturbed_result(release_late, "MISMATCH" if confirmed else "PASS")
+
+    monkeypatch.setattr(runner, "run_scenario", run_scenario)
+    events = {"compiled": {"pipelines": FA4_BWD_PIPELINES}}
+    for k, v in {
+        "COMPUTE_SANITIZER": str(fake_sanitizer),
+        "FAKE_SANITIZER_CASE": "racecheck_raw",
+        "FAKE_SANITIZER_MODE": "simulate",
+        "FAKE_SANITIZER_EVENTS": json.dumps(events),
+    }.items():
+        monkeypatch.setenv(k, v)
+    scen = str(SCEN / "clean.toml")
+    rc = main(["sanitize", scen, "--tool", "racecheck", "--no-plain", "--expect", "RACE",
+               "--referee", "32", "--runs-dir", str(tmp_path)])  # fmt: skip
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    ((sid, spec, _),) = asked  # one referee run: 32 schedules after one compile
+    assert sid == "minimal/clean" and spec["n"] == 32 and spec["referee"] is True
+    lines = out.splitlines()
+    md = Path(next(ln for ln in lines if ln.startswith("report: ")).split(": ", 1)[1])
+    res = json.loads((md.parent / "sanitize.json").read_text())["tools"]["racecheck"]
+    ref = res["referee"]
+    assert res["verdict"] == "RACE"  # the class is kept either way
+    if confirmed:
+        assert lines[0].startswith("racecheck: RACE — RAW_HAZARD at race_smem.py:28")
+        assert (ref["outcome"], ref["exposed_by"], ref["runs"]) == ("CONFIRMED", 2, 3)
+        replay = (
+            f"cutedebug run {scen} --perturb 1 --replay 2 --policy targeted "
+            "--perturb-target 4 --perturb-delay-us 200"
+        )
+        assert ref["replay"] == replay
+        assert lines[2] == (
+            "  referee: CONFIRMED — perturbed run 3 of 32 (seed 2) gave MISMATCH (MISMATCH): "
+            "the hazard's order is not enforced; a 200 us delay before consumer_release of "
+            f"pipeline 0 (k.py:34) (consumer) in every CTA; replay: {replay}"
+        )
+        assert "**racecheck → RACE (CONFIRMED by a perturbed run)**" in md.read_text()
+        assert "**Referee: CONFIRMED**" in md.read_text()
+    else:
+        assert (ref["outcome"], ref["exposed_by"], ref["replay"]) == ("UNCONFIRMED", None, None)
+        assert ref["schedules"] == {
+            "role producer": 8,
+            "role consumer": 8,
+            "targeted": 8,
+            "random": 8,
+        }
+        assert lines[2].startswith(
+            "  referee: UNCONFIRMED — all 32 perturbed run(s) matched the reference; racecheck "
+            "does not credit mbarrier ordering"
+        )
+        assert lines[2].endswith(
+            "(schedules: 8 role producer, 8 role consumer, 8 targeted (at 4 position(s)), 8 random)"
+        )
+        text = md.read_text()
+        assert "**racecheck → RACE (UNCONFIRMED: 32 perturbed runs matched)**" in text
+        assert "CLEAN" not in text.split("## compute-sanitizer")[0]
+
+
+def test_sanitize_referee_without_a_gpu_is_not_run(fake_sanitizer, tmp_path):
+    """The real referee run on this CPU machine: the worker compiles the kernel with the delay
+    positions, cannot launch it, and the referee says it was not run, and why."""
+    events = {"compiled": {"pipelines": FA4_BWD_PIPELINES}}
+    r = sanitize_tool(
+        fake_sanitizer,
+        "racecheck_raw",
+        "simulate",
+        SCEN / "clean.toml",
+        "racecheck",
+        tmp_path / "runs",
+        "--referee",
+        "4",
+        expect="RACE",
+        env={"FAKE_SANITIZER_EVENTS": json.dumps(events)},
+    )
+    _, md, res = tool_report(r, "racecheck")
+    ref = res["referee"]
+    assert (ref["outcome"], ref["run_verdict"], ref["asked"]) == ("NOT_RUN", "UNSUPPORTED", 4)
+    assert ref["reason"].startswith("no perturbed run was made: UNSUPPORTED: execution skipped")
+    assert "racecheck → RACE (not refereed)" in md
+    assert r.stdout.splitlines()[2].startswith("  referee: NOT_RUN — no perturbed run was made")

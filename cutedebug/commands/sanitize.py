@@ -20,6 +20,8 @@ from typing import Any
 from cutedebug.analyses.sanitizer.attribution import attribute
 from cutedebug.analyses.sanitizer.findings import PARSE_FAILURE, Finding, source_line
 from cutedebug.analyses.sanitizer.parse import analyze
+from cutedebug.analyses.sanitizer.referee import DEFAULT_RUNS as DEFAULT_REFEREE_RUNS
+from cutedebug.analyses.sanitizer.referee import referee
 from cutedebug.analyses.sanitizer.result import (
     KernelSeconds,
     PlainRun,
@@ -30,13 +32,18 @@ from cutedebug.analyses.sanitizer.result import (
 from cutedebug.analyses.sanitizer.shrink import ShrinkResult, shrink
 from cutedebug.analyses.sanitizer.tool import (
     DEFAULT_PRINT_LIMIT,
-    ERROR_EXITCODE,
     TOOLS,
     build_command,
     child_env,
     find_sanitizer,
 )
-from cutedebug.analyses.sanitizer.triage import CLEAN, filter_noise, group, mbarrier_caveat
+from cutedebug.analyses.sanitizer.triage import (
+    CLEAN,
+    filter_noise,
+    group,
+    mbarrier_caveat,
+    tool_verdict,
+)
 from cutedebug.commands import exits
 from cutedebug.engine.limits import limit_arg
 from cutedebug.engine.verdict import values
@@ -44,6 +51,7 @@ from cutedebug.event_kinds import Compiled, Launched, ProtocolSites, Synced
 from cutedebug.records import ABSENT, present
 from cutedebug.reporting.files import write_text
 from cutedebug.reporting.sanitize import (
+    referee_line,
     render_summary_markdown,
     secs,
     top_line,
@@ -97,56 +105,6 @@ def shrinkable_params(kernel_file: str | os.PathLike, entry: str) -> tuple[str, 
                     if isinstance(value, (tuple, list)):
                         return tuple(v for v in value if isinstance(v, str))
     return ()
-
-
-def tool_verdict(
-    sanitizer_class: str,
-    kernel_verdict: str,
-    kernel_reason: str,
-    *,
-    launched: bool,
-    synced: bool,
-    killed: str | None,
-    exit_code: int | None,
-    records: int,
-    other_records: int = 0,
-) -> tuple[str, str]:
-    """(verdict, reason) of one sanitized run, from what the sanitizer and the worker said.
-
-    CLEAN needs positive evidence: the kernel was launched, finished, and the sanitizer's
-    output was read. A run whose kernel never ran says what the worker said (UNSUPPORTED,
-    COMPILE_ERROR, ...), never CLEAN. ``records``: the kernel under test's; ``other_records``:
-    other kernels' of the process (they explain the tool's error exit code, never the verdict).
-    """
-    if killed:
-        return kernel_verdict, (
-            f"the sanitized run was killed by the watchdog ({killed}): {kernel_reason}"
-        )
-    if not launched:
-        why = f"the kernel never ran under the sanitizer: {kernel_reason}"
-        if records:
-            why += (
-                f"; the sanitizer output holds {records} record(s) that cannot come from "
-                "this kernel's launch (kept in the report, not used for the verdict)"
-            )
-        return kernel_verdict, why
-    if sanitizer_class in FINDING_VERDICTS:
-        return sanitizer_class, "findings below"
-    if sanitizer_class == "UNREADABLE":
-        return "UNREADABLE", "the sanitizer's output could not be read (see PARSE_FAILURE)"
-    if exit_code == ERROR_EXITCODE and not records and not other_records:
-        return "UNREADABLE", (
-            f"the sanitizer exited with its error code {ERROR_EXITCODE} but no record was read"
-        )
-    if not synced:
-        return kernel_verdict, (
-            f"the kernel failed and the sanitizer named no cause: {kernel_reason}"
-        )
-    if sanitizer_class != CLEAN:
-        return sanitizer_class, "unfiltered findings below"
-    return CLEAN, (
-        f"no findings after noise filtering; the kernel ran to completion ({kernel_verdict})"
-    )
 
 
 @dataclass
@@ -276,6 +234,7 @@ def run_tool(
         ),
         reproduce_cutedebug=reproduce or ABSENT,
         caveat=caveat,
+        referee=None,  # set by sanitize_scenario when the caveat applies
     )
     return ToolRun(tool, result, list(findings), outcome.elapsed_s)
 
@@ -358,8 +317,11 @@ def sanitize_scenario(
     reproduce: str = "",
     tma_filter: bool = True,
     on_tool: Callable[[ToolResult], None] | None = None,
+    referee_runs: int = DEFAULT_REFEREE_RUNS,
+    referee_target: Sequence[str] | None = None,
 ) -> SanitizeSummary:
-    """Plain run (for the slowdown), then one sanitized run per tool, then optional shrink."""
+    """Plain run (for the slowdown), then one sanitized run per tool (a caveated RACE then
+    refereed by ``referee_runs`` perturbed runs), then optional shrink."""
     run_dir = Path(run_dir).resolve()
     plain_info = plain_run(scenario, run_dir / "plain") if plain else None
     run_kw = {
@@ -373,6 +335,9 @@ def sanitize_scenario(
     runs: list[ToolRun] = []
     for tool in tools:
         tr = run_tool(scenario, tool, run_dir / tool, reproduce=reproduce, **run_kw)
+        if tr.result.caveat and referee_runs:
+            ref = referee(scenario, referee_runs, run_dir / "referee", referee_target)
+            tr.result = replace(tr.result, referee=ref)
         runs.append(tr)
         if on_tool is not None:
             on_tool(tr.result)
@@ -444,7 +409,20 @@ def _command_line(args: Any) -> str:
         parts.append("--shrink")
     if not args.tma_filter:
         parts.append("--no-tma-filter")
+    if args.referee != DEFAULT_REFEREE_RUNS:
+        parts += ["--referee", str(args.referee)]
     return shlex.join(parts)
+
+
+def _run_target(args: Any, sc: Any) -> list[str]:
+    """The `cutedebug run` arguments of the same kernel and parameters (a referee's replay)."""
+    if not args.param:
+        return [args.scenario]
+    out = [f"{sc.kernel_file}:{sc.kernel_entry}"]
+    for k, v in sc.params.items():
+        out += ["--param", f"{k}={v}"]
+    fault = ",".join(f"{k}={v}" for k, v in sc.fault_args.items())
+    return out + (["--fault", f"{sc.fault}:{fault}" if fault else sc.fault] if sc.fault else [])
 
 
 def cmd_sanitize(args: Any) -> int:
@@ -490,6 +468,8 @@ def cmd_sanitize(args: Any) -> int:
         print(f"{r.tool}: {r.verdict} — {top_line(r)} ({secs(r.sanitizer_seconds)})")
         if present(r.caveat):
             print(f"  caveat: {r.caveat}")
+        if ref := present(r.referee):
+            print(f"  {referee_line(ref)}")
         sys.stdout.flush()
 
     summary = sanitize_scenario(
@@ -506,6 +486,8 @@ def cmd_sanitize(args: Any) -> int:
         reproduce=_command_line(args),
         tma_filter=args.tma_filter,
         on_tool=progress,
+        referee_runs=args.referee,
+        referee_target=_run_target(args, sc),
     )
     plain = summary.plain
     ok, verdict_line = judge(
@@ -582,6 +564,15 @@ def add_parser(subparsers: Any) -> Any:
         dest="tma_filter",
         action="store_false",
         help="keep racecheck hazards that touch a bulk async (TMA) copy line",
+    )
+    p.add_argument(
+        "--referee",
+        type=limit_arg("referee"),
+        default=DEFAULT_REFEREE_RUNS,
+        metavar="N",
+        help="a racecheck RACE in a kernel that orders shared memory by mbarriers (which "
+        "racecheck does not credit) is refereed by N perturbed runs without the sanitizer: "
+        f"CONFIRMED when one fails, else UNCONFIRMED (default {DEFAULT_REFEREE_RUNS}; 0: off)",
     )
     p.add_argument("--sanitizer", help="path of compute-sanitizer (default: search)")
     p.add_argument(

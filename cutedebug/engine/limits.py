@@ -32,6 +32,7 @@ LIMIT_RANGES: dict[str, tuple[type, float, float]] = {
     "shrink_max_runs": (int, 1, 1000),
     "print_limit": (int, 1, 1_000_000),
     "racecheck_deadlock_timeout": (int, 1, 3600),
+    "referee": (int, 0, 4096),  # sanitize: perturbed runs of a caveated RACE (0: none)
     "min_score": (float, 0, 1),  # mutate: a fraction, 0 allowed
 }
 

@@ -77,18 +77,34 @@ def drive(
 
     def run_rules(rules: list[P.Rule], seed: int | None, tag: str) -> OneRun:
         write_table(P.table_bytes(rules, len(positions)))
-        emit("perturb_seed", seed=seed, tag=tag, rules=[r.to_json() for r in rules])
+        rows = [r.to_json() for r in rules]
+        if seed in policies:  # a referee's seed names its own policy (what its replay needs)
+            emit("perturb_seed", seed=seed, tag=tag, rules=rows, policy=policies[seed].to_json())
+        else:
+            emit("perturb_seed", seed=seed, tag=tag, rules=rows)
         res = launch()
         emit("perturb_result", seed=seed, tag=tag, outcome=res.outcome, digest=res.digest)
         return res
 
+    policies: dict[int | None, P.Policy] = {}  # a referee's plans each have their own
     if spec.get("rules") is not None:  # replay of an explicit rule set
         plans = [(spec.get("seed"), [P.Rule.from_json(r) for r in spec["rules"]])]
     else:
         seeds = spec.get("seeds") or []
+        if spec.get("referee"):  # seed i is the referee's plan i (a replay: that plan alone)
+            every = dict(referee_plans(positions, max(seeds, default=-1) + 1))
+            policies = {s: every[s] for s in seeds if s in every}
         plans = [
-            (s, P.rules_for(policy, s, positions, ctas, iterations, warps, cluster)) for s in seeds
+            (
+                s,
+                P.rules_for(
+                    policies.get(s, policy), s, positions, ctas, iterations, warps, cluster
+                ),
+            )
+            for s in (list(policies) if spec.get("referee") else seeds)
         ]
+    if spec.get("referee") and not plans:  # no position: one launch as it is, said so
+        plans = [(0, [])]
     for _, rules in plans:  # every plan checked before the first launch: a bad one runs none
         P.validate_rules(rules)
         P.table_bytes(rules, len(positions))
@@ -154,6 +170,10 @@ def drive(
         runs=runs,
         exposed_by=exposing[0] if exposing is not None else None,
         exposing_outcome=exposing[2].outcome if exposing is not None else None,
+        exposing_policy=(
+            (policies.get(exposing[0]) or policy).to_json() if exposing is not None else None
+        ),
+        referee=referee_summary(policies, runs, by_id) if policies else None,
         exposing_rules=[r.to_json() for r in exposing[1]] if exposing is not None else None,
         described=[r.describe(by_id) for r in exposing[1]] if exposing is not None else None,
         nondeterministic=nondeterministic,
@@ -162,6 +182,74 @@ def drive(
     )
     for name, fields in reported.events if reported is not None else []:
         emit(name, **fields)
+
+
+# ---- the sanitizer's referee (analyses/sanitizer/referee.py) ---------------------------------
+# The schedules that widen the window between a shared-memory hazard's two sides in a kernel
+# ordered by mbarriers: each role slower throughout (a consumer that reads late against the
+# producer's next write; a producer that writes late against consumers that read early), one
+# protocol position at a time (a delay after producer_acquire, after consumer_wait, before
+# consumer_release, after a raw wait, before a raw arrive), and random subsets. Delays run from
+# large to small: a hand-off that is not ordered shows at the widest window first.
+REFEREE_ROLE_US = (50.0, 200.0, 10.0, 2.0)
+REFEREE_TARGET_US = (200.0, 50.0, 1000.0, 10.0)
+# target order: the ops whose window is the hand-off's own first
+REFEREE_TARGET_OPS = (
+    ("consumer_release", "before"),
+    ("producer_acquire", "after"),
+    ("consumer_wait", "after"),
+    ("mbarrier_wait", "after"),
+    ("mbarrier_try_wait", "after"),
+    ("mbarrier_arrive", "before"),
+    ("mbarrier_arrive_and_expect_tx", "before"),
+    ("producer_commit", "after"),
+)
+
+
+def referee_plans(positions: list[P.Position], n: int) -> list[tuple[int, P.Policy]]:
+    """``n`` (seed, policy) pairs, round-robin over the schedule families this kernel has (a
+    role without positions, or no target position, is left out); each pair replays alone as
+    ``--replay SEED`` under its policy. Seeds are 0..n-1."""
+    roles = {p.role for p in positions}
+    rank = {op: i for i, op in enumerate(REFEREE_TARGET_OPS)}
+    targets = sorted(
+        (p for p in positions if (p.op, p.where) in rank),
+        key=lambda p: (rank[(p.op, p.where)], p.id),
+    )
+    families: list[str] = [r for r in ("producer", "consumer") if r in roles]
+    families += ["targeted"] * bool(targets) + ["random"] * bool(positions)
+    out: list[tuple[int, P.Policy]] = []
+    turns: dict[str, int] = {}
+    for seed in range(n if families else 0):
+        fam = families[seed % len(families)]
+        k = turns[fam] = turns.get(fam, -1) + 1
+        if fam == "targeted":
+            # every target once at the widest delay, then again at the next one
+            pos, us = targets[k % len(targets)], REFEREE_TARGET_US[k // len(targets) % 4]
+            out.append((seed, P.Policy("targeted", target=pos.id, delay_us=us)))
+        elif fam == "random":
+            out.append((seed, P.Policy("random")))
+        else:
+            us = REFEREE_ROLE_US[k % len(REFEREE_ROLE_US)]
+            out.append((seed, P.Policy("role", role=fam, delay_us=us)))
+    return out
+
+
+def referee_summary(
+    policies: dict[int | None, P.Policy], runs: int, by_id: dict[int, P.Position]
+) -> dict[str, Any]:
+    """What the referee's launches tried, in words: runs per family and the targets."""
+    tried = [policies[s] for s in list(policies)[:runs]]
+    per: dict[str, int] = {}
+    for pol in tried:
+        name = f"role {pol.role}" if pol.name == "role" else pol.name
+        per[name] = per.get(name, 0) + 1
+    targets = []
+    for pol in tried:
+        pos = by_id.get(pol.target) if pol.name == "targeted" else None
+        if pos is not None and pos.label not in targets:
+            targets.append(pos.label)
+    return {"runs": per, "targets": targets[:16], "targets_total": len(targets)}
 
 
 class _ContextLost(Exception):
@@ -257,6 +345,8 @@ def evidence(o: Any) -> dict[str, Any]:
             exposing_rules=last.rules,
             runs=len(seeds),
         )
+        if last.policy is not None:  # a referee's seed: its own policy
+            out["perturbation"]["exposing_policy"] = last.policy
     shrunk = o.last(PerturbShrunk)
     if shrunk is not None:
         out["perturbation"]["shrunk"] = shrunk.to_json()

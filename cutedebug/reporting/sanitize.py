@@ -6,9 +6,16 @@ escaped."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 
+from cutedebug.analyses.sanitizer.referee import (
+    CONFIRMED,
+    UNCONFIRMED,
+    RefereeResult,
+    schedule_words,
+)
 from cutedebug.analyses.sanitizer.result import SanitizeSummary, ToolResult
 from cutedebug.analyses.sanitizer.triage import (
     CLEAN,
@@ -54,6 +61,8 @@ def render_markdown(result: ToolResult) -> str:
         out.append(tldr + (f": {md_code(src)}" if src else "") + ".")
         if caveat := present(result.caveat):
             out += ["", f"**Caveat:** {md_text(caveat)}.", ""]
+        if ref := present(result.referee):
+            out += referee_markdown(ref)
         more = len(groups) - 1
         if more:
             out.append(f"{more} more distinct finding(s) below.")
@@ -145,6 +154,56 @@ def render_markdown(result: ToolResult) -> str:
     return "\n".join(out) + "\n"
 
 
+def verdict_label(result: ToolResult) -> str:
+    """The verdict with the referee's outcome: ``RACE (UNCONFIRMED by 32 perturbed runs)``."""
+    ref = present(result.referee)
+    if ref is None:
+        return result.verdict
+    if ref.outcome == CONFIRMED:
+        return f"{result.verdict} (CONFIRMED by a perturbed run)"
+    if ref.outcome == UNCONFIRMED:
+        return f"{result.verdict} (UNCONFIRMED: {ref.runs} perturbed runs matched)"
+    return f"{result.verdict} (not refereed)"
+
+
+def referee_line(ref: RefereeResult) -> str:
+    """The referee in one terminal line (its replay command when it confirmed the race)."""
+    line = f"referee: {ref.outcome} — {ref.reason}"
+    if ref.outcome == CONFIRMED and ref.described:
+        line += "; " + "; ".join(ref.described[:3])
+    if ref.outcome == UNCONFIRMED:
+        line += f" (schedules: {schedule_words(ref.schedules, len(ref.targets))})"
+    if ref.replay:
+        line += f"; replay: {ref.replay}"
+    return line
+
+
+def referee_markdown(ref: RefereeResult) -> list[str]:
+    """The referee's paragraph of a tool's report."""
+    out = [f"**Referee: {md_text(ref.outcome)}** — {md_text(ref.reason)}."]
+    out.append(
+        f"Perturbed runs without the sanitizer, after one compile: {ref.runs} of {ref.asked} "
+        f"made, over {ref.positions if ref.positions is not None else '?'} delay position(s); "
+        f"schedules: {md_text(schedule_words(ref.schedules, len(ref.targets)))}; the run's "
+        f"verdict {md_text(ref.run_verdict)}."
+    )
+    if ref.outcome == CONFIRMED:
+        pol = ref.policy or {}
+        out.append(f"Seed {ref.exposed_by}, policy {md_code(json.dumps(pol, sort_keys=True))}:")
+        out += [f"- {md_text(d)}" for d in ref.described]
+    if ref.targets:
+        out.append("Positions delayed one at a time: " + md_text("; ".join(ref.targets)) + ".")
+    if ref.replay:
+        out.append(f"Replay: {md_code(ref.replay)}")
+    out.append(f"Run directory: {md_code(ref.run_dir)}")
+    para: list[str] = []
+    for ln in out:  # each sentence its own paragraph, the delays one list
+        if not (ln.startswith("- ") and para and para[-1].startswith(("- ", "Seed "))):
+            para.append("")
+        para.append(ln)
+    return [*para, ""]
+
+
 def secs(s: float | None) -> str:
     return f"{s:.1f} s" if isinstance(s, (int, float)) else "? s"
 
@@ -200,7 +259,7 @@ def render_summary_markdown(summary: SanitizeSummary, verdict_line: str) -> str:
     for tool, r in tools.items():
         caveat = " (caveat: the kernel orders shared memory by mbarriers; see below)"
         out.append(
-            f"- **{md_text(tool)} → {md_text(r.verdict)}**: {top_line(r, md=True)}"
+            f"- **{md_text(tool)} → {md_text(verdict_label(r))}**: {top_line(r, md=True)}"
             + (md_text(caveat) if present(r.caveat) else "")
         )
     out += ["", md_text(verdict_line[0].upper() + verdict_line[1:]) + "."]

@@ -11,6 +11,7 @@ from typing import Any
 from cutedebug import records
 from cutedebug.analyses.sanitizer.attribution import OtherKernel, attribute, other_kernels
 from cutedebug.analyses.sanitizer.findings import Finding, source_line
+from cutedebug.analyses.sanitizer.referee import RefereeResult
 from cutedebug.analyses.sanitizer.shrink import ShrinkResult
 from cutedebug.analyses.sanitizer.triage import Group, GroupRecord, classify, filter_noise, group
 from cutedebug.engine.verdict import sanitize_verdict
@@ -76,6 +77,8 @@ class ToolResult(records.Record):
     reproduce_cutedebug: str | Absent = ABSENT  # the cutedebug command line, when given
     # what the tool cannot tell about its verdict in this kernel (triage.mbarrier_caveat)
     caveat: str | None | Absent = ABSENT
+    # perturbed runs that confirm the caveated RACE or leave it unconfirmed (referee.py)
+    referee: RefereeResult | None | Absent = ABSENT
 
     @classmethod
     def from_json(cls, data: Any, where: str = "") -> ToolResult:

@@ -28,7 +28,8 @@ from cutedebug.analyses.sanitizer.findings import (
     Triple,
     source_line,
 )
-from cutedebug.engine.verdict import SanitizerClass
+from cutedebug.analyses.sanitizer.tool import ERROR_EXITCODE
+from cutedebug.engine.verdict import SanitizerClass, values
 from cutedebug.records import ABSENT, Absent
 
 # ---- run classes (closed set) ------------------------------------------------------------
@@ -82,8 +83,8 @@ MBARRIER_CAVEAT = (
     "102 WAR hazards, its sync_threads control none: tools/sanitizer_samples/"
     "mbarrier_handoff.py), and this kernel hands shared memory between threads through "
     "mbarriers ({how}): these hazards may be that hand-off, not a race; racecheck cannot tell "
-    "them apart. `cutedebug run --perturb 32` on the same scenario delays each side and "
-    "reports whether the output changes"
+    "them apart. The referee (`cutedebug sanitize --referee N`, on by default) runs the "
+    "kernel under N perturbed schedules and says whether one of them changes the output"
 )
 NOISE_ANALYSIS_DUP = "racecheck analysis record summarising hazards already reported one by one"
 
@@ -304,3 +305,57 @@ def mbarrier_caveat(
     else:
         return None
     return MBARRIER_CAVEAT.format(how=how)
+
+
+# ---- the verdict of one sanitized run -----------------------------------------------------
+FINDING_VERDICTS = values(lambda v: v.is_sanitizer_finding)
+
+
+def tool_verdict(
+    sanitizer_class: str,
+    kernel_verdict: str,
+    kernel_reason: str,
+    *,
+    launched: bool,
+    synced: bool,
+    killed: str | None,
+    exit_code: int | None,
+    records: int,
+    other_records: int = 0,
+) -> tuple[str, str]:
+    """(verdict, reason) of one sanitized run, from what the sanitizer and the worker said.
+
+    CLEAN needs positive evidence: the kernel was launched, finished, and the sanitizer's
+    output was read. A run whose kernel never ran says what the worker said (UNSUPPORTED,
+    COMPILE_ERROR, ...), never CLEAN. ``records``: the kernel under test's; ``other_records``:
+    other kernels' of the process (they explain the tool's error exit code, never the verdict).
+    """
+    if killed:
+        return kernel_verdict, (
+            f"the sanitized run was killed by the watchdog ({killed}): {kernel_reason}"
+        )
+    if not launched:
+        why = f"the kernel never ran under the sanitizer: {kernel_reason}"
+        if records:
+            why += (
+                f"; the sanitizer output holds {records} record(s) that cannot come from "
+                "this kernel's launch (kept in the report, not used for the verdict)"
+            )
+        return kernel_verdict, why
+    if sanitizer_class in FINDING_VERDICTS:
+        return sanitizer_class, "findings below"
+    if sanitizer_class == "UNREADABLE":
+        return "UNREADABLE", "the sanitizer's output could not be read (see PARSE_FAILURE)"
+    if exit_code == ERROR_EXITCODE and not records and not other_records:
+        return "UNREADABLE", (
+            f"the sanitizer exited with its error code {ERROR_EXITCODE} but no record was read"
+        )
+    if not synced:
+        return kernel_verdict, (
+            f"the kernel failed and the sanitizer named no cause: {kernel_reason}"
+        )
+    if sanitizer_class != CLEAN:
+        return sanitizer_class, "unfiltered findings below"
+    return CLEAN, (
+        f"no findings after noise filtering; the kernel ran to completion ({kernel_verdict})"
+    )
