@@ -466,6 +466,27 @@ STEPS = [
         "and dump facts per row",
     ),
     Step(
+        "coredump_sizes",
+        "25",
+        40,  # 3 x (compile ~1 s, 1 s deadline, dump + reading ~3-7 s, health), a fork server
+        False,
+        # where the <= 5 s target stops holding: minimal/spin_hang with 2,112 / 4,224 / 6,336
+        # resident warps (528 / 1,056 / 1,584 CTAs of 4 warps, n = 128 x CTAs); measured so far
+        # only at 8-144 warps (+1.0-4.2 s) and 8,448 (+9.2 s), ~5 s predicted near 3,800 by a
+        # straight line through them. Variants made here (var/ at the repository root, so
+        # their ../../kernels path holds), not in the matrix.
+        "mkdir -p var/minimal; for n in 67584 135168 202752; do "
+        f'sed "s#^id = \\"minimal/spin_hang\\"#id = \\"minimal/spin_hang_n$n\\"#" '
+        f"{S}/minimal/spin_hang.toml > var/minimal/spin_hang_n$n.toml; "
+        'printf "\\n[params]\\nn = %s\\n" $n >> var/minimal/spin_hang_n$n.toml; done; '
+        'grep -h -E "^(id|n) =" var/minimal/*.toml; '
+        "python3 tools/gpu_coredump_table.py --deadline 1 --out /tmp/cors "
+        "--json $STEP_OUT/rows.json var/minimal/spin_hang_n67584.toml "
+        "var/minimal/spin_hang_n135168.toml var/minimal/spin_hang_n202752.toml",
+        "#25's <= 5 s target against the grid's size: the seconds added (dump / reading) for "
+        "2,112, 4,224 and 6,336 resident warps of minimal/spin_hang",
+    ),
+    Step(
         "coredump_field",
         "25",
         300,
@@ -612,6 +633,7 @@ PRIORITY = (  # after 2026-12-02's six calls (reports/2026-12-02-h200): what is 
     "sanitize_rest",  # fa4_bwd_sm90 under racecheck + memcheck; quack GEMM's caveat
     "warm",  # cold / warm with the in-worker health check, never measured on the H200
     "coredump_rest",  # #25's gaps by value (CORE_REST), <= 120 s
+    "coredump_sizes",  # where <= 5 s added stops holding (3 grid sizes), ~40 s
     "coredump",  # done: reports/2026-12-02-h200-s2/call2 (every own HANG scenario dumped)
     "coredump_field",  # the field hangs from the core alone (the rest of them)
     "cold_bytecode",  # whether the device's cold imports are the bundle's missing bytecode
