@@ -339,6 +339,7 @@ class PerturbPositions(Payload):
     dropped: int | None = None
     policy: Json | None = None
     shape: Json | None = None  # the launch the random keys were drawn for (ctas, warps, ...)
+    replay_of: int | None = None  # the seed a replay asked for (--replay SEED)
 
 
 @kind("perturb_seed")
@@ -385,6 +386,11 @@ class PerturbSummary(Payload):
     distinct_outputs: int | None = None
     digest_seeds: dict[str, int | None] | None = None
     referee: Json | None = None  # the referee's schedules: runs per family, targets (words)
+    # the seed a replay asked for (--replay SEED, alone or after its history); None otherwise
+    replay_of: int | None = None
+    # the first seed this process ran when the exposing seed was not it: seeds history_from..
+    # exposed_by - 1 ran before it after the same compile (--replay-from reruns them)
+    history_from: int | None = None
 
 
 # ---- printf-bisection (instrument/checkpoint.py) ------------------------------------------------

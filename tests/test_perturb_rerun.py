@@ -1,7 +1,9 @@
 """A perturbed run that hangs without probes is rerun with them: the rerun must replay the
 exposing seed (not launch the kernel unperturbed, which graded another kernel: the H200
 perturbation run of 2026-12-02 read sm90_gemm/missing_init_fence_cluster as a plain PASS with
-no perturbation evidence after its perturbed run was killed at the deadline)."""
+no perturbation evidence after its perturbed run was killed at the deadline), after the seeds
+that ran before it in the killed process (a failure can need them: the H200's
+sm90_gemm/missing_init_fence crashed at seed 9 after seeds 0-8 and never alone)."""
 
 from __future__ import annotations
 
@@ -28,14 +30,23 @@ def facts():
     return {"t_call": 0.0, "t_return": 1.0}
 
 
-@pytest.mark.parametrize("replay_hangs", [True, False])
-def test_the_rerun_with_probes_replays_the_exposing_seed(tmp_path, monkeypatch, replay_hangs):
+@pytest.mark.parametrize("replay_hangs, first", [(True, 0), (False, 0), (True, 7)])
+def test_the_rerun_with_probes_replays_the_exposing_seed(
+    tmp_path, monkeypatch, replay_hangs, first
+):
     sc = dataclasses.replace(S.load(ROOT / "scenarios/minimal/clean.toml"), probes=False)
+    passed = [
+        ev
+        for s in range(first, 7)
+        for ev in (
+            {"event": "perturb_seed", "seed": s, "tag": "seed", "rules": []},
+            {"event": "perturb_result", "seed": s, "tag": "seed", "outcome": "PASS"},
+        )
+    ]
     killed = outcome(
         {"event": "compiled"},
         {"event": "perturb_positions", "positions": [], "policy": {"name": "random"}},
-        {"event": "perturb_seed", "seed": 0, "tag": "seed", "rules": []},
-        {"event": "perturb_result", "seed": 0, "tag": "seed", "outcome": "PASS"},
+        *passed,
         {"event": "perturb_seed", "seed": 7, "tag": "seed", "rules": []},
         {"event": "launched"},
         killed="deadline:launched",
@@ -59,10 +70,12 @@ def test_the_rerun_with_probes_replays_the_exposing_seed(tmp_path, monkeypatch, 
         return V.classify(o), o, facts(), None
 
     monkeypatch.setattr(runner, "_attempt", attempt)
-    spec = {"n": 32, "seed": 0, "shrink": True, "policy": {"name": "random"}}
+    spec = {"n": 32, "seed": first, "shrink": True, "policy": {"name": "random"}}
     res = runner.run_scenario(sc, runs_root=tmp_path, perturb=spec)
     assert requests[0]["perturb"] == spec
-    assert requests[1]["perturb"] == {**spec, "replay": 7, "shrink": False}
+    # seeds first..6 ran before 7 in the killed process: the rerun runs them again, in order
+    history = first if first < 7 else None
+    assert requests[1]["perturb"] == {**spec, "replay": 7, "replay_from": history, "shrink": False}
     assert res.verdict is V.Verdict.HANG  # never the unperturbed (or unreproduced) PASS
     assert res.evidence["rerun_with_probes"]["first_verdict"] == "HANG"
     if not replay_hangs:

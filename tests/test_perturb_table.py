@@ -61,3 +61,82 @@ def test_malformed_events_are_kept(tmp_path):
     assert res.verdict is V.Verdict.HARNESS_ERROR
     row = perturb_table.not_a_result(res)
     assert row["malformed_lines"] == [("{not json" * 100)[:300]] and "harness_error" not in row
+
+
+# ---- the two replay rates: the seed alone, and after the seeds that ran before it --------------
+
+
+def test_the_table_measures_the_replay_alone_and_with_its_history(tmp_path, monkeypatch, capsys):
+    """As on the H200 (reports/2026-12-02-h200): sm90_gemm/missing_init_fence crashed at seed 9
+    after seeds 0-8 and never alone; tma_stream's at seed 0 (no history, the same command).
+    sm90_attention's replays with history: one in two stopped at an earlier seed, which is
+    counted apart, never as the replayed seed's."""
+    from cutedebug.engine import runner
+
+    calls = []
+    attention_runs = [0]
+
+    def run_scenario(sc, *, runs_root, forkserver, perturb):
+        calls.append((sc.id, {k: perturb.get(k) for k in ("replay", "replay_from")}))
+        replay, first = perturb.get("replay"), perturb.get("replay_from")
+        crash = {"exposed_by": replay, "exposing_outcome": "CRASH", "runs": 1}
+        if sc.id == "sm90_gemm/missing_init_fence":
+            if replay is None:
+                p = {**crash, "exposed_by": 9, "history_from": 0, "runs": 10}
+            else:
+                p = crash if first == 0 else {"exposed_by": None, "runs": 1}
+        elif sc.id == "tma_stream/missing_init_fence":
+            p = {**crash, "exposed_by": 0}
+        else:
+            if replay is None:
+                p = {**crash, "exposed_by": 1, "history_from": 0, "runs": 2}
+            elif first is None:
+                p = {"exposed_by": None, "runs": 1}
+            else:
+                attention_runs[0] += 1
+                p = {**crash, "exposed_by": 0 if attention_runs[0] % 2 else 1}
+        v = V.Verdict.CRASH if p.get("exposed_by") is not None else V.Verdict.PASS
+        return SimpleNamespace(
+            verdict=v, evidence={"perturbation": p}, reason="", run_dir=tmp_path, health=None
+        )
+
+    monkeypatch.setattr(runner, "run_scenario", run_scenario)
+    monkeypatch.setattr(runner, "start_forkserver", lambda d: SimpleNamespace(close=lambda **k: 0))
+    out_json = tmp_path / "rows.json"
+    rc = perturb_table.main(
+        [
+            "--seeds",
+            "32",
+            "--replays",
+            "3",
+            "--history-replays",
+            "4",
+            "--json",
+            str(out_json),
+            *(
+                str(ROOT / "scenarios" / f / "missing_init_fence.toml")
+                for f in ("tma_stream", "sm90_gemm", "sm90_attention")
+            ),
+        ]
+    )
+    assert rc == 0
+    gemm = [c for sid, c in calls if sid == "sm90_gemm/missing_init_fence"]
+    assert (
+        gemm
+        == [{"replay": None, "replay_from": None}]
+        + [{"replay": 9, "replay_from": None}] * 3
+        + [{"replay": 9, "replay_from": 0}] * 4
+    )
+    tma = [c for sid, c in calls if sid == "tma_stream/missing_init_fence"]
+    assert tma == [{"replay": None, "replay_from": None}] + [{"replay": 0, "replay_from": None}] * 3
+    text = capsys.readouterr().out
+    table = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if "|" in line}
+    assert "| 9 (after 0-8) | CRASH | 0/3 | 4/4 |" in table["sm90_gemm/missing_init_fence"]
+    assert "| 0 | CRASH | 3/3 | = alone (first seed) |" in table["tma_stream/missing_init_fence"]
+    assert (
+        "| 0/3 | 2/4 (2 stopped at an earlier seed) |" in table["sm90_attention/missing_init_fence"]
+    )
+    assert "replay alone: 3/9 replays gave the exposing verdict at the exposing seed (33%)" in text
+    assert "replay with history: 6/8 replays " in text and "; 2 stopped at an earlier seed" in text
+    # as the report prints it: tma alone (3/3), gemm and attention with history (4/4, 2/4)
+    assert "replay as the report prints it (with history when there was one): 9/11" in text

@@ -5,8 +5,12 @@
 
 For each scenario: ``--seeds`` seeded schedules (random policy, or ``--policy`` with its
 ``--target`` / ``--role`` / ``--scope`` / ``--delay-us``, as ``cutedebug run --perturb``) after
-one compile; for one that exposes a failure, ``--replays`` fresh runs of the exposing seed alone
-(the replay rate) and, with ``--shrink``, the minimal delay set. ``--clean``: the scenarios are
+one compile; for one that exposes a failure, two replay rates, each over fresh runs: the
+exposing seed ALONE (``--replays`` runs of ``--replay SEED``) and, when seeds ran before it in
+its process, WITH that HISTORY (``--history-replays`` runs of ``--replay SEED --replay-from
+FIRST``: seeds FIRST..SEED in one worker, in order). A replay counts when it gives the run's
+verdict at SEED; one where an earlier seed exposed a failure is counted apart ("earlier"),
+never as SEED's. With ``--shrink``, the minimal delay set. ``--clean``: the scenarios are
 fault-free and any non-PASS is a false alarm. Every run goes through the same fork server as a
 triage.
 
@@ -58,11 +62,37 @@ def not_a_result(res) -> dict:
     return out
 
 
+def replay_rate(run_one, times: int, verdict: str, seed: int) -> dict:
+    """``times`` replays (``run_one()`` -> a RunResult each): how many gave ``verdict`` at
+    ``seed`` itself, how many had an earlier seed expose something first."""
+    same = earlier = 0
+    for _ in range(times):
+        rep = run_one()
+        by = (rep.evidence.get("perturbation") or {}).get("exposed_by")
+        if by is not None and by != seed:
+            earlier += 1
+        elif rep.verdict.value == verdict and by == seed:
+            same += 1
+    return {"same": same, "of": times, "earlier": earlier}
+
+
+def rate_text(rate: dict | None) -> str:
+    if not rate:
+        return "-"
+    more = f" ({rate['earlier']} stopped at an earlier seed)" if rate.get("earlier") else ""
+    return f"{rate['same']}/{rate['of']}{more}"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("scenarios", nargs="+")
     ap.add_argument("--seeds", type=int, default=32)
-    ap.add_argument("--replays", type=int, default=5)
+    ap.add_argument("--replays", type=int, default=5, help="replays of the seed alone")
+    ap.add_argument(
+        "--history-replays",
+        type=int,
+        help="replays with the seeds that ran before it (default: --replays)",
+    )
     ap.add_argument("--shrink", action="store_true")
     ap.add_argument(
         "--clean", action="store_true", help="fault-free: any non-PASS is a false alarm"
@@ -76,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scope", help="the keys every delay takes, e.g. 'rank=1 warp=0'")
     ap.add_argument("--delay-us", type=float, help="a fixed delay (microseconds)")
     args = ap.parse_args(argv)
+    history_n = args.replays if args.history_replays is None else args.history_replays
     policy = {"name": args.policy}
     for key, value in (
         ("target", args.target),
@@ -113,33 +144,51 @@ def main(argv: list[str] | None = None) -> int:
                 "run_dir": str(res.run_dir),
                 **not_a_result(res),
             }
-            if p.get("exposed_by") is not None and args.replays:
-                same = 0
-                for _ in range(args.replays):
-                    rep = runner.run_scenario(
-                        sc,
-                        runs_root=args.runs_dir,
-                        forkserver=fs,
-                        perturb={**spec, "replay": p["exposed_by"], "shrink": False},
-                    )
-                    same += rep.verdict == res.verdict
-                row["replay"] = f"{same}/{args.replays}"
+            seed, first = p.get("exposed_by"), p.get("history_from")
+            row["history_from"] = first
+
+            def replay_once(replay_from=None, sc=sc, spec=spec, seed=seed):
+                return runner.run_scenario(
+                    sc,
+                    runs_root=args.runs_dir,
+                    forkserver=fs,
+                    perturb={**spec, "replay": seed, "replay_from": replay_from, "shrink": False},
+                )
+
+            if seed is not None and args.replays:
+                rate = replay_rate(replay_once, args.replays, res.verdict.value, seed)
+                row["replay_alone"] = rate
+                row["replay"] = rate_text(rate)
+            if seed is not None and first is not None and history_n:
+                rate = replay_rate(
+                    lambda first=first: replay_once(first), history_n, res.verdict.value, seed
+                )
+                row["replay_with_history"] = rate
+            row["replay_history"] = (
+                rate_text(row.get("replay_with_history"))
+                if first is not None
+                else ("= alone (first seed)" if seed is not None else "-")
+            )
             rows.append(row)
             print(json.dumps(row, default=str), flush=True)
     finally:
         fs.close(timeout=5.0)
     print()
     print(
-        "| scenario | verdict | seeds run | positions | exposed by seed | outcome | replay | "
-        "delays (shrunk when asked) | s |"
+        "| scenario | verdict | seeds run | positions | exposed by seed | outcome | "
+        "replay alone | replay with history | delays (shrunk when asked) | s |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         delays = "; ".join(r.get("delays") or [])[:160]
+        exposed = r.get("exposed_by", "-")
+        if r.get("history_from") is not None:
+            exposed = f"{exposed} (after {r['history_from']}-{r['exposed_by'] - 1})"
         print(
             f"| {r['scenario']} | {r['verdict']} | {r.get('runs', '-')} | "
-            f"{r.get('positions', '-')} | {r.get('exposed_by', '-')} | {r.get('outcome') or '-'} | "
-            f"{r.get('replay', '-')} | {delays or '-'} | {r.get('secs', '-')} |"
+            f"{r.get('positions', '-')} | {exposed} | {r.get('outcome') or '-'} | "
+            f"{r.get('replay', '-')} | {r.get('replay_history', '-')} | {delays or '-'} | "
+            f"{r.get('secs', '-')} |"
         )
     ran = [r for r in rows if r.get("runs")]
     # a verdict about the kernel; HARNESS_ERROR is a bug of ours and UNSUPPORTED ran nothing:
@@ -152,6 +201,24 @@ def main(argv: list[str] | None = None) -> int:
         f"\n{what}: {len(exposed)}/{len(ran)} scenarios ({args.seeds} seeds each); "
         f"{time.monotonic() - t_start:.1f} s"
     )
+    printed = [  # the replay the report prints: with history when there was one
+        r.get("replay_with_history") if r.get("history_from") is not None else r.get("replay_alone")
+        for r in rows
+    ]
+    for key, what_ in (
+        ("replay_alone", "alone"),
+        ("replay_with_history", "with history"),
+        (None, "as the report prints it (with history when there was one)"),
+    ):
+        rates = [x for x in printed if x] if key is None else [r[key] for r in rows if r.get(key)]
+        if rates:
+            same, of = sum(x["same"] for x in rates), sum(x["of"] for x in rates)
+            earlier = sum(x["earlier"] for x in rates)
+            print(
+                f"replay {what_}: {same}/{of} replays gave the exposing verdict at the exposing "
+                f"seed ({100 * same / of:.0f}%) over {len(rates)} scenario(s)"
+                + (f"; {earlier} stopped at an earlier seed" if earlier else "")
+            )
     for r in ours:
         print(f"NOT A RESULT ({r['verdict']}): {r['scenario']}: {r.get('reason', '')[:300]}")
         tb = (r.get("harness_error") or {}).get("traceback") or r.get("worker_log_tail") or ""

@@ -176,6 +176,7 @@ def _run_one(args, sc, mode, fs, single: bool):
     from cutedebug.reporting import mismatch_map, perturbation
 
     mismatch.attach(res)  # failure-table diagnosis of wrong values (no-op for other verdicts)
+    perturb_args.attach_replay(res, pert)  # the exact command that replays a perturbed exposure
     _, md = report.write(res, mismatch_map.report_sections(res) + perturbation.report_sections(res))
     print(report.tldr(res)[:2000])
     if (line := perturbation.summary_line(res)) is not None:

@@ -1,9 +1,17 @@
-"""``--perturb N [--policy P] [--seed S] [--replay S] [--shrink] ...``: options shared by ``run``
-and ``triage``, validated here (exit 2 with the option, the value and what is allowed)."""
+"""``--perturb N [--policy P] [--seed S] [--replay S [--replay-from F]] [--shrink] ...``: options
+shared by ``run`` and ``triage``, validated here (exit 2 with the option, the value and what is
+allowed); and the exact command that replays a perturbed run's exposure (``replay_command``),
+which its report prints.
+
+The seeds of ``--perturb N`` run in one process after one compile, each after the launches of
+the seeds before it; a failure can need them (what they left in shared memory or barrier
+words). ``--replay SEED`` runs the seed alone in a fresh worker; ``--replay SEED --replay-from
+FIRST`` runs FIRST..SEED in one worker, in order, as the exposing run did."""
 
 from __future__ import annotations
 
 import argparse
+import shlex
 from typing import Any
 
 from cutedebug.errors import UsageError
@@ -67,7 +75,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "picks the delay of a sweep) or role (one role slower throughout)",
     )
     g.add_argument("--seed", type=_seed, default=0, help="first seed (seeds S..S+N-1)")
-    g.add_argument("--replay", type=_seed, metavar="SEED", help="run exactly this seed again")
+    g.add_argument(
+        "--replay",
+        type=_seed,
+        metavar="SEED",
+        help="run exactly this seed again (alone, in a fresh worker, unless --replay-from)",
+    )
+    g.add_argument(
+        "--replay-from",
+        type=_seed,
+        metavar="FIRST",
+        help="with --replay SEED: run the seeds FIRST..SEED in one worker, in order, after one "
+        "compile, as the run that exposed SEED did (its report prints this command); the "
+        "verdict is SEED's, an earlier seed that exposes a failure is reported as itself",
+    )
     g.add_argument(
         "--shrink",
         action="store_true",
@@ -109,6 +130,20 @@ def request_field(args: argparse.Namespace) -> dict[str, Any] | None:
     """The worker request's ``perturb`` field, or None when not asked for."""
     n = getattr(args, "perturb", None)
     replay = getattr(args, "replay", None)
+    first = getattr(args, "replay_from", None)
+    if first is not None:
+        if replay is None:
+            raise UsageError(
+                f"--replay-from {first} needs --replay SEED (it runs the seeds {first}..SEED in "
+                "one worker, in order)"
+            )
+        if first > replay:
+            raise UsageError(f"--replay-from {first}: allowed 0..{replay} (at most --replay)")
+        if replay - first + 1 > MAX_SEEDS:
+            raise UsageError(
+                f"--replay-from {first} --replay {replay}: {replay - first + 1} seeds, allowed "
+                f"at most {MAX_SEEDS} (--replay-from {replay - MAX_SEEDS + 1}..{replay})"
+            )
     if n is None and replay is None:
         if getattr(args, "shrink", False):
             raise UsageError("--shrink needs --perturb N or --replay SEED")
@@ -128,6 +163,87 @@ def request_field(args: argparse.Namespace) -> dict[str, Any] | None:
         "n": n or 1,
         "seed": args.seed,
         "replay": replay,
+        "replay_from": first,
         "shrink": bool(args.shrink),
         "policy": policy.to_json(),
     }
+
+
+# ---- the replay command a perturbed run's report prints ------------------------------------
+
+_DEFAULTS = {"name": "random", "density": 0.5}
+_POLICY_FLAGS = (  # Policy.to_json key -> the option that sets it
+    ("name", "--policy"),
+    ("density", "--perturb-density"),
+    ("target", "--perturb-target"),
+    ("role", "--perturb-role"),
+    ("delay_us", "--perturb-delay-us"),
+    ("scope", "--perturb-scope"),
+)
+
+
+def _options() -> dict[str, bool]:
+    """Every option of the perturbation group -> whether it takes a value."""
+    p = argparse.ArgumentParser(add_help=False)
+    add_arguments(p)
+    return {o: a.nargs != 0 for a in p._actions for o in a.option_strings}
+
+
+def strip_options(tokens: list[str]) -> list[str]:
+    """``tokens`` (a command line) without the perturbation options and their values, also
+    as ``--opt=value`` or abbreviated (argparse took an abbreviation only when it named one
+    option, and no other option of ``run`` or ``triage`` begins like these)."""
+    opts = _options()
+    out: list[str] = []
+    skip = False
+    for tok in tokens:
+        if skip:
+            skip = False
+            continue
+        name, eq, _ = tok.partition("=")
+        if name.startswith("--") and len(name) > 2:
+            hits = [o for o in opts if o == name] or [o for o in opts if o.startswith(name)]
+            if hits:
+                skip = opts[hits[0]] and not eq
+                continue
+        out.append(tok)
+    return out
+
+
+def policy_flags(policy: dict[str, Any]) -> list[str]:
+    """The options that give ``policy`` (Policy.to_json) again; the defaults left out."""
+    out: list[str] = []
+    for key, flag in _POLICY_FLAGS:
+        value = policy.get(key)
+        if value is None or _DEFAULTS.get(key) == value:
+            continue
+        out += [flag, str(value)]
+    return out
+
+
+def replay_command(base: str, policy: dict[str, Any], seed: int, first: int | None) -> str:
+    """The command that replays ``seed``: ``base`` (the run's command line) without its
+    perturbation options, the policy's, ``--replay SEED`` and, when seeds FIRST..SEED-1 ran
+    before it in the exposing process, ``--replay-from FIRST``."""
+    tokens = strip_options(shlex.split(base)) + policy_flags(policy)
+    tokens += ["--replay", str(seed)]
+    if first is not None and first != seed:
+        tokens += ["--replay-from", str(first)]
+    return shlex.join(tokens)
+
+
+def attach_replay(result: Any, request: dict[str, Any] | None) -> None:
+    """Put the replay commands of a perturbed run's exposure into its evidence (what its report
+    and terminal line print): ``replay_command`` (with the history when there was one) and, then,
+    ``replay_alone_command``. ``request``: the run's perturb field (its policy)."""
+    p = (getattr(result, "evidence", None) or {}).get("perturbation")
+    if not p or p.get("exposed_by") is None or not request:
+        return
+    from cutedebug.reporting import report
+
+    base = result.command or report.reproduce_command(result)
+    policy = p.get("policy") or request.get("policy") or {}
+    seed, first = p["exposed_by"], p.get("history_from")
+    p["replay_command"] = replay_command(base, policy, seed, first)
+    if first is not None:
+        p["replay_alone_command"] = replay_command(base, policy, seed, None)

@@ -146,10 +146,13 @@ def _call(sc: S.Scenario, mode: str, opts: Options, runs_dir: Path, forkserver=N
     )
     wall = time.monotonic() - t0
     from cutedebug.analyses import mismatch
-    from cutedebug.reporting import mismatch_map
+    from cutedebug.commands import perturb_args
+    from cutedebug.reporting import mismatch_map, perturbation
 
     mismatch.attach(res)  # failure-table diagnosis of wrong values (no-op for other verdicts)
-    report.write(res, mismatch_map.report_sections(res))
+    if mode == "run":  # the exact command that replays a perturbed exposure
+        perturb_args.attach_replay(res, opts.perturb)
+    report.write(res, mismatch_map.report_sections(res) + perturbation.report_sections(res))
     return res, wall
 
 

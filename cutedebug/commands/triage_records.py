@@ -228,6 +228,9 @@ def _perturbation(p: dict[str, Any] | None) -> dict[str, Any] | None:
         "exposed_by": p.get("exposed_by"),
         "outcome": p.get("exposing_outcome") or p.get("killed_during"),
         "delays": (shrunk.get("described") or p.get("described") or [])[:3],
+        # seeds history_from..exposed_by-1 ran before it in its process (None: it was first)
+        "history_from": p.get("history_from"),
+        "replay_command": p.get("replay_command"),
     }
 
 

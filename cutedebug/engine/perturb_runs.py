@@ -15,6 +15,13 @@ unchanged):
 - ``perturb_summary``: seeds run, the exposing seed (or none), and whether outputs differed bit
   for bit across seeds for a kernel that declares ``DETERMINISTIC = True``.
 
+The seeds of one process share it: a seed runs after the launches of the seeds before it (what
+they left in shared memory, in barrier words, in the caches), so a failure can need them. The
+summary's ``history_from`` names the first seed when the exposing one was not it, and a replay
+``with history`` (the request's ``replay_from``: seeds FIRST..SEED in order after one compile)
+reruns that sequence. Its verdict is SEED's; an earlier seed that exposes a failure stops it
+there and is reported as itself (``exposed_by`` != ``replay_of``), never as SEED's.
+
 A run that ends in a CUDA error leaves the context unusable: it is reported as is (the seed is
 named) and nothing more runs in this process.
 """
@@ -66,12 +73,14 @@ def drive(
     ``ctas`` / ``warps`` / ``cluster`` (the traced launch, when static) and ``iterations``
     bound the random keys of the seeds' rules and the shrinking's windows."""
     policy = P.Policy(**spec.get("policy", {}))
+    replay_of = int(spec["replay"]) if spec.get("replay") is not None else None
     emit(
         "perturb_positions",
         positions=[p.to_json() for p in positions],
         dropped=spec.get("dropped", 0),
         policy=policy.to_json(),
         shape={"ctas": ctas, "warps": warps, "cluster": cluster, "iterations": iterations},
+        replay_of=replay_of,
     )
     by_id = {p.id: p for p in positions}
 
@@ -164,9 +173,10 @@ def drive(
             )
             exposing = (seed, rules, lost.res)
     reported = exposing[2] if exposing is not None else last
+    seeds_run = [s for s, _ in plans][:runs]
     emit(
         "perturb_summary",
-        seeds=[s for s, _ in plans][:runs],
+        seeds=seeds_run,
         runs=runs,
         exposed_by=exposing[0] if exposing is not None else None,
         exposing_outcome=exposing[2].outcome if exposing is not None else None,
@@ -179,6 +189,8 @@ def drive(
         nondeterministic=nondeterministic,
         distinct_outputs=len(digests) if deterministic else None,
         digest_seeds=dict(list(digests.items())[:8]) if nondeterministic else None,
+        replay_of=replay_of,
+        history_from=history_from(seeds_run, exposing[0] if exposing is not None else None),
     )
     for name, fields in reported.events if reported is not None else []:
         emit(name, **fields)
@@ -252,6 +264,14 @@ def referee_summary(
     return {"runs": per, "targets": targets[:16], "targets_total": len(targets)}
 
 
+def history_from(seeds_run: list[int | None], exposed_by: int | None) -> int | None:
+    """The first seed of the process when seeds ran before the exposing one (None: it was the
+    first, or nothing exposed)."""
+    if exposed_by is None or not seeds_run or seeds_run[0] in (None, exposed_by):
+        return None
+    return seeds_run[0]
+
+
 class _ContextLost(Exception):
     def __init__(self, res: OneRun):
         super().__init__(res.outcome)
@@ -317,7 +337,14 @@ def spec_from_request(perturb: dict[str, Any]) -> dict[str, Any]:
     out = dict(perturb)
     n = int(out.get("n", 0) or 0)
     base = int(out.get("seed", 0) or 0)
-    if out.get("replay") is not None:
+    if out.get("replay") is not None and out.get("replay_from") is not None:
+        first, seed = int(out["replay_from"]), int(out["replay"])
+        if not 0 <= first <= seed:
+            raise P.PerturbError(
+                f"replay from seed {first} to seed {seed}: the first seed must be 0..{seed}"
+            )
+        out["seeds"] = list(range(first, seed + 1))  # the history, then the seed
+    elif out.get("replay") is not None:
         out["seeds"] = [int(out["replay"])]
     elif out.get("rules") is None:
         out["seeds"] = [base + i for i in range(max(n, 1))]
@@ -337,13 +364,18 @@ def evidence(o: Any) -> dict[str, Any]:
         out["perturbation"]["dropped_positions"] = pos.dropped or 0
         out["perturbation"]["policy"] = pos.policy
         out["perturbation"]["shape"] = pos.shape
+        if pos.replay_of is not None:  # known before any launch: a killed replay says it too
+            out["perturbation"]["replay_of"] = pos.replay_of
     if summary is None and seeds:  # killed mid-run (a hang past the probes, a crash)
         last = seeds[-1]
+        ran = [s.seed for s in seeds if s.tag == "seed"]
         out["perturbation"].update(
             exposed_by=last.seed,
             killed_during=last.tag,
             exposing_rules=last.rules,
             runs=len(seeds),
+            seeds=ran,
+            history_from=history_from(ran, last.seed),
         )
         if last.policy is not None:  # a referee's seed: its own policy
             out["perturbation"]["exposing_policy"] = last.policy
@@ -355,13 +387,22 @@ def evidence(o: Any) -> dict[str, Any]:
 
 def rerun_fields(perturb: dict[str, Any] | None, first: Any) -> dict[str, Any]:
     """The request fields of the rerun with probes after a perturbed run hung without them:
-    the exposing seed alone (the one the killed run was in), not an unperturbed launch, which
-    would grade a kernel other than the one that hung (engine/runner.py)."""
+    the exposing seed (the one the killed run was in) after the seeds that ran before it in
+    that process, as they ran (a hang can need them), not an unperturbed launch, which would
+    grade a kernel other than the one that hung (engine/runner.py)."""
     if not perturb:
         return {}
-    seed = (evidence(first).get("perturbation") or {}).get("exposed_by")
+    p = evidence(first).get("perturbation") or {}
+    seed = p.get("exposed_by")
+    if seed is None:
+        return {"perturb": perturb}
     return {
-        "perturb": {**perturb, "replay": seed, "shrink": False} if seed is not None else perturb
+        "perturb": {
+            **perturb,
+            "replay": seed,
+            "replay_from": p.get("history_from"),
+            "shrink": False,
+        }
     }
 
 

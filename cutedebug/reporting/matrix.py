@@ -145,7 +145,9 @@ def _perturb_text(p: dict[str, Any] | None) -> str:
         return "-"
     if p.get("exposed_by") is None:
         return f"none of {p.get('runs')} seeds"
-    return f"seed {p['exposed_by']}: {p.get('outcome')}"
+    first = p.get("history_from")
+    after = f" (after {first}-{p['exposed_by'] - 1})" if first is not None else ""
+    return f"seed {p['exposed_by']}{after}: {p.get('outcome')}"
 
 
 DETAIL_HEAD = [

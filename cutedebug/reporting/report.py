@@ -25,6 +25,7 @@ from cutedebug.engine.run_report import (
 from cutedebug.engine.runner import RunResult, probe_picture
 from cutedebug.event_kinds import Compiled
 from cutedebug.instrument.probes import snapshot_from_json
+from cutedebug.reporting import perturbation
 from cutedebug.reporting import stuck_map as SM
 from cutedebug.reporting.escape import md_block, md_code, md_link, md_text
 from cutedebug.reporting.files import atomic_write
@@ -372,7 +373,11 @@ def to_markdown(
         lines += [sec, ""]
     if result.outcome.log_tail.strip():
         lines += ["## Worker log (tail)", ""] + md_block(result.outcome.log_tail[-1500:]) + [""]
-    lines += ["## Reproduce", ""] + md_block(result.command or reproduce_command(result))
+    lines += ["## Reproduce", ""]
+    replay = perturbation.reproduce_lines(result)
+    if replay:  # a perturbed exposure: the seed's replay first, then the whole run
+        lines += replay + ["", "The whole perturbed run:", ""]
+    lines += md_block(result.command or reproduce_command(result))
     lines += [
         "",
         f"Run directory: {md_code(result.run_dir)} (events.jsonl, worker.log, kernel.ptx)",
