@@ -229,6 +229,7 @@ class ProtocolSites(Payload):
 
     sites: list[Json] | None = None
     stores: list[Json] | None = None
+    raw_waits: list[Json] | None = None  # raw mbarrier wait lines (the sanitizer's caveat)
 
 
 @kind("launched")

@@ -262,14 +262,3 @@ def test_cutedebug_run_prints_the_command_that_replays_it_and_that_command_does(
     out = capsys.readouterr().out
     assert out.startswith("PASS"), out
     assert f"replay of seed {seed}: NOT reproduced, no seed exposed a failure" in out
-
-
-@pytest.mark.parametrize("command", ["run", "triage"])
-def test_no_other_option_begins_like_a_perturbation_option(command):
-    """strip_options takes an abbreviation of a perturbation option for that option: true only
-    while no other option of the command is a prefix of one (argparse then resolves it there)."""
-    ours = perturb_args._options()
-    parser = cli.build_parser(command)
-    (sub,) = (a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
-    others = {o for a in sub.choices[command]._actions for o in a.option_strings} - set(ours)
-    assert others and not [o for o in others if any(x.startswith(o) for x in ours)]

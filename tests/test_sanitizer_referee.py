@@ -75,6 +75,28 @@ def test_a_race_in_a_pipelined_kernel_shows_its_caveat(fake_sanitizer, tmp_path)
     assert "**Caveat:** racecheck does not credit mbarrier arrive/wait ordering" in md
 
 
+def test_a_race_in_a_raw_mbarrier_kernel_shows_its_caveat(fake_sanitizer, tmp_path):
+    """A kernel with no pipeline whose compile recorded raw mbarrier waits (the worker's
+    protocol_sites event, raw_waits: before, raw waits were never among its sites, so this
+    branch of the caveat could not fire)."""
+    wait = {"op": "mbarrier_wait", "pipeline": None, "file": "/k/handoff.py", "line": 66}
+    events = {"compiled": {"pipelines": []}, "protocol_sites": {"sites": [], "raw_waits": [wait]}}
+    r = sanitize_tool(
+        fake_sanitizer,
+        "racecheck_raw",
+        "simulate",
+        SCEN / "clean.toml",
+        "racecheck",
+        tmp_path / "runs",
+        "--referee",
+        "0",
+        expect="RACE",
+        env={"FAKE_SANITIZER_EVENTS": json.dumps(events)},
+    )
+    _, _, res = tool_report(r, "racecheck")
+    assert "(1 raw mbarrier wait line(s))" in res["caveat"]
+
+
 def test_a_race_without_mbarriers_has_no_caveat(fake_sanitizer, tmp_path):
     r = sanitize_tool(
         fake_sanitizer,
@@ -415,3 +437,64 @@ def test_sanitize_referee_without_a_gpu_is_not_run(fake_sanitizer, tmp_path):
     assert ref["reason"].startswith("no perturbed run was made: UNSUPPORTED: execution skipped")
     assert "racecheck → RACE (not refereed)" in md
     assert r.stdout.splitlines()[2].startswith("  referee: NOT_RUN — no perturbed run was made")
+
+
+# ---- the sample scenarios the GPU step referees (tools/sanitizer_samples) -------------------
+SAMPLES = REPO / "tools" / "sanitizer_samples"
+
+
+@pytest.mark.parametrize(
+    "toml, mode, waits",
+    [
+        ("mbarrier_handoff_clean.toml", "mbarrier", 14),
+        ("mbarrier_handoff_nowait.toml", "nowait", 6),
+    ],
+)
+def test_handoff_samples_are_caveated_and_perturbable(toml, mode, waits, tmp_path, monkeypatch):
+    """Both sample scenarios compile for sm_90a with raw mbarrier waits among their protocol
+    sites (so a RACE of theirs carries the caveat and is refereed): the correct hand-off waits
+    on full and empty (8 + 6 unrolled waits), the race only on empty (the producer's 6); and
+    the referee's first targeted schedules delay after those waits, in code that reads its
+    row of the rule table."""
+    import cutlass.cute as cute
+
+    from cutedebug import kernel_api
+    from cutedebug.engine import scenario as S
+    from cutedebug.engine.perturb_runs import referee_plans
+    from cutedebug.instrument import perturb
+
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    sc = S.load(SAMPLES / toml)
+    assert sc.params == {"mode": mode} and Path(sc.kernel_file).name == "mbarrier_handoff.py"
+    compiled, sites = _field_compiled_path(SAMPLES / toml, tmp_path)
+    raw_waits = sites.raw_waits
+    assert {(Path(s["file"]).name, s["pipeline"]) for s in raw_waits} == {
+        ("mbarrier_handoff.py", None)
+    }
+    caveat = mbarrier_caveat("RACE", compiled.pipelines, sites.sites + raw_waits)
+    assert caveat is not None and "raw mbarrier wait line(s)" in caveat
+
+    cls = kernel_api.load_entry(sc.kernel_file, sc.kernel_entry)
+    k = cls(mode=mode)
+    opts = (cute.GPUArch("sm_90a"), cute.KeepPTX())
+    plain = cute.compile[opts](k, *k.fake_args()).__ptx__
+    assert plain.count("mbarrier.try_wait") == waits
+    with perturb.instrument(0x7E0000000000) as sess:
+        ptx = cute.compile[opts](k, *k.fake_args()).__ptx__
+    assert ptx.count("%globaltimer") == 2 * len(sess.positions)  # one delay loop each
+    plans = referee_plans(sess.positions, 8)
+    first = sess.positions[plans[0][1].target]
+    assert (first.op, first.where) == ("mbarrier_wait", "after")
+    assert {p.name for _, p in plans} == {"targeted", "random"}  # raw ops have no role
+
+
+def _field_compiled_path(path: Path, tmp_path: Path):
+    from cutedebug.engine import runner
+    from cutedebug.engine import scenario as S
+    from cutedebug.event_kinds import Compiled, ProtocolSites
+
+    sc = S.load(path)
+    _, outcome, _ = runner.run_once(sc, tmp_path / "c", mode="compile", lineinfo=True)
+    compiled, sites = outcome.last(Compiled), outcome.last(ProtocolSites)
+    assert compiled is not None, (tmp_path / "c" / "worker.log").read_text()[-3000:]
+    return compiled, sites

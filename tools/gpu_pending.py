@@ -225,16 +225,6 @@ RECHECK_FIELD = [
     "quack_rmsnorm_fwd/wrong_expect_tx_minus",
 ]
 
-# #20's replay: the missing-init-fence faults whose perturbed CRASH read HARNESS_ERROR before
-# 4bc737a (reports/2026-12-02-h200 call1 + call5): tma_stream at seed 0 (replay alone 3/3, 5/5),
-# sm90_gemm at seed 9 after seeds 0-8 (alone 0/3, 0/5), sm90_attention at seed 1 after seed 0
-# (alone 0/5): each replayed alone and with the seeds that ran before it (--replay-from).
-REPLAY_CRASH = [
-    "tma_stream/missing_init_fence",
-    "sm90_gemm/missing_init_fence",
-    "sm90_attention/missing_init_fence",
-]
-
 STEPS = [
     Step(
         "smoke",
@@ -332,27 +322,6 @@ STEPS = [
         "with their reports (the mechanism)",
     ),
     Step(
-        "perturb_crash",
-        "20",
-        # 2026-12-02 call1/call5 (fork server warm): exposing runs tma 2.1-2.2 s, gemm 3.5-3.6 s
-        # (10 seeds), attention 5.0 s (2 seeds); a CRASH adds its health check (~0.5 s). tma:
-        # 1 + 3 alone (no history: seed 0) ~10 s; gemm: 1 + 3 alone + 3 x 10 seeds ~25 s;
-        # attention 1 + 3 + 3 ~35 s (started only if 50 s are not yet spent); the fork server
-        # ~8 s; the CLI run ~8 s (its own interpreter, compile, <= 16 seeds)
-        90,
-        False,
-        f"python3 tools/perturb_table.py --seeds 32 --replays 3 --history-replays 3 "
-        f"--budget-s 50 --json $STEP_OUT/crash.json {_toml(REPLAY_CRASH)}; echo rc=$?; "
-        # what a user sees: the terminal line and report.md with the exact replay command
-        f"python3 -m cutedebug run {S}/sm90_gemm/missing_init_fence.toml --perturb 16 "
-        "--runs-dir /tmp/pcr; echo rc=$?; "
-        + _keep("/tmp/pcr/*/report.md", "$STEP_OUT/gemm_report.md"),
-        "(a) a perturbed CRASH reads CRASH (4bc737a, never run on a GPU; before it every one "
-        "read HARNESS_ERROR); (b) the replay rate of the exposing seed alone and with the seeds "
-        "that ran before it in its process (--replay SEED --replay-from FIRST), two columns; the "
-        "report's replay line as cutedebug run prints it",
-    ),
-    Step(
         "sanitize_rest",
         "17",
         100,  # s4: racecheck 15-34 s, memcheck 13-16 s per kernel; fa4_bwd's compile ~18 s
@@ -370,6 +339,33 @@ STEPS = [
         f"{_keep('/tmp/fs2/*/sanitize/*.md', SAN_MD)}",
         "the last clean field kernel under racecheck and memcheck (fa4_bwd_sm90), and quack's "
         "GEMM racecheck finding with its caveat",
+    ),
+    Step(
+        "referee",
+        "17",
+        120,  # samples: racecheck ~8 s + referee ~7 s each; quack GEMM racecheck 31 s (s4) +
+        # referee ~10 s; fa4_bwd at seqlen 256: its compile ~18 s twice + the runs
+        True,
+        # The sanitizer's referee (analyses/sanitizer/referee.py) on a RACE racecheck cannot
+        # tell from an mbarrier hand-off: the sample's real race (must be CONFIRMED), its
+        # correct hand-off (UNCONFIRMED: no schedule breaks it), then the two clean field
+        # kernels whose RACE carries the caveat (quack's GEMM scheduler slot; FA-4 backward's
+        # LSE stage, here at seqlen 256 to fit the step)
+        "mkdir -p $STEP_OUT/md; "
+        "python3 -m cutedebug sanitize tools/sanitizer_samples/mbarrier_handoff_nowait.toml "
+        "--tool racecheck --no-plain --expect RACE --referee 16 --runs-dir /tmp/rf1 | tail -6; "
+        f"{_keep('/tmp/rf1/*/sanitize/*.md', SAN_MD)}; "
+        "python3 -m cutedebug sanitize tools/sanitizer_samples/mbarrier_handoff_clean.toml "
+        "--tool racecheck --no-plain --expect RACE --referee 32 --runs-dir /tmp/rf2 | tail -6; "
+        f"{_keep('/tmp/rf2/*/sanitize/*.md', SAN_MD)}; "
+        f"python3 -m cutedebug sanitize {S}/field/quack_gemm_sm90/clean.toml --tool racecheck "
+        "--no-plain --expect RACE --deadline-scale 6 --referee 32 --runs-dir /tmp/rf3 | tail -6; "
+        f"{_keep('/tmp/rf3/*/sanitize/*.md', SAN_MD)}; "
+        f"python3 -m cutedebug sanitize {S}/field/fa4_bwd_sm90/clean.toml --tool racecheck "
+        "--no-plain --expect RACE --deadline-scale 6 --param seqlen=256 --referee 32 "
+        f"--runs-dir /tmp/rf4 | tail -6; {_keep('/tmp/rf4/*/sanitize/*.md', SAN_MD)}",
+        "racecheck's RACE refereed by perturbed runs: the sample's real race CONFIRMED, its "
+        "correct mbarrier hand-off and the clean field kernels' RACEs CONFIRMED or UNCONFIRMED",
     ),
     Step(
         "coredump_lite",
@@ -660,9 +656,9 @@ PRIORITY = (  # after 2026-12-02's six calls (reports/2026-12-02-h200): what is 
     "mutate_all",  # #19: the whole field test file, each mutant on its own test item
     "pytest_gpu_only",  # GPU code changed (mutate's narrowing, 4bc737a), the lifeline did not
     "pytest_gpu",
-    "perturb_crash",  # #20: CRASH not HARNESS_ERROR (4bc737a); replay alone vs with history
     "perturb",  # the whole latent set with 4bc737a: every perturbed CRASH a CRASH now?
     "sanitize_rest",  # fa4_bwd_sm90 under racecheck + memcheck; quack GEMM's caveat
+    "referee",  # #17: racecheck RACEs refereed by perturbation (samples, quack GEMM, FA-4 bwd)
     "warm",  # cold / warm with the in-worker health check, never measured on the H200
     "coredump_rest",  # #25's gaps by value (CORE_REST), <= 120 s
     "coredump_sizes",  # where <= 5 s added stops holding (3 grid sizes), ~40 s

@@ -211,7 +211,8 @@ def run_tool(
     )
     compiled, sites = outcome.last(Compiled) or Compiled(), outcome.last(ProtocolSites)
     # its own field: a RACE's reason ("findings below") is not what its report shows
-    caveat = mbarrier_caveat(verdict, compiled.pipelines, sites and sites.sites)
+    waits = [*(sites.sites or []), *(sites.raw_waits or [])] if sites else None
+    caveat = mbarrier_caveat(verdict, compiled.pipelines, waits)
     k_san, k_plain = _kernel_seconds(outcome), plain.kernel_seconds if plain else None
     result = replace(
         result,

@@ -242,6 +242,18 @@ def protocol_sites(protocol: Any) -> list[dict[str, Any]]:
     return out[:64]
 
 
+def raw_wait_sites(protocol: Any) -> list[dict[str, Any]]:
+    """The kernel lines of its raw mbarrier waits (``cute.arch.mbarrier_wait`` / try_wait
+    outside any pipeline op), one entry per line: shared memory the kernel orders by mbarriers
+    without cutlass.pipeline (what the sanitizer's mbarrier caveat looks for)."""
+    seen, out = set(), []
+    for ev in getattr(protocol, "events", []) or []:
+        if ev.kind == "mbarrier_wait" and ev.file and (ev.file, ev.line) not in seen:
+            seen.add((ev.file, ev.line))
+            out.append({"op": ev.kind, "pipeline": None, "file": ev.file, "line": ev.line})
+    return out[:32]
+
+
 def store_sites(copy_sites: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
     """The copies that write global memory (a gmem destination, or a TMA store), one per line:
     where the kernel stores its output (instrument.value_faults.record_copy_sites records)."""

@@ -327,6 +327,7 @@ def run(request: dict[str, Any], events: Events) -> None:
     events.emit(
         "protocol_sites",
         sites=valuemap.protocol_sites(protocol),
+        raw_waits=valuemap.raw_wait_sites(protocol),
         stores=valuemap.store_sites(copy_sites),
     )
 

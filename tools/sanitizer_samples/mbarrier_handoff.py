@@ -15,8 +15,14 @@ the two marked lines, it does not credit mbarrier ordering between generic share
 accesses of different threads: a finding of the tool on a correct idiom. ``--mode sync``
 orders the same accesses by ``sync_threads`` instead (the control racecheck must call clean);
 ``--mode none`` drops the consumers' wait (a real RAW hazard, racecheck must report it).
+``--mode nowait`` is that real race in a kernel that still orders its slots by mbarriers: the
+producer waits on empty[s] before reusing a slot and the consumers arrive on it after reading,
+but they never wait on full[s] (the race the sanitizer's referee must confirm).
 
-    python tools/sanitizer_samples/mbarrier_handoff.py [--mode mbarrier|sync|none] [--compile-only]
+    python tools/sanitizer_samples/mbarrier_handoff.py [--mode mbarrier|sync|none|nowait] [--compile-only]
+
+``MbarrierHandoff`` (below) offers the kernel to cutedebug as a scenario kernel
+(mbarrier_handoff_clean.toml: --mode mbarrier; mbarrier_handoff_nowait.toml).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ THREADS = 128
 STAGES = 2
 ROUNDS = 8
 CONSUMER_WARPS = 3
+MODES = ("mbarrier", "sync", "none", "nowait")
 
 
 @cute.kernel
@@ -55,7 +62,7 @@ def handoff_kernel(y: cute.Tensor, mode: cutlass.Constexpr):
         phase = (r // STAGES) % 2
         if warp == 0:
             if lane == 0:
-                if cutlass.const_expr(mode == "mbarrier" and r >= STAGES):
+                if cutlass.const_expr(mode in ("mbarrier", "nowait") and r >= STAGES):
                     cute.arch.mbarrier_wait(empty + s, 1 - phase)
                 for i in cutlass.range_constexpr(4):
                     slots[i, s] = cutlass.Int32(r * 4 + i)  # HANDOFF_WRITE
@@ -67,7 +74,7 @@ def handoff_kernel(y: cute.Tensor, mode: cutlass.Constexpr):
             if cutlass.const_expr(mode == "mbarrier"):
                 cute.arch.mbarrier_wait(full + s, phase)
             acc = acc + slots[lane % 4, s]  # HANDOFF_READ
-            if cutlass.const_expr(mode == "mbarrier"):
+            if cutlass.const_expr(mode in ("mbarrier", "nowait")):
                 cute.arch.sync_warp()
                 if lane == 0:
                     cute.arch.mbarrier_arrive(empty + s)
@@ -89,7 +96,7 @@ def expected() -> list[int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mode", choices=("mbarrier", "sync", "none"), default="mbarrier")
+    ap.add_argument("--mode", choices=MODES, default="mbarrier")
     ap.add_argument("--compile-only", action="store_true", help="compile for sm_90a, no GPU")
     args = ap.parse_args()
     if args.compile_only:
@@ -108,6 +115,46 @@ def main() -> None:
     torch.cuda.synchronize()
     same = y.cpu().tolist() == expected()
     print(f"mbarrier_handoff --mode {args.mode}: output", "matches" if same else "differs")
+
+
+class MbarrierHandoff:
+    """The sample as a scenario kernel (cutedebug/kernel_api.py): y as in ``expected()``."""
+
+    PARAMS = {"mode": "mbarrier"}
+    CHOICES = {"mode": MODES}
+    ARCHS = ("sm_90a", "sm_100a")
+    TOLERANCE = (0.0, 0.0)
+    DETERMINISTIC = True
+
+    def __init__(self, mode=PARAMS["mode"]):
+        self.mode = mode
+
+    @cute.jit
+    def __call__(self, y: cute.Tensor):
+        handoff_kernel(y, self.mode).launch(grid=(1, 1, 1), block=(THREADS, 1, 1))
+
+    def fake_args(self):
+        from cutlass.cute.runtime import make_fake_tensor
+
+        return (make_fake_tensor(cutlass.Int32, (THREADS,), stride=(1,), assumed_align=16),)
+
+    def make_inputs(self, device):
+        import torch
+
+        return {"y": torch.zeros(THREADS, dtype=torch.int32, device=device)}
+
+    def cute_args(self, tensors):
+        from cutlass.cute.runtime import from_dlpack
+
+        return (from_dlpack(tensors["y"], assumed_align=16),)
+
+    def reference(self, tensors):
+        import torch
+
+        return torch.tensor(expected(), dtype=torch.int32, device=tensors["y"].device)
+
+    def output(self, tensors):
+        return tensors["y"]
 
 
 if __name__ == "__main__":
