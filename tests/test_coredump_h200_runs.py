@@ -94,3 +94,56 @@ def test_a_deferred_barrier_holds_warps_several_instructions_past_it(monkeypatch
         (0xC90, "BAR.SYNC.DEFER_BLOCKING R8, 0x120")
     }
     assert {w.construct.threads for w in held} == {288}
+
+
+def _renamed(name: str, monkeypatch, roles: dict[str, str], drop_row: str | None = None):
+    """A recorded run read with its bisection roles renamed as a library's kernel names them
+    (bisection names a role function by its function when two functions play the same pipeline
+    role: quack 0.6.5's SM90 GEMM gives "load_tma" for its producer and "epilogue_split_k" for
+    its TMA-store epilogue, its RMSNorm backward "all" for its producer_acquire: the roles of
+    tools/coredump_coverage's field scenarios, compiled on the CPU this session); ``drop_row``:
+    one warp row taken out of cuda-gdb's warp list (a warp that exited)."""
+    doc = json.loads(gzip.open(DATA / f"{name}.json.gz", "rt").read())
+    passes = list(doc["passes"])
+    if drop_row is not None:
+        assert passes[0].count(drop_row) == 1
+        passes[0] = passes[0].replace(drop_row, "")
+    monkeypatch.setattr(coredump, "gdb_session", PassReplay(passes).session)
+    cps = [{**c, "role": roles.get(c["role"], c["role"])} for c in doc["checkpoint_sites"]]
+    rep = coredump.read_core(
+        "core",
+        sass_text=doc["sass"],
+        wait_sites=waitsites.sites_from_json(doc["wait_sites"]),
+        checkpoint_sites=cps,
+    )
+    return rep, cps
+
+
+def test_a_producer_function_bisection_names_otherwise_is_still_the_probes_producer(monkeypatch):
+    """Graded by the probes' expectation (role producer: the side of producer_acquire), a
+    producer whose bisection role is its function's name still matches; the per-role answers
+    keep bisection's names."""
+    rep, cps = _renamed("tma_stream__wrong_expect_tx_plus", monkeypatch, {"producer": "load_tma"})
+    g = E.grade({"role": "producer", "op": "producer_acquire", "barrier": "empty"}, rep, cps)
+    assert g["ok"] is True and g["matched"]["role"] == "load_tma"
+    sites = E.stuck_sites(rep, cps)
+    prod = [s for s in sites if s["op"] == "producer_acquire"]
+    assert prod and {(s["role"], s["pipeline_role"]) for s in prod} == {("load_tma", "producer")}
+    assert set(E.role_answers(rep, cps)) == {"load_tma", "consumer"}
+    # a wrong expectation still fails
+    assert E.grade({"role": "consumer", "op": "producer_acquire"}, rep, cps)["ok"] is False
+
+
+def test_no_exit_inferred_for_a_live_producer_named_by_its_function(monkeypatch):
+    """CTA 8 with one consumer warp gone (its row taken out): the consumers wait on full, the
+    producer (bisection: "load_tma") is alive, waiting on empty. Nothing says the producer
+    exited before producer_commit; read by bisection's names alone, "producer" was not among
+    the live roles and the gone warp was reported as the producer's exit."""
+    row = "   1        0xffffffff           0x00000000 0x00007f02d77a0a70      0  (8,0,0)   "
+    row += "            (32,0,0) \n"
+    rep, cps = _renamed(
+        "tma_stream__wrong_expect_tx_plus", monkeypatch, {"producer": "load_tma"}, drop_row=row
+    )
+    assert E.missing_warps(rep) == {8: [1]}
+    assert E.inferred_sites(rep, cps) == []
+    assert "producer_commit" not in {a["op"] for a in E.role_answers(rep, cps).values()}

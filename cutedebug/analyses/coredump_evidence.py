@@ -93,6 +93,15 @@ def first_of_each_kind(items: list, kind: Any, limit: int) -> tuple[list, int]:
     return [x for i, x in enumerate(items) if i in keep], len(items) - len(keep)
 
 
+def pipeline_role(w: WarpRecord) -> str:
+    """The probes' role of a warp at a pipeline wait: the side of its op (producer_* ->
+    producer, consumer_* -> consumer), whatever bisection calls the function it waits in (a
+    library's producer function may be named by its function, "load_tma", or be "all");
+    elsewhere bisection's role."""
+    r = w.site.role if w.site is not None else "any"
+    return r if r in ("producer", "consumer") else w.role
+
+
 def _stuck_sites(rep: CoreReport, cp_sites: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for w in sorted(rep.warps, key=lambda w: (w.cta, w.warp)):
@@ -105,6 +114,7 @@ def _stuck_sites(rep: CoreReport, cp_sites: list[dict[str, Any]]) -> list[dict[s
                 "block": list(w.block),
                 "warp": w.warp,
                 "role": w.role,
+                "pipeline_role": pipeline_role(w),
                 "op": w.op,
                 "barrier": w.barrier or None,
                 "stage": None,
@@ -162,7 +172,7 @@ def inferred_sites(rep: CoreReport, cp_sites: list[dict[str, Any]]) -> list[dict
             by_cta.setdefault(w.cta, []).append(w)
     for cta, warps in sorted(gone.items()):
         live = by_cta.get(cta, [])
-        roles = {w.role for w in live}
+        roles = {pipeline_role(w) for w in live}  # the producer / consumer sides still alive
         if roles & {"?", "any", "all"}:
             continue  # a live warp of unknown role may be the one that arrives
         waits = [w for w in live if w.barrier in ARRIVES_ON and w.site is not None]
@@ -260,8 +270,12 @@ def grade(
         cands = [{"role": r, **a} for r, a in role_answers(rep, cp_sites).items()]
     else:
         cands = stuck_sites(rep, cp_sites)
+
+    def same(c: dict[str, Any], k: str, v: Any) -> bool:  # a role in either vocabulary
+        return c.get(k) == v or (k == "role" and v in ("any", c.get("pipeline_role")))
+
     for c in cands:
-        if all(c.get(k) == v or (k == "role" and v == "any") for k, v in want.items()):
+        if all(same(c, k, v) for k, v in want.items()):
             return {
                 "ok": True,
                 "expected": want,
