@@ -311,11 +311,14 @@ def test_referee_judge_table():
     out, why = judge("MISMATCH", "max error 3", hit, 32)
     assert (out, why) == (
         "CONFIRMED",
-        "perturbed run 7 of 32 (seed 6) gave MISMATCH (MISMATCH): the hazard's order is not "
-        "enforced",
+        "perturbed run 7 of 32 (seed 6) gave MISMATCH: the hazard's order is not enforced",
     )
     killed = {"positions": 14, "runs": 3, "exposed_by": 2, "killed_during": "seed"}
-    assert judge("HANG", "killed", killed, 32)[0] == "CONFIRMED"
+    assert judge("HANG", "killed", killed, 32) == (
+        "CONFIRMED",
+        "perturbed run 3 of 32 (seed 2) gave HANG (killed at the deadline during that seed's "
+        "launch): the hazard's order is not enforced",
+    )
     out, why = judge("UNSUPPORTED", "execution skipped: no GPU", {}, 32)
     assert out == "NOT_RUN" and "no GPU" in why
     out, why = judge("PASS", "ok", {"positions": 0, "runs": 1}, 32)
@@ -389,7 +392,7 @@ def test_sanitize_referees_a_caveated_race(
         )
         assert ref["replay"] == replay
         assert lines[2] == (
-            "  referee: CONFIRMED — perturbed run 3 of 32 (seed 2) gave MISMATCH (MISMATCH): "
+            "  referee: CONFIRMED — perturbed run 3 of 32 (seed 2) gave MISMATCH: "
             "the hazard's order is not enforced; a 200 us delay before consumer_release of "
             f"pipeline 0 (k.py:34) (consumer) in every CTA; replay: {replay}"
         )

@@ -172,7 +172,7 @@ def referee_line(ref: RefereeResult) -> str:
     if ref.outcome == CONFIRMED and ref.described:
         line += "; " + "; ".join(ref.described[:3])
     if ref.outcome == UNCONFIRMED:
-        line += f" (schedules: {schedule_words(ref.schedules, len(ref.targets))})"
+        line += f" (schedules: {schedule_words(ref.schedules, ref.targets_total)})"
     if ref.replay:
         line += f"; replay: {ref.replay}"
     return line
@@ -184,7 +184,7 @@ def referee_markdown(ref: RefereeResult) -> list[str]:
     out.append(
         f"Perturbed runs without the sanitizer, after one compile: {ref.runs} of {ref.asked} "
         f"made, over {ref.positions if ref.positions is not None else '?'} delay position(s); "
-        f"schedules: {md_text(schedule_words(ref.schedules, len(ref.targets)))}; the run's "
+        f"schedules: {md_text(schedule_words(ref.schedules, ref.targets_total))}; the run's "
         f"verdict {md_text(ref.run_verdict)}."
     )
     if ref.outcome == CONFIRMED:
@@ -192,9 +192,20 @@ def referee_markdown(ref: RefereeResult) -> list[str]:
         out.append(f"Seed {ref.exposed_by}, policy {md_code(json.dumps(pol, sort_keys=True))}:")
         out += [f"- {md_text(d)}" for d in ref.described]
     if ref.targets:
-        out.append("Positions delayed one at a time: " + md_text("; ".join(ref.targets)) + ".")
+        more = ref.targets_total - len(ref.targets)
+        out.append(
+            "Positions delayed one at a time: "
+            + md_text("; ".join(ref.targets) + (f"; +{more} more" if more > 0 else ""))
+            + "."
+        )
     if ref.replay:
-        out.append(f"Replay: {md_code(ref.replay)}")
+        before = (
+            f" (the seed alone; the referee ran seeds 0-{ref.exposed_by - 1} before it in the "
+            "same process, which the same cutedebug sanitize command runs again)"
+            if ref.exposed_by
+            else ""
+        )
+        out.append(f"Replay{md_text(before)}: {md_code(ref.replay)}")
     out.append(f"Run directory: {md_code(ref.run_dir)}")
     para: list[str] = []
     for ln in out:  # each sentence its own paragraph, the delays one list

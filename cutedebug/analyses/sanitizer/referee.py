@@ -42,7 +42,8 @@ class RefereeResult(records.Record):
     runs: int  # perturbed launches made
     positions: int | None  # delay positions the trace produced
     schedules: dict[str, int]  # runs per schedule family ("role consumer": 8, ...)
-    targets: list[str]  # the positions targeted one at a time, in words
+    targets: list[str]  # the positions targeted one at a time, in words (the first 16)
+    targets_total: int  # how many positions were targeted
     run_verdict: str  # the perturbed run's verdict (cutedebug run --perturb)
     exposed_by: int | None  # the seed that exposed it (CONFIRMED)
     policy: dict[str, Any] | None  # its policy
@@ -90,14 +91,17 @@ def judge(
     runs = p["runs"]
     seed = p.get("exposed_by")
     if verdict in EXPOSED and (seed is not None or verdict == "NONDETERMINISTIC"):
-        how = p.get("exposing_outcome") or p.get("killed_during") or verdict
+        how = p.get("exposing_outcome") or verdict
+        how = "" if how == verdict else f" ({how})"
+        if p.get("killed_during"):
+            how = " (killed at the deadline during that seed's launch)"
         if verdict == "NONDETERMINISTIC":
             return CONFIRMED, (
                 f"the outputs differed bit for bit across {runs} perturbed schedules of a "
                 "kernel that declares DETERMINISTIC = True"
             )
         return CONFIRMED, (
-            f"perturbed run {runs} of {asked} (seed {seed}) gave {verdict} ({how}): the "
+            f"perturbed run {runs} of {asked} (seed {seed}) gave {verdict}{how}: the "
             "hazard's order is not enforced"
         )
     if verdict == "PASS" and seed is None:
@@ -127,6 +131,7 @@ def result_of(res: Any, asked: int, target: Sequence[str], run_dir: Path | str) 
         positions=p.get("positions"),
         schedules=dict(ref.get("runs") or {}),
         targets=list(ref.get("targets") or []),
+        targets_total=int(ref.get("targets_total") or 0),
         run_verdict=verdict,
         exposed_by=seed if outcome == CONFIRMED else None,
         policy=policy if outcome == CONFIRMED else None,
