@@ -29,6 +29,8 @@ class PerturbedEngine(FakeEngine):
                 "described": [f"a 20 us delay before consumer_release at k-tile {hit[0]}"]
                 if hit
                 else None,
+                # seeds history_from..exposed_by-1 ran before it in its worker
+                "history_from": hit[2] if hit and len(hit) > 2 else None,
             }
             if hit:
                 res.verdict = type(res.verdict)(hit[1])
@@ -98,3 +100,22 @@ def test_bad_perturbation_options_exit_2_naming_the_option(argv, says, tmp_path,
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert says in err, err
+
+
+def test_an_exposure_after_earlier_seeds_names_them_and_its_report_the_replay_with_them(
+    tmp_path, perturbed
+):
+    """The H200's sm90_gemm/missing_init_fence: CRASH at seed 9 after seeds 0-8, never alone."""
+    scenarios_dir(tmp_path, {"hidden": ("PASS", "missing_init_fence")})
+    perturbed({"k/hidden": (9, "CRASH", 0)})
+    spec = {"n": 32, "seed": 0, "shrink": False, "policy": {"name": "random"}}
+    rc, lines, out = run_triage(tmp_path, perturb=spec)
+    md = (out / "matrix.md").read_text()
+    row = next(line for line in md.splitlines() if "k/hidden" in line and "seed 9" in line)
+    assert "seed 9 (after 0-8): CRASH" in row
+    rec = json.loads(next((out / "results").glob("*.json")).read_text())
+    cmd = rec["run"]["perturbation"]["replay_command"]
+    assert cmd.startswith("cutedebug run ") and cmd.endswith("--replay 9 --replay-from 0")
+    report = next(tmp_path.rglob("report.md")).read_text()
+    assert cmd in report.split("## Reproduce", 1)[1]
+    assert "**Seed 9** exposed it: CRASH, after seeds 0-8 in the same process" in report
