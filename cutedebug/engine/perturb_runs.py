@@ -410,6 +410,9 @@ def keep_first_hang(perturb: dict[str, Any] | None, first: tuple, rerun: tuple) 
     """A perturbed HANG whose replay with probes did not hang again stays the HANG it was
     (killed at the deadline, unlocalized), never the replay's PASS."""
     if perturb and rerun[0].verdict.value != HANG:
-        said = f" (the exposing seed's replay with probes gave {rerun[0].verdict.value})"
+        p = evidence(first[1]).get("perturbation") or {}
+        first_seed, seed = p.get("history_from"), p.get("exposed_by")
+        after = f" after seeds {first_seed}-{seed - 1}" if first_seed is not None else ""
+        said = f" (the exposing seed's replay with probes{after} gave {rerun[0].verdict.value})"
         return (replace(first[0], reason=first[0].reason + said), *first[1:])
     return rerun
