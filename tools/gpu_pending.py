@@ -225,6 +225,16 @@ RECHECK_FIELD = [
     "quack_rmsnorm_fwd/wrong_expect_tx_minus",
 ]
 
+# #20's replay: the missing-init-fence faults whose perturbed CRASH read HARNESS_ERROR before
+# 4bc737a (reports/2026-12-02-h200 call1 + call5): tma_stream at seed 0 (replay alone 3/3, 5/5),
+# sm90_gemm at seed 9 after seeds 0-8 (alone 0/3, 0/5), sm90_attention at seed 1 after seed 0
+# (alone 0/5): each replayed alone and with the seeds that ran before it (--replay-from).
+REPLAY_CRASH = [
+    "tma_stream/missing_init_fence",
+    "sm90_gemm/missing_init_fence",
+    "sm90_attention/missing_init_fence",
+]
+
 STEPS = [
     Step(
         "smoke",
@@ -320,6 +330,27 @@ STEPS = [
         "the perturbed scenarios that read HARNESS_ERROR / an unperturbed PASS, with the "
         "fixes; the quack verdicts that differed from their predictions, once more each, "
         "with their reports (the mechanism)",
+    ),
+    Step(
+        "perturb_crash",
+        "20",
+        # 2026-12-02 call1/call5 (fork server warm): exposing runs tma 2.1-2.2 s, gemm 3.5-3.6 s
+        # (10 seeds), attention 5.0 s (2 seeds); a CRASH adds its health check (~0.5 s). tma:
+        # 1 + 3 alone (no history: seed 0) ~10 s; gemm: 1 + 3 alone + 3 x 10 seeds ~25 s;
+        # attention 1 + 3 + 3 ~35 s (started only if 50 s are not yet spent); the fork server
+        # ~8 s; the CLI run ~8 s (its own interpreter, compile, <= 16 seeds)
+        90,
+        False,
+        f"python3 tools/perturb_table.py --seeds 32 --replays 3 --history-replays 3 "
+        f"--budget-s 50 --json $STEP_OUT/crash.json {_toml(REPLAY_CRASH)}; echo rc=$?; "
+        # what a user sees: the terminal line and report.md with the exact replay command
+        f"python3 -m cutedebug run {S}/sm90_gemm/missing_init_fence.toml --perturb 16 "
+        "--runs-dir /tmp/pcr; echo rc=$?; "
+        + _keep("/tmp/pcr/*/report.md", "$STEP_OUT/gemm_report.md"),
+        "(a) a perturbed CRASH reads CRASH (4bc737a, never run on a GPU; before it every one "
+        "read HARNESS_ERROR); (b) the replay rate of the exposing seed alone and with the seeds "
+        "that ran before it in its process (--replay SEED --replay-from FIRST), two columns; the "
+        "report's replay line as cutedebug run prints it",
     ),
     Step(
         "sanitize_rest",
@@ -656,6 +687,7 @@ PRIORITY = (  # after 2026-12-02's six calls (reports/2026-12-02-h200): what is 
     "mutate_all",  # #19: the whole field test file, each mutant on its own test item
     "pytest_gpu_only",  # GPU code changed (mutate's narrowing, 4bc737a), the lifeline did not
     "pytest_gpu",
+    "perturb_crash",  # #20: CRASH not HARNESS_ERROR (4bc737a); replay alone vs with history
     "perturb",  # the whole latent set with 4bc737a: every perturbed CRASH a CRASH now?
     "sanitize_rest",  # fa4_bwd_sm90 under racecheck + memcheck; quack GEMM's caveat
     "referee",  # #17: racecheck RACEs refereed by perturbation (samples, quack GEMM, FA-4 bwd)
