@@ -504,4 +504,10 @@ def test_a_cuda_error_seen_by_the_probe_monitor_is_the_programs_crash_not_ours(t
     res = classify([ev], 0)  # even when the program swallowed the error and exited 0
     assert res.verdict is V.Verdict.CRASH and res.reason.startswith("cudaErrorLaunchFailure")
     assert "probe monitor" in res.reason and res.evidence["cuda_error"]["name"] == ev["name"]
+    # its report.json is written and reads back (the H200's mutate over the field tests,
+    # 2026-12-02-h200-s2 call3: "field 'processes[0].cuda_errors' unknown (ExecProcess)")
+    rep = X.exec_report(res, "PASS")
+    (proc,) = rep.processes
+    assert [e["name"] for e in proc.cuda_errors] == ["cudaErrorLaunchFailure"]
+    assert type(rep).from_json(rep.to_json()) == rep
     assert classify([bug], 1).verdict is V.Verdict.HARNESS_ERROR

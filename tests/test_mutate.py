@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -488,3 +489,52 @@ def test_an_item_that_fails_alone_gets_its_mutants_run_over_the_whole_command(tm
     assert second["status"] == "CAUGHT" and second["fault_count"] == 1
     log = (out / Path(second["report"]).parent / "command.log").read_text()
     assert "1 failed, 1 passed" in log and f"FAILED {target}::test_second" in log, log
+
+
+def test_a_bug_of_ours_in_one_mutant_is_its_harness_error_not_the_end_of_the_matrix(
+    tmp_path, monkeypatch
+):
+    """The H200's mutate over the field tests (2026-12-02-h200-s2 call3) stopped at mutant 15
+    of 77 with a traceback: one mutant's report.json could not be written. That mutant is a
+    HARNESS_ERROR (traceback kept beside it), the others go on."""
+    from cutedebug.commands import mutate as cmd
+
+    m = M.Mutant(
+        "t0.p0.skip_producer_tail",
+        "skip_producer_tail",
+        {"pipeline": 0},
+        {"function": "f", "occurrence": 0},
+        "t0.p0",
+        "skip_producer_tail",
+        "producer_tail traced",
+    )
+    clean = X.Settings(argv=["python", "x.py"])
+
+    def boom(*a, **k):
+        raise RuntimeError("run failed")
+
+    monkeypatch.setattr(M, "run_mutant", boom)
+    r = cmd.run_and_report(m, clean, 10.0, tmp_path)
+    assert r.status == M.HARNESS and r.verdict == "HARNESS_ERROR"
+    assert "a bug of ours" in r.reason and "RuntimeError: run failed" in r.reason
+    assert "run failed" in (tmp_path / r.report).read_text()
+    assert MutantRecord.from_json(json.loads(M.result_line(r))) == r
+
+    fine = replace(r, status=M.CAUGHT, verdict="CRASH", reason="cudaErrorLaunchFailure")
+    res = X.ExecResult(
+        settings=clean,
+        verdict=V.Verdict.CRASH,
+        reason="",
+        run_dir=tmp_path / "run",
+        returncode=1,
+        killed_by=None,
+        elapsed_s=1.0,
+        processes={},
+    )
+    (tmp_path / "run").mkdir()
+    monkeypatch.setattr(M, "run_mutant", lambda *a, **k: (fine, res))
+    monkeypatch.setattr(X, "write_report", boom)
+    r = cmd.run_and_report(m, clean, 10.0, tmp_path)
+    assert r.status == M.HARNESS and "could not write this mutant's report" in r.reason
+    assert "the command said CRASH" in r.reason
+    assert "run failed" in (tmp_path / "run" / "harness_error.txt").read_text()

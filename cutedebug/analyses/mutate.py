@@ -399,6 +399,33 @@ def run_mutant(
     return record, res
 
 
+def harness_record(m: Mutant, tb: str, out: Path, elapsed_s: float) -> MutantRecord:
+    """The record of a mutant that a bug of ours stopped before it had one (the traceback in
+    its run folder): HARNESS_ERROR, left out of the score."""
+    from cutedebug.instrument import faults
+
+    run_dir = out / "mutants" / m.id.replace("/", "_")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "harness_error.txt").write_text(tb)
+    expected, note = faults.expected_verdict(m.fault, m.args)
+    return MutantRecord(
+        **m.to_json(),
+        status=HARNESS,
+        verdict=V.Verdict.HARNESS_ERROR.value,
+        reason="cutedebug failed running this mutant (a bug of ours, not the program's): "
+        + tb.strip().splitlines()[-1][:300],
+        where="",
+        fault_count=0,
+        sites=[],
+        changes=faults.FAULTS[m.fault].description,
+        registry_expects=expected,
+        registry_note=note,
+        elapsed_s=round(elapsed_s, 3),
+        swept_pids=[],
+        report=os.path.relpath(run_dir / "harness_error.txt", out),
+    )
+
+
 def load_results(path: Path) -> dict[str, MutantRecord]:
     """The mutants OUT/results.jsonl holds (earlier versions' records included), by id."""
     done: dict[str, MutantRecord] = {}

@@ -32,6 +32,7 @@ import os
 import shlex
 import sys
 import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import replace
 from pathlib import Path
@@ -50,9 +51,26 @@ from cutedebug.reporting.mutation_matrix import _score_text, facts_lines, surviv
 def run_and_report(
     m: M.Mutant, clean: X.Settings, deadline_s: float, out: Path, only_test: str | None = None
 ) -> M.MutantRecord:
-    """One mutant: run it, write its report.md / report.json, return its record."""
-    record, res = M.run_mutant(m, clean, deadline_s, out, only_test=only_test)
-    X.write_report(res, "PASS")
+    """One mutant: run it, write its report.md / report.json, return its record. A bug of
+    ours on the way is this mutant's HARNESS_ERROR (traceback kept beside its run), never the
+    end of the others."""
+    t0 = time.monotonic()
+    try:
+        record, res = M.run_mutant(m, clean, deadline_s, out, only_test=only_test)
+    except Exception:
+        return M.harness_record(m, traceback.format_exc(), out, time.monotonic() - t0)
+    try:
+        X.write_report(res, "PASS")
+    except Exception:
+        tb = traceback.format_exc()
+        (res.run_dir / "harness_error.txt").write_text(tb)
+        last = tb.strip().splitlines()[-1]
+        return replace(
+            record,
+            status=HARNESS,
+            reason=f"cutedebug could not write this mutant's report (a bug of ours; the "
+            f"command said {record.verdict}): {last[:300]}",
+        )
     return record
 
 

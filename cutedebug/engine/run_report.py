@@ -99,6 +99,8 @@ class ExecProcess(records.Record):
     ppid: int | None | Absent = ABSENT
     instrumented: dict[str, Any] | Absent = ABSENT  # the ``instrumented`` event, as written
     errors: list[dict[str, Any]] | Absent = ABSENT  # ``instrument_error`` events
+    # ``cuda_error`` events: a kernel of the process faulted, seen by the probe monitor
+    cuda_errors: list[dict[str, Any]] | Absent = ABSENT
     fault_sites: list[dict[str, Any]] | Absent = ABSENT
     stall: dict[str, Any] | Absent = ABSENT  # the ``stall`` event
     gpu_waiting: bool | Absent = ABSENT
