@@ -19,6 +19,7 @@ from typing import Any
 
 from cutedebug.analyses.sanitizer.attribution import attribute
 from cutedebug.analyses.sanitizer.findings import PARSE_FAILURE, Finding, source_line
+from cutedebug.analyses.sanitizer.ordering import order_checker
 from cutedebug.analyses.sanitizer.parse import analyze
 from cutedebug.analyses.sanitizer.referee import DEFAULT_RUNS as DEFAULT_REFEREE_RUNS
 from cutedebug.analyses.sanitizer.referee import referee
@@ -181,6 +182,9 @@ def run_tool(
         return source_line(file, line, roots=roots, strip=False)
 
     names = launched_kernels(outcome)
+    # hazards both of whose sides one pipeline's spans order (analyses/sanitizer/ordering.py)
+    recorded = outcome.last(ProtocolSites)
+    ordered = order_checker(recorded.sites if recorded else None, read_raw)
     result = make_result(
         tool,
         command["argv"],
@@ -192,10 +196,13 @@ def run_tool(
         xml_path=str(command["xml"]),
         read_source=read,
         read_raw=read_raw,
+        ordered=ordered,
         tma_filter=tma_filter,
         kernel_names=names,
     )
-    _, filtered = filter_noise(findings, tma=tma_filter, read_source=read, read_raw=read_raw)
+    _, filtered = filter_noise(
+        findings, tma=tma_filter, read_source=read, read_raw=read_raw, ordered=ordered
+    )
     findings, others = attribute(findings, names)
     records = len([f for f in findings if f.kind != PARSE_FAILURE])
     verdict, reason = tool_verdict(

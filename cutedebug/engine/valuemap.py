@@ -235,10 +235,12 @@ def protocol_sites(protocol: Any) -> list[dict[str, Any]]:
     diagnosis can point at (the wait, the release, the copy)."""
     seen, out = set(), []
     for ev in getattr(protocol, "events", []) or []:
-        key = (ev.kind, ev.file, ev.line)
+        via = getattr(ev, "via", None)  # a helper's own line (the sanitizer's ordering reads it)
+        key = (ev.kind, ev.file, ev.line, via)
         if ev.kind in PROTOCOL_OPS and ev.file and key not in seen:
             seen.add(key)
-            out.append({"op": ev.kind, "pipeline": ev.pipeline, "file": ev.file, "line": ev.line})
+            site = {"op": ev.kind, "pipeline": ev.pipeline, "file": ev.file, "line": ev.line}
+            out.append({**site, "via": via} if via else site)
     return out[:64]
 
 

@@ -21,6 +21,7 @@ class Event:
     conds: tuple[str, ...] = ()  # non-library run-time conditions around the call
     detail: dict[str, Any] = dataclasses.field(default_factory=dict)
     in_loop: bool = False  # traced inside a dynamic loop of kernel code
+    via: str | None = None  # a helper's own line the op was called on (basename:line)
 
     def where(self) -> str:
         return f"{os.path.basename(self.file)}:{self.line}" if self.file else "?"

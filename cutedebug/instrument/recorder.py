@@ -91,9 +91,10 @@ class _Recorder:
     def add(
         self, kind: str, pipeline: str | None = None, call: Call | None = None, **detail: Any
     ) -> Event:
+        via = None
         if call is not None:
             where = call.site
-            file, line, func = where.file, where.line, where.function
+            file, line, func, via = where.file, where.line, where.function, where.via
         else:
             file, line, func = frames.kernel_frame()
         ev = Event(
@@ -106,6 +107,7 @@ class _Recorder:
             tuple(self.conds),
             detail,
             _in_loop(),
+            via,
         )
         current = layer.current()
         dead = call.dead if call is not None else bool(current and current.dead)

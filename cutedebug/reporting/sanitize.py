@@ -20,6 +20,7 @@ from cutedebug.analyses.sanitizer.result import SanitizeSummary, ToolResult
 from cutedebug.analyses.sanitizer.triage import (
     CLEAN,
     NOISE_ANALYSIS_DUP,
+    NOISE_PIPELINE_ORDERED,
     NOISE_PROC_ADDRESS,
     NOISE_TMA,
     GroupRecord,
@@ -239,9 +240,16 @@ NOISE_LABELS = {
 }
 
 
+def noise_label(reason: str) -> str:
+    """A filtered record's reason, short: the label of the reason it begins with."""
+    if reason.startswith(NOISE_PIPELINE_ORDERED):
+        return "pipeline-ordered"
+    return NOISE_LABELS.get(reason, reason)
+
+
 def noise_cell(result: ToolResult) -> str:
     """Filtered records by reason, short (a table cell): ``34 api-probing; 1 analysis-dup``."""
-    cells = [f"{i.count} {NOISE_LABELS.get(i.reason, i.reason)}" for i in result.filtered]
+    cells = [f"{i.count} {noise_label(i.reason)}" for i in result.filtered]
     return "; ".join(cells) or "0"
 
 

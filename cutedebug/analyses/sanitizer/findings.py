@@ -6,7 +6,8 @@ naming it)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -128,4 +129,32 @@ def _resolve_source(file: str, roots: Sequence[str | os.PathLike]) -> Path | Non
             candidate = Path(root, *parts[i:])
             if candidate.is_file():
                 return candidate
+    return None
+
+
+_DEF = re.compile(r"^(\s*)(?:async\s+)?def\s+(\w+)")
+
+
+def enclosing_def(
+    file: str | None,
+    line: int | None,
+    read: Callable[[str | None, int | None], str | None],
+    reach: int = 60,
+) -> str | None:
+    """The name of the Python function a source line is in: the nearest `def` above it that is
+    indented less (within ``reach`` lines); None when there is none or the file is unreadable.
+    ``read`` gives a line as written (indentation kept)."""
+    if not file or not line:
+        return None
+    src = read(file, line)
+    if src is None:
+        return None
+    indent = len(src) - len(src.lstrip())
+    for k in range(line - 1, max(0, line - reach), -1):
+        text = read(file, k)
+        if text is None:
+            return None
+        m = _DEF.match(text)
+        if m and len(m.group(1)) < indent:
+            return m.group(2)
     return None

@@ -136,6 +136,7 @@ def make_result(
     shrink_result: ShrinkResult | None = None,
     read_source: Callable[[str | None, int | None], str | None] | None = None,
     read_raw: Callable[[str | None, int | None], str | None] | None = None,
+    ordered: Callable[[Finding], str | None] | None = None,
     tma_filter: bool = True,
     kernel_names: Sequence[str] = (),
 ) -> ToolResult:
@@ -145,7 +146,9 @@ def make_result(
     under ``other_kernels`` and never decide the verdict (see ``attribute``).
     """
     read = read_source or source_line
-    kept, filtered = filter_noise(findings, tma=tma_filter, read_source=read, read_raw=read_raw)
+    kept, filtered = filter_noise(
+        findings, tma=tma_filter, read_source=read, read_raw=read_raw, ordered=ordered
+    )
     kept, others = attribute(kept, kernel_names)
     reasons: dict[str, int] = {}
     for f in filtered:

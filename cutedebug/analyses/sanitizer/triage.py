@@ -10,7 +10,7 @@ from functools import partial
 from typing import Any
 
 from cutedebug import records
-from cutedebug.analyses.sanitizer.findings import (
+from cutedebug.analyses.sanitizer.findings import (  # noqa: F401  (enclosing_def re-exported)
     API_ERROR,
     BARRIER_MISUSE,
     HARDWARE_EXCEPTION,
@@ -26,6 +26,7 @@ from cutedebug.analyses.sanitizer.findings import (
     WAW_HAZARD,
     Finding,
     Triple,
+    enclosing_def,
     source_line,
 )
 from cutedebug.analyses.sanitizer.tool import ERROR_EXITCODE
@@ -86,6 +87,12 @@ MBARRIER_CAVEAT = (
     "them apart. The referee (`cutedebug sanitize --referee N`, on by default) runs the "
     "kernel under N perturbed schedules and says whether one of them changes the output"
 )
+NOISE_PIPELINE_ORDERED = (
+    "both sides of the hazard lie inside one cutlass.pipeline's spans (the read between "
+    "consumer_wait and consumer_release, the write between producer_acquire and a commit that "
+    "arrives), whose mbarriers order them; racecheck does not credit mbarrier ordering "
+    "(analyses/sanitizer/ordering.py)"
+)
 NOISE_ANALYSIS_DUP = "racecheck analysis record summarising hazards already reported one by one"
 
 _TMA_SOURCE = re.compile(
@@ -103,6 +110,7 @@ def filter_noise(
     tma: bool = True,
     read_source: Reader | None = None,
     read_raw: Reader | None = None,
+    ordered: Callable[[Finding], str | None] | None = None,
 ) -> tuple[list[Finding], list[Finding]]:
     """(kept, filtered); every filtered finding carries its ``noise_reason``. ``read_source``
     gives a source line stripped, ``read_raw`` as written (default: from the path as recorded)."""
@@ -122,6 +130,8 @@ def filter_noise(
             reason = NOISE_ANALYSIS_DUP
         elif tma and f.kind in HAZARD_KINDS and _touches_bulk_copy(f, read, raw):
             reason = NOISE_TMA
+        elif ordered is not None and (why := ordered(f)):
+            reason = f"{NOISE_PIPELINE_ORDERED}: {why}"
         if reason:
             filtered.append(replace(f, noise_reason=reason))
         else:
@@ -144,29 +154,6 @@ def _touches_bulk_copy(f: Finding, read: Reader, read_raw: Reader) -> bool:
         if name and _TMA_SOURCE.search(name):
             return True
     return False
-
-
-_DEF = re.compile(r"^(\s*)(?:async\s+)?def\s+(\w+)")
-
-
-def enclosing_def(file: str | None, line: int | None, read: Reader, reach: int = 60) -> str | None:
-    """The name of the Python function a source line is in: the nearest `def` above it that is
-    indented less (within ``reach`` lines); None when there is none or the file is unreadable.
-    ``read`` gives a line as written (indentation kept)."""
-    if not file or not line:
-        return None
-    src = read(file, line)
-    if src is None:
-        return None
-    indent = len(src) - len(src.lstrip())
-    for k in range(line - 1, max(0, line - reach), -1):
-        text = read(file, k)
-        if text is None:
-            return None
-        m = _DEF.match(text)
-        if m and len(m.group(1)) < indent:
-            return m.group(2)
-    return None
 
 
 # ---- grouping and classification ---------------------------------------------------------
