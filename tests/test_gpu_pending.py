@@ -21,7 +21,9 @@ import gpu_pending  # noqa: E402
 
 def _paths(command: str) -> set[str]:
     return set(
-        re.findall(r"(?:scenarios|tools|examples|reports)/[\w./-]+\.(?:toml|py|json)", command)
+        re.findall(
+            r"(?:scenarios|tools|examples|reports)/[\w./-]+\.(?:toml|py|json)(?:\.gz)?", command
+        )
     )
 
 

@@ -5,6 +5,7 @@ token step, sleeps for the compile and the kernel); the plugin, the engine, the 
 the token are the real ones. The worker's log says who compiled and who held the GPU when.
 """
 
+import gzip
 import json
 import os
 import signal
@@ -481,7 +482,7 @@ def test_a_replay_of_recorded_h200_runs_takes_what_the_estimate_says(tmp_path):
 
     from cutedebug.engine.triage_record import TriageMatrix
 
-    data = json.loads((ROOT / "reports/2026-11-30-h200-s3/matrix.json").read_text())
+    data = json.loads(gzip.open(ROOT / "reports/2026-11-30-h200-s3/matrix.json.gz", "rt").read())
     recs = sorted((r for r in TriageMatrix.from_json(data).scenarios if r.run), key=lambda r: r.id)
     specs = {
         f"r{i:02d}": {

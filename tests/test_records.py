@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MATRICES = [
     "reports/2026-11-30-h200/triage2-matrix.json.gz",
     "reports/2026-11-30-h200-s2/matrix.json.gz",
-    "reports/2026-11-30-h200-s3/matrix.json",
+    "reports/2026-11-30-h200-s3/matrix.json.gz",
     "reports/2026-12-01-h200/final/matrix.json.gz",
 ]
 

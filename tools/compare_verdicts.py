@@ -14,6 +14,7 @@ difference is such a "~", 1 otherwise, 2 when an input cannot be read.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import sys
 import xml.etree.ElementTree as ET
@@ -38,7 +39,8 @@ def read_side(path: str) -> tuple[dict[str, str], dict[str, list[str]]]:
                 if rank >= verdicts.get(sid, (-1, ""))[0]:
                     verdicts[sid] = (rank, v)
         return {k: v for k, (_, v) in verdicts.items()}, {}
-    m = TriageMatrix.from_json(json.loads(p.read_text()))  # RecordError names a bad field
+    text = gzip.open(p, "rt").read() if p.suffix == ".gz" else p.read_text()  # a kept report
+    m = TriageMatrix.from_json(json.loads(text))  # RecordError names a bad field
     out, accepted = {}, {}
     for r in m.scenarios:
         if r.verdict:  # None: not run; ABSENT: still pending

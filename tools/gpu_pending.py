@@ -42,7 +42,7 @@ S = "scenarios"
 # The sm_90 families of the project's own matrix (field and sm100 apart: the field needs the
 # wheels; sm100 runs are UNSUPPORTED on sm_90 and compile-only items cover them).
 FAMILIES = ("bisect", "cluster_reduce", "minimal", "sm90_attention", "sm90_gemm", "tma_stream")
-S3_MATRIX = "reports/2026-11-30-h200-s3/matrix.json"
+S3_MATRIX = "reports/2026-11-30-h200-s3/matrix.json.gz"
 
 # Faulted scenarios that PASS on the H200 without perturbation (the s3 matrix): issue 20's
 # population for "exposed within 32 seeds".

@@ -23,6 +23,7 @@ those scenario families only):
 from __future__ import annotations
 
 import argparse
+import gzip
 import heapq
 import json
 import sys
@@ -100,7 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--families", help="only these scenario families (comma list)")
     a = ap.parse_args(argv)
     p = Path(a.matrix)
-    m = TriageMatrix.from_json(json.loads((p / "matrix.json" if p.is_dir() else p).read_text()))
+    p = p / "matrix.json" if p.is_dir() else p
+    text = gzip.open(p, "rt").read() if p.suffix == ".gz" else p.read_text()  # a kept report
+    m = TriageMatrix.from_json(json.loads(text))
     recs = sorted(m.scenarios, key=lambda r: r.id)
     if a.families:
         recs = [r for r in recs if r.id.split("/")[0] in a.families.split(",")]
