@@ -538,3 +538,32 @@ def test_a_bug_of_ours_in_one_mutant_is_its_harness_error_not_the_end_of_the_mat
     assert r.status == M.HARNESS and "could not write this mutant's report" in r.reason
     assert "the command said CRASH" in r.reason
     assert "run failed" in (tmp_path / "run" / "harness_error.txt").read_text()
+
+
+def test_a_relaxed_cluster_arrive_plans_no_cta_scope_sync():
+    """quack's cluster kernels arrive on the cluster barrier relaxed only (the H200's mutate run
+    planned cta_scope_sync on them: NOT_APPLIED three times, 2026-12-02-h200-s2 call3): a
+    relaxed arrive has no release for the fault to demote, so it is counted apart and plans
+    nothing; a plain cluster_arrive still plans the fault."""
+    from types import SimpleNamespace
+
+    from cutedebug.instrument.launch_record import recorded_summary
+    from cutedebug.instrument.protocol import Event
+
+    def summary(*detail):
+        events = [
+            Event(i, "cluster_arrive", None, "k.py", 10 + i, detail=d) for i, d in enumerate(detail)
+        ]
+        return recorded_summary(SimpleNamespace(events=events, pipeline_table=lambda: []))
+
+    relaxed = summary({"relaxed": True})
+    assert relaxed.arch_ops == {"cluster_arrive_relaxed": 1}
+    plain = summary({}, {"relaxed": True})
+    assert plain.arch_ops == {"cluster_arrive": 1, "cluster_arrive_relaxed": 1}
+
+    def kernel_wide(arch):
+        tr = replace(TMA_STREAM, pipelines=[], arch_ops=arch)
+        return [m.variant for m in M.plan([tr], None, None)]
+
+    assert "cta_scope_sync" not in kernel_wide(relaxed.arch_ops)
+    assert "cta_scope_sync" in kernel_wide(plain.arch_ops)

@@ -164,11 +164,9 @@ def _kernel_wide_mutants(
                 "named barriers traced",
             )
         )
-    if (
-        arch.get("cluster_arrive")
-        or arch.get("cluster_arrive_relaxed")
-        or arch.get("fence_acq_rel_cluster")
-    ):
+    # what cta_scope_sync patches: a cluster_arrive (a relaxed one has no release to demote:
+    # planning on it gave NOT_APPLIED on quack's cluster kernels, the H200's mutate run)
+    if arch.get("cluster_arrive") or arch.get("fence_acq_rel_cluster"):
         out.append(
             ("cta_scope_sync", {"what": "all"}, "cta_scope_sync", "cluster synchronization traced")
         )

@@ -141,6 +141,8 @@ def recorded_summary(proto: Any) -> RecordedProtocol:
     arch: dict[str, int] = {}
     for ev in proto.events:
         name = _RECORDER_ARCH.get(ev.kind)
+        if name == "cluster_arrive" and ev.detail.get("relaxed"):
+            name = "cluster_arrive_relaxed"  # no release to demote: cta_scope_sync leaves it
         if name is not None and ev.pipeline is None:
             arch[name] = arch.get(name, 0) + 1
     return RecordedProtocol(pipelines=pipes, arch_ops=arch, untagged_ops={}, kernel_names=[])

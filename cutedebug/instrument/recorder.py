@@ -327,9 +327,9 @@ def _arch(rec: _Recorder) -> dict[str, Callable[[Call], Any]]:
 
         return before
 
-    def sync(kind: str) -> Callable[[Call], None]:
+    def sync(kind: str, **detail: Any) -> Callable[[Call], None]:
         def before(call: Call) -> None:
-            rec.add(kind, call=call)
+            rec.add(kind, call=call, **detail)
 
         return before
 
@@ -357,7 +357,7 @@ def _arch(rec: _Recorder) -> dict[str, Callable[[Call], Any]]:
         "sync_threads": sync("sync_threads"),
         "sync_warp": sync("sync_warp"),
         "cluster_arrive": sync("cluster_arrive"),
-        "cluster_arrive_relaxed": sync("cluster_arrive"),
+        "cluster_arrive_relaxed": sync("cluster_arrive", relaxed=True),
         "cluster_wait": sync("cluster_wait"),
         "barrier": named("named_barrier_sync"),
         "barrier_arrive": named("named_barrier_arrive"),
