@@ -113,25 +113,28 @@ def _toml(names: list[str]) -> str:
 
 
 # issue #25: what the H200 has not yet localized from a core alone (tools/coredump_coverage.py
-# --pending: the 35 field HANG scenarios; the 60 own ones are in reports/2026-12-01-h200-s4/call3
-# and reports/2026-12-02-h200-s2/call2), in order of value for one call of <= 120 s: the crash
-# through the integrated path (minimal/oob_store: the exception's core against memcheck's
-# minimal.py:64, measured so far only offline on core-1's capture), the field hangs only
-# bisection could grade (named barriers in quack's GEMM and FA-4: the <= 10 s target), then one
-# hang of each field kernel not dumped yet. ~11 s each (field compile 4-8 s on the H200 host,
-# 2 s deadline, dump + reading ~1.5-3 s, health check); the step starts none after 95 s.
-CORE_REST = [
-    "minimal/oob_store",
+# --pending). Done: the 60 own HANG scenarios (reports/2026-12-01-h200-s4/call3,
+# reports/2026-12-02-h200-s2/call2) and, in reports/2026-12-02-h200-s2/call4 (this step's first
+# list), minimal/oob_store's crash core and CORE_DONE_FIELD. Next by value, for one call of
+# <= 120 s: the five that call's budget skipped - quack GEMM's and RMSNorm-bwd's producer hangs
+# first (graded with e4a724b's producer/consumer vocabulary, never on a real quack core), then
+# FA-4 bwd and fwd and softmax - and tma_stream's small hang last, whose 2.6 MB core comes back
+# as a fixture (the field cores are 15-120 MB). ~16-25 s each on the H200 (call4: field compile
+# 8-10 s, 2 s deadline, dump 1.6-7.8 s: the driver spends 45-65 ms per SM holding warps).
+CORE_DONE_FIELD = [
     "field/quack_gemm_sm90/wrong_barrier_threads_plus",
     "field/fa4_fwd_sm90/wrong_barrier_threads_plus",
     "field/quack_gemm_sm90/wrong_barrier_threads_minus",
     "field/fa4_fwd_sm90/wrong_barrier_threads_minus",
     "field/quack_rmsnorm_fwd/wrong_expect_tx_plus",
-    "field/quack_softmax/wrong_expect_tx_plus",
-    "field/fa4_bwd_sm90/wrong_expect_tx_plus",
-    "field/quack_rmsnorm_bwd/skip_consumer_release",
-    "field/fa4_fwd_sm90/wrong_expect_tx_plus",
+]
+CORE_REST = [
     "field/quack_gemm_sm90/skip_consumer_release",
+    "field/quack_rmsnorm_bwd/skip_consumer_release",
+    "field/fa4_bwd_sm90/wrong_expect_tx_plus",
+    "field/fa4_fwd_sm90/wrong_expect_tx_plus",
+    "field/quack_softmax/wrong_expect_tx_plus",
+    "tma_stream/wrong_expect_tx_plus",
 ]
 
 
@@ -152,7 +155,7 @@ def _field_hangs() -> list[str]:
 
 
 # the field hangs coredump_rest leaves for coredump_field
-CORE_FIELD_REST = [n for n in _field_hangs() if n not in CORE_REST]
+CORE_FIELD_REST = [n for n in _field_hangs() if n not in CORE_REST + CORE_DONE_FIELD]
 
 
 # The copy of the sm_90 families: a folder directly under the repository root (the steps run
@@ -506,43 +509,20 @@ STEPS = [
     Step(
         "coredump_rest",
         "25",
-        120,
+        115,
         True,
-        f"python3 tools/gpu_coredump_table.py --deadline 2 --budget-s 95 --out /tmp/corr "
+        f"python3 tools/gpu_coredump_table.py --deadline 2 --budget-s 90 --out /tmp/corr "
         f"--json $STEP_OUT/rows.json {_toml(CORE_REST)}; "
         # the two smallest real cores (<= 8 MB) with what cuda-gdb listed from them: fixtures
-        # for reading a core's warp and lane tables without cuda-gdb (its load is most of the
-        # reading: ~3.1 s for the 125 MB core of 8,448 warps)
+        # for reading a core's warp and lane tables without cuda-gdb
         "mkdir -p $STEP_OUT/cores; for c in $(ls -Sr /tmp/corr/*/coredump.*.nvcudmp "
         "2>/dev/null | head -2); do r=$(dirname $c); n=$(basename $r); "
         "[ $(stat -c %s $c) -le 8388608 ] && gzip -9 -c $c > $STEP_OUT/cores/$n.nvcudmp.gz "
         "&& cp $r/coredump_gdb_pass1.txt $STEP_OUT/cores/$n.pass1.txt; done; "
         "ls -la $STEP_OUT/cores",
-        "#25's gaps by value: minimal/oob_store's exception core through the integrated path "
-        "(faulting line vs memcheck's minimal.py:64), the 4 field hangs only bisection could "
-        "grade (<= 10 s each?), one hang of each other field kernel; the reader's prefetch "
-        "and dump facts per row",
-    ),
-    Step(
-        "coredump_sizes",
-        "25",
-        40,  # 3 x (compile ~1 s, 1 s deadline, dump + reading ~3-7 s, health), a fork server
-        False,
-        # where the <= 5 s target stops holding: minimal/spin_hang with 2,112 / 4,224 / 6,336
-        # resident warps (528 / 1,056 / 1,584 CTAs of 4 warps, n = 128 x CTAs); measured so far
-        # only at 8-144 warps (+1.0-4.2 s) and 8,448 (+9.2 s), ~5 s predicted near 3,800 by a
-        # straight line through them. Variants made here (var/ at the repository root, so
-        # their ../../kernels path holds), not in the matrix.
-        "mkdir -p var/minimal; for n in 67584 135168 202752; do "
-        f'sed "s#^id = \\"minimal/spin_hang\\"#id = \\"minimal/spin_hang_n$n\\"#" '
-        f"{S}/minimal/spin_hang.toml > var/minimal/spin_hang_n$n.toml; "
-        'printf "\\n[params]\\nn = %s\\n" $n >> var/minimal/spin_hang_n$n.toml; done; '
-        'grep -h -E "^(id|n) =" var/minimal/*.toml; '
-        "python3 tools/gpu_coredump_table.py --deadline 1 --out /tmp/cors "
-        "--json $STEP_OUT/rows.json var/minimal/spin_hang_n67584.toml "
-        "var/minimal/spin_hang_n135168.toml var/minimal/spin_hang_n202752.toml",
-        "#25's <= 5 s target against the grid's size: the seconds added (dump / reading) for "
-        "2,112, 4,224 and 6,336 resident warps of minimal/spin_hang",
+        "#25's gaps by value (CORE_REST): the field hangs call4's budget skipped, quack's "
+        "producer hangs first (the role vocabulary on a real quack core), then FA-4 bwd / fwd and "
+        "softmax; tma_stream's small core kept as a fixture",
     ),
     Step(
         "coredump_field",
@@ -552,7 +532,7 @@ STEPS = [
         f"python3 tools/gpu_coredump_table.py --deadline 2 --budget-s 260 --out /tmp/corf "
         f"--json $STEP_OUT/rows.json {_toml(CORE_FIELD_REST)}",
         "the field libraries' HANG scenarios coredump_rest leaves, localized from the core "
-        "alone (no probes): 25 x ~11 s, more than one call's 260 s budget",
+        "alone (no probes): 25 x ~16 s, more than one call's 260 s budget: ~15 run",
     ),
     Step(
         "field_quack",
@@ -693,7 +673,6 @@ PRIORITY = (  # after 2026-12-02's six calls (reports/2026-12-02-h200): what is 
     "referee",  # #17: racecheck RACEs refereed by perturbation (samples, quack GEMM, FA-4 bwd)
     "warm",  # cold / warm with the in-worker health check, never measured on the H200
     "coredump_rest",  # #25's gaps by value (CORE_REST), <= 120 s
-    "coredump_sizes",  # where <= 5 s added stops holding (3 grid sizes), ~40 s
     "coredump",  # done: reports/2026-12-02-h200-s2/call2 (every own HANG scenario dumped)
     "coredump_field",  # the field hangs from the core alone (the rest of them)
     "cold_bytecode",  # whether the device's cold imports are the bundle's missing bytecode
