@@ -66,7 +66,7 @@ def test_the_h200_hazard_on_quack_gemm_is_ordered_by_its_scheduler_pipeline(quac
     sched = str(root / "tile_scheduler.py")
     ops = op_lines(sites)
     # the scheduler pipeline's ops at the tile scheduler's own lines, as the recorder kept them
-    scheduler = {(op, b, line) for p, op, b, line in ops if p.startswith("PipelineAsync#1")}
+    scheduler = {(o.op, o.file, o.line) for o in ops if o.pipeline.startswith("PipelineAsync#1")}
     assert {
         ("consumer_wait", "tile_scheduler.py", 679),
         ("consumer_release", "tile_scheduler.py", 689),
@@ -76,8 +76,15 @@ def test_the_h200_hazard_on_quack_gemm_is_ordered_by_its_scheduler_pipeline(quac
     h200 = hazard("WAR_HAZARD", (sched, 683, "Read"), (sched, 940, "Write"))
     why = pipeline_order(h200, ops, RAW)
     assert why is not None and why.startswith("PipelineAsync#1@gemm_sm90.py:1960: ")
-    assert "read at tile_scheduler.py:683 inside consumer_wait..consumer_release" in why
-    assert "write at tile_scheduler.py:940 inside producer_acquire..producer_commit" in why
+    assert "read at tile_scheduler.py:683 before consumer_release" in why
+    assert "write at tile_scheduler.py:940 after producer_acquire" in why
+    # the scheduler's release is quack's elected lane after a warp sync: it covers the lanes
+    (rel,) = {
+        (o.covers, o.line)
+        for o in ops
+        if o.op == "consumer_release" and o.file == "tile_scheduler.py"
+    }
+    assert rel == (True, 689)
     kept, filtered = filter_noise([h200] * 3, ordered=order_checker(sites, RAW))
     assert kept == [] and len(filtered) == 3
     assert filtered[0].noise_reason == f"{NOISE_PIPELINE_ORDERED}: {why}"
@@ -100,12 +107,25 @@ def test_what_the_pipeline_does_not_order_stays_a_finding(quack_gemm):
     assert kept == [late, gmem] and filtered == []
 
 
+CUTLASS_OWN = {"arrives": 1, "owner": "cutlass.pipeline.sm90", "method": "PipelineAsync.x"}
+
+
+def _sites(path, pipe, lines, **extra):
+    return [
+        {"op": op, "pipeline": pipe, "file": str(path), "line": n, **CUTLASS_OWN, **extra}
+        for op, n in lines
+    ]
+
+
 def test_no_pipeline_ops_no_check_and_raw_mbarrier_kernels_are_not_credited(tmp_path):
     """A kernel without cutlass.pipeline ops (raw mbarriers: tools/sanitizer_samples'
     hand-off) gets no ordering check: its RACE stays for the caveat and the referee."""
     assert order_checker([], RAW) is None
     raw = [{"op": "mbarrier_wait", "pipeline": None, "file": "k.py", "line": 3}]
     assert order_checker(raw, RAW) is None
+
+
+def test_the_rule_on_small_kernels(tmp_path):
     k = tmp_path / "k.py"
     k.write_text(
         "def kernel(p):\n"
@@ -119,21 +139,29 @@ def test_no_pipeline_ops_no_check_and_raw_mbarrier_kernels_are_not_credited(tmp_
         "def other(p):\n"
         "    buf[s] = y\n"
     )
-    sites = [
-        {"op": op, "pipeline": "PipelineAsync#0@k.py:1", "file": str(k), "line": n}
-        for op, n in (
-            ("consumer_wait", 2),
-            ("consumer_release", 4),
-            ("producer_acquire", 5),
-            ("producer_commit", 7),
-        )
-    ]
+    lines = (("consumer_wait", 2), ("consumer_release", 4), ("producer_acquire", 5))
+    sites = _sites(k, "PipelineAsync#0@k.py:1", lines + (("producer_commit", 7),))
     check = order_checker(sites, RAW)
-    assert check(hazard("WAR_HAZARD", (str(k), 3, "Read"), (str(k), 6, "Write")))
-    # the same write in another function: its span is not that function's
+    war = hazard("WAR_HAZARD", (str(k), 3, "Read"), (str(k), 6, "Write"))
+    assert check(war) == (
+        "PipelineAsync#0@k.py:1: read at k.py:3 before consumer_release, "
+        "write at k.py:6 after producer_acquire"
+    )
+    # the same write in another function: the acquire is not that function's
     assert check(hazard("WAR_HAZARD", (str(k), 3, "Read"), (str(k), 10, "Write"))) is None
-    # a read outside the consumer's span (between release and the producer's acquire)
+    # a read after the release
     assert check(hazard("WAR_HAZARD", (str(k), 5, "Read"), (str(k), 6, "Write"))) is None
+    # a library's class whose release may be one elected lane's: credited only when the
+    # release syncs the warp before its arrive
+    lib = [dict(s, owner="somelib.pipeline") for s in sites]
+    assert order_checker(lib, RAW)(war) is None
+    assert order_checker([dict(s, syncs_before=["sync_warp"]) for s in lib], RAW)(war)
+    # a TMA pipeline's release (one elected lane, no sync, not cutlass's PipelineAsync)
+    tma = [
+        dict(s, pipeline="PipelineTmaAsync#0@k.py:1", method="PipelineTmaAsync.x") for s in sites
+    ]
+    assert order_checker(tma, RAW)(war) is None
+
     # a release only lane 0 makes does not order the other lanes' reads
     k2 = tmp_path / "k2.py"
     k2.write_text(
@@ -144,29 +172,43 @@ def test_no_pipeline_ops_no_check_and_raw_mbarrier_kernels_are_not_credited(tmp_
         "        p.consumer_release(s)\n"
         "    p.producer_acquire(s)\n"
         "    buf[s] = y\n"
-        "    p.producer_commit(s)\n"
     )
-    lane0 = [
-        {"op": op, "pipeline": "PipelineAsync#0@k2.py:1", "file": str(k2), "line": n}
-        for op, n in (
-            ("consumer_wait", 2),
-            ("consumer_release", 5),
-            ("producer_acquire", 6),
-            ("producer_commit", 8),
-        )
-    ]
+    lane0 = _sites(
+        k2,
+        "PipelineAsync#0@k2.py:1",
+        (("consumer_wait", 2), ("consumer_release", 5), ("producer_acquire", 6)),
+    )
     assert (
         order_checker(lane0, RAW)(hazard("WAR_HAZARD", (str(k2), 3, "Read"), (str(k2), 7, "Write")))
         is None
     )
-    # a subclass of a library (its release / commit may arrive otherwise): not credited
-    sub = [dict(s, pipeline="PipelineStasAsync#0@k.py:1") for s in sites]
-    assert (
-        order_checker(sub, RAW)(hazard("WAR_HAZARD", (str(k), 3, "Read"), (str(k), 6, "Write")))
-        is None
+
+    # RAW: the write before a covering commit, the read after the wait
+    k3 = tmp_path / "k3.py"
+    k3.write_text(
+        "def kernel(p):\n"
+        "    p.producer_acquire(s)\n"
+        "    buf[s] = y\n"
+        "    p.producer_commit(s)\n"
+        "    p.consumer_wait(s)\n"
+        "    x = buf[s]\n"
+        "    p.consumer_release(s)\n"
     )
-    tma = [dict(s, pipeline="PipelineTmaAsync#0@k.py:1") for s in sites]
-    assert (
-        order_checker(tma, RAW)(hazard("WAR_HAZARD", (str(k), 3, "Read"), (str(k), 6, "Write")))
-        is None
+    raw_sites = _sites(
+        k3,
+        "PipelineAsync#0@k3.py:1",
+        (
+            ("producer_acquire", 2),
+            ("producer_commit", 4),
+            ("consumer_wait", 5),
+            ("consumer_release", 7),
+        ),
     )
+    raw = hazard("RAW_HAZARD", (str(k3), 3, "Write"), (str(k3), 6, "Read"))
+    assert order_checker(raw_sites, RAW)(raw)
+    # a commit that arrives nowhere (a TMA pipeline's) orders no thread's write
+    none = [dict(s, arrives=0) if s["op"] == "producer_commit" else s for s in raw_sites]
+    assert order_checker(none, RAW)(raw) is None
+    # two producer writes (WAW) are not credited
+    waw = hazard("WAW_HAZARD", (str(k3), 3, "Write"), (str(k3), 3, "Write"))
+    assert order_checker(raw_sites, RAW)(waw) is None

@@ -240,7 +240,18 @@ def protocol_sites(protocol: Any) -> list[dict[str, Any]]:
         if ev.kind in PROTOCOL_OPS and ev.file and key not in seen:
             seen.add(key)
             site = {"op": ev.kind, "pipeline": ev.pipeline, "file": ev.file, "line": ev.line}
-            out.append({**site, "via": via} if via else site)
+            if via:
+                site["via"] = via
+            if ev.kind in ("consumer_release", "producer_commit"):
+                # how it arrives (the sanitizer's ordering credits only a release / commit
+                # whose arrive covers every thread that called it)
+                d = ev.detail or {}
+                site["arrives"] = d.get("arrives", 0)
+                site["conditional"] = bool(d.get("conditional_arrives"))
+                site["syncs_before"] = list(d.get("syncs_before") or [])
+                site["method"] = d.get("method")
+                site["owner"] = d.get("owner")
+            out.append(site)
     return out[:64]
 
 

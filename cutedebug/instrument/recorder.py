@@ -252,6 +252,7 @@ def _ops(rec: _Recorder) -> dict[str, Callable[[Call], Any]]:
             waits=0,
             syncs_before=[],
             method=f"{type(call.self_obj).__name__}.{op}",
+            owner=type(call.self_obj).__module__,  # cutlass's own class, or a library's
             # the stage when the kernel names it statically (FA-4's *_w_index(stage) in an
             # unrolled loop over stages): releases of two stages are not one stage twice
             stage=_static(getattr(state, "index", None)) if state is not None else None,
@@ -330,6 +331,11 @@ def _arch(rec: _Recorder) -> dict[str, Callable[[Call], Any]]:
     def sync(kind: str, **detail: Any) -> Callable[[Call], None]:
         def before(call: Call) -> None:
             rec.add(kind, call=call, **detail)
+            # a sync inside a release / commit before its arrive (a library's elected-lane
+            # release syncs the warp first: the other lanes' accesses come before the arrive)
+            op = rec.open_op(("consumer_release", "producer_commit"))
+            if op is not None and not op.detail.get("arrives"):
+                op.detail.setdefault("syncs_before", []).append(kind)
 
         return before
 

@@ -1,25 +1,27 @@
-"""Which racecheck hazards a cutlass.pipeline orders: the reading side inside a consumer's
-``consumer_wait .. consumer_release`` of a pipeline, the writing side inside its producer's
-``producer_acquire .. producer_commit``, in the same Python function (the kernel's or a
-library helper's, e.g. quack's tile scheduler).
+"""Which racecheck hazards a cutlass.pipeline orders, from the kernel's recorded protocol.
 
-Such accesses cannot overlap when the pipeline's protocol holds: a write waits (acquire, on the
-empty barrier) for every consumer's release of the stage, which comes after their reads (WAR);
-a read waits (consumer_wait, on the full barrier) for the producer's commit, which comes after
-its writes (RAW); two producer writes to a stage are a consumer round apart (WAW). racecheck
-does not credit mbarrier arrive / wait ordering (on the H200 a correct mbarrier hand-off gave
-102 WAR hazards: tools/sanitizer_samples/mbarrier_handoff.py), so it reports them anyway.
+A WAR hazard (a read, then another thread's write of the same shared memory) is ordered when
+the read is followed by a ``consumer_release`` of a pipeline that covers the reading threads
+and the write follows that pipeline's ``producer_acquire``: the acquire waits on the empty
+barrier the releases arrive on. A RAW hazard (a write, then a read) is ordered when the write
+is followed by a covering ``producer_commit`` and the read follows the pipeline's
+``consumer_wait``. Each op counts only in the access's own Python function (the kernel's, or a
+library helper's: quack's tile scheduler) and only when it sits in no `if` branch the access is
+not in (the threads that made the access made the op: a release under `if lane == 0` does not
+order the other lanes' reads). racecheck does not credit mbarrier arrive / wait ordering (on
+the H200 a correct mbarrier hand-off gave 102 WAR hazards: tools/sanitizer_samples/
+mbarrier_handoff.py), so it reports such hazards anyway.
+
+A release / commit covers its callers when it arrives and either syncs the warp before the
+arrive (an elected lane then speaks for lanes that are done: quack's elect-one release) or is
+cutlass's own PipelineAsync method (every calling thread arrives). A TMA pipeline's release is
+one elected lane's without a sync and its commit arrives nowhere: not credited. Two producer
+writes (WAW) are not credited.
 
 What the rule takes for granted, as the protocol lint and the fault catalogue check apart: the
-accesses index the stage of the state they waited on / acquired, and the pipeline's arrive
-counts are right. Only pipelines whose release and commit arrive for every calling thread
-are credited (cutlass.pipeline.PipelineAsync; a TMA pipeline's commit is a no-op and its release
-comes from one elected lane), and only when the closing op (release / commit) is in no `if`
-branch the access is not in: a release under `if lane == 0` does not order the other lanes'
-reads.
-
-The op lines are the recorder's protocol sites: the kernel's call site of each op and, for an
-op called inside a helper, the helper's own line (``via``, basename:line).
+accesses index the stage of the state they waited on / acquired, and the arrive counts are
+right. The op lines are the recorder's protocol sites: the kernel's call site of each op and,
+for an op called inside a helper, the helper's own line (``via``, basename:line).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import ast
 import os
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -34,45 +37,56 @@ from typing import Any
 from cutedebug.analyses.sanitizer.findings import (
     RAW_HAZARD,
     WAR_HAZARD,
-    WAW_HAZARD,
     Finding,
     enclosing_def,
 )
 
 Reader = Callable[[str | None, int | None], str | None]
 
-READ_SPAN = ("consumer_wait", "consumer_release")
-WRITE_SPAN = ("producer_acquire", "producer_commit")
-ORDERED_KINDS = (RAW_HAZARD, WAR_HAZARD, WAW_HAZARD)
+
+@dataclass(frozen=True)
+class Op:
+    pipeline: str
+    op: str
+    file: str  # basename
+    line: int
+    covers: bool  # a release / commit that arrives for every thread that called it
+
+
+SPAN_OPS = ("consumer_wait", "consumer_release", "producer_acquire", "producer_commit")
+ORDERED_KINDS = (RAW_HAZARD, WAR_HAZARD)  # two producer writes (WAW): not credited
 REACH = 800  # lines above an access searched for its `def` (a kernel body is long)
 
 
-def op_lines(sites: Iterable[dict[str, Any]] | None) -> list[tuple[str, str, str, int]]:
-    """(pipeline, op, file basename, line) of each pipeline op site, its ``via`` line too."""
+def op_lines(sites: Iterable[dict[str, Any]] | None) -> list[Op]:
+    """Each pipeline op site at the kernel's call site and at its ``via`` line."""
     out = []
     for s in sites or []:
         pipe, op = s.get("pipeline"), s.get("op")
-        if not pipe or op not in READ_SPAN + WRITE_SPAN:
+        if not pipe or op not in SPAN_OPS:
             continue
+        covers = _covers(s) if op in ("consumer_release", "producer_commit") else True
         if s.get("file") and s.get("line"):
-            out.append((pipe, op, os.path.basename(s["file"]), int(s["line"])))
+            out.append(Op(pipe, op, os.path.basename(s["file"]), int(s["line"]), covers))
         via = s.get("via")
         if isinstance(via, str) and ":" in via:
             name, _, line = via.rpartition(":")
             if line.isdigit():
-                out.append((pipe, op, name, int(line)))
+                out.append(Op(pipe, op, name, int(line), covers))
     return out
 
 
-# The pipeline classes whose consumer_release and producer_commit arrive for every thread that
-# calls them (cutlass.pipeline.PipelineAsync: no signalling-thread predicate, no transaction
-# bytes). The TMA / UMMA pipelines arrive from one elected thread (a warp's other lanes need
-# their own sync first) or by bytes; a library's subclass may change either: not credited.
-THREAD_ARRIVE_CLASSES = ("PipelineAsync",)
-
-
-def _thread_arrive(pipeline: str) -> bool:
-    return pipeline.split("#", 1)[0] in THREAD_ARRIVE_CLASSES
+def _covers(site: dict[str, Any]) -> bool:
+    """Whether a release / commit arrives for every thread that called it: it arrives, and
+    either syncs the warp before its arrive (an elected lane then speaks for lanes that are
+    done) or is cutlass's own PipelineAsync method (every calling thread arrives; a TMA
+    pipeline's release is one elected lane's without a sync, its commit arrives nowhere)."""
+    if not site.get("arrives"):
+        return False
+    if "sync_warp" in (site.get("syncs_before") or []):
+        return True
+    owner, method = str(site.get("owner") or ""), str(site.get("method") or "")
+    return owner.startswith("cutlass.") and method.split(".", 1)[0] == "PipelineAsync"
 
 
 @lru_cache(maxsize=64)
@@ -100,69 +114,71 @@ def _within(path: str | None, line: int) -> frozenset[int] | None:
 
 def _no_narrower(path: str | None, op_line: int, access_line: int) -> bool:
     """Whether every `if` branch the op is in also holds the access: the threads that made
-    the access all reach the op (a release under `if lane == 0` does not order other lanes'
-    reads). False when the file cannot be read."""
+    the access all made the op (a release under `if lane == 0` does not order the other
+    lanes' reads). False when the file cannot be read."""
     op, acc = _within(path, op_line), _within(path, access_line)
     return op is not None and acc is not None and op <= acc
 
 
+# What each side of a hazard needs from one pipeline, by the hazard's kind and the access:
+# (op, "before" / "after" the access, whether that op must cover every caller).
+NEEDS = {
+    (WAR_HAZARD, "Read"): ("consumer_release", "after"),  # the read is done before the release
+    (WAR_HAZARD, "Write"): ("producer_acquire", "before"),  # the write waits for the releases
+    (RAW_HAZARD, "Write"): ("producer_commit", "after"),  # the write is done before the commit
+    (RAW_HAZARD, "Read"): ("consumer_wait", "before"),  # the read waits for the commits
+}
+
+
 def guarding(
+    kind: str,
     file: str | None,
     line: int | None,
     access: str | None,
-    ops: Sequence[tuple[str, str, str, int]],
+    ops: Sequence[Op],
     read_raw: Reader,
 ) -> set[str]:
-    """The pipelines whose span (by the access's kind) encloses ``file:line`` in its function."""
-    if not file or not line or access not in ("Read", "Write"):
+    """The pipelines whose op (by the hazard's kind and the access) orders ``file:line``."""
+    need = NEEDS.get((kind, access or ""))
+    if need is None or not file or not line:
         return set()
     name = enclosing_def(file, line, read_raw, REACH)
     if name is None:
         return set()
+    op_name, side = need
     base = os.path.basename(file)
-    opens, closes = READ_SPAN if access == "Read" else WRITE_SPAN
-
-    def same_def(at: int) -> bool:
-        return enclosing_def(file, at, read_raw, REACH) == name
-
     out = set()
-    for pipe in {p for p, _, b, _ in ops if b == base}:
-        if not _thread_arrive(pipe):
+    for o in ops:
+        if o.op != op_name or o.file != base or not o.covers:
             continue
-        here = [(op, at) for p, op, b, at in ops if p == pipe and b == base]
-        before = any(op == opens and at < line and same_def(at) for op, at in here)
-        after = any(
-            op == closes and at > line and same_def(at) and _no_narrower(file, at, line)
-            for op, at in here
-        )
-        if before and after:
-            out.add(pipe)
+        if (o.line > line) != (side == "after") or o.line == line:
+            continue
+        if enclosing_def(file, o.line, read_raw, REACH) == name and _no_narrower(
+            file, o.line, line
+        ):
+            out.add(o.pipeline)
     return out
 
 
-def pipeline_order(
-    f: Finding, ops: Sequence[tuple[str, str, str, int]], read_raw: Reader
-) -> str | None:
+def _said(kind: str, s: Any) -> str:
+    op, side = NEEDS[(kind, s.access or "")]
+    where = f"{os.path.basename(s.file or '?')}:{s.line}"
+    return f"{(s.access or '?').lower()} at {where} {'before' if side == 'after' else 'after'} {op}"
+
+
+def pipeline_order(f: Finding, ops: Sequence[Op], read_raw: Reader) -> str | None:
     """The pipeline that orders both sides of a shared-memory hazard, said in words; None when
     the hazard is not one this rule can credit."""
     if f.kind not in ORDERED_KINDS or f.address_space not in (None, "shared"):
         return None
     if len(f.sites) != 2 or not ops:
         return None
-    sets = [guarding(s.file, s.line, s.access, ops, read_raw) for s in f.sites]
+    sets = [guarding(f.kind, s.file, s.line, s.access, ops, read_raw) for s in f.sites]
     common = sets[0] & sets[1]
     if not common:
         return None
     pipe = sorted(common)[0]
-    sides = ", ".join(
-        f"{(s.access or '?').lower()} at {os.path.basename(s.file or '?')}:{s.line} inside "
-        + (
-            "consumer_wait..consumer_release"
-            if s.access == "Read"
-            else "producer_acquire..producer_commit"
-        )
-        for s in f.sites
-    )
+    sides = ", ".join(_said(f.kind, s) for s in f.sites)
     return f"{pipe}: {sides}"
 
 
