@@ -1,6 +1,7 @@
 """Shards (by id, balanced by recorded durations), merge of shard outputs, GPU names and
 worker binding: pure logic, on the real H200 matrix of reports/2026-11-30-h200-s3."""
 
+import gzip
 import json
 from pathlib import Path
 
@@ -10,11 +11,11 @@ from cutedebug.commands import shard, triage
 from cutedebug.engine import gpus
 
 ROOT = Path(__file__).resolve().parent.parent
-MATRIX = ROOT / "reports" / "2026-11-30-h200-s3" / "matrix.json"
+MATRIX = ROOT / "reports" / "2026-11-30-h200-s3" / "matrix.json.gz"
 
 
 def real_matrix() -> dict:
-    return json.loads(MATRIX.read_text())
+    return json.loads(gzip.open(MATRIX, "rt").read())
 
 
 # ---- --shard I/N -----------------------------------------------------------------------------

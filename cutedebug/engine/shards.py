@@ -12,6 +12,7 @@ plugin and ``cutedebug merge`` (commands/shard.py, which also documents the comm
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import statistics
@@ -85,7 +86,9 @@ def durations_from(path: Path | str) -> dict[str, float]:
     if p.is_dir():
         p = p / "matrix.json"
     try:
-        m = TriageMatrix.from_json(json.loads(p.read_text(encoding="utf-8")))
+        # a kept report's matrix may be gzipped (reports/*/matrix.json.gz)
+        raw = gzip.open(p, "rt", encoding="utf-8").read() if p.suffix == ".gz" else None
+        m = TriageMatrix.from_json(json.loads(raw or p.read_text(encoding="utf-8")))
     except (OSError, ValueError) as e:  # RecordError is a ValueError naming the field
         raise ShardError(
             f"--durations {path}: {p} is not a readable cutedebug matrix.json "
