@@ -212,3 +212,56 @@ def test_the_rule_on_small_kernels(tmp_path):
     # two producer writes (WAW) are not credited
     waw = hazard("WAW_HAZARD", (str(k3), 3, "Write"), (str(k3), 3, "Write"))
     assert order_checker(raw_sites, RAW)(waw) is None
+
+
+def test_cutedebug_sanitize_filters_a_pipeline_ordered_hazard_end_to_end(fake_sanitizer, tmp_path):
+    """The H200's racecheck capture of race_smem.py (RAW: write line 28, read line 31), replayed
+    through `cutedebug sanitize` for a worker whose compile recorded a covering producer_commit
+    and a consumer_wait of one pipeline between the two lines: racecheck's RAW is that
+    pipeline's hand-off, the tool's verdict CLEAN with the records filtered and counted; the
+    same capture with the commit from a library class that does not sync its warp stays RACE."""
+    import json
+
+    from helpers.sanitize_runs import sanitize_tool, tool_report
+
+    path = "/work/main/tools/sanitizer_samples/race_smem.py"  # as the H200 recorded it
+    own = {"arrives": 1, "owner": "cutlass.pipeline.sm90", "method": "PipelineAsync.x"}
+    sites = [
+        {
+            "op": "producer_commit",
+            "pipeline": "PipelineAsync#0@race_smem.py:1",
+            "file": path,
+            "line": 29,
+            **own,
+        },
+        {
+            "op": "consumer_wait",
+            "pipeline": "PipelineAsync#0@race_smem.py:1",
+            "file": path,
+            "line": 29,
+        },
+    ]
+
+    def run(sites, where, expect):
+        events = {"compiled": {"pipelines": []}, "protocol_sites": {"sites": sites}}
+        r = sanitize_tool(
+            fake_sanitizer,
+            "racecheck_raw",
+            "simulate",
+            REPO / "scenarios" / "minimal" / "clean.toml",
+            "racecheck",
+            tmp_path / where,
+            "--referee",
+            "0",
+            expect=expect,
+            env={"FAKE_SANITIZER_EVENTS": json.dumps(events)},
+        )
+        return r, tool_report(r, "racecheck")
+
+    r, (_, md, res) = run(sites, "ordered", "PASS")
+    assert r.stdout.splitlines()[0].startswith("racecheck: CLEAN"), r.stdout
+    assert res["verdict"] == "CLEAN" and res["filtered_count"] > 0
+    assert "pipeline-ordered" in md
+    lib = [dict(s, owner="somelib.pipeline") if s["op"] == "producer_commit" else s for s in sites]
+    r, (_, _, res) = run(lib, "library", "RACE")
+    assert r.stdout.splitlines()[0].startswith("racecheck: RACE — RAW_HAZARD at race_smem.py:28")

@@ -358,48 +358,43 @@ STEPS = [
     Step(
         "sanitize_rest",
         "17",
-        100,  # s4: racecheck 15-34 s, memcheck 13-16 s per kernel; fa4_bwd's compile ~18 s
+        # 2026-12-02-h200-s2: quack GEMM racecheck 36.3 s (call4), fa4_bwd racecheck 80.5 s
+        # at its default shape (call1; memcheck CLEAN there, 23.6 s)
+        150,
         True,
-        # fa4_bwd_sm90: the one clean field kernel s4's budget left unsanitized; quack's GEMM
-        # racecheck again: its RACE now carries the mbarrier caveat (racecheck_idiom)
-        # each report is <runs-dir>/<run>/sanitize/sanitize.md (commands/sanitize.py), kept
-        # as soon as it is written
+        # The two clean field kernels racecheck called RACE, under the rules that came after:
+        # quack's GEMM (WAR tile_scheduler.py:683 / :940, the scheduler pipeline's hand-off:
+        # `pipeline-ordered`, 3ef76bd) and FA-4's backward at its default shape (WAR
+        # flash_bwd_sm90.py:1527 / copy_utils.py:1093, a bulk copy's write: `tma`, ff18fcf).
+        # Expected CLEAN with those records filtered; each report kept as soon as written.
         "mkdir -p $STEP_OUT/md; "
-        f"python3 -m cutedebug sanitize {S}/field/fa4_bwd_sm90/clean.toml --tool "
-        "racecheck,memcheck --no-plain --expect PASS --deadline-scale 6 --runs-dir /tmp/fs1 "
-        f"| tail -6; {_keep('/tmp/fs1/*/sanitize/*.md', SAN_MD)}; "
         f"python3 -m cutedebug sanitize {S}/field/quack_gemm_sm90/clean.toml --tool racecheck "
         "--no-plain --expect PASS --deadline-scale 6 --runs-dir /tmp/fs2 | tail -6; "
-        f"{_keep('/tmp/fs2/*/sanitize/*.md', SAN_MD)}",
-        "the last clean field kernel under racecheck and memcheck (fa4_bwd_sm90), and quack's "
-        "GEMM racecheck finding with its caveat",
+        f"{_keep('/tmp/fs2/*/sanitize/*.md', SAN_MD)}; "
+        f"python3 -m cutedebug sanitize {S}/field/fa4_bwd_sm90/clean.toml --tool racecheck "
+        "--no-plain --expect PASS --deadline-scale 6 --runs-dir /tmp/fs1 | tail -6; "
+        f"{_keep('/tmp/fs1/*/sanitize/*.md', SAN_MD)}",
+        "quack's GEMM and FA-4's backward (default shape) under racecheck with the "
+        "pipeline-ordered and bulk-copy rules: CLEAN, their hazards filtered with the reason",
     ),
     Step(
         "referee",
         "17",
-        120,  # samples: racecheck ~8 s + referee ~7 s each; quack GEMM racecheck 31 s (s4) +
-        # referee ~10 s; fa4_bwd at seqlen 256: its compile ~18 s twice + the runs
+        40,  # 2026-12-02-h200-s2 call4: racecheck 8-10 s + referee ~7 s per sample
         True,
-        # The sanitizer's referee (analyses/sanitizer/referee.py) on a RACE racecheck cannot
-        # tell from an mbarrier hand-off: the sample's real race (must be CONFIRMED), its
-        # correct hand-off (UNCONFIRMED: no schedule breaks it), then the two clean field
-        # kernels whose RACE carries the caveat (quack's GEMM scheduler slot; FA-4 backward's
-        # LSE stage, here at seqlen 256 to fit the step)
+        # The sanitizer's referee (analyses/sanitizer/referee.py) on its two references, raw
+        # mbarrier kernels the pipeline-ordered rule does not speak for: the real race (must
+        # be CONFIRMED) and the correct hand-off (UNCONFIRMED: no schedule breaks it). The
+        # clean field kernels it refereed in call4 are sanitize_rest's now.
         "mkdir -p $STEP_OUT/md; "
         "python3 -m cutedebug sanitize tools/sanitizer_samples/mbarrier_handoff_nowait.toml "
         "--tool racecheck --no-plain --expect RACE --referee 16 --runs-dir /tmp/rf1 | tail -6; "
         f"{_keep('/tmp/rf1/*/sanitize/*.md', SAN_MD)}; "
         "python3 -m cutedebug sanitize tools/sanitizer_samples/mbarrier_handoff_clean.toml "
         "--tool racecheck --no-plain --expect RACE --referee 32 --runs-dir /tmp/rf2 | tail -6; "
-        f"{_keep('/tmp/rf2/*/sanitize/*.md', SAN_MD)}; "
-        f"python3 -m cutedebug sanitize {S}/field/quack_gemm_sm90/clean.toml --tool racecheck "
-        "--no-plain --expect RACE --deadline-scale 6 --referee 32 --runs-dir /tmp/rf3 | tail -6; "
-        f"{_keep('/tmp/rf3/*/sanitize/*.md', SAN_MD)}; "
-        f"python3 -m cutedebug sanitize {S}/field/fa4_bwd_sm90/clean.toml --tool racecheck "
-        "--no-plain --expect RACE --deadline-scale 6 --param seqlen=256 --referee 32 "
-        f"--runs-dir /tmp/rf4 | tail -6; {_keep('/tmp/rf4/*/sanitize/*.md', SAN_MD)}",
+        f"{_keep('/tmp/rf2/*/sanitize/*.md', SAN_MD)}",
         "racecheck's RACE refereed by perturbed runs: the sample's real race CONFIRMED, its "
-        "correct mbarrier hand-off and the clean field kernels' RACEs CONFIRMED or UNCONFIRMED",
+        "correct mbarrier hand-off UNCONFIRMED",
     ),
     Step(
         "coredump_lite",
@@ -663,22 +658,22 @@ BY_NAME = {s.name: s for s in STEPS}
 # half of #23's; with xdist #23 is done; pytest_gpu is owed whenever GPU code changed; perturb
 # and coredump each close one issue; warm + bench finish #22 (with the triage); the field and
 # exec steps (#17, #19) carry the wheels and come last.
-PRIORITY = (  # after 2026-12-02's six calls (reports/2026-12-02-h200): what is left
-    "mutate_all",  # #19: the whole field test file, each mutant on its own test item
-    "pytest_gpu_only",  # GPU code changed (mutate's narrowing, 4bc737a), the lifeline did not
+PRIORITY = (  # after 2026-12-02-h200-s2's five calls: what is left
+    "mutate_all",  # #19: the 77-mutant field matrix after 36eb2f1 (call3 stopped at 15 on our bug)
+    "sanitize_rest",  # #17: quack GEMM + fa4_bwd racecheck under the pipeline-ordered / bulk rules
+    "pytest_gpu_only",  # GPU-facing code after 9ad9f96 (36eb2f1, 3ef76bd, 1a39f81)
+    "coredump_rest",  # #25: the field hangs call4's budget skipped
+    "recheck",  # #20: sm90_gemm/skip_producer_tail_cluster, never re-run with the fixes
+    "referee",  # done in 2026-12-02-h200-s2 call4 (the samples: CONFIRMED / UNCONFIRMED)
+    "perturb_crash",  # done in 2026-12-02-h200-s2 call5 (CRASH; replay as printed 9/9)
     "pytest_gpu",
-    "perturb_crash",  # #20: CRASH not HARNESS_ERROR (4bc737a); replay alone vs with history
-    "perturb",  # the whole latent set with 4bc737a: every perturbed CRASH a CRASH now?
-    "sanitize_rest",  # fa4_bwd_sm90 under racecheck + memcheck; quack GEMM's caveat
-    "referee",  # #17: racecheck RACEs refereed by perturbation (samples, quack GEMM, FA-4 bwd)
-    "warm",  # cold / warm with the in-worker health check, never measured on the H200
-    "coredump_rest",  # #25's gaps by value (CORE_REST), <= 120 s
-    "coredump",  # done: reports/2026-12-02-h200-s2/call2 (every own HANG scenario dumped)
-    "coredump_field",  # the field hangs from the core alone (the rest of them)
-    "cold_bytecode",  # whether the device's cold imports are the bundle's missing bytecode
+    "perturb",
+    "warm",
+    "coredump",
+    "coredump_field",
+    "cold_bytecode",
     "triage",
     "exec",
-    "recheck",
     "perturb_keys",
     "racecheck_idiom",
     "field_quack",

@@ -31,7 +31,6 @@ import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 from cutedebug.analyses.sanitizer.findings import (
@@ -89,13 +88,12 @@ def _covers(site: dict[str, Any]) -> bool:
     return owner.startswith("cutlass.") and method.split(".", 1)[0] == "PipelineAsync"
 
 
-@lru_cache(maxsize=64)
-def _branches(path: str) -> tuple[tuple[int, int, int], ...]:
-    """(id, first line, last line) of each branch of each `if` statement in a source file
+def _branches(text: str) -> tuple[tuple[int, int, int], ...]:
+    """(id, first line, last line) of each branch of each `if` statement in a source text
     (the body and the else part are two branches); () when it cannot be parsed."""
     try:
-        tree = ast.parse(Path(path).read_text(encoding="utf-8", errors="replace"))
-    except (OSError, SyntaxError, ValueError):
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
         return ()
     out = []
     for node in ast.walk(tree):
@@ -106,18 +104,35 @@ def _branches(path: str) -> tuple[tuple[int, int, int], ...]:
     return tuple(out)
 
 
-def _within(path: str | None, line: int) -> frozenset[int] | None:
-    if not path or not os.path.isfile(path):
-        return None
-    return frozenset(i for i, a, b in _branches(path) if a <= line <= b)
+class _Source:
+    """A source file as the reader sees it (the path as recorded on the GPU machine, found
+    under the reader's roots elsewhere): its `if` branches, read once."""
 
+    def __init__(self, read: Reader):
+        self.read = read
+        self.cache: dict[str, tuple[tuple[int, int, int], ...] | None] = {}
 
-def _no_narrower(path: str | None, op_line: int, access_line: int) -> bool:
-    """Whether every `if` branch the op is in also holds the access: the threads that made
-    the access all made the op (a release under `if lane == 0` does not order the other
-    lanes' reads). False when the file cannot be read."""
-    op, acc = _within(path, op_line), _within(path, access_line)
-    return op is not None and acc is not None and op <= acc
+    def branches(self, file: str) -> tuple[tuple[int, int, int], ...] | None:
+        if file not in self.cache:
+            lines, n = [], 1
+            while (text := self.read(file, n)) is not None:
+                lines.append(text)
+                n += 1
+            self.cache[file] = _branches("\n".join(lines) + "\n") if lines else None
+        return self.cache[file]
+
+    def within(self, file: str, line: int) -> frozenset[int] | None:
+        branches = self.branches(file)
+        if branches is None:
+            return None
+        return frozenset(i for i, a, b in branches if a <= line <= b)
+
+    def no_narrower(self, file: str, op_line: int, access_line: int) -> bool:
+        """Whether every `if` branch the op is in also holds the access: the threads that made
+        the access all made the op (a release under `if lane == 0` does not order the other
+        lanes' reads). False when the file cannot be read."""
+        op, acc = self.within(file, op_line), self.within(file, access_line)
+        return op is not None and acc is not None and op <= acc
 
 
 # What each side of a hazard needs from one pipeline, by the hazard's kind and the access:
@@ -137,8 +152,10 @@ def guarding(
     access: str | None,
     ops: Sequence[Op],
     read_raw: Reader,
+    source: _Source | None = None,
 ) -> set[str]:
     """The pipelines whose op (by the hazard's kind and the access) orders ``file:line``."""
+    source = source or _Source(read_raw)
     need = NEEDS.get((kind, access or ""))
     if need is None or not file or not line:
         return set()
@@ -153,7 +170,7 @@ def guarding(
             continue
         if (o.line > line) != (side == "after") or o.line == line:
             continue
-        if enclosing_def(file, o.line, read_raw, REACH) == name and _no_narrower(
+        if enclosing_def(file, o.line, read_raw, REACH) == name and source.no_narrower(
             file, o.line, line
         ):
             out.add(o.pipeline)
@@ -166,14 +183,17 @@ def _said(kind: str, s: Any) -> str:
     return f"{(s.access or '?').lower()} at {where} {'before' if side == 'after' else 'after'} {op}"
 
 
-def pipeline_order(f: Finding, ops: Sequence[Op], read_raw: Reader) -> str | None:
+def pipeline_order(
+    f: Finding, ops: Sequence[Op], read_raw: Reader, source: _Source | None = None
+) -> str | None:
     """The pipeline that orders both sides of a shared-memory hazard, said in words; None when
     the hazard is not one this rule can credit."""
     if f.kind not in ORDERED_KINDS or f.address_space not in (None, "shared"):
         return None
     if len(f.sites) != 2 or not ops:
         return None
-    sets = [guarding(f.kind, s.file, s.line, s.access, ops, read_raw) for s in f.sites]
+    source = source or _Source(read_raw)
+    sets = [guarding(f.kind, s.file, s.line, s.access, ops, read_raw, source) for s in f.sites]
     common = sets[0] & sets[1]
     if not common:
         return None
@@ -191,12 +211,13 @@ def order_checker(
     if not ops:
         return None
     read = lru_cache(maxsize=None)(read_raw)  # racecheck repeats a hazard up to 1000 times
+    source = _Source(read)
     memo: dict[tuple, str | None] = {}
 
     def check(f: Finding) -> str | None:
         key = (f.kind, f.address_space, tuple((s.file, s.line, s.access) for s in f.sites))
         if key not in memo:
-            memo[key] = pipeline_order(f, ops, read)
+            memo[key] = pipeline_order(f, ops, read, source)
         return memo[key]
 
     return check
