@@ -27,7 +27,10 @@ sites share a common prefix (down to the kernel entry); the first frame below it
 function (``load``, ``compute``, ``mma_epilogue``). A role function is named by the first
 pipeline role it plays (producer_* / consumer_* ops: ``load`` -> producer, a mainloop
 consumer that also feeds a TMA-store pipeline -> consumer), else by its function name; two
-functions that would share a name keep their function names. Sites directly in the common
+functions that would share a name keep their function names. A function left with its name
+that the kernel calls in a warp branch (a dynamic ``if`` arm of the body) takes the pipeline
+role that branch plays first, when no other branch plays it first (checkpoint_branches.py:
+quack's GEMM epilogue, called after the mainloop in the consumer warps' branch, is consumer). Sites directly in the common
 frame are shared (role ``all``), unless they sit in a dynamic ``if`` arm of it: then they
 take the role of the role function called in the same arm (``if warp == MMA:
 tmem.wait_for_alloc(); self.mma(...)``), or ``<function>@<line of the if>`` when the arm
@@ -61,6 +64,7 @@ from typing import Any
 
 from cutedebug import records
 from cutedebug.instrument import frames
+from cutedebug.instrument.checkpoint_branches import names_by_warp_branch
 from cutedebug.instrument.probes import device_ids
 
 MAGIC = 0x4B434443  # b"CDCK" read as a little-endian u32
@@ -206,6 +210,7 @@ def assign_roles(sites: list[CheckpointSite]) -> None:
     def body_arms(s: CheckpointSite) -> list[tuple]:
         return [tuple(a[:3]) for a in s.arms if a[3] == owner]
 
+    names = names_by_warp_branch(sites, groups, names, body_arms, lambda op: PIPELINE_OPS[op][0])
     arm_names: dict[tuple, set[str]] = {}
     for s, g in zip(sites, groups):
         if g is not None:
