@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import gzip
 import types
 import typing
 from typing import Any, Literal, TypeVar, Union
@@ -88,6 +89,16 @@ class Record:
     @classmethod
     def from_json(cls: type[R], data: Any, where: str = "") -> R:
         return from_json(cls, data, where)
+
+
+def read_text(path: Any) -> str:
+    """A record file's text, as written or gzipped (``*.gz``: reports keep large records so)."""
+    path = str(path)
+    if path.endswith(".gz"):
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            return f.read()
+    with open(path, encoding="utf-8") as f:
+        return f.read()
 
 
 def present(value: Any, default: Any = None) -> Any:

@@ -14,13 +14,13 @@ difference is such a "~", 1 otherwise, 2 when an input cannot be read.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from cutedebug import records  # noqa: E402
 from cutedebug.engine.triage_record import TriageMatrix  # noqa: E402
 
 
@@ -39,7 +39,7 @@ def read_side(path: str) -> tuple[dict[str, str], dict[str, list[str]]]:
                 if rank >= verdicts.get(sid, (-1, ""))[0]:
                     verdicts[sid] = (rank, v)
         return {k: v for k, (_, v) in verdicts.items()}, {}
-    text = gzip.open(p, "rt").read() if p.suffix == ".gz" else p.read_text()  # a kept report
+    text = records.read_text(p)  # a kept report's may be gzipped
     m = TriageMatrix.from_json(json.loads(text))  # RecordError names a bad field
     out, accepted = {}, {}
     for r in m.scenarios:

@@ -23,13 +23,13 @@ those scenario families only):
 from __future__ import annotations
 
 import argparse
-import gzip
 import heapq
 import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from cutedebug import records  # noqa: E402
 from cutedebug.engine.triage_record import TriageMatrix  # noqa: E402
 
 
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     p = Path(a.matrix)
     p = p / "matrix.json" if p.is_dir() else p
-    text = gzip.open(p, "rt").read() if p.suffix == ".gz" else p.read_text()  # a kept report
+    text = records.read_text(p)  # a kept report's may be gzipped
     m = TriageMatrix.from_json(json.loads(text))
     recs = sorted(m.scenarios, key=lambda r: r.id)
     if a.families:

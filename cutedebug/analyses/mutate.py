@@ -347,22 +347,41 @@ def _folder(name: str) -> str:
     return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)[:120]
 
 
+def _watch(s: X.Settings, run_dir: Path, only_test: str | None) -> X.ExecResult:
+    """One run of the command for mutate (a mutant, or a test item alone), in ``run_dir``:
+    its own DSL dump folder (the DSL names its dump files (KeepPTX, ...) after the traced
+    function: runs at once must not read each other's), under pytest only ``only_test``, and
+    the GPU token given back once it and everything it started are gone."""
+    s.extra_env = {**s.extra_env, "CUTE_DSL_DUMP_DIR": str(run_dir / "dsl_dump")}
+    if only_test is not None:
+        s.extra_env.update(only_test_env(only_test, {**os.environ, **s.extra_env}))
+    (run_dir / "dsl_dump").mkdir(parents=True, exist_ok=True)
+    res = X.watch_command(s, run_dir)
+    if s.gpu_token:
+        release_gpu_token(Path(s.gpu_token), res.tag)
+    return res
+
+
+def _mutant_dir(out: Path, m: Mutant) -> Path:
+    return out / "mutants" / m.id.replace("/", "_")
+
+
 def run_alone(
     test: str, clean: X.Settings, deadline_s: float, out: Path
 ) -> tuple[str, X.ExecResult]:
     """One test item of the command alone, without a fault: whether it passes by itself (else
     its mutants run the whole command: a FAIL could be the missing earlier items' doing) and
     its seconds, the baseline of its mutants' times."""
-    s = X.Settings(**{**vars(clean), "fault": None, "fault_args": {}, "record": False})
-    run_dir = out / "alone" / _folder(test)
-    s.deadline_s = deadline_s
-    s.extra_env = {**s.extra_env, "CUTE_DSL_DUMP_DIR": str(run_dir / "dsl_dump")}
-    s.extra_env.update(only_test_env(test, {**os.environ, **s.extra_env}))
-    (run_dir / "dsl_dump").mkdir(parents=True, exist_ok=True)
-    res = X.watch_command(s, run_dir)
-    if s.gpu_token:
-        release_gpu_token(Path(s.gpu_token), res.tag)
-    return test, res
+    s = X.Settings(
+        **{
+            **vars(clean),
+            "fault": None,
+            "fault_args": {},
+            "record": False,
+            "deadline_s": deadline_s,
+        }
+    )
+    return test, _watch(s, out / "alone" / _folder(test), test)
 
 
 def run_mutant(
@@ -381,16 +400,7 @@ def run_mutant(
             "fault_trace": m.trace,
         }
     )
-    run_dir = out / "mutants" / m.id.replace("/", "_")
-    # The DSL names its dump files (KeepPTX, ...) after the traced function: mutants that run
-    # at once must not read each other's.
-    s.extra_env = {**s.extra_env, "CUTE_DSL_DUMP_DIR": str(run_dir / "dsl_dump")}
-    if only_test is not None:
-        s.extra_env.update(only_test_env(only_test, {**os.environ, **s.extra_env}))
-    (run_dir / "dsl_dump").mkdir(parents=True, exist_ok=True)
-    res = X.watch_command(s, run_dir)
-    if s.gpu_token:  # the mutant and everything it started are gone: the GPU is free
-        release_gpu_token(Path(s.gpu_token), res.tag)
+    res = _watch(s, _mutant_dir(out, m), only_test)
     record = mutant_record(m, res, out)
     if only_test is not None:
         record = replace(record, only_test=only_test)
@@ -402,7 +412,7 @@ def harness_record(m: Mutant, tb: str, out: Path, elapsed_s: float) -> MutantRec
     its run folder): HARNESS_ERROR, left out of the score."""
     from cutedebug.instrument import faults
 
-    run_dir = out / "mutants" / m.id.replace("/", "_")
+    run_dir = _mutant_dir(out, m)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "harness_error.txt").write_text(tb)
     expected, note = faults.expected_verdict(m.fault, m.args)

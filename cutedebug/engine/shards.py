@@ -12,12 +12,12 @@ plugin and ``cutedebug merge`` (commands/shard.py, which also documents the comm
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 import statistics
 from pathlib import Path
 
+from cutedebug import records
 from cutedebug.engine.triage_record import TriageMatrix, TriageRecord
 
 
@@ -87,8 +87,7 @@ def durations_from(path: Path | str) -> dict[str, float]:
         p = p / "matrix.json"
     try:
         # a kept report's matrix may be gzipped (reports/*/matrix.json.gz)
-        raw = gzip.open(p, "rt", encoding="utf-8").read() if p.suffix == ".gz" else None
-        m = TriageMatrix.from_json(json.loads(raw or p.read_text(encoding="utf-8")))
+        m = TriageMatrix.from_json(json.loads(records.read_text(p)))
     except (OSError, ValueError) as e:  # RecordError is a ValueError naming the field
         raise ShardError(
             f"--durations {path}: {p} is not a readable cutedebug matrix.json "

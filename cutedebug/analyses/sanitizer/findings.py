@@ -5,6 +5,7 @@ naming it)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -108,13 +109,25 @@ def source_line(
     if path is None:
         return None
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            for i, text in enumerate(fh, 1):
-                if i == line:
-                    return text.strip() if strip else text.rstrip("\n")
+        stat = path.stat()
     except OSError:
         return None
-    return None
+    lines = _lines(str(path), stat.st_mtime_ns, stat.st_size)
+    if lines is None or line > len(lines):
+        return None
+    return lines[line - 1].strip() if strip else lines[line - 1]
+
+
+@functools.lru_cache(maxsize=64)
+def _lines(path: str, _mtime_ns: int, _size: int) -> tuple[str, ...] | None:
+    """A source file's lines, read once per version of it (a report reads thousands of lines
+    of the same few files: racecheck repeats a hazard up to 1000 times, and the noise rules
+    walk up from a line to its `def`)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return tuple(text.rstrip("\n") for text in fh)
+    except OSError:
+        return None
 
 
 def _resolve_source(file: str, roots: Sequence[str | os.PathLike]) -> Path | None:

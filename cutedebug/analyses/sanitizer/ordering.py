@@ -151,15 +151,13 @@ def guarding(
     line: int | None,
     access: str | None,
     ops: Sequence[Op],
-    read_raw: Reader,
-    source: _Source | None = None,
+    source: _Source,
 ) -> set[str]:
     """The pipelines whose op (by the hazard's kind and the access) orders ``file:line``."""
-    source = source or _Source(read_raw)
     need = NEEDS.get((kind, access or ""))
     if need is None or not file or not line:
         return set()
-    name = enclosing_def(file, line, read_raw, REACH)
+    name = enclosing_def(file, line, source.read, REACH)
     if name is None:
         return set()
     op_name, side = need
@@ -170,7 +168,7 @@ def guarding(
             continue
         if (o.line > line) != (side == "after") or o.line == line:
             continue
-        if enclosing_def(file, o.line, read_raw, REACH) == name and source.no_narrower(
+        if enclosing_def(file, o.line, source.read, REACH) == name and source.no_narrower(
             file, o.line, line
         ):
             out.add(o.pipeline)
@@ -193,7 +191,7 @@ def pipeline_order(
     if len(f.sites) != 2 or not ops:
         return None
     source = source or _Source(read_raw)
-    sets = [guarding(f.kind, s.file, s.line, s.access, ops, read_raw, source) for s in f.sites]
+    sets = [guarding(f.kind, s.file, s.line, s.access, ops, source) for s in f.sites]
     common = sets[0] & sets[1]
     if not common:
         return None
