@@ -586,13 +586,15 @@ STEPS = [
         # 2026-12-02-h200-s2 call1: every mutant ran the whole file (~45 s holding the GPU
         # token): 4 of 31 in 420 s. Now a mutant runs only the test item that traced its kernel
         # (the -k gemm clean run: 23 s) and every fault kind applies (~75 mutants, 8 at a
-        # time on 16 cores): estimated
-        300,
+        # time on 16 cores). s2 call3 on 9ad9f96: 15 mutants in ~150 s after the clean and alone
+        # runs: the 77 need more than one call: estimated per call
+        360,
         True,
         # bounded inside the step (SIGTERM: mutate kills the mutants under way and stops) so
         # that the per-mutant records (results.jsonl) come back even when the matrix is not
-        # finished; `--resume` in a later call runs the rest
-        "timeout 380 python3 -m cutedebug mutate --out /tmp/fma --jobs 8 --deadline 120 -- "
+        # finished; the next call on the same warm machine goes on from them (`--resume`: the
+        # clean run and finished mutants kept in /tmp/fma)
+        "timeout 520 python3 -m cutedebug mutate --out /tmp/fma --resume --jobs 8 --deadline 120 -- "
         "python3 -m pytest -q -p no:cacheprovider examples/test_field_libs.py; echo rc=$?; "
         "cp /tmp/fma/matrix.md /tmp/fma/matrix.json /tmp/fma/results.jsonl /tmp/fma/clean.json "
         "$STEP_OUT/",
