@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from cutedebug.analyses import mutate as M
-from cutedebug.analyses.mutate_record import MutantRecord, MutationMatrix, Trace
+from cutedebug.analyses.mutate_record import CleanReport, MutantRecord, MutationMatrix, Trace
 from cutedebug.commands import exec as X
 from cutedebug.engine import verdict as V
 from cutedebug.instrument.launch_record import PipelineEntry
@@ -567,3 +567,40 @@ def test_a_relaxed_cluster_arrive_plans_no_cta_scope_sync():
 
     assert "cta_scope_sync" not in kernel_wide(relaxed.arch_ops)
     assert "cta_scope_sync" in kernel_wide(plain.arch_ops)
+
+
+# The H200's mutate over examples/test_field_libs.py (reports/2026-12-02-h200-s3/call1): 73
+# mutants, written before a test item's alone time left out its wait for the GPU token.
+H200_FIELD = ROOT / "reports" / "2026-12-02-h200-s3" / "call1" / "mutate_all"
+
+
+def test_a_mutant_and_its_item_alone_are_timed_alike_without_the_gpu_wait():
+    from cutedebug.records import read_text
+    from cutedebug.reporting.mutation_matrix import facts_lines
+
+    m = MutationMatrix.from_json(json.loads(read_text(H200_FIELD / "matrix.json.gz")))
+    assert m.score.scored == 73 and not m.facts.alone_wait_s  # as the H200 wrote it
+    clean = CleanReport.from_json(json.loads(read_text(H200_FIELD / "clean.json.gz")))
+    # no mutant killed: no GPU health check on this CPU
+    recs = [replace(r, killed_by=None) for r in m.mutants]
+    bwd = "examples/test_field_libs.py::test_rmsnorm_backward_4cta_cluster"
+    alone = dict(m.facts.alone_s)
+    by_id = {r.id: r for r in recs}
+    tail = by_id["t2.p0.skip_producer_tail"]  # 41.185 s, 17.55 s of it waiting for the GPU
+    assert (tail.elapsed_s, tail.gpu_wait_s) == (41.185, 17.55)
+    # the H200's baseline for the backward item (21.113 s) was its wall: its mutants' own
+    # 23.635 s lay over 21.113 + 2
+    f = M.run_facts(clean, recs, 292.7, alone)
+    assert "t2.p0.skip_producer_tail" in f.over_clean_plus_2s
+    # an alone run's own time, its wait left out, is the baseline: 22.0 s alone + 2 s covers it
+    f = M.run_facts(clean, recs, 292.7, {**alone, bwd: 22.0}, {bwd: 3.5})
+    assert "t2.p0.skip_producer_tail" not in f.over_clean_plus_2s
+    own = sorted(round(r.elapsed_s - r.gpu_wait_s, 3) for r in recs)
+    assert f.mutant_own_s == {
+        "median": own[len(own) // 2],
+        "max": own[-1],
+        "wall_per_mutant": round(292.7 / 73, 3),
+    }
+    lines = "\n".join(facts_lines(f))
+    assert f"{bwd}: 22.0 s (+ 3.5 s waiting for the GPU)" in lines
+    assert "mutate's wall per mutant 4.01 s" in lines

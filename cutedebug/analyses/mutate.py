@@ -511,6 +511,7 @@ def run_facts(
     results: list[MutantRecord],
     wall_s: float,
     alone_s: dict[str, float | None] | None = None,
+    alone_wait_s: dict[str, float] | None = None,
 ) -> RunFacts:
     """Leftover processes, GPU health after the kills, each mutant's time against the clean
     run of what it ran (interpreter start + compile + run; a mutant may take 2 s more): its one
@@ -524,7 +525,18 @@ def run_facts(
         return (alone if alone is not None else clean.elapsed_s) + 2.0
 
     # A mutant's own time: what it spent waiting for the GPU token is the others'.
-    over = [r.id for r in results if r.elapsed_s - r.gpu_wait_s > limit(r)]
+    own = {r.id: round(r.elapsed_s - r.gpu_wait_s, 3) for r in results}
+    over = [r.id for r in results if own[r.id] > limit(r)]
+    own_s = sorted(own.values())
+    summary = (
+        {
+            "median": own_s[len(own_s) // 2],
+            "max": own_s[-1],
+            "wall_per_mutant": round(wall_s / len(own_s), 3),
+        }
+        if own_s
+        else None
+    )
     return RunFacts(
         clean_s=clean.elapsed_s,
         wall_s=round(wall_s, 1),
@@ -534,4 +546,6 @@ def run_facts(
         gpu_health=runner.health_check() if killed_gpu else None,
         killed_on_gpu=len(killed_gpu),
         **({"alone_s": alone_s} if alone_s is not None else {}),
+        **({"alone_wait_s": alone_wait_s} if alone_wait_s else {}),
+        **({"mutant_own_s": summary} if summary else {}),
     )

@@ -143,9 +143,14 @@ class RunFacts(records.Record):
     processes_left: list[int]
     gpu_health: dict[str, Any] | None
     killed_on_gpu: int
-    # under pytest: each traced test item run alone without a fault (seconds; None: it did not
-    # pass alone, and its mutants ran the whole command): the baseline of its mutants' times
+    # under pytest: each traced test item run alone without a fault (its own seconds, the GPU
+    # token's wait left out as for the mutants; None: it did not pass alone, and its mutants ran
+    # the whole command): the baseline of its mutants' times
     alone_s: dict[str, float | None] | Absent = ABSENT
+    alone_wait_s: dict[str, float] | Absent = ABSENT  # those runs' seconds waiting for the GPU
+    # each mutant's own seconds (wall less the GPU token's wait): median and largest; and the
+    # mutate run's wall per mutant (the mutants overlap: compiles in parallel, GPU runs in turn)
+    mutant_own_s: dict[str, float] | Absent = ABSENT
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -239,14 +239,19 @@ def cmd_mutate(args: argparse.Namespace) -> int:
             [] if args.all_tests else sorted({m.trace["test"] for m in todo if m.trace.get("test")})
         )
         alone_s: dict[str, float | None] | None = {} if tests else None
+        alone_wait: dict[str, float] = {}
         for fut in as_completed(
             [pool.submit(M.run_alone, t, clean_run, deadline, out) for t in tests]
         ):
             test, res = fut.result()
             ok = res.verdict.value == "PASS"
-            alone_s[test] = res.elapsed_s if ok else None
+            # its own time, as a mutant's is counted: the items alone run side by side and
+            # take the GPU token in turn, and that wait is the others' time
+            alone_s[test] = round(res.elapsed_s - res.gpu_wait_s, 3) if ok else None
+            alone_wait[test] = res.gpu_wait_s
             print(
                 f"alone: {test}: {res.verdict.value} in {res.elapsed_s} s"
+                + (f" ({res.gpu_wait_s} s of it waiting for the GPU)" if res.gpu_wait_s else "")
                 + ("" if ok else " — its mutants run the whole command"),
                 flush=True,
             )
@@ -269,7 +274,7 @@ def cmd_mutate(args: argparse.Namespace) -> int:
         pool.shutdown(wait=True)
     m = replace(
         M.build_matrix(clean, traces, results, planned, command),
-        facts=M.run_facts(clean, results, time.monotonic() - t0, alone_s),
+        facts=M.run_facts(clean, results, time.monotonic() - t0, alone_s, alone_wait),
     )
     write_matrix(out, m)
     print(_score_text(m.score) + f" ({time.monotonic() - t0:.1f} s)")

@@ -152,13 +152,29 @@ def facts_lines(f: RunFacts) -> list[str]:
         return []
     health = f.gpu_health
     alone = f.alone_s if isinstance(f.alone_s, dict) else {}
+    waits = f.alone_wait_s if isinstance(f.alone_wait_s, dict) else {}
+    own = f.mutant_own_s if isinstance(f.mutant_own_s, dict) else {}
     base = "clean + 2 s" if not alone else "the clean run of what it ran (its test alone) + 2 s"
     return [
         f"clean run {f.clean_s} s; slowest mutant {f.max_mutant_s} s; "
         f"{len(f.over_clean_plus_2s)} mutant(s) over {base}"
-        + (f" ({', '.join(f.over_clean_plus_2s[:5])})" if f.over_clean_plus_2s else ""),
+        + (f" ({', '.join(f.over_clean_plus_2s[:5])})" if f.over_clean_plus_2s else "")
+        + " (a mutant's own time: its wall less its wait for the GPU token)",
         *(
-            f"alone: {t}: " + (f"{s} s" if s is not None else "did not pass alone (whole command)")
+            [
+                f"mutant own time: median {own['median']} s, largest {own['max']} s; "
+                f"mutate's wall per mutant {own['wall_per_mutant']} s"
+            ]
+            if own
+            else []
+        ),
+        *(
+            f"alone: {t}: "
+            + (
+                f"{s} s" + (f" (+ {waits[t]} s waiting for the GPU)" if waits.get(t) else "")
+                if s is not None
+                else "did not pass alone (whole command)"
+            )
             for t, s in alone.items()
         ),
         f"processes of ours left: {len(f.processes_left)}"
