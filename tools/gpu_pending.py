@@ -335,6 +335,24 @@ STEPS = [
         "with their reports (the mechanism)",
     ),
     Step(
+        "tail_cluster",
+        "20",
+        # 2026-12-02 call1: seed 8 and the rank-1-consumers-slow schedule ended its perturbed
+        # runs before 4bc737a (read HARNESS_ERROR); recheck's budget skipped it twice since.
+        # One schedule + 3 replays (~15 s), then up to 12 seeds + 2 replays with history (~40 s)
+        60,
+        False,
+        "python3 tools/perturb_table.py --seeds 1 --replays 3 --budget-s 25 "
+        "--policy role --role consumer --scope rank=1 --delay-us 50 "
+        f"--json $STEP_OUT/role.json {_toml(['sm90_gemm/skip_producer_tail_cluster'])}; "
+        "echo rc=$?; python3 tools/perturb_table.py --seeds 12 --replays 2 --budget-s 40 "
+        f"--json $STEP_OUT/seeds.json {_toml(['sm90_gemm/skip_producer_tail_cluster'])}; "
+        "echo rc=$?",
+        "sm90_gemm/skip_producer_tail_cluster perturbed with the fixes (never read since "
+        "4bc737a): its predicted schedule (rank 1's consumers slow) and random seeds, the "
+        "verdict read (CRASH predicted), replay alone and with history",
+    ),
+    Step(
         "perturb_crash",
         "20",
         # 2026-12-02 call1/call5 (fork server warm): exposing runs tma 2.1-2.2 s, gemm 3.5-3.6 s
@@ -665,7 +683,9 @@ PRIORITY = (  # after 2026-12-02-h200-s2's five calls: what is left
     "sanitize_rest",  # #17: quack GEMM + fa4_bwd racecheck under the pipeline-ordered / bulk rules
     "pytest_gpu_only",  # GPU-facing code after 9ad9f96 (36eb2f1, 3ef76bd, 1a39f81)
     "coredump_rest",  # #25: the field hangs call4's budget skipped
-    "recheck",  # #20: sm90_gemm/skip_producer_tail_cluster, never re-run with the fixes
+    "tail_cluster",  # #20: sm90_gemm/skip_producer_tail_cluster (recheck's budget skipped it)
+    "triage",  # #17 (the project's matrix unchanged), #22 (wall)
+    "recheck",  # done in 2026-12-02-h200-s3 call3 but for skip_producer_tail_cluster
     "referee",  # done in 2026-12-02-h200-s2 call4 (the samples: CONFIRMED / UNCONFIRMED)
     "perturb_crash",  # done in 2026-12-02-h200-s2 call5 (CRASH; replay as printed 9/9)
     "pytest_gpu",
@@ -674,7 +694,6 @@ PRIORITY = (  # after 2026-12-02-h200-s2's five calls: what is left
     "coredump",
     "coredump_field",
     "cold_bytecode",
-    "triage",
     "exec",
     "perturb_keys",
     "racecheck_idiom",
