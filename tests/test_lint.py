@@ -154,6 +154,8 @@ def test_skip_consumer_release_at_an_iteration_is_a_conditional_release(name, at
     findings, _ = run(KERNELS[name], "skip_consumer_release", {"at_iteration": at})
     (f,) = only(findings, "release_pairing")
     assert "under a run-time condition" in f.message and "never released" in f.message
+    # the condition is the fault's, named as such: not a line of cutedebug's own fault code
+    assert "(if@injected-fault)" in f.message and "fault_patches" not in f.message + f.arithmetic
 
 
 @pytest.mark.parametrize("name", sorted(KERNELS))
