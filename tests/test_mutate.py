@@ -238,6 +238,7 @@ def test_each_mutant_changes_only_its_own_trace(tmp_path):
     assert rc == 0, text
     m = json.loads((out / "matrix.json").read_text())
     assert [t["occurrence"] for t in m["traces"]] == [0, 0]  # two functions, once each
+    assert [t["kernel"] for t in m["traces"]] == ["TmaStream.kernel"] * 2
     by_id = {r["id"]: r for r in m["mutants"]}
     assert sorted(by_id) == ["t0.p0.wrong_expect_tx+16", "t1.p0.wrong_expect_tx+16"]
     for rid, changed, kept in (
@@ -248,6 +249,30 @@ def test_each_mutant_changes_only_its_own_trace(tmp_path):
         assert r["status"] == "CAUGHT" and r["fault_count"] == 1
         log = (out / Path(r["report"]).parent / "command.log").read_text()
         assert f"{changed} expect_tx [33040]" in log and f"{kept} expect_tx [33024]" in log
+
+
+@pytest.mark.slow
+def test_a_kernel_traced_twice_alike_is_named_both_times(tmp_path):
+    """The same kernel and shapes traced twice (quack's RMSNorm forward in two test items on the
+    H200: the second trace was labelled by its mangled symbol): the second trace adds no new
+    wait site, and is named by the kernel it launches."""
+    out = tmp_path / "m"
+    target = ROOT / "tests" / "exec_targets" / "compile_two.py"
+    rc, text = mutate(
+        "--jobs",
+        "2",
+        "--faults",
+        "wrong_expect_tx",
+        "--",
+        sys.executable,
+        str(target),
+        "--same",
+        out=out,
+    )
+    assert rc == 0, text
+    m = json.loads((out / "matrix.json").read_text())
+    assert [t["kernel"] for t in m["traces"]] == ["TmaStream.kernel"] * 2
+    assert "trace t1: TmaStream.kernel, 1 pipeline(s)" in text
 
 
 def test_a_mutant_that_changed_nothing_says_why(tmp_path):

@@ -463,6 +463,9 @@ def _emit_compiled(state: _State, cur: dict[str, Any], error: str | None) -> Non
             for site in (fields.get("probe_sites") or [])[cur.get("sites_before", 0) :]:
                 if site.get("kernel") and site["kernel"] not in names:
                     names.append(site["kernel"])
+            launch = getattr(cur["protocol"], "launch", None) or {}
+            if not names and launch.get("qualname"):  # no new sites (a kernel traced again,
+                names = [launch["qualname"]]  # or no waits): the launched kernel's own name
             summary = summary.with_kernel_names(names)
         fields["protocol"] = summary.to_json()
     state.events.emit("compiled", **fields)

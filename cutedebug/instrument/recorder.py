@@ -501,8 +501,10 @@ def _conditions(rec: _Recorder) -> dict[str, Callable[[Call], Any]]:
             if call.kwargs.get(k) is not None
         }
         where = call.layer.kernel_site()
+        body = call.self_obj.funcBody
         entry.update(
-            kernel=getattr(call.self_obj.funcBody, "__name__", "?"),
+            kernel=getattr(body, "__name__", "?"),
+            qualname=getattr(body, "__qualname__", None),
             file=where.file,
             line=where.line,
         )
