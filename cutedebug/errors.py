@@ -26,6 +26,30 @@ CUDA_ERRORS = (
     ("trap", "cudaErrorAssert"),
 )
 
+# The driver's names of the errors a faulted kernel leaves in its context (sticky: every later
+# call of the context returns it), with the runtime's names `run` and the programs print.
+DRIVER_ERRORS = {
+    "CUDA_ERROR_ILLEGAL_ADDRESS": "cudaErrorIllegalAddress",
+    "CUDA_ERROR_ILLEGAL_INSTRUCTION": "cudaErrorIllegalInstruction",
+    "CUDA_ERROR_MISALIGNED_ADDRESS": "cudaErrorMisalignedAddress",
+    "CUDA_ERROR_LAUNCH_FAILED": "cudaErrorLaunchFailure",
+    "CUDA_ERROR_ASSERT": "cudaErrorAssert",
+    "CUDA_ERROR_HARDWARE_STACK_ERROR": "cudaErrorHardwareStackError",
+    "CUDA_ERROR_INVALID_ADDRESS_SPACE": "cudaErrorInvalidAddressSpace",
+    "CUDA_ERROR_INVALID_PC": "cudaErrorInvalidPc",
+    "CUDA_ERROR_LAUNCH_TIMEOUT": "cudaErrorLaunchTimeout",
+    "CUDA_ERROR_TENSOR_MEMORY_LEAK": "cudaErrorTensorMemoryLeak",
+    "CUDA_ERROR_ECC_UNCORRECTABLE": "cudaErrorECCUncorrectable",
+    "CUDA_ERROR_OUT_OF_MEMORY": "cudaErrorMemoryAllocation",
+}
+
+
+def driver_error_name(driver_name: str) -> str:
+    """The runtime's name of a driver error (``CUDA_ERROR_ILLEGAL_ADDRESS`` ->
+    ``cudaErrorIllegalAddress``); one without a known runtime name keeps the driver's."""
+    return DRIVER_ERRORS.get(driver_name, driver_name)
+
+
 # How a raised exception says it is the GPU's error (torch 2.11 raises AcceleratorError for
 # what it used to raise RuntimeError("CUDA error: ...") for; cuda-python names CUDA_ERROR_*).
 _GPU_ERROR_TYPES = ("AcceleratorError", "CUDAError", "CudaError")

@@ -256,6 +256,25 @@ class CudaError(Payload):
     name: str | None = None  # e.g. cudaErrorIllegalAddress
     message: str | None = None
     surfaced: str | None = None  # where the sticky error was raised, when not at the launch
+    kernel: str | None = None  # the CuTe DSL kernel(s) last launched before it (exec's query)
+
+
+@kind("cuda_context")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CudaContext(Payload):
+    """What `cutedebug exec`'s query of a process's CUDA context read when the process ended
+    (instrument/launch_context.py): ``ok`` / ``busy`` (no error; work still in flight),
+    ``error`` (the sticky error a faulted kernel left: the driver's name), ``unread`` (``why``)
+    or ``none`` (no context left); ``launched`` at the process's first CuTe DSL launch (the
+    reading is due at its end)."""
+
+    state: str | None = None
+    error: str | None = None  # e.g. CUDA_ERROR_ILLEGAL_ADDRESS
+    message: str | None = None
+    why: str | None = None
+    via: str | None = None
+    kernel: str | None = None  # the CuTe DSL kernel(s) last launched in the process
+    when: str | None = None  # exit / os._exit
 
 
 @kind("gpu_check")

@@ -13,9 +13,12 @@ stopped while the GPU token is awaited), a faulthandler dump before a kill, and 
 - HANG: a bounded wait timed out (probe stuck records: the kernel by name, the stuck sites and
   map), a kernel in flight stopped moving (stall), or the deadline ended the command (the
   Python stack of every process, dumped just before the kill, says where it waited);
-- CRASH: a CUDA error in the output of a failed command (named like `run` names it), or a
+- CRASH: a CUDA error: named by the process's own reading of its CUDA context at exit (the
+  sticky error a faulted kernel left, blamed on the CuTe DSL kernel last launched), by the
+  output, or by the probe monitor; never a guessed name (engine/cuda_verdict.py); or a
   process died of a signal the watchdog did not send;
-- FAIL: the command's own check failed (non-zero exit), with the last lines of its output;
+- FAIL: the command's own check failed (non-zero exit), with the last lines of its output (a
+  CUDA library's error with a healthy context among them);
 - PASS: exit status 0.
 """
 
@@ -31,13 +34,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cutedebug.engine import lifeline, runner, watchdog
+from cutedebug.engine import cuda_verdict, lifeline, runner, watchdog
 from cutedebug.engine import verdict as V
 from cutedebug.engine.run_report import stuck_site_phrase
 from cutedebug.errors import UsageError
 from cutedebug.event import Event
 from cutedebug.event_kinds import (
     Compiled,
+    CudaContext,
     CudaError,
     Exit,
     InstrumentError,
@@ -58,25 +62,6 @@ STUCK_SETTLE_S = 0.3  # stuck records stop arriving for this long: every warp ha
 STUCK_MAX_WAIT_S = 1.5  # ... or this long after the first one
 STACK_DUMP_WAIT_S = 0.3
 ACTIVATION_FAILED = "cutedebug: instrumentation failed to activate"
-# CUDA errors as programs print them: the runtime's message (torch, cuda-python), or the name.
-_CUDA_TEXT = re.compile(
-    r"(CUDA error[^\n]*|cudaError\w+|CUDA_ERROR_\w+[^\n]*|"
-    r"an illegal (?:memory access|instruction) was encountered|"
-    r"misaligned address|unspecified launch failure|"
-    r"device-side assert triggered)",
-    re.IGNORECASE,
-)
-_CUDA_NAME = re.compile(r"\b(cudaError\w+)")
-_CU_NAMES = {
-    "CUDA_ERROR_ILLEGAL_ADDRESS": "cudaErrorIllegalAddress",
-    "CUDA_ERROR_ILLEGAL_INSTRUCTION": "cudaErrorIllegalInstruction",
-    "CUDA_ERROR_MISALIGNED_ADDRESS": "cudaErrorMisalignedAddress",
-    "CUDA_ERROR_LAUNCH_FAILED": "cudaErrorLaunchFailure",
-    "CUDA_ERROR_ASSERT": "cudaErrorAssert",
-    "CUDA_ERROR_HARDWARE_STACK_ERROR": "cudaErrorHardwareStackError",
-    "CUDA_ERROR_LAUNCH_TIMEOUT": "cudaErrorLaunchTimeout",
-    "CUDA_ERROR_OUT_OF_MEMORY": "cudaErrorMemoryAllocation",
-}
 
 
 @dataclass
@@ -182,8 +167,10 @@ class _Tree:
             p["instrumented"] = ev
         elif isinstance(payload, InstrumentError):
             p.setdefault("errors", []).append(ev)
-        elif isinstance(payload, CudaError):  # a kernel faulted; seen by the probe monitor
+        elif isinstance(payload, CudaError):  # a kernel faulted: probe monitor, exit query
             p.setdefault("cuda_errors", []).append(payload)
+        elif isinstance(payload, CudaContext):  # the context read at exit (launch_context)
+            p["cuda_context"] = payload
         elif isinstance(payload, Compiled):
             p["traces"].append({k: getattr(payload, k) for k in TRACE_KEYS})
             p["compiled"] = ev  # the probe sites so far
@@ -373,18 +360,8 @@ def _read_stacks(stacks: Path) -> dict[str, str]:
 # ---- verdict ---------------------------------------------------------------------------------
 # ---- verdict ---------------------------------------------------------------------------------
 def cuda_error(text: str) -> str | None:
-    """The CUDA error a program's output reports, by name; None when there is none."""
-    m = _CUDA_TEXT.search(text)
-    if not m:
-        return None
-    if (name := _CUDA_NAME.search(text)) is not None:
-        return name.group(1)
-    for cu, name in _CU_NAMES.items():
-        if cu in text:
-            return name
-    from cutedebug.engine.worker import cuda_error_name  # message -> name, as `run` names them
-
-    return cuda_error_name(m.group(0)) or "cudaErrorUnknown"
+    """The CUDA error a program's output names; None when it names none (never guessed)."""
+    return cuda_verdict.named_in_output(text)
 
 
 def last_lines(text: str, n: int = 15) -> str:
@@ -471,22 +448,7 @@ def _classify(res: ExecResult) -> None:
             f"; it was waiting in {where}" if where else ""
         )
         return
-    if rc not in (0, None) and (name := cuda_error(tail)):
-        res.verdict, res.reason = V.Verdict.CRASH, f"{name}: {_cuda_line(tail)}"
-        res.evidence["cuda_error"] = {"name": name, "line": _cuda_line(tail)}
-        return
-    seen = next(
-        ((pid, e) for pid, p in res.processes.items() for e in p.get("cuda_errors", [])), None
-    )
-    if seen is not None:  # the program swallowed it or died otherwise; the context is gone
-        pid, err = seen
-        res.verdict = V.Verdict.CRASH
-        res.reason = (
-            f"{err.name}: raised in pid {pid} while its kernel was in flight "
-            f"(seen by cutedebug's {err.surfaced or 'monitor'}); the command exited with "
-            f"status {rc}"
-        )
-        res.evidence["cuda_error"] = {"name": err.name, "line": (err.message or "")[:300]}
+    if cuda_verdict.classify_cuda(res):  # named by the context, the output or the monitor
         return
     if rc is not None and rc < 0:
         sig = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else -rc
@@ -501,13 +463,6 @@ def _classify(res: ExecResult) -> None:
         res.evidence["last_lines"] = tail_lines
         return
     res.verdict, res.reason = V.Verdict.PASS, "the command exited with status 0"
-
-
-def _cuda_line(text: str) -> str:
-    m = _CUDA_TEXT.search(text)
-    start = text.rfind("\n", 0, m.start()) + 1 if m else 0
-    end = text.find("\n", m.end()) if m else -1
-    return text[start : end if end >= 0 else None].strip()[:300]
 
 
 def hang_evidence(proc: dict[str, Any], stalled: bool) -> dict[str, Any]:

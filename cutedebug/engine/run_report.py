@@ -99,8 +99,10 @@ class ExecProcess(records.Record):
     ppid: int | None | Absent = ABSENT
     instrumented: dict[str, Any] | Absent = ABSENT  # the ``instrumented`` event, as written
     errors: list[dict[str, Any]] | Absent = ABSENT  # ``instrument_error`` events
-    # ``cuda_error`` events: a kernel of the process faulted, seen by the probe monitor
+    # ``cuda_error`` events: a kernel of the process faulted (the probe monitor, the exit query)
     cuda_errors: list[dict[str, Any]] | Absent = ABSENT
+    # the last ``cuda_context`` event: its CUDA context read when it ended (a CuTe DSL launch)
+    cuda_context: dict[str, Any] | Absent = ABSENT
     fault_sites: list[dict[str, Any]] | Absent = ABSENT
     stall: dict[str, Any] | Absent = ABSENT  # the ``stall`` event
     gpu_waiting: bool | Absent = ABSENT

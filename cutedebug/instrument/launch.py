@@ -53,6 +53,7 @@ from cutedebug import devices
 from cutedebug.devices import GPU_DEVICE_NODES  # noqa: F401  (part of this interface)
 from cutedebug.errors import gpu_error_name
 from cutedebug.event import Event
+from cutedebug.instrument import launch_context
 from cutedebug.instrument.launch_gpu import (  # noqa: F401  (part of this interface)
     _WAITS_ATTR,
     InFlight,
@@ -128,6 +129,8 @@ class _State:
         self.fault_count = 0  # sites the fault changed, over every trace
         self.monitor: _Monitor | None = None
         self.gpu_granted = False  # this process holds the GPU token (cfg["gpu_token"])
+        # CuTe DSL launches: the CUDA context is read for a sticky error when the process ends
+        self.launches = launch_context.Launches(self.events.emit, self.events.pid)
         self.active = False
 
 
@@ -149,6 +152,7 @@ def activate() -> None:
         f = open(os.path.join(stacks, f"{os.getpid()}.txt"), "w")  # noqa: SIM115 (process-long)
         faulthandler.register(signal.SIGUSR1, file=f, all_threads=True, chain=False)
     atexit.register(_at_exit)
+    launch_context.fake_launch(state.launches)  # tests only (CUTEDEBUG_FAKE_CUDA_CONTEXT)
     if "cutlass" in sys.modules:
         _on_cutlass()
     else:
@@ -332,6 +336,7 @@ def _wrap_traces(state: _State) -> None:
             state.current["kernels"] += _module_kernels(module)
 
     dsl.register_trace_finalize_hook(on_finalize)
+    _name_kernels(state, type(dsl))
     original = BaseDSL.generate_mlir
 
     def generate_mlir(self, funcBody, function_name, *a, **kw):
@@ -357,10 +362,10 @@ def _wrap_traces(state: _State) -> None:
         try:
             with _trace_scope(state, cur):
                 result = original(self, funcBody, function_name, *a, **kw)
+            launch_context.tag(result, cur.get("kernel_names") or cur["kernels"])
             if state.sites is not None:
                 _tag_compiled(state, result, len(state.sites.sites) - sites_before)
-            if state.cfg.get("gpu_token"):
-                _guard_launches(state)
+            _guard_launches(state)
             return result
         except BaseException as e:
             error = f"{type(e).__name__}: {str(e)[:500]}"
@@ -379,6 +384,26 @@ def _wrap_traces(state: _State) -> None:
 
     generate_mlir.__wrapped__ = original
     BaseDSL.generate_mlir = generate_mlir
+
+
+def _name_kernels(state: _State, dsl_class: type) -> None:
+    """The Python name of each @cute.kernel a trace launches (``GemmSm90.kernel``), into the
+    trace's ``kernel_names``: what a CUDA error found later is blamed on (launch_context)."""
+    original = getattr(dsl_class, "_kernel_helper", None)
+    if original is None or getattr(original, "_cutedebug_names", False):
+        return
+
+    def _kernel_helper(self, funcBody, *a, **kw):
+        cur = state.current
+        if cur is not None:
+            name = getattr(funcBody, "__qualname__", None) or str(funcBody)
+            names = cur.setdefault("kernel_names", [])
+            if name not in names:
+                names.append(name)
+        return original(self, funcBody, *a, **kw)
+
+    _kernel_helper._cutedebug_names = True  # type: ignore[attr-defined]
+    dsl_class._kernel_helper = _kernel_helper
 
 
 def current_test() -> str | None:

@@ -20,6 +20,8 @@ import threading
 import time
 from typing import Any
 
+from cutedebug.instrument.launch_context import kernel_names, note_launch
+
 _WAITS_ATTR = "_cutedebug_wait_sites"
 _GUARDED = "_cutedebug_gpu_guarded"
 TOKEN_POLL_S = 0.02
@@ -95,8 +97,10 @@ def _ensure_gpu(state: Any) -> None:
 
 
 def _guard_launches(state: Any) -> None:
-    """Before the first launch of a compiled CuTe DSL kernel, take the GPU token (mutants that
-    compile at once still run their kernels one at a time)."""
+    """Before each launch of a compiled CuTe DSL function: take the GPU token at the first (with
+    a token: mutants that compile at once still run their kernels one at a time), and note the
+    kernels it runs (launch_context: the context is read for a sticky error when the process
+    ends)."""
     from cutlass.base_dsl import jit_executor
 
     todo, seen = [jit_executor.JitCompiledFunction], set()
@@ -116,6 +120,9 @@ def _guard_launches(state: Any) -> None:
 
             def guarded(self, *a, _orig=fn, **kw):
                 _ensure_gpu(state)
+                launches = getattr(state, "launches", None)
+                if launches is not None:
+                    note_launch(launches, kernel_names(self, state.current))
                 return _orig(self, *a, **kw)
 
             setattr(guarded, _GUARDED, True)

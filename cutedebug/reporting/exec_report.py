@@ -124,7 +124,16 @@ def to_markdown(res: ExecResult, expect: str = "PASS", command: str = "") -> str
                     f"{fs.get('line')} {fs.get('op')}: {fs.get('detail')}"
                 )
     if (ce := ev.get("cuda_error")) is not None:
-        lines.append(f"- CUDA error {ce['name']}: `{ce['line']}`")
+        lines.append(
+            f"- CUDA error {ce['name'] or '(name not read: ' + str(ce.get('not_read')) + ')'}"
+            + (f" after the kernel {ce['kernel']}" if ce.get("kernel") else "")
+            + (f", read by {ce['read_by']}" if ce.get("read_by") else "")
+            + f": `{ce['line']}`"
+        )
+    if (le := ev.get("library_error")) is not None:
+        lines.append(
+            f"- {le['library']} error {le['status']} with a healthy CUDA context: `{le['line']}`"
+        )
     if ev.get("last_lines"):
         lines += ["- the command's last lines:", "", "```", ev["last_lines"], "```"]
     if (tl := ev.get("timeline")) is not None:
