@@ -672,6 +672,26 @@ STEPS.append(
         "beside the triage step's if the overlap's wall or verdicts need explaining",
     )
 )
+STEPS.append(
+    Step(
+        "crash_name",
+        "19",
+        # the H200's mutant t3.p0.missing_phase_flip.producer (2026-12-02 mutate_all): 35.4 s in
+        # mutate with 7.3 s of it waiting for the GPU; the -k gemm clean run alone 23 s
+        55,
+        True,
+        "python3 -m cutedebug exec --probes --deadline 120 "
+        "--fault missing_phase_flip:role=producer,pipeline=0 --runs-dir /tmp/xcn -- "
+        "python3 -m pytest -q -p no:cacheprovider examples/test_field_libs.py -k gemm; "
+        'echo rc=$?; grep -h \'"event": "cuda_\' /tmp/xcn/exec-*/events.jsonl | cut -c1-500; '
+        "for f in /tmp/xcn/exec-*/report.md; do cp $f $STEP_OUT/; done",
+        "the GEMM mutant whose CRASH read 'cudaErrorUnknown: ... CUBLAS_STATUS_INTERNAL_ERROR "
+        "when calling cublasCreate(handle)', under exec with the context read at exit: the "
+        "verdict line names the sticky error and the kernel (cudaErrorIllegalAddress or "
+        "cudaErrorLaunchFailure: the kernel GemmSm90.kernel faulted (surfaced later in "
+        "cuBLAS's cublasCreate: ...)), with the cuda_context / cuda_error events it came from",
+    )
+)
 BY_NAME = {s.name: s for s in STEPS}
 # The order a session with device time runs them in (--plan without steps): the checks that
 # close the most issues per device second first. The triage alone is what #21 still needs and
@@ -679,6 +699,7 @@ BY_NAME = {s.name: s for s in STEPS}
 # and coredump each close one issue; warm + bench finish #22 (with the triage); the field and
 # exec steps (#17, #19) carry the wheels and come last.
 PRIORITY = (  # after 2026-12-02-h200-s2's five calls: what is left
+    "crash_name",  # #19: a faulted kernel's CRASH named by its context, not cuBLAS's status
     "mutate_all",  # #19: the 77-mutant field matrix after 36eb2f1 (call3 stopped at 15 on our bug)
     "sanitize_rest",  # #17: quack GEMM + fa4_bwd racecheck under the pipeline-ordered / bulk rules
     "pytest_gpu_only",  # GPU-facing code after 9ad9f96 (36eb2f1, 3ef76bd, 1a39f81)
