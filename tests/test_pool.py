@@ -223,12 +223,28 @@ def carrying(tag: str) -> list[int]:
 
 @pytest.mark.slow
 def test_two_runs_reuse_one_server_and_skip_the_imports(pool_env, tmp_path):
-    runs = []
+    import time
+
+    from cutedebug.engine.timings import PLACED
+
+    runs, walls = [], []
     for warm in ("--warm", "--warm", "--no-warm"):
+        t0 = time.monotonic()
         r = cli("run", warm, "--compile-only", "--runs-dir", str(tmp_path), str(CLEAN))
+        walls.append(time.monotonic() - t0)
         assert r.returncode == 0, r.stdout + r.stderr
         runs.append(report_json(r.stdout))
     first, second, fresh = runs
+    for rep, wall in zip(runs, walls):
+        # the command's whole wall in report.json's timings: its seconds before the run (the
+        # pool's server start in them), the run's phases, which add up to the run's wall, and
+        # its seconds after it until the report; only writing it and the exit are not there
+        t = rep["timings"]
+        placed = sum(t.get(k, 0.0) for k in PLACED) + t["unplaced_s"]
+        assert abs(placed - t["wall_s"]) < 0.01, t
+        assert t["cli_start_s"] >= t.get("pool_s", 0.0)
+        assert t["cli_start_s"] + t["wall_s"] + t["cli_after_s"] <= wall, (t, wall)
+        assert t["unplaced_s"] < 0.2 * t["wall_s"], t
     p1, p2 = first["evidence"]["pool"], second["evidence"]["pool"]
     assert p1["pid"] == p2["pid"] == server_meta()["pid"]
     assert (p1["started_now"], p2["started_now"]) == (True, False)

@@ -457,11 +457,22 @@ STEPS = [
     Step(
         "warm_lite",
         "22",
-        55,  # the warm step's pool_bench, 2 rounds (~18 s a round measured on the new code: est.)
+        # compileall with -j 0 on 16 cores (est. 5-10 s; the DSL found without importing it),
+        # the pool's start ~5 s (s4: 5.1 s), 2 rounds of cold (~8.6 s: 2026-12-02-h200 call5's
+        # test_run_seconds), cold_overlap (~10 s) and warm (~2.3 s, estimated): ~52 s
+        60,
         False,
+        # Bytecode first, as a pip install leaves it (the tree and the DSL bundle travel without
+        # it; where PYTHONDONTWRITEBYTECODE is set every interpreter compiles them again):
+        # pool_bench's first line says whether it is cached. It stays for the machine's life.
+        "python3 -m compileall -q -j 0 $(python3 -c 'import importlib.util as u, os; "
+        'print(*(os.path.dirname(s.origin) for s in map(u.find_spec, ("cutlass", "iket")) '
+        "if s and s.origin))') cutedebug kernels "
+        "> /dev/null; echo compileall rc=$?; "
         "python3 tools/pool_bench.py --rounds 2 --overlap --json $STEP_OUT/pool.json",
-        "the warm step's cold / cold-overlap / warm runs of a probed HANG, 2 rounds, for a call "
-        "short of device time",
+        "cutedebug run of a probed HANG with bytecode cached (as pip leaves it): cold, "
+        "cold_overlap and warm alternated, 2 rounds, every phase from the process's start "
+        "(cli_start_s) to its exit (rest_s), each side's median against the 5 s / 2 s targets",
     ),
     Step(
         "perturb_keys",

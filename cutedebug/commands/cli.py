@@ -22,6 +22,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +97,12 @@ def result_status(res, mode: str) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from cutedebug.engine import pool, runner
+    from cutedebug.engine.timings import process_age_s
 
+    # report.json's cli_start_s counts from here: the process's start (its interpreter and
+    # imports included), then each report's end for the next scenario
+    age = process_age_s()
+    args.clock_mark = None if age is None else time.monotonic() - age
     scenarios = load_targets(args)
     writable_dir(args.runs_dir, "--runs-dir")
     mode = "compile" if args.compile_only else "run"
@@ -172,12 +178,22 @@ def _run_one(args, sc, mode, fs, single: bool):
         **({"core": core} if core else {}),
         **({"perturb": pert} if (pert := perturb_args.request_field(args)) else {}),
     )
+    t_ran = time.monotonic()
     from cutedebug.analyses import mismatch
     from cutedebug.reporting import mismatch_map, perturbation
 
     mismatch.attach(res)  # failure-table diagnosis of wrong values (no-op for other verdicts)
     perturb_args.attach_replay(res, pert)  # the exact command that replays a perturbed exposure
-    _, md = report.write(res, mismatch_map.report_sections(res) + perturbation.report_sections(res))
+    sections = mismatch_map.report_sections(res) + perturbation.report_sections(res)
+    # The command's own seconds around the run (the rest of its wall: writing this report,
+    # printing, the interpreter's exit): before it, from the process's start (or the previous
+    # scenario's report) to the run's start; after it, until the report is written.
+    mark = getattr(args, "clock_mark", None)
+    if mark is not None and "wall_s" in res.timings:
+        res.timings["cli_start_s"] = round(max(0.0, t_ran - res.timings["wall_s"] - mark), 3)
+    res.timings["cli_after_s"] = round(time.monotonic() - t_ran, 3)
+    _, md = report.write(res, sections)
+    args.clock_mark = time.monotonic()
     print(report.tldr(res)[:2000])
     if (line := perturbation.summary_line(res)) is not None:
         print(line)

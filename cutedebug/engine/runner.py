@@ -505,6 +505,7 @@ def run_scenario(
             health = a[3]
     timings = timings_mod.run_timings(attempts, core_evidence, t_verdict, gpu_token is not None)
     timings["wall_s"] = round(time.monotonic() - t_start, 3)
+    timings["unplaced_s"] = timings_mod.unplaced(timings)
     return RunResult(
         scenario=scenario,
         verdict=verdict,

@@ -24,6 +24,8 @@ def timings(o: V.Outcome, facts: dict[str, Any]) -> dict[str, float]:
         t["stall_to_verdict_s"] = facts["stall_detected_after_s"]
     for key, secs in breakdown(o, facts).items():
         t.setdefault(key, secs)  # compile_s and check_s as the worker measured them
+    for key, secs in gaps(o, facts, t).items():
+        t.setdefault(key, secs)
     st, dev = o.event("started"), o.event("device")
     if "imports_s" in t and st and dev and st.t is not None and dev.t is not None:
         # of imports_s: the GPU looked for (a run's worker imports torch and initializes CUDA
@@ -47,19 +49,85 @@ BREAKDOWN = (
     ("check_s", "the reference and the comparison"),
     ("exit_s", "the worker's exit (CUDA context teardown) and the sweep for leftovers"),
 )
+# Between those (gaps(); each also in report.json, so that the phases add up to the wall):
+GAPS = (
+    (
+        "prelaunch_s",
+        "after the compile until the launch: the PTX file, the static protocol "
+        "checks, the protocol sites, the launch's set-up (the GPU token's wait apart)",
+    ),
+    (
+        "after_kernel_s",
+        "after the kernel ended until the worker's last event: the reference "
+        "check (check_s), the in-worker GPU check",
+    ),
+)
+# What the run's wall time (wall_s) is the sum of; unplaced_s is the rest (the run folder and
+# the request, a repeat's or a rerun's attempts beyond what rerun_s says).
+PLACED = (
+    "spawn_s",
+    "imports_s",
+    "inputs_s",
+    "compile_s",
+    "prelaunch_s",
+    "gpu_wait_s",
+    "launch_s",
+    "after_kernel_s",
+    "exit_s",
+    "rerun_s",
+    "health_s",
+    "core_s",
+    "verdict_s",
+)
 
 
-def breakdown(o: V.Outcome, facts: dict[str, Any]) -> dict[str, float]:
-    """The BREAKDOWN fields of one attempt that its events let us place on the runner's clock
-    (the worker's "started" event carries its own t = 0 as mono0); {} for older workers."""
+def _clock(o: V.Outcome, facts: dict[str, Any]):
+    """A function from an event's name to its time on the runner's clock (the worker's
+    "started" event carries its own t = 0 as mono0), or None for older workers."""
     st = o.last(Started)
     if st is None or st.mono0 is None or "t_call" not in facts:
-        return {}
+        return None
     mono0 = float(st.mono0)
 
     def at(name: str) -> float | None:
         e = o.event(name)
         return None if e is None or e.t is None else mono0 + float(e.t)
+
+    return at
+
+
+def gaps(o: V.Outcome, facts: dict[str, Any], t: dict[str, float]) -> dict[str, float]:
+    """The GAPS of one attempt (``t``: its timings so far, compile_s among them)."""
+    at = _clock(o, facts)
+    if at is None:
+        return {}
+    out: dict[str, float] = {}
+    compiling = at("compiling")
+    end = at("launched") or at("unsupported")
+    if compiling is not None and end is not None and "compile_s" in t:
+        got = o.last(GpuAcquired)
+        waited = float(got.waited_s or 0.0) if got is not None else 0.0
+        out["prelaunch_s"] = end - compiling - t["compile_s"] - waited
+    ended = at("synced") or at("cuda_error")
+    if ended is not None and "kill_t" not in facts:
+        mono0 = float(o.last(Started).mono0)
+        last = max(mono0 + float(e.t) for e in o.events if e.t is not None)
+        out["after_kernel_s"] = last - ended
+    return {k: round(max(0.0, v), 3) for k, v in out.items()}
+
+
+def unplaced(t: dict[str, float]) -> float:
+    """Seconds of wall_s outside every PLACED phase."""
+    return round(max(0.0, t.get("wall_s", 0.0) - sum(t.get(k, 0.0) for k in PLACED)), 3)
+
+
+def breakdown(o: V.Outcome, facts: dict[str, Any]) -> dict[str, float]:
+    """The BREAKDOWN fields of one attempt that its events let us place on the runner's clock;
+    {} for older workers."""
+    at = _clock(o, facts)
+    if at is None:
+        return {}
+    mono0 = float(o.last(Started).mono0)
 
     out: dict[str, float] = {"spawn_s": at("started") - facts["t_call"]}
     pairs = (("imports_s", "started", "imported"), ("inputs_s", "imported", "compiling"))
@@ -131,3 +199,20 @@ def run_timings(
     if token or waited:
         t["gpu_wait_s"] = round(waited, 3)
     return t
+
+
+def process_age_s() -> float | None:
+    """Seconds since this process started (the kernel's start time of it, in clock ticks since
+    boot, against CLOCK_BOOTTIME): the interpreter's start and imports before any code of ours
+    could read a clock. None where /proc does not say (not Linux) or says nonsense."""
+    import os
+    import time
+
+    try:
+        with open("/proc/self/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        start = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - start
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+    return age if 0.0 <= age < 86400.0 else None

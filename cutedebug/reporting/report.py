@@ -92,9 +92,9 @@ def where(result: RunResult) -> str:
 def time_breakdown(t: dict[str, Any]) -> str:
     """The run's seconds by phase, in the order they happen ("spawn 0.05 s · imports 3.1 s
     · ..."); empty when the worker did not report them."""
-    from cutedebug.engine.runner import BREAKDOWN
+    from cutedebug.engine.timings import PLACED
 
-    keys = [k for k, _ in BREAKDOWN] + ["verdict_s", "rerun_s", "health_s"]
+    keys = [*PLACED, "unplaced_s", "cli_start_s", "cli_after_s"]
     parts = [
         f"{k.removesuffix('_s')} {t[k]:.2f} s" for k in keys if isinstance(t.get(k), (int, float))
     ]
