@@ -383,4 +383,5 @@ def test_traced_kernels_are_tagged_with_their_python_names(tmp_path):
     prog = ROOT / "tests" / "exec_targets" / "compile_tagged.py"
     rc, text, rep = cutedebug_exec(tmp_path, sys.executable, str(prog))
     assert rc == 0 and rep.verdict == "PASS", text
+    assert "launch wrapped before any trace True" in rep.log_tail
     assert "kernels ('TmaStream.kernel',) launch wrapped True" in rep.log_tail

@@ -115,3 +115,49 @@ def test_mutate_two_mutants_at_once_share_the_gpu(tmp_path):
     }
     assert m["facts"]["processes_left"] == [] and m["facts"]["gpu_health"]["healthy"] is True
     assert not (out_dir / "gpu.token").exists()  # released after each mutant
+
+
+def test_exec_names_a_fault_that_surfaces_in_cublas(tmp_path):
+    """A kernel's illegal address first heard of in torch's cuBLAS: exec reads the context at
+    the process's exit (cuStreamQuery, no wait) and names the error and the kernel; the same
+    program without the fault reads a healthy context and passes."""
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(
+            [str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
+        ),
+    )
+    target = ROOT / "tests" / "exec_targets" / "gpu_fault_surfaces_in_cublas.py"
+
+    def run(*extra):
+        out = subprocess.run(
+            [sys.executable, "-m", "cutedebug", "exec", "--runs-dir", str(tmp_path)]
+            + ["--deadline", "60", "--", sys.executable, str(target), *extra],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            env=env,
+            cwd=str(ROOT),
+        )
+        report = re.search(r"report: (\S+)", out.stdout).group(1)
+        print(out.stdout[-2000:])
+        js = json.loads((Path(report).parent / "report.json").read_text())
+        return out, ExecReport.from_json(js)
+
+    out, rep = run()
+    assert out.returncode == 1 and rep.verdict == "CRASH", out.stdout + out.stderr
+    assert rep.reason.startswith(
+        "cudaErrorIllegalAddress: the kernel Minimal.kernel faulted (surfaced later"
+    ), rep.reason
+    (proc,) = rep.processes
+    ctx = proc.cuda_context
+    assert (ctx["state"], ctx["error"], ctx["when"]) == (
+        "error",
+        "CUDA_ERROR_ILLEGAL_ADDRESS",
+        "exit",
+    )
+    assert ctx["via"] == "cuStreamQuery(legacy default stream)"
+    out, rep = run("--clean")
+    assert out.returncode == 0 and rep.verdict == "PASS", out.stdout + out.stderr
+    (proc,) = rep.processes
+    assert proc.cuda_context["state"] == "ok" and proc.cuda_context["kernel"] == "Minimal.kernel"

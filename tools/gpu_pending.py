@@ -252,7 +252,9 @@ STEPS = [
     Step(
         "pytest_gpu",
         "18",
-        240,  # s4: 199 s (8 GPU tests + the lifeline attacks); + 2 cold runs (test_run_seconds)
+        # s4: 199 s (8 GPU tests + the lifeline attacks); + 2 cold runs (test_run_seconds);
+        # + ~20 s: test_exec_names_a_fault_that_surfaces_in_cublas (two execs, estimated)
+        260,
         False,
         "python3 -m pytest -m gpu -q -p no:cacheprovider -rfEs --durations=15; echo rc=$?; "
         "python3 tools/gpu_trust_check.py --out $STEP_OUT/trust; echo rc=$?",
@@ -261,7 +263,9 @@ STEPS = [
     Step(
         "pytest_gpu_only",
         "18",
-        180,  # 2026-12-02 call5: 165.96 s for the 10 GPU tests
+        # 2026-12-02 call5: 165.96 s for the 10 GPU tests; + ~20 s for the exec fault-naming
+        # test (two execs of minimal, estimated)
+        200,
         False,
         # for a call short of device time when the lifeline's code did not change: the GPU
         # tests alone, without pytest_gpu's attacks on a real GPU hang (tools/gpu_trust_check.py)
@@ -687,20 +691,25 @@ STEPS.append(
     Step(
         "crash_name",
         "19",
+        # a GPU test of two ~8 s execs (torch, cutlass, minimal's 0.3 s compile, 1 s asleep);
         # the H200's mutant t3.p0.missing_phase_flip.producer (2026-12-02 mutate_all): 35.4 s in
-        # mutate with 7.3 s of it waiting for the GPU; the -k gemm clean run alone 23 s
-        55,
+        # mutate, 7.3 s of it waiting for the GPU; the -k gemm clean run alone 23 s
+        60,
         True,
+        "python3 -m pytest -q -p no:cacheprovider -rfEs -s tests/test_exec_gpu.py "
+        "-k surfaces_in_cublas 2>&1 | grep -v '^$' | tail -25; "
         "python3 -m cutedebug exec --probes --deadline 120 "
         "--fault missing_phase_flip:role=producer,pipeline=0 --runs-dir /tmp/xcn -- "
         "python3 -m pytest -q -p no:cacheprovider examples/test_field_libs.py -k gemm; "
         'echo rc=$?; grep -h \'"event": "cuda_\' /tmp/xcn/exec-*/events.jsonl | cut -c1-500; '
         "for f in /tmp/xcn/exec-*/report.md; do cp $f $STEP_OUT/; done",
-        "the GEMM mutant whose CRASH read 'cudaErrorUnknown: ... CUBLAS_STATUS_INTERNAL_ERROR "
-        "when calling cublasCreate(handle)', under exec with the context read at exit: the "
-        "verdict line names the sticky error and the kernel (cudaErrorIllegalAddress or "
-        "cudaErrorLaunchFailure: the kernel GemmSm90.kernel faulted (surfaced later in "
-        "cuBLAS's cublasCreate: ...)), with the cuda_context / cuda_error events it came from",
+        "a CuTe DSL kernel's illegal address first heard of in torch's cuBLAS (minimal's "
+        "oob_store, then a matmul; its clean twin): CRASH named by the context read at exit "
+        "('cudaErrorIllegalAddress: the kernel Minimal.kernel faulted (surfaced later ...)'), "
+        "the twin PASS with a healthy context; then the GEMM mutant whose CRASH read "
+        "'cudaErrorUnknown: ... CUBLAS_STATUS_INTERNAL_ERROR when calling cublasCreate(handle)', "
+        "under exec: its verdict line names the sticky error and GemmSm90.kernel, with the "
+        "cuda_context / cuda_error events it came from",
     )
 )
 BY_NAME = {s.name: s for s in STEPS}

@@ -384,6 +384,7 @@ def _wrap_traces(state: _State) -> None:
 
     generate_mlir.__wrapped__ = original
     BaseDSL.generate_mlir = generate_mlir
+    _guard_launches(state)  # now too: a @cute.jit function called directly launches in its trace
 
 
 def _name_kernels(state: _State, dsl_class: type) -> None:
