@@ -110,6 +110,15 @@ def test_a_sticky_error_read_from_the_context_names_the_crash_and_the_kernel(tmp
     assert ce["name"] == "cudaErrorIllegalAddress" and ce["kernel"] == kernel
     assert ce["line"] == h200_line(rec).strip() and "cuStreamQuery" in ce["read_by"]
     assert "cudaErrorUnknown" not in json.dumps(res.evidence)
+    # a CUDA error line before the library's status: the first word the program said
+    torch_first = (
+        "torch.AcceleratorError: CUDA error: an illegal memory access was encountered\n" + tail
+    )
+    res = classified(tmp_path, torch_first, events=[ctx])
+    assert res.reason == (
+        f"cudaErrorIllegalAddress: the kernel {kernel} faulted (surfaced later: "
+        "torch.AcceleratorError: CUDA error: an illegal memory access was encountered)"
+    )
     # the same with the other errors a fault leaves: the driver's name read, the runtime's told
     for driver, runtime in (
         ("CUDA_ERROR_LAUNCH_FAILED", "cudaErrorLaunchFailure"),

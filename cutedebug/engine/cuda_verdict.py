@@ -64,6 +64,7 @@ class LibraryStatus:
     status: str  # CUBLAS_STATUS_INTERNAL_ERROR
     call: str | None  # cublasCreate
     line: str  # the output's line
+    at: int = 0  # where in the output
 
     def where(self) -> str:
         return f"{self.library}'s {self.call}" if self.call else self.library
@@ -75,7 +76,7 @@ def library_status(text: str) -> LibraryStatus | None:
     if m is None:
         return None
     prefix = m.group(2) or m.group(3)
-    return LibraryStatus(LIBRARIES[prefix], m.group(1), m.group(4), _line_at(text, m))
+    return LibraryStatus(LIBRARIES[prefix], m.group(1), m.group(4), _line_at(text, m), m.start())
 
 
 def cuda_line(text: str) -> str:
@@ -146,6 +147,9 @@ def classify_cuda(res: Any) -> bool:
     if sticky is not None:
         pid, c = sticky
         name = driver_error_name(c.error or "")
+        first = CUDA_TEXT.search(tail) if failed else None
+        if lib is not None and first is not None and first.end() <= lib.at and line != lib.line:
+            lib = None  # the output told of the error before the library did: its line first
         if lib is not None:
             later = f"surfaced later in {lib.where()}: {lib.status}"
         elif line:
