@@ -14,13 +14,14 @@ if "cutedebug.pytest_plugin" not in sys.modules:
     pytest_plugins = ["cutedebug.pytest_plugin"]
 
 # The developer's loop (`pytest -n 2 --dist loadfile -m "not slow"`, the README's test command)
-# compiles, of these families, only the scenarios without a fault (clean ones): their fault
+# compiles, of these families, only the scenarios without a fault (the clean ones): their fault
 # scenarios cost seconds of CPU each (a probed compile of a GEMM, attention or field-library
-# kernel in a forked worker) and their faults are exercised elsewhere: test_sm90_gemm.py compiles
-# each fault on the GEMM and checks it changes the PTX (in the loop), test_sm90_attention.py each
-# on the attention kernel (slow), test_field.py traces each onto the library lines (in the loop).
+# kernel in a forked worker). Their faults are exercised elsewhere: test_sm90_gemm.py and
+# test_sm100_gemm.py compile each fault of their scenarios on the GEMM and check the PTX it
+# changes (in the loop), test_sm90_attention.py each on the attention kernel (slow),
+# test_field.py traces three faults onto each field adapter's library lines (in the loop).
 # CI (.ci/run) runs the slow part too (`-m slow`), so every scenario still compiles there.
-SLOW_FAULT_FAMILIES = ("field", "sm90_attention", "sm90_gemm")
+SLOW_FAULT_FAMILIES = ("field", "sm100_gemm", "sm90_attention", "sm90_gemm")
 _SCENARIOS = Path(__file__).resolve().parent / "scenarios"
 
 

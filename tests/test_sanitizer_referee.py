@@ -120,7 +120,11 @@ def _field_compiled(name: str, tmp_path: Path):
     sc = S.load(FIELD / name / "clean.toml")
     if sc.missing_modules():
         pytest.skip(f"field libraries not installed: {sc.missing_modules()}")
-    _, outcome, _ = runner.run_once(sc, tmp_path / name, mode="compile", lineinfo=True)
+    # The pipelines and protocol sites are recorded while tracing: the worker stops after the
+    # trace (CUTE_DSL_DRYRUN; the lowering of these kernels is their scenarios' compile items')
+    _, outcome, _ = runner.run_once(
+        sc, tmp_path / name, mode="compile", extra_env={"CUTE_DSL_DRYRUN": "1"}
+    )
     compiled, sites = outcome.last(Compiled), outcome.last(ProtocolSites)
     assert compiled is not None, (tmp_path / name / "worker.log").read_text()[-3000:]
     return compiled, sites
