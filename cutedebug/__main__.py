@@ -1,5 +1,3 @@
-import sys
+from cutedebug.commands.cli import entry
 
-from cutedebug.commands.cli import main
-
-sys.exit(main())
+entry()

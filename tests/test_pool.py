@@ -243,7 +243,8 @@ def test_two_runs_reuse_one_server_and_skip_the_imports(pool_env, tmp_path):
         placed = sum(t.get(k, 0.0) for k in PLACED) + t["unplaced_s"]
         assert abs(placed - t["wall_s"]) < 0.01, t
         assert t["cli_start_s"] >= t.get("pool_s", 0.0)
-        assert t["cli_start_s"] + t["wall_s"] + t["cli_after_s"] <= wall, (t, wall)
+        # (the process's start time counts in clock ticks: up to 10 ms early)
+        assert t["cli_start_s"] + t["wall_s"] + t["cli_after_s"] <= wall + 0.011, (t, wall)
         assert t["unplaced_s"] < 0.2 * t["wall_s"], t
     p1, p2 = first["evidence"]["pool"], second["evidence"]["pool"]
     assert p1["pid"] == p2["pid"] == server_meta()["pid"]

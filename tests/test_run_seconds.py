@@ -346,3 +346,87 @@ def test_through_the_watchdog_a_clean_end_is_what_spares_the_new_process(
     assert res.health["via"] == ("torch" if new_process else "worker")
     if new_process:
         assert res.evidence["swept_pids"]  # the child it left, swept after its exit
+
+
+# ---- the pool server hears a worker's exit at once -----------------------------------------------
+def test_the_pool_server_writes_a_workers_exit_status_when_it_exits(tmp_path, monkeypatch):
+    """A worker's exit wakes the server's loop (SIGCHLD through its wakeup pipe): its status
+    file, which the command polls before the verdict, is written then, not at the end of the
+    loop's select. With the select's timeout set to 30 s the status comes well within 2 s."""
+    import os
+    import signal
+    import socket
+    import threading
+    import time
+
+    from cutedebug.engine import pool_server
+
+    monkeypatch.setattr(pool_server, "SELECT_S", 30.0)
+    server = pool_server.Server(str(tmp_path / "s.sock"), str(tmp_path / "m.json"), "k", 600.0)
+    server.bind()
+    old_handler = signal.getsignal(signal.SIGCHLD)
+    server.wake_on_child_exit()
+    status = tmp_path / "exit_status.json"
+    seen: dict[str, float] = {}
+
+    def watch() -> None:
+        end = time.monotonic() + 10
+        while not status.exists() and time.monotonic() < end:
+            time.sleep(0.005)
+        seen["after_s"] = time.monotonic() - t_exit
+        server.stopping = "test over"
+        with socket.socket(socket.AF_UNIX) as c:  # wakes the select to see it
+            c.connect(server.sock_path)
+
+    try:
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(0.3)  # exits while the loop waits in its select
+            os._exit(3)
+        t_exit = time.monotonic() + 0.3
+        server.workers[pid] = pool_server._Worker(str(status), "", None)
+        threading.Thread(target=watch, daemon=True).start()
+        server.loop()
+    finally:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, old_handler)
+        for fd in server.wakeup or ():
+            os.close(fd)
+        server.listener.close()
+    assert json.loads(status.read_text()) == {"returncode": 3}
+    assert seen["after_s"] < 2.0, seen
+
+
+# ---- the command's end -------------------------------------------------------------------------
+ENTRY = """
+import atexit, sys, threading, time
+atexit.register(lambda: print("atexit hook ran", flush=True))
+if sys.argv[1] == "thread":  # a thread still running: Python's own exit waits for it
+    threading.Thread(target=lambda: (time.sleep(0.5), print("thread done", flush=True))).start()
+sys.argv = ["cutedebug", *sys.argv[2:]]
+from cutedebug.commands.cli import entry
+entry()
+print("not reached")
+"""
+
+
+@pytest.mark.parametrize("thread", ["none", "thread"])
+def test_the_command_ends_without_the_teardown_yet_flushed_and_hooked(thread):
+    """`cutedebug` (cli.entry): what main printed, unflushed, is all there; the atexit hooks
+    ran; the exit status is main's (0, then 2 for a bad option); a thread still running is
+    waited for (Python's own exit then)."""
+    import subprocess
+    import sys
+
+    def go(*argv):
+        return subprocess.run(
+            [sys.executable, "-c", ENTRY, thread, *argv], capture_output=True, text=True, cwd=ROOT
+        )
+
+    r = go("list", "scenarios/minimal")
+    assert r.returncode == 0, r.stderr
+    rows = r.stdout.splitlines()
+    assert "minimal/spin_hang" in r.stdout and rows[-1] == "atexit hook ran", rows[-3:]
+    assert ("thread done" in r.stdout) == (thread == "thread")
+    bad = go("run", "--no-such-option", "x.toml")
+    assert bad.returncode == 2 and "atexit hook ran" in bad.stdout

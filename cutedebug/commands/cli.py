@@ -152,13 +152,36 @@ def cmd_run(args: argparse.Namespace) -> int:
     return status
 
 
+# What writing a run's report imports, imported in a thread while the first run's worker
+# compiles and runs (the command meanwhile only waits in the watchdog's loop): off the run's
+# critical path. The names are imported again where they are used (an error there, not here).
+REPORT_MODULES = (
+    "cutedebug.reporting.report",
+    "cutedebug.analyses.mismatch",
+    "cutedebug.reporting.mismatch_map",
+    "cutedebug.reporting.perturbation",
+)
+
+
+def _import_quietly(names: tuple[str, ...]) -> None:
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001  (the command's own import says what is wrong)
+            return
+
+
 def _run_one(args, sc, mode, fs, single: bool):
     """Run one scenario, write its report and print its lines; returns the RunResult."""
     from cutedebug.analyses import lint
     from cutedebug.commands import perturb_args
     from cutedebug.engine import runner
-    from cutedebug.reporting import report
 
+    if not getattr(args, "report_imports", None):
+        args.report_imports = threading.Thread(
+            target=_import_quietly, args=(REPORT_MODULES,), name="cutedebug-imports", daemon=True
+        )
+        args.report_imports.start()
     core, probes = None, args.probes
     if getattr(args, "coredump", False):
         from cutedebug.analyses import coredump
@@ -172,7 +195,7 @@ def _run_one(args, sc, mode, fs, single: bool):
         probes=probes,
         wait_budget_ms=args.wait_budget_ms,
         repeat=args.repeat,
-        command=report.command_line() if single else "",
+        command=command_line() if single else "",
         forkserver=fs,
         compile_checks=[lint.static_findings],
         **({"core": core} if core else {}),
@@ -180,7 +203,7 @@ def _run_one(args, sc, mode, fs, single: bool):
     )
     t_ran = time.monotonic()
     from cutedebug.analyses import mismatch
-    from cutedebug.reporting import mismatch_map, perturbation
+    from cutedebug.reporting import mismatch_map, perturbation, report
 
     mismatch.attach(res)  # failure-table diagnosis of wrong values (no-op for other verdicts)
     perturb_args.attach_replay(res, pert)  # the exact command that replays a perturbed exposure
@@ -226,6 +249,13 @@ def _run_one(args, sc, mode, fs, single: bool):
         print(f"  {state}; the kernel was not run")
     print(f"  report: {md}", flush=True)
     return res
+
+
+def command_line() -> str:
+    """The command as typed (a report's "command"; reporting.report.command_line's form)."""
+    import shlex
+
+    return shlex.join(["cutedebug"] + sys.argv[1:])
 
 
 def fault_line(compiled: dict[str, Any], verdict: str) -> str | None:
@@ -498,5 +528,28 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(sig, handler)
 
 
+def entry() -> None:
+    """The `cutedebug` command (and `python -m cutedebug`): main, then the process's end
+    without the interpreter's teardown of every module it imported (tens of ms of each run's
+    wall): what main wrote is flushed and the atexit hooks run (cuda-gdb sessions, logging)
+    first. Where a thread other than the main one is still running, Python's own exit (which
+    waits for it) instead."""
+    import atexit
+
+    code = main()
+    main_thread = threading.main_thread()
+    if not isinstance(code, int) or any(
+        t is not main_thread and t.is_alive() and not t.daemon for t in threading.enumerate()
+    ):
+        sys.exit(code)
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass  # a reader gone away (main already said so) or a closed stream
+    atexit._run_exitfuncs()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

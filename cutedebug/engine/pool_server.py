@@ -85,6 +85,7 @@ class Server:
         self.stopping = ""
         self.listener: socket.socket | None = None
         self.inode = 0
+        self.wakeup: tuple[int, int] | None = None  # wake_on_child_exit's pipe (read, write)
 
     # ---- life ----
     def bind(self) -> None:
@@ -119,18 +120,41 @@ class Server:
         except OSError:
             return False
 
+    def wake_on_child_exit(self) -> None:
+        """A worker's exit wakes the loop at once (SIGCHLD through a wakeup pipe) instead of
+        at the end of its select's SELECT_S: the exit status the command polls for, and so
+        the run's verdict, comes that much sooner. Main thread only (signals)."""
+        r, w = os.pipe()
+        os.set_blocking(r, False)
+        os.set_blocking(w, False)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        self.wakeup = (r, w)
+
+    def _drain_wakeup(self) -> None:
+        assert self.wakeup is not None
+        with contextlib.suppress(BlockingIOError, InterruptedError):
+            while os.read(self.wakeup[0], 512):
+                pass
+
     def loop(self) -> str:
         assert self.listener is not None
         last_busy = time.monotonic()
         last_check = last_busy
         while not self.stopping:
-            socks = [self.listener] + [c.sock for c in self.clients.values()]
+            socks: list[Any] = [self.listener] + [c.sock for c in self.clients.values()]
+            if self.wakeup is not None:
+                socks.append(self.wakeup[0])
             try:
                 ready, _, _ = select.select(socks, [], [], SELECT_S)
             except InterruptedError:
                 ready = []
+            if self.wakeup is not None and self.wakeup[0] in ready:
+                self._drain_wakeup()
             self.reap()
             for s in ready:
+                if self.wakeup is not None and s == self.wakeup[0]:
+                    continue
                 if s is self.listener:
                     self.accept()
                 else:
@@ -206,6 +230,11 @@ class Server:
         def in_child() -> None:
             for s in socks:  # the worker holds no end of the pool's connections
                 s.close()
+            if self.wakeup is not None:  # nor the server's SIGCHLD wakeup
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                for fd in self.wakeup:
+                    os.close(fd)
             lifeline.adopt_session_tags(mine + tags)
 
         pid = forkserver.fork_worker(req, self.pid, in_child)
@@ -273,6 +302,7 @@ def main(argv: list[str]) -> int:
     t0 = time.monotonic()
     forkserver.preload()
     server.bind()
+    server.wake_on_child_exit()
     print(
         f"pool server {server.pid} ready in {time.monotonic() - t0:.2f} s (key {key}, "
         f"idle exit after {idle_s:g} s)",
