@@ -532,14 +532,20 @@ def entry() -> None:
     """The `cutedebug` command (and `python -m cutedebug`): main, then the process's end
     without the interpreter's teardown of every module it imported (tens of ms of each run's
     wall): what main wrote is flushed and the atexit hooks run (cuda-gdb sessions, logging)
-    first. Where a thread other than the main one is still running, Python's own exit (which
-    waits for it) instead."""
+    first. Where a thread other than the main one is still running, or under a profiler or a
+    tracer (`python -m cProfile -m cutedebug` writes its stats after the module returns),
+    Python's own exit instead."""
     import atexit
 
     code = main()
     main_thread = threading.main_thread()
-    if not isinstance(code, int) or any(
-        t is not main_thread and t.is_alive() and not t.daemon for t in threading.enumerate()
+    if (
+        not isinstance(code, int)
+        or sys.getprofile() is not None
+        or sys.gettrace() is not None
+        or any(
+            t is not main_thread and t.is_alive() and not t.daemon for t in threading.enumerate()
+        )
     ):
         sys.exit(code)
     try:
