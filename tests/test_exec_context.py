@@ -292,6 +292,10 @@ def with_driver(monkeypatch, drv):
     bindings = types.ModuleType("cuda.bindings")
     bindings.driver = mod
     monkeypatch.setitem(sys.modules, "cuda.bindings", bindings)
+    if "cuda" in sys.modules:
+        # `import cuda.bindings.driver as drv` reaches the module through the attributes of an
+        # imported cuda package (a test before this one in the worker imported cutlass)
+        monkeypatch.setattr(sys.modules["cuda"], "bindings", bindings, raising=False)
     monkeypatch.delenv(LC.FAKE_ENV, raising=False)
 
 
