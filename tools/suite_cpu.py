@@ -6,7 +6,9 @@ files of a scenario family as one row).
     python tools/suite_cpu.py [--out DIR] [--top N] [--compiles] [-- PYTEST ARGS]
     python tools/suite_cpu.py --report DIR [--top N]       # the tables again
 
-PYTEST ARGS default to CI's ``-n 2 --dist loadfile``.
+PYTEST ARGS default to ``-n 2 --dist loadfile``: the whole suite in one session. CI runs it
+in two (.ci/run): the README's ``-n 2 --dist loadfile -m "not slow"``, then ``-m slow``; pass
+those to measure each part.
 
 Runs ``python -m pytest -p suite_cpu PYTEST ARGS`` from the repository root with tools/ on
 PYTHONPATH (each xdist worker loads this plugin too; it records only with SUITE_CPU_DIR set),
