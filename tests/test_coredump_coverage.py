@@ -83,7 +83,13 @@ def test_the_summary_counts_what_the_h200_rows_say():
 def test_seconds_added_small_grids_within_target_and_the_big_grid_over_it():
     s = C.summary(C.coverage())
     a = s["added_small"]
-    assert a["n"] == a["within_target"] and a["max"] <= C.ADDED_TARGET_S
+    # under 1000 warps, two did not make it (reports/2026-12-02-h200-s3/call3): quack RMSNorm
+    # backward's persistent clusters (960 warps, a 133 MB core: dump 5.20 s) and FA-4
+    # backward (640 warps, 214 MB: dump 4.70 s); the warp count is no proxy for the dump
+    over = {r["scenario"]: r["added_s"] for r in C.coverage() if r["measured"]}
+    assert a["n"] - a["within_target"] == 2 and a["max"] == 6.001
+    assert over["field/quack_rmsnorm_bwd/skip_consumer_release"] == 6.001
+    assert over["field/fa4_bwd_sm90/wrong_expect_tx_plus"] == 5.765
     big = s["added_big"]
     assert {"minimal/spin_hang", "field/fa4_fwd_sm90/wrong_barrier_threads_plus"} <= {
         b["scenario"] for b in big
@@ -128,10 +134,11 @@ def test_the_gpu_steps_name_exactly_what_is_not_measured():
     for step, names in (("coredump_rest", rest), ("coredump_field", field_rest)):
         cmd = gpu_pending.BY_NAME[step].command
         assert all(f"scenarios/{n}.toml" in cmd for n in names), step
-    # quack's producer hangs first: the role vocabulary on a real quack core
+    # quack GEMM's named-barrier hangs first: graded False before the role rule (8040c07),
+    # whose consumer is the epilogue's warp branch
     by = {sc.id: sc.expect.localization().get("role") for sc in C.hang_scenarios()}
-    assert [by[n] for n in gpu_pending.CORE_REST[:2]] == ["producer", "producer"]
-    assert all("quack" in n for n in gpu_pending.CORE_REST[:2])
+    assert [by[n] for n in gpu_pending.CORE_REST[:2]] == ["consumer", "consumer"]
+    assert all("quack_gemm" in n for n in gpu_pending.CORE_REST[:2])
 
 
 def test_a_newer_run_added_on_the_command_line_counts(tmp_path, capsys):
@@ -141,7 +148,7 @@ def test_a_newer_run_added_on_the_command_line_counts(tmp_path, capsys):
     new_rows = [
         {**old, "scenario": "field/quack_softmax/wrong_expect_tx_plus", "added_s": 2.5},
         {**old, "added_s": 0.9},  # sm90_gemm/early_exit_consumer again
-        {"scenario": "field/fa4_bwd_sm90/wrong_expect_tx_plus", "skipped": "budget"},
+        {"scenario": "field/fa4_fwd_sm90/skip_consumer_release", "skipped": "budget"},
         {**old, "scenario": "minimal/oob_store", "verdict": "CRASH", "core": "X at minimal.py:64"},
     ]
     f = tmp_path / "rows.json"
@@ -149,7 +156,7 @@ def test_a_newer_run_added_on_the_command_line_counts(tmp_path, capsys):
     assert C.main(["--pending", "--add", f"next={f}"]) == 0
     pending = capsys.readouterr().out.split()
     assert "field/quack_softmax/wrong_expect_tx_plus" not in pending
-    assert "field/fa4_bwd_sm90/wrong_expect_tx_plus" in pending  # skipped: not measured
+    assert "field/fa4_fwd_sm90/skip_consumer_release" in pending  # skipped: not measured
     runs = [*C.RUNS, ("next", str(f), "default")]
     rows = {r["scenario"]: r for r in C.coverage(runs=runs)}
     assert rows["sm90_gemm/early_exit_consumer"]["source"] == "next#1"

@@ -122,17 +122,21 @@ def _toml(names: list[str]) -> str:
 # as a fixture (the field cores are 15-120 MB). ~16-25 s each on the H200 (call4: field compile
 # 8-10 s, 2 s deadline, dump 1.6-7.8 s: the driver spends 45-65 ms per SM holding warps).
 CORE_DONE_FIELD = [
-    "field/quack_gemm_sm90/wrong_barrier_threads_plus",
     "field/fa4_fwd_sm90/wrong_barrier_threads_plus",
-    "field/quack_gemm_sm90/wrong_barrier_threads_minus",
     "field/fa4_fwd_sm90/wrong_barrier_threads_minus",
     "field/quack_rmsnorm_fwd/wrong_expect_tx_plus",
-]
-CORE_REST = [
+    # reports/2026-12-02-h200-s3/call3: localized as expected 4/4
     "field/quack_gemm_sm90/skip_consumer_release",
     "field/quack_rmsnorm_bwd/skip_consumer_release",
     "field/fa4_bwd_sm90/wrong_expect_tx_plus",
     "field/fa4_fwd_sm90/wrong_expect_tx_plus",
+]
+# Next by value: quack GEMM's two named-barrier hangs, graded False in s2/call4 (the core named
+# the epilogue's warp role `epilogue_split_k`; 8040c07 names it consumer, confirmed on a quack
+# producer hang in s3/call3 but not on these two); then what s3/call3's budget skipped
+CORE_REST = [
+    "field/quack_gemm_sm90/wrong_barrier_threads_plus",
+    "field/quack_gemm_sm90/wrong_barrier_threads_minus",
     "field/quack_softmax/wrong_expect_tx_plus",
     "tma_stream/wrong_expect_tx_plus",
 ]
@@ -548,9 +552,9 @@ STEPS = [
         "[ $(stat -c %s $c) -le 8388608 ] && gzip -9 -c $c > $STEP_OUT/cores/$n.nvcudmp.gz "
         "&& cp $r/coredump_gdb_pass1.txt $STEP_OUT/cores/$n.pass1.txt; done; "
         "ls -la $STEP_OUT/cores",
-        "#25's gaps by value (CORE_REST): the field hangs call4's budget skipped, quack's "
-        "producer hangs first (the role vocabulary on a real quack core), then FA-4 bwd / fwd and "
-        "softmax; tma_stream's small core kept as a fixture",
+        "#25's gaps by value (CORE_REST): quack GEMM's two named-barrier hangs again (graded "
+        "False before the role rule 8040c07), then quack softmax; tma_stream's small core kept "
+        "as a fixture",
     ),
     Step(
         "coredump_field",
@@ -723,7 +727,7 @@ PRIORITY = (  # after 2026-12-02-h200-s2's five calls: what is left
     "mutate_all",  # #19: the 77-mutant field matrix after 36eb2f1 (call3 stopped at 15 on our bug)
     "sanitize_rest",  # #17: quack GEMM + fa4_bwd racecheck under the pipeline-ordered / bulk rules
     "pytest_gpu_only",  # GPU-facing code after 9ad9f96 (36eb2f1, 3ef76bd, 1a39f81)
-    "coredump_rest",  # #25: the field hangs call4's budget skipped
+    "coredump_rest",  # #25: quack GEMM's named-barrier hangs with the role rule, softmax
     "tail_cluster",  # #20: sm90_gemm/skip_producer_tail_cluster (recheck's budget skipped it)
     "triage",  # #17 (the project's matrix unchanged), #22 (wall)
     "recheck",  # done in 2026-12-02-h200-s3 call3 but for skip_producer_tail_cluster
