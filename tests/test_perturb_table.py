@@ -140,3 +140,45 @@ def test_the_table_measures_the_replay_alone_and_with_its_history(tmp_path, monk
     assert "replay with history: 6/8 replays " in text and "; 2 stopped at an earlier seed" in text
     # as the report prints it: tma alone (3/3), gemm and attention with history (4/4, 2/4)
     assert "replay as the report prints it (with history when there was one): 9/11" in text
+
+
+def test_combine_counts_the_population_once_with_the_latest_perturbed_row(capsys):
+    """--combine over the H200's own files (the project's 19 latent faults were perturbed in
+    parts): call1's 19 rows, s3 call3's recheck (3 rows superseding call1's HARNESS_ERROR /
+    unperturbed ones, 2 skipped by its budget: they supersede nothing) and s3 call4's
+    tail_cluster (skip_producer_tail_cluster's CRASH). Counted by hand from those rows: 19
+    perturbed, 8 exposed (CRASH tma_stream, sm90_gemm missing_init_fence and
+    skip_producer_tail_cluster; HANG skip_init_cluster_sync x2, missing_init_fence_cluster,
+    wrong_arrive_count_empty_minus_cluster; MISMATCH drop_sync_epilogue), 9 predicted benign by
+    construction (none exposed), sm90_attention/missing_init_fence still call1's HARNESS_ERROR."""
+    r = ROOT / "reports"
+    files = [
+        r / "2026-12-02-h200/call1/perturb/latent.json.gz",
+        r / "2026-12-02-h200-s3/call3/recheck/latent.json.gz",
+        r / "2026-12-02-h200-s3/call4/tail_cluster/role.json",
+        r / "2026-12-02-h200-s3/call4/tail_cluster/seeds.json",
+    ]
+    assert perturb_table.main(["--combine", *map(str, files)]) == 1  # one row is not a result
+    out = capsys.readouterr().out
+    assert "exposed: 8/19 scenarios (42%)" in out
+    assert (
+        "exposed among those not predicted benign by construction: 8/10; predicted benign by "
+        "construction and exposed anyway (a reason proven wrong): []"
+    ) in out
+    assert out.count("NOT A RESULT: ") == 1 and "NOT A RESULT: sm90_attention/missing_init" in out
+    assert "NOT PERTURBED" not in out  # the recheck's skipped rows superseded nothing
+    lines = [x for x in out.splitlines() if x.startswith("sm90_gemm/skip_producer_tail_cluster:")]
+    assert lines == [
+        f"sm90_gemm/skip_producer_tail_cluster: CRASH (exposed by seed 8)  ({files[3]})"
+    ]
+
+
+def test_policy_of_gives_the_spec_a_run_takes():
+    from cutedebug.instrument import perturb_plan as P
+
+    args = perturb_table.parser().parse_args(
+        ["--policy", "role", "--role", "consumer", "--scope", "rank=1 warpgroup=1", "x.toml"]
+    )
+    policy = perturb_table.policy_of(args)
+    assert policy == {"name": "role", "role": "consumer", "scope": "rank=1 warpgroup=1"}
+    assert P.Policy(**policy).scope == "rank=1 warpgroup=1"  # what perturb_runs.drive builds

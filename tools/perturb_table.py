@@ -2,6 +2,7 @@
 
     python3 tools/perturb_table.py --seeds 32 --replays 5 scenarios/tma_stream/drop_sync.toml ...
     python3 tools/perturb_table.py --seeds 64 --clean scenarios/tma_stream/clean.toml ...
+    python3 tools/perturb_table.py --combine own/latent.json field_quack/latent.json ...
 
 For each scenario: ``--seeds`` seeded schedules (random policy, or ``--policy`` with its
 ``--target`` / ``--role`` / ``--scope`` / ``--delay-us``, as ``cutedebug run --perturb``) after
@@ -16,12 +17,14 @@ triage.
 
 A scenario whose ``[expect] note`` says ``predicted benign by construction`` (the written reason
 why no delay can expose its fault) is marked so, and the summary gives the exposure rate over
-all scenarios and over the others.
+all scenarios and over the others. ``--combine`` prints that summary over the ``--json`` files of
+several runs (the population run in parts: the project's latent faults and the field's).
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import sys
 import time
@@ -83,9 +86,9 @@ def rate_text(rate: dict | None) -> str:
     return f"{rate['same']}/{rate['of']}{more}"
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("scenarios", nargs="+")
+    ap.add_argument("scenarios", nargs="+", help="scenario TOML files (--combine: JSON files)")
     ap.add_argument("--seeds", type=int, default=32)
     ap.add_argument("--replays", type=int, default=5, help="replays of the seed alone")
     ap.add_argument(
@@ -105,8 +108,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--role", choices=("producer", "consumer", "any"), help="role: the role")
     ap.add_argument("--scope", help="the keys every delay takes, e.g. 'rank=1 warp=0'")
     ap.add_argument("--delay-us", type=float, help="a fixed delay (microseconds)")
-    args = ap.parse_args(argv)
-    history_n = args.replays if args.history_replays is None else args.history_replays
+    ap.add_argument(
+        "--combine",
+        action="store_true",
+        help="read the --json files of earlier runs and print one population summary",
+    )
+    return ap
+
+
+def policy_of(args: argparse.Namespace) -> dict:
+    """The ``perturb`` spec's policy (``perturb_plan.Policy`` fields) the flags give."""
     policy = {"name": args.policy}
     for key, value in (
         ("target", args.target),
@@ -116,6 +127,74 @@ def main(argv: list[str] | None = None) -> int:
     ):
         if value is not None:
             policy[key] = value
+    return policy
+
+
+def population(rows: list[dict]) -> dict:
+    """#20's counts over perturbed rows: the kernel verdicts that expose a fault, those
+    predicted benign by construction, and the rows that are not a result."""
+    ran = [r for r in rows if r.get("runs")]
+    exposed = [r for r in ran if r["verdict"] in KERNEL_VERDICTS]
+    open_ = [r for r in ran if not r.get("predicted")]
+    return {
+        "ran": len(ran),
+        "exposed": len(exposed),
+        "open": len(open_),
+        "open_exposed": len([r for r in exposed if not r.get("predicted")]),
+        "benign_exposed": [r["scenario"] for r in exposed if r.get("predicted")],
+        "not_a_result": [
+            r["scenario"] for r in rows if r["verdict"] in ("HARNESS_ERROR", "UNSUPPORTED")
+        ],
+        "not_perturbed": [
+            r["scenario"]
+            for r in rows
+            if not r.get("runs") and r["verdict"] not in ("HARNESS_ERROR", "UNSUPPORTED")
+        ],
+    }
+
+
+def combine(paths: list[str]) -> int:
+    """One population summary over the --json files of several runs (e.g. the project's latent
+    faults and the field's, run in separate steps; .json or .json.gz). A scenario in more than
+    one file counts once, with its row from the last file that perturbed it (a later run
+    supersedes an earlier one; a row the budget skipped supersedes nothing)."""
+    by_id: dict[str, dict] = {}
+    for path in paths:
+        raw = Path(path).read_bytes()
+        for r in json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw):
+            # a skipped row names its TOML path: scenarios/<id>.toml
+            sid = r["scenario"].removeprefix("scenarios/").removesuffix(".toml")
+            if sid in by_id and by_id[sid].get("runs") and not r.get("runs"):
+                continue
+            by_id.pop(sid, None)  # the later row, in the later file's order
+            by_id[sid] = {**r, "scenario": sid, "file": path}
+    rows = list(by_id.values())
+    for r in rows:
+        print(
+            f"{r['scenario']}: {r['verdict']}"
+            + (f" (exposed by seed {r['exposed_by']})" if r.get("exposed_by") is not None else "")
+            + (" [predicted benign by construction]" if r.get("predicted") else "")
+            + f"  ({r['file']})"
+        )
+    n = population(rows)
+    share = f" ({100 * n['exposed'] / n['ran']:.0f}%)" if n["ran"] else ""
+    print(f"\nexposed: {n['exposed']}/{n['ran']} scenarios{share}")
+    print(
+        f"exposed among those not {BENIGN}: {n['open_exposed']}/{n['open']}; "
+        f"{BENIGN} and exposed anyway (a reason proven wrong): {n['benign_exposed']}"
+    )
+    for what, key in (("NOT A RESULT", "not_a_result"), ("NOT PERTURBED", "not_perturbed")):
+        for sid in n[key]:
+            print(f"{what}: {sid}")
+    return 1 if n["not_a_result"] or n["not_perturbed"] else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.combine:
+        return combine(args.scenarios)
+    history_n = args.replays if args.history_replays is None else args.history_replays
+    policy = policy_of(args)
     t_start = time.monotonic()
     fs = runner.start_forkserver(args.runs_dir)
     rows = []
@@ -190,15 +269,14 @@ def main(argv: list[str] | None = None) -> int:
             f"{r.get('replay', '-')} | {r.get('replay_history', '-')} | {delays or '-'} | "
             f"{r.get('secs', '-')} |"
         )
-    ran = [r for r in rows if r.get("runs")]
     # a verdict about the kernel; HARNESS_ERROR is a bug of ours and UNSUPPORTED ran nothing:
     # neither exposes anything (each is listed below instead)
-    exposed = [r for r in ran if r["verdict"] in KERNEL_VERDICTS]
-    ours = [r for r in rows if r["verdict"] in ("HARNESS_ERROR", "UNSUPPORTED")]
-    unperturbed = [r for r in rows if not r.get("runs") and r not in ours]
+    n = population(rows)
+    ours = [r for r in rows if r["scenario"] in n["not_a_result"]]
+    unperturbed = [r for r in rows if r["scenario"] in n["not_perturbed"]]
     what = "false alarms" if args.clean else "exposed"
     print(
-        f"\n{what}: {len(exposed)}/{len(ran)} scenarios ({args.seeds} seeds each); "
+        f"\n{what}: {n['exposed']}/{n['ran']} scenarios ({args.seeds} seeds each); "
         f"{time.monotonic() - t_start:.1f} s"
     )
     printed = [  # the replay the report prints: with history when there was one
@@ -227,12 +305,9 @@ def main(argv: list[str] | None = None) -> int:
     for r in unperturbed:
         print(f"NOT PERTURBED ({r['verdict']}): {r['scenario']}: {r.get('reason', '')[:300]}")
     if not args.clean:
-        open_ = [r for r in ran if not r.get("predicted")]
         print(
-            f"exposed among those not {BENIGN}: "
-            f"{len([r for r in exposed if not r.get('predicted')])}/{len(open_)}; "
-            f"{BENIGN} and exposed anyway (a reason proven wrong): "
-            f"{[r['scenario'] for r in exposed if r.get('predicted')]}"
+            f"exposed among those not {BENIGN}: {n['open_exposed']}/{n['open']}; "
+            f"{BENIGN} and exposed anyway (a reason proven wrong): {n['benign_exposed']}"
         )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1, default=str))
