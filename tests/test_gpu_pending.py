@@ -48,6 +48,55 @@ def test_latent_and_clean_scenarios_exist_and_are_what_they_say():
         assert (ROOT / "scenarios" / fam).is_dir(), fam
 
 
+def _note(name: str) -> str:
+    import tomllib
+
+    return tomllib.loads((ROOT / "scenarios" / f"{name}.toml").read_text())["expect"]["note"]
+
+
+def test_the_field_latent_faults_are_faulted_pass_scenarios_each_with_its_prediction():
+    """#20's field population: faulted, expected PASS, each note's perturbation prediction
+    either a written reason (benign by construction) or the schedule a check runs, named in
+    the note with the same flags (cutedebug run's spelling: --perturb-target for --target)."""
+    import tomllib
+
+    checks = {i: (name, flags) for name, flags, ids in gpu_pending.PERTURB_CHECKS for i in ids}
+    field = gpu_pending.LATENT_FIELD
+    assert len(field) == len(set(field)) == 12
+    assert {i for i in checks if i.startswith("field/")} <= set(field)
+    for name in field:
+        data = tomllib.loads((ROOT / "scenarios" / f"{name}.toml").read_text())
+        assert data.get("fault") and data["expect"]["verdict"] == "PASS", name
+        note = _note(name)
+        assert "Schedule perturbation (issue 20): predicted" in note, name
+        benign = "predicted benign by construction" in note
+        assert benign != (name in checks), name  # a reason or a schedule, never both
+        if not benign:
+            flags = (
+                checks[name][1].replace("--", "--perturb-").replace("--perturb-policy", "--policy")
+            )
+            assert flags in note, (name, flags)
+    runs = gpu_pending.BY_NAME["perturb_field_quack"].command
+    runs += gpu_pending.BY_NAME["perturb_field_fa4"].command
+    assert all(runs.count(f"scenarios/{n}.toml") == 1 for n in field)
+    assert "--seeds 32" in runs and all(
+        gpu_pending.BY_NAME[s].wheels
+        for s in ("perturb_field_quack", "perturb_field_fa4", "perturb_field_checks")
+    )
+
+
+def test_the_field_checks_run_apart_from_the_projects():
+    own = gpu_pending.BY_NAME["perturb"].command
+    field = gpu_pending.BY_NAME["perturb_field_checks"].command
+    assert "scenarios/field/" not in own
+    for name, flags, ids in gpu_pending.PERTURB_CHECKS:
+        for i in ids:
+            cmd = field if i.startswith("field/") else own
+            seg = [c for c in cmd.split("; ") if f"$STEP_OUT/{name}.json" in c]
+            assert len(seg) == 1 and flags in seg[0], (name, i)
+            assert f"scenarios/{i}.toml" in seg[0], (name, i)
+
+
 def test_field_copies_cover_every_field_kernel():
     import fnmatch
 

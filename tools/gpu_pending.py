@@ -67,6 +67,27 @@ LATENT = [
     "sm90_attention/wrong_arrive_count_empty_minus_v",
     "sm90_attention/drop_sync_epilogue",
 ]
+# The faulted FIELD scenarios (quack 0.6.5, FlashAttention-4 4.0.0b36) that PASS on the H200
+# without perturbation (field_quack / field_fa4, reports/2026-12-02-h200 call2 / call3): the
+# rest of #20's population, never perturbed yet; they need the wheels. Each note gives its
+# prediction: those predicted exposable first (a budget cut drops the benign ones).
+LATENT_FIELD_QUACK = [
+    "field/quack_gemm_sm90/missing_init_fence",
+    "field/quack_rmsnorm_bwd/skip_producer_tail",
+    "field/quack_rmsnorm_bwd/wrong_arrive_count_empty_minus",
+    "field/quack_gemm_sm90/drop_sync_warp",
+    "field/quack_gemm_sm90/skip_producer_tail",
+    "field/quack_rmsnorm_bwd/drop_sync_warp",
+    "field/quack_rmsnorm_bwd/missing_init_fence",
+    "field/quack_rmsnorm_fwd/missing_init_fence",
+]
+LATENT_FIELD_FA4 = [
+    "field/fa4_fwd_sm90/drop_sync",
+    "field/fa4_fwd_sm90/missing_init_fence",
+    "field/fa4_fwd_sm90/skip_producer_tail",
+    "field/fa4_fwd_sm90/wrong_arrive_count_empty_minus",
+]
+LATENT_FIELD = LATENT_FIELD_QUACK + LATENT_FIELD_FA4
 # The dump flags the coredump step compares with the default (coredump.SKIP_FLAGS: all)
 LIGHT = (
     "skip_nonrelocated_elf_images,skip_global_memory,skip_shared_memory,skip_local_memory,"
@@ -75,7 +96,9 @@ LIGHT = (
 CLEAN = ["tma_stream/clean", "cluster_reduce/clean", "minimal/clean", "sm90_gemm/clean"]
 # The one schedule each latent scenario's note predicts exposes it (for sm90_gemm's and
 # sm90_attention's missing_init_fence: the one that decides whether setmaxnreg hides it):
-# (json name, flags, ids).
+# (json name, flags, ids). The field ids run in perturb_field_checks (the wheels), the others in
+# perturb; tests/test_perturb_field.py compiles each field kernel and checks that the position
+# and scope a schedule names exist there and are the op its note names.
 PERTURB_CHECKS = [
     (
         "warp0_before_init",  # warp 0 inits the barriers late (position 0: before create)
@@ -84,6 +107,11 @@ PERTURB_CHECKS = [
             "tma_stream/missing_init_fence",
             "sm90_gemm/missing_init_fence",
             "sm90_attention/missing_init_fence",
+            # warp 0 an MMA warp, the TMA producer warp 8: tma_stream's layout
+            "field/quack_gemm_sm90/missing_init_fence",
+            # warp 0 inits and loads (sm90_attention's layout): predicted exposed at seed 1,
+            # after seed 0's launch left its barrier words (a replay needs that history)
+            "field/fa4_fwd_sm90/missing_init_fence",
         ],
     ),
     (
@@ -98,14 +126,38 @@ PERTURB_CHECKS = [
     (
         "rank1_consumers_slow",  # rank 0 exits while rank 1's last remote releases are due
         "--policy role --role consumer --scope rank=1 --delay-us 50",
-        ["sm90_gemm/skip_producer_tail_cluster"],
+        ["sm90_gemm/skip_producer_tail_cluster", "field/quack_rmsnorm_bwd/skip_producer_tail"],
     ),
     (
         "lanes_after_wait",  # lanes 1-31 read late, lane 0 releases (position 5: consumer_wait)
         "--policy targeted --target 5 --scope lane=nonelected --delay-us 20",
         ["tma_stream/drop_sync"],
     ),
+    (
+        # warps 4-7 of rank 1 release 50 us late: the other ranks' drain, short by 4 releases a
+        # phase after 3 phases (empty count 31 for 32), lets them exit before those arrive
+        "rank1_wg1_consumers_slow",
+        "--policy role --role consumer --scope 'rank=1 warpgroup=1' --delay-us 50",
+        ["field/quack_rmsnorm_bwd/wrong_arrive_count_empty_minus"],
+    ),
+    (
+        # the second consumer warpgroup late into the epilogue (position 25: before its last V
+        # release): warp 4 TMA-stores rows 64-127 before warps 8-11 wrote them
+        "wg2_before_epilogue",
+        "--policy targeted --target 25 --scope warpgroup=2 --delay-us 20",
+        ["field/fa4_fwd_sm90/drop_sync"],
+    ),
 ]
+
+
+def _checks(field: bool) -> list[tuple[str, str, list[str]]]:
+    """PERTURB_CHECKS for the field scenarios (the wheels) or for the others."""
+    out = []
+    for name, flags, ids in PERTURB_CHECKS:
+        mine = [i for i in ids if i.startswith("field/") == field]
+        if mine:
+            out.append((name, flags, mine))
+    return out
 
 
 def _toml(names: list[str]) -> str:
@@ -314,7 +366,7 @@ STEPS = [
         + "; ".join(
             f"python3 tools/perturb_table.py --seeds 1 --replays 3 --budget-s 40 {flags} "
             f"--json $STEP_OUT/{name}.json {_toml(names)}"
-            for name, flags, names in PERTURB_CHECKS
+            for name, flags, names in _checks(field=False)
         ),
         "latent faults exposed within 32 seeds (and among those not predicted benign by "
         "construction), replay rate, 0 false alarms over 64 seeds; each scenario note's "
@@ -716,6 +768,57 @@ STEPS.append(
         "cuda_context / cuda_error events it came from",
     )
 )
+# #20 on the field kernels (the wheels): a field run costs 8-23 s before its first launch
+# (field_quack / field_fa4 rows, reports/2026-12-02-h200 call2 / call3: compile and inputs),
+# each replay the same again (a fresh worker); a seed ~0.3 s (ESTIMATE); a perturbed HANG adds
+# the 20 s deadline and its rerun with probes.
+STEPS.append(
+    Step(
+        "perturb_field_quack",
+        "20",
+        # 3 GEMM x ~32 s + 5 RMSNorm x ~18 s (run + 32 seeds) + ~100 s of replays (3 predicted
+        # exposable: 2 alone + 2 with history each, 10-22 s a run)
+        300,
+        True,
+        f"python3 tools/perturb_table.py --seeds 32 --replays 2 --budget-s 220 "
+        f"--json $STEP_OUT/latent.json {_toml(LATENT_FIELD_QUACK)}; echo rc=$?",
+        "the quack half of the field's latent faults under 32 random seeds each: exposed, "
+        "replay alone / with history, each against its note's prediction (exposable or benign "
+        "by construction); the combined population: tools/perturb_table.py --combine",
+    )
+)
+STEPS.append(
+    Step(
+        "perturb_field_fa4",
+        "20",
+        # 4 x ~30 s (run + 32 seeds) + ~100 s of replays (2 predicted exposable)
+        240,
+        True,
+        f"python3 tools/perturb_table.py --seeds 32 --replays 2 --budget-s 150 "
+        f"--json $STEP_OUT/latent.json {_toml(LATENT_FIELD_FA4)}; echo rc=$?",
+        "the FlashAttention-4 half of the field's latent faults under 32 random seeds each "
+        "(as perturb_field_quack)",
+    )
+)
+STEPS.append(
+    Step(
+        "perturb_field_checks",
+        "20",
+        # 5 scenarios: each run + 2 replays alone (~30-65 s), FA-4's missing_init_fence also 2
+        # with history (~105 s); 4 fork servers ~8 s each
+        330,
+        True,
+        # two seeds: the targeted / role schedules give every seed the same rules, so seed 1
+        # differs from seed 0 only by the launch before it (what fa4's missing_init_fence needs)
+        "; ".join(
+            f"python3 tools/perturb_table.py --seeds 2 --replays 2 --budget-s 100 {flags} "
+            f"--json $STEP_OUT/{name}.json {_toml(names)}; echo rc=$?"
+            for name, flags, names in _checks(field=True)
+        ),
+        "each field scenario note's predicted schedule (PERTURB_CHECKS): exposed by it or not, "
+        "the verdict read, replay alone / with history",
+    )
+)
 BY_NAME = {s.name: s for s in STEPS}
 # The order a session with device time runs them in (--plan without steps): the checks that
 # close the most issues per device second first. The triage alone is what #21 still needs and
@@ -729,6 +832,9 @@ PRIORITY = (  # after 2026-12-02-h200-s2's five calls: what is left
     "pytest_gpu_only",  # GPU-facing code after 9ad9f96 (36eb2f1, 3ef76bd, 1a39f81)
     "coredump_rest",  # #25: quack GEMM's named-barrier hangs with the role rule, softmax
     "tail_cluster",  # #20: sm90_gemm/skip_producer_tail_cluster (recheck's budget skipped it)
+    "perturb_field_checks",  # #20: each field latent fault's predicted schedule (never run)
+    "perturb_field_quack",  # #20: the field's latent faults x 32 seeds (never perturbed)
+    "perturb_field_fa4",
     "triage",  # #17 (the project's matrix unchanged), #22 (wall)
     "recheck",  # done in 2026-12-02-h200-s3 call3 but for skip_producer_tail_cluster
     "referee",  # done in 2026-12-02-h200-s2 call4 (the samples: CONFIRMED / UNCONFIRMED)
