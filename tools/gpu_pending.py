@@ -819,6 +819,29 @@ STEPS.append(
         "the verdict read, replay alone / with history",
     )
 )
+STEPS.append(
+    Step(
+        "perturb_init_history",
+        "20",
+        # 2 scenarios x (2 seeds ~5 s + 2 replays alone + 2 with history ~5 s each) + the fork
+        # server ~8 s (2026-12-02-h200-s3 call3: sm90_gemm's runs 3.5-4 s)
+        60,
+        False,
+        # the project's kernels whose roles FA-4's forward shares (warp 0 inits and issues the
+        # TMA): their warp-0-before-init schedule gave PASS with one seed in a fresh worker,
+        # their random exposures came only after earlier seeds. The same schedule twice in one
+        # worker: PASS at seed 0 and an exposure at seed 1, replaying with its history and not
+        # alone, says the uninitialised barrier's residue (seed 0's launch) decides, and that
+        # setmaxnreg does not hold the consumers (field/fa4_fwd_sm90/missing_init_fence's note)
+        "python3 tools/perturb_table.py --seeds 2 --replays 2 --budget-s 35 --policy targeted "
+        "--target 0 --scope warp=0 --delay-us 200 --json $STEP_OUT/warp0_two_seeds.json "
+        f"{_toml(['sm90_gemm/missing_init_fence', 'sm90_attention/missing_init_fence'])}; "
+        "echo rc=$?",
+        "sm90_gemm's and sm90_attention's missing_init_fence under warp 0 delayed before its "
+        "barrier init, two seeds in one worker: does seed 1 (after seed 0's launch) expose what "
+        "seed 0 alone did not, replaying with its history only",
+    )
+)
 BY_NAME = {s.name: s for s in STEPS}
 # The order a session with device time runs them in (--plan without steps): the checks that
 # close the most issues per device second first. The triage alone is what #21 still needs and
@@ -835,6 +858,7 @@ PRIORITY = (  # after 2026-12-02-h200-s2's five calls: what is left
     "perturb_field_checks",  # #20: each field latent fault's predicted schedule (never run)
     "perturb_field_quack",  # #20: the field's latent faults x 32 seeds (never perturbed)
     "perturb_field_fa4",
+    "perturb_init_history",  # #20: the residue hypothesis FA-4's missing_init_fence note rests on
     "triage",  # #17 (the project's matrix unchanged), #22 (wall)
     "recheck",  # done in 2026-12-02-h200-s3 call3 but for skip_producer_tail_cluster
     "referee",  # done in 2026-12-02-h200-s2 call4 (the samples: CONFIRMED / UNCONFIRMED)
