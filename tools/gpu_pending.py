@@ -848,26 +848,27 @@ BY_NAME = {s.name: s for s in STEPS}
 # half of #23's; with xdist #23 is done; pytest_gpu is owed whenever GPU code changed; perturb
 # and coredump each close one issue; warm + bench finish #22 (with the triage); the field and
 # exec steps (#17, #19) carry the wheels and come last.
-PRIORITY = (  # after 2026-12-02-h200-s2's five calls: what is left
-    "crash_name",  # #19: a faulted kernel's CRASH named by its context, not cuBLAS's status
-    "mutate_all",  # #19: the 77-mutant field matrix after 36eb2f1 (call3 stopped at 15 on our bug)
-    "sanitize_rest",  # #17: quack GEMM + fa4_bwd racecheck under the pipeline-ordered / bulk rules
-    "pytest_gpu_only",  # GPU-facing code after 9ad9f96 (36eb2f1, 3ef76bd, 1a39f81)
+PRIORITY = (  # after 2026-12-02-h200-s3's four calls: what is left, by value
     "coredump_rest",  # #25: quack GEMM's named-barrier hangs with the role rule, softmax
-    "tail_cluster",  # #20: sm90_gemm/skip_producer_tail_cluster (recheck's budget skipped it)
     "perturb_field_checks",  # #20: each field latent fault's predicted schedule (never run)
     "perturb_field_quack",  # #20: the field's latent faults x 32 seeds (never perturbed)
     "perturb_field_fa4",
     "perturb_init_history",  # #20: the residue hypothesis FA-4's missing_init_fence note rests on
-    "triage",  # #17 (the project's matrix unchanged), #22 (wall)
-    "recheck",  # done in 2026-12-02-h200-s3 call3 but for skip_producer_tail_cluster
+    "coredump_field",  # #25: the field hangs no call has dumped yet
+    "mutate_all",  # #19: done in s3 call1 (73/73 applied); again for the own-time baseline
+    "warm_lite",  # #22: done in s3 call4 (warm 2.50 s, cold 7.11 s); again after a cut
+    "pytest_gpu_only",  # after any GPU-facing change (s3 call4: 11 passed on aa5f557)
+    "triage",  # done in s3 call4 (114/114, 131.4 s)
+    "crash_name",  # done in s3 call4 (cudaErrorIllegalAddress / cudaErrorLaunchFailure named)
+    "tail_cluster",  # done in s3 call4 (CRASH, seed 0 of its schedule, seed 8 random)
+    "sanitize_rest",  # done in s3 call2 (CLEAN, pipeline-ordered / tma filtered)
+    "recheck",  # done in 2026-12-02-h200-s3 call3
     "referee",  # done in 2026-12-02-h200-s2 call4 (the samples: CONFIRMED / UNCONFIRMED)
     "perturb_crash",  # done in 2026-12-02-h200-s2 call5 (CRASH; replay as printed 9/9)
     "pytest_gpu",
     "perturb",
     "warm",
     "coredump",
-    "coredump_field",
     "cold_bytecode",
     "exec",
     "perturb_keys",
@@ -877,7 +878,6 @@ PRIORITY = (  # after 2026-12-02-h200-s2's five calls: what is left
     "field_sanitize",
     "coredump_lite",
     "variant",
-    "warm_lite",
     "xdist",
     "bench",
     "smoke",
