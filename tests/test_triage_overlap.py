@@ -89,9 +89,15 @@ def test_workers_compile_at_once_while_one_at_a_time_holds_the_gpu(tmp_path, fak
     compile; (d) each scenario is compiled once, by its run, and a compile error never
     launches; the records keep the wait apart from the run's own time."""
     log_path, _ = fake_gpu
-    # p0 and p1 compile alike (one waits for the other's launch); p2 and p3 still compile then
+    # p0 and p1 compile alike (one waits for the other's launch: its 0.6 s kernel outlasts the
+    # two compiles' jitter on a loaded machine; with 0.3 s the wait was 0.164 s at load ~1.7);
+    # p2 and p3 still compile then
     compile_s = (0.5, 0.5, 1.2, 1.6)
-    specs = {f"p{i}": {"compile_s": c, "kernel_s": 0.3} for i, c in enumerate(compile_s)}
+    kernel_s = (0.6, 0.6, 0.3, 0.3)
+    specs = {
+        f"p{i}": {"compile_s": c, "kernel_s": k}
+        for i, (c, k) in enumerate(zip(compile_s, kernel_s))
+    }
     specs["cerr"] = {"behaviour": "compile_error", "expect": "COMPILE_ERROR"}
     scenarios(tmp_path, specs)
     rc, lines, out = triage(tmp_path, jobs=4)
