@@ -28,6 +28,9 @@ from helpers.h200_captures import captures
 from helpers.sanitize_runs import (
     SCEN,
     cutedebug_sanitize,
+    fake_env,
+    replayed_oob_store,
+    replayed_race,
     report,
     sanitize_tool,
     tool_report,
@@ -1227,16 +1230,19 @@ def test_judge_checks_plain_run_verdicts_against_the_plain_run():
 
 
 # ---- `cutedebug sanitize` end to end through the fake compute-sanitizer ---------------------
-def test_sanitize_racecheck_finds_the_captured_race(fake_sanitizer, tmp_path):
-    r = sanitize_tool(
-        fake_sanitizer,
-        "racecheck_raw",
-        "simulate",
-        SCEN / "clean.toml",
-        "racecheck",
-        tmp_path / "runs",
-        expect="RACE",
+def minimal_pass_scenario(path: Path, deadline_s: float) -> Path:
+    """A scenario at ``path`` of kernels/minimal.py that expects PASS within ``deadline_s``
+    (the fake's ``hang`` mode makes its launch never end)."""
+    path.write_text(
+        f'id = "t/hang"\n[kernel]\nfile = "{REPO / "kernels" / "minimal.py"}"\n'
+        'entry = "Minimal"\n[expect]\nverdict = "PASS"\n'
+        f"[limits]\ndeadline_s = {deadline_s}\n"
     )
+    return path
+
+
+def test_sanitize_racecheck_finds_the_captured_race(fake_sanitizer, tmp_path):
+    r = replayed_race(fake_sanitizer, tmp_path / "runs", expect="RACE")
     first = r.stdout.splitlines()[0]
     assert first.startswith(
         "racecheck: RACE — RAW_HAZARD at race_smem.py:28 / race_smem.py:31 "
@@ -1321,15 +1327,7 @@ def test_sanitize_synccheck_names_the_extra_release(fake_sanitizer, tmp_path):
 
 
 def test_sanitize_pass_scenario_with_a_race_is_not_as_expected(fake_sanitizer, tmp_path):
-    r = sanitize_tool(
-        fake_sanitizer,
-        "racecheck_raw",
-        "simulate",
-        SCEN / "clean.toml",
-        "racecheck",
-        tmp_path,
-        rc=1,
-    )
+    r = replayed_race(fake_sanitizer, tmp_path, rc=1)
     assert "expected PASS: NOT as expected" in r.stdout
 
 
@@ -1350,15 +1348,7 @@ def test_sanitize_clean_and_noise_only_runs_are_clean(fake_sanitizer, tmp_path):
 
 
 def test_sanitize_memcheck_error_that_stops_the_kernel(fake_sanitizer, tmp_path):
-    r = sanitize_tool(
-        fake_sanitizer,
-        "memcheck_oob",
-        "simulate-crash",
-        SCEN / "oob_store.toml",
-        "memcheck",
-        tmp_path,
-        expect="MEMORY_ERROR",
-    )
+    r = replayed_oob_store(fake_sanitizer, tmp_path, expect="MEMORY_ERROR")
     res = report(r)[0]["tools"]["memcheck"]
     assert (res["verdict"], res["kernel_verdict"]) == ("MEMORY_ERROR", "CRASH")
     (g,) = res["groups"]
@@ -1371,12 +1361,7 @@ def test_sanitize_memcheck_error_that_stops_the_kernel(fake_sanitizer, tmp_path)
 
 
 def test_sanitize_hang_ends_as_hang(fake_sanitizer, tmp_path):
-    toml = tmp_path / "hang.toml"
-    toml.write_text(
-        f'id = "t/hang"\n[kernel]\nfile = "{REPO / "kernels" / "minimal.py"}"\n'
-        'entry = "Minimal"\n[expect]\nverdict = "PASS"\n'
-        "[limits]\ndeadline_s = 0.5\n"
-    )
+    toml = minimal_pass_scenario(tmp_path / "hang.toml", deadline_s=0.5)
     r = sanitize_tool(
         fake_sanitizer,
         "racecheck_clean",
@@ -1412,16 +1397,7 @@ def test_sanitize_without_output_is_unreadable_not_clean(fake_sanitizer, tmp_pat
     assert res["verdict"] == "UNREADABLE"
     assert [g["kind"] for g in res["groups"]] == ["PARSE_FAILURE"]
     # XML lost but the text report there: the text decides, the XML failure is kept as info
-    r = sanitize_tool(
-        fake_sanitizer,
-        "racecheck_raw",
-        "simulate",
-        SCEN / "clean.toml",
-        "racecheck",
-        tmp_path,
-        expect="RACE",
-        env={"FAKE_SANITIZER_XML": "0"},
-    )
+    r = replayed_race(fake_sanitizer, tmp_path, expect="RACE", env={"FAKE_SANITIZER_XML": "0"})
     res = report(r)[0]["tools"]["racecheck"]
     assert res["verdict"] == "RACE"
     assert [(g["kind"], g["severity"]) for g in res["groups"]] == [
@@ -1469,12 +1445,8 @@ def test_sanitize_real_worker_without_gpu_is_not_clean(fake_sanitizer, tmp_path)
 
 
 def test_sanitize_shrink_keeps_the_finding(fake_sanitizer, tmp_path):
-    r = sanitize_tool(
+    r = replayed_oob_store(
         fake_sanitizer,
-        "memcheck_oob",
-        "simulate-crash",
-        SCEN / "oob_store.toml",
-        "memcheck",
         tmp_path,
         "--param",
         "n=4096",
@@ -1619,18 +1591,8 @@ def test_table_without_gpu_says_so():
 def test_sanitize_killed_by_a_signal_leaves_no_process_behind(fake_sanitizer, tmp_path, sig):
     """`timeout 100 cutedebug sanitize ...` on a hung kernel: the sanitizer and the worker go
     too (they did not, before SIGTERM was handled: the H200 run of --shrink left both)."""
-    toml = tmp_path / "hang.toml"
-    toml.write_text(
-        f'id = "t/hang"\n[kernel]\nfile = "{REPO / "kernels" / "minimal.py"}"\n'
-        'entry = "Minimal"\n[expect]\nverdict = "PASS"\n'
-        "[limits]\ndeadline_s = 600\n"
-    )
-    env = dict(
-        os.environ,
-        COMPUTE_SANITIZER=str(fake_sanitizer),
-        FAKE_SANITIZER_CASE="racecheck_clean",
-        FAKE_SANITIZER_MODE="hang",
-    )
+    toml = minimal_pass_scenario(tmp_path / "hang.toml", deadline_s=600)
+    env = dict(os.environ, **fake_env(fake_sanitizer, "racecheck_clean", "hang"))
     proc = subprocess.Popen(
         [
             sys.executable,

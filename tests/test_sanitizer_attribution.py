@@ -12,11 +12,7 @@ from __future__ import annotations
 
 import re
 
-from helpers.sanitize_runs import (
-    SCEN,
-    sanitize_tool,
-    tool_report,
-)
+from helpers.sanitize_runs import replayed_race, tool_report
 from test_sanitizer import DATA, H200, MINIMAL_KERNEL, RACE_KERNEL, read_here
 
 from cutedebug.analyses.sanitizer.attribution import attribute, is_launched_kernel
@@ -114,16 +110,7 @@ def test_ptx_entries_are_the_symbols_the_sanitizer_reports():
 
 def test_sanitize_end_to_end_other_kernels_race_is_not_the_verdict(fake_sanitizer, tmp_path):
     # the captured race, replayed while the worker says it launched the minimal kernel only
-    r = sanitize_tool(
-        fake_sanitizer,
-        "racecheck_raw",
-        "simulate",
-        SCEN / "clean.toml",
-        "racecheck",
-        tmp_path / "runs",
-        expect="PASS",
-        env={"FAKE_SANITIZER_KERNELS": MINIMAL_KERNEL},
-    )
+    r = replayed_race(fake_sanitizer, tmp_path / "runs", expect="PASS", kernels=[MINIMAL_KERNEL])
     summary, md, res = tool_report(r, "racecheck")
     assert (res["verdict"], res["records"], res["other_kernel_records"]) == ("CLEAN", 0, 513)
     assert res["kernel_names"] == [MINIMAL_KERNEL]
@@ -133,15 +120,7 @@ def test_sanitize_end_to_end_other_kernels_race_is_not_the_verdict(fake_sanitize
 
 
 def test_sanitize_end_to_end_own_kernel_race_is_the_verdict(fake_sanitizer, tmp_path):
-    r = sanitize_tool(
-        fake_sanitizer,
-        "racecheck_raw",
-        "simulate",
-        SCEN / "clean.toml",
-        "racecheck",
-        tmp_path / "runs",
-        expect="RACE",
-        env={"FAKE_SANITIZER_KERNELS": f"{MINIMAL_KERNEL},{RACE_KERNEL}"},
-    )
+    kernels = [MINIMAL_KERNEL, RACE_KERNEL]
+    r = replayed_race(fake_sanitizer, tmp_path / "runs", expect="RACE", kernels=kernels)
     summary, _, res = tool_report(r, "racecheck")
     assert (res["verdict"], res["records"], res["other_kernels"]) == ("RACE", 513, [])

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers.sanitize_runs import SCEN, sanitize_tool, tool_report
+from helpers.sanitize_runs import SCEN, fake_env, replayed_race, report_md, tool_report
 
 from cutedebug.analyses.sanitizer.triage import mbarrier_caveat
 
@@ -51,17 +51,8 @@ def test_a_race_in_a_pipelined_kernel_shows_its_caveat(fake_sanitizer, tmp_path)
     """The captured race replayed for a worker whose compile recorded FA-4 backward's two
     pipelines: the caveat is on the command's output and in both reports."""
     events = {"compiled": {"pipelines": FA4_BWD_PIPELINES}}
-    r = sanitize_tool(
-        fake_sanitizer,
-        "racecheck_raw",
-        "simulate",
-        SCEN / "clean.toml",
-        "racecheck",
-        tmp_path / "runs",
-        "--referee",
-        "0",
-        expect="RACE",
-        env={"FAKE_SANITIZER_EVENTS": json.dumps(events)},
+    r = replayed_race(
+        fake_sanitizer, tmp_path / "runs", "--referee", "0", expect="RACE", events=events
     )
     want = mbarrier_caveat("RACE", FA4_BWD_PIPELINES, None)
     assert "(2 pipeline(s))" in want
@@ -81,53 +72,40 @@ def test_a_race_in_a_raw_mbarrier_kernel_shows_its_caveat(fake_sanitizer, tmp_pa
     branch of the caveat could not fire)."""
     wait = {"op": "mbarrier_wait", "pipeline": None, "file": "/k/handoff.py", "line": 66}
     events = {"compiled": {"pipelines": []}, "protocol_sites": {"sites": [], "raw_waits": [wait]}}
-    r = sanitize_tool(
-        fake_sanitizer,
-        "racecheck_raw",
-        "simulate",
-        SCEN / "clean.toml",
-        "racecheck",
-        tmp_path / "runs",
-        "--referee",
-        "0",
-        expect="RACE",
-        env={"FAKE_SANITIZER_EVENTS": json.dumps(events)},
+    r = replayed_race(
+        fake_sanitizer, tmp_path / "runs", "--referee", "0", expect="RACE", events=events
     )
     _, _, res = tool_report(r, "racecheck")
     assert "(1 raw mbarrier wait line(s))" in res["caveat"]
 
 
 def test_a_race_without_mbarriers_has_no_caveat(fake_sanitizer, tmp_path):
-    r = sanitize_tool(
-        fake_sanitizer,
-        "racecheck_raw",
-        "simulate",
-        SCEN / "clean.toml",
-        "racecheck",
-        tmp_path / "runs",
-        expect="RACE",
-    )
+    r = replayed_race(fake_sanitizer, tmp_path / "runs", expect="RACE")
     assert "caveat" not in r.stdout
     _, md, res = tool_report(r, "racecheck")
     assert res["caveat"] is None and "Caveat" not in md and res["referee"] is None
 
 
-def _field_compiled(name: str, tmp_path: Path):
+def _compiled(sc, run_dir: Path, **run_kw):
+    """The Compiled and ProtocolSites events of a compile-only run of scenario ``sc``."""
     from cutedebug.engine import runner
-    from cutedebug.engine import scenario as S
     from cutedebug.event_kinds import Compiled, ProtocolSites
+
+    _, outcome, _ = runner.run_once(sc, run_dir, mode="compile", **run_kw)
+    compiled, sites = outcome.last(Compiled), outcome.last(ProtocolSites)
+    assert compiled is not None, (run_dir / "worker.log").read_text()[-3000:]
+    return compiled, sites
+
+
+def _field_compiled(name: str, tmp_path: Path):
+    from cutedebug.engine import scenario as S
 
     sc = S.load(FIELD / name / "clean.toml")
     if sc.missing_modules():
         pytest.skip(f"field libraries not installed: {sc.missing_modules()}")
     # The pipelines and protocol sites are recorded while tracing: the worker stops after the
     # trace (CUTE_DSL_DRYRUN; the lowering of these kernels is their scenarios' compile items')
-    _, outcome, _ = runner.run_once(
-        sc, tmp_path / name, mode="compile", extra_env={"CUTE_DSL_DRYRUN": "1"}
-    )
-    compiled, sites = outcome.last(Compiled), outcome.last(ProtocolSites)
-    assert compiled is not None, (tmp_path / name / "worker.log").read_text()[-3000:]
-    return compiled, sites
+    return _compiled(sc, tmp_path / name, extra_env={"CUTE_DSL_DRYRUN": "1"})
 
 
 @pytest.mark.parametrize(
@@ -368,12 +346,7 @@ def test_sanitize_referees_a_caveated_race(
 
     monkeypatch.setattr(runner, "run_scenario", run_scenario)
     events = {"compiled": {"pipelines": FA4_BWD_PIPELINES}}
-    for k, v in {
-        "COMPUTE_SANITIZER": str(fake_sanitizer),
-        "FAKE_SANITIZER_CASE": "racecheck_raw",
-        "FAKE_SANITIZER_MODE": "simulate",
-        "FAKE_SANITIZER_EVENTS": json.dumps(events),
-    }.items():
+    for k, v in fake_env(fake_sanitizer, "racecheck_raw", "simulate", events=events).items():
         monkeypatch.setenv(k, v)
     scen = str(SCEN / "clean.toml")
     rc = main(["sanitize", scen, "--tool", "racecheck", "--no-plain", "--expect", "RACE",
@@ -383,7 +356,7 @@ def test_sanitize_referees_a_caveated_race(
     ((sid, spec, _),) = asked  # one referee run: 32 schedules after one compile
     assert sid == "minimal/clean" and spec["n"] == 32 and spec["referee"] is True
     lines = out.splitlines()
-    md = Path(next(ln for ln in lines if ln.startswith("report: ")).split(": ", 1)[1])
+    md = report_md(out)
     res = json.loads((md.parent / "sanitize.json").read_text())["tools"]["racecheck"]
     ref = res["referee"]
     assert res["verdict"] == "RACE"  # the class is kept either way
@@ -426,17 +399,8 @@ def test_sanitize_referee_without_a_gpu_is_not_run(fake_sanitizer, tmp_path):
     """The real referee run on this CPU machine: the worker compiles the kernel with the delay
     positions, cannot launch it, and the referee says it was not run, and why."""
     events = {"compiled": {"pipelines": FA4_BWD_PIPELINES}}
-    r = sanitize_tool(
-        fake_sanitizer,
-        "racecheck_raw",
-        "simulate",
-        SCEN / "clean.toml",
-        "racecheck",
-        tmp_path / "runs",
-        "--referee",
-        "4",
-        expect="RACE",
-        env={"FAKE_SANITIZER_EVENTS": json.dumps(events)},
+    r = replayed_race(
+        fake_sanitizer, tmp_path / "runs", "--referee", "4", expect="RACE", events=events
     )
     _, md, res = tool_report(r, "racecheck")
     ref = res["referee"]
@@ -473,7 +437,7 @@ def test_handoff_samples_are_caveated_and_perturbable(toml, mode, waits, tmp_pat
     monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
     sc = S.load(SAMPLES / toml)
     assert sc.params == {"mode": mode} and Path(sc.kernel_file).name == "mbarrier_handoff.py"
-    compiled, sites = _field_compiled_path(SAMPLES / toml, tmp_path)
+    compiled, sites = _compiled(sc, tmp_path / "c", lineinfo=True)
     raw_waits = sites.raw_waits
     assert {(Path(s["file"]).name, s["pipeline"]) for s in raw_waits} == {
         ("mbarrier_handoff.py", None)
@@ -493,15 +457,3 @@ def test_handoff_samples_are_caveated_and_perturbable(toml, mode, waits, tmp_pat
     first = sess.positions[plans[0][1].target]
     assert (first.op, first.where) == ("mbarrier_wait", "after")
     assert {p.name for _, p in plans} == {"targeted", "random"}  # raw ops have no role
-
-
-def _field_compiled_path(path: Path, tmp_path: Path):
-    from cutedebug.engine import runner
-    from cutedebug.engine import scenario as S
-    from cutedebug.event_kinds import Compiled, ProtocolSites
-
-    sc = S.load(path)
-    _, outcome, _ = runner.run_once(sc, tmp_path / "c", mode="compile", lineinfo=True)
-    compiled, sites = outcome.last(Compiled), outcome.last(ProtocolSites)
-    assert compiled is not None, (tmp_path / "c" / "worker.log").read_text()[-3000:]
-    return compiled, sites
