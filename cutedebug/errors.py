@@ -56,14 +56,18 @@ _GPU_ERROR_TYPES = ("AcceleratorError", "CUDAError", "CudaError")
 _GPU_ERROR_TEXT = ("cuda error:", "cuda_error_", "cudaerror")
 
 
-def cuda_error_name(message: str) -> str | None:
+def known_cuda_error(message: str) -> str | None:
+    """The CUDA error a driver / runtime message names by CUDA_ERRORS, or None (no guess)."""
     low = message.lower()
-    for needle, name in CUDA_ERRORS:
-        if needle in low:
-            return name
-    if "cuda" in low and "error" in low:
-        return "cudaErrorUnknown"
-    return None
+    return next((name for needle, name in CUDA_ERRORS if needle in low), None)
+
+
+def cuda_error_name(message: str) -> str | None:
+    """known_cuda_error, else cudaErrorUnknown for a message that says "CUDA" and "error"."""
+    if (name := known_cuda_error(message)) is not None:
+        return name
+    low = message.lower()
+    return "cudaErrorUnknown" if "cuda" in low and "error" in low else None
 
 
 def gpu_error_name(exc: BaseException) -> str | None:

@@ -71,6 +71,17 @@ def mutate(*args: str, out: Path, timeout: float = 900) -> tuple[int, str]:
     return r.returncode, r.stdout + r.stderr
 
 
+PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+
+
+def mutate_wrong_expect_tx(out: Path, *command: str) -> tuple[str, dict]:
+    """`cutedebug mutate --jobs 2 --faults wrong_expect_tx -- COMMAND`: it exits 0; its output
+    and matrix.json."""
+    rc, text = mutate("--jobs", "2", "--faults", "wrong_expect_tx", "--", *command, out=out)
+    assert rc == 0, text
+    return text, json.loads((out / "matrix.json").read_text())
+
+
 def test_plan_follows_the_recorded_ops():
     from cutedebug.instrument import faults
 
@@ -232,11 +243,7 @@ def test_each_mutant_changes_only_its_own_trace(tmp_path):
     kernel's expect_tx only, the mutant of t1 the second's only (the script prints both)."""
     out = tmp_path / "m"
     target = ROOT / "tests" / "exec_targets" / "compile_two.py"
-    rc, text = mutate(
-        "--jobs", "2", "--faults", "wrong_expect_tx", "--", sys.executable, str(target), out=out
-    )
-    assert rc == 0, text
-    m = json.loads((out / "matrix.json").read_text())
+    _, m = mutate_wrong_expect_tx(out, sys.executable, str(target))
     assert [t["occurrence"] for t in m["traces"]] == [0, 0]  # two functions, once each
     assert [t["kernel"] for t in m["traces"]] == ["TmaStream.kernel"] * 2
     by_id = {r["id"]: r for r in m["mutants"]}
@@ -256,21 +263,8 @@ def test_a_kernel_traced_twice_alike_is_named_both_times(tmp_path):
     """The same kernel and shapes traced twice (quack's RMSNorm forward in two test items on the
     H200: the second trace was labelled by its mangled symbol): the second trace adds no new
     wait site, and is named by the kernel it launches."""
-    out = tmp_path / "m"
     target = ROOT / "tests" / "exec_targets" / "compile_two.py"
-    rc, text = mutate(
-        "--jobs",
-        "2",
-        "--faults",
-        "wrong_expect_tx",
-        "--",
-        sys.executable,
-        str(target),
-        "--same",
-        out=out,
-    )
-    assert rc == 0, text
-    m = json.loads((out / "matrix.json").read_text())
+    text, m = mutate_wrong_expect_tx(tmp_path / "m", sys.executable, str(target), "--same")
     assert [t["kernel"] for t in m["traces"]] == ["TmaStream.kernel"] * 2
     assert "trace t1: TmaStream.kernel, 1 pipeline(s)" in text
 
@@ -392,10 +386,7 @@ def test_under_pytest_a_mutant_runs_only_the_test_that_traced_its_kernel(tmp_pat
     item's trace is then the process's first: a trace is its test's n-th, not the process's."""
     out = tmp_path / "m"
     target = "tests/exec_targets/pytest_two.py"
-    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", target]
-    rc, text = mutate("--jobs", "2", "--faults", "wrong_expect_tx", "--", *argv, out=out)
-    assert rc == 0, text
-    m = json.loads((out / "matrix.json").read_text())
+    text, m = mutate_wrong_expect_tx(out, *PYTEST, target)
     tests = [(t["test"], t["test_occurrence"], t["occurrence"]) for t in m["traces"]]
     assert tests == [(f"{target}::test_first", 0, 0), (f"{target}::test_second", 0, 1)]
     by_id = {r["id"]: r for r in m["mutants"]}
@@ -423,7 +414,8 @@ def test_under_pytest_a_mutant_runs_only_the_test_that_traced_its_kernel(tmp_pat
         "--pipelines",
         "0",
         "--",
-        *argv,
+        *PYTEST,
+        target,
         out=tmp_path / "w",
     )
     assert rc == 0, text
@@ -501,10 +493,7 @@ def test_an_item_that_fails_alone_gets_its_mutants_run_over_the_whole_command(tm
     would say nothing about the fault: its mutants run the whole command (and still catch)."""
     out = tmp_path / "m"
     target = "tests/exec_targets/pytest_order.py"
-    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", target]
-    rc, text = mutate("--jobs", "2", "--faults", "wrong_expect_tx", "--", *argv, out=out)
-    assert rc == 0, text
-    m = json.loads((out / "matrix.json").read_text())
+    text, m = mutate_wrong_expect_tx(out, *PYTEST, target)
     assert m["facts"]["alone_s"][f"{target}::test_second"] is None
     assert m["facts"]["alone_s"][f"{target}::test_first"] > 0
     assert "its mutants run the whole command" in text

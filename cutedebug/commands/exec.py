@@ -46,7 +46,6 @@ from cutedebug.engine.command import (  # noqa: F401  (this module's interface)
     Settings,
     _Tree,
     classify,
-    cuda_error,
     hang_evidence,
     last_lines,
     probe_config,

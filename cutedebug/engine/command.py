@@ -36,6 +36,7 @@ from typing import Any
 
 from cutedebug.engine import cuda_verdict, lifeline, runner, watchdog
 from cutedebug.engine import verdict as V
+from cutedebug.engine.cuda_verdict import last_lines
 from cutedebug.engine.run_report import stuck_site_phrase
 from cutedebug.errors import UsageError
 from cutedebug.event import Event
@@ -358,14 +359,6 @@ def _read_stacks(stacks: Path) -> dict[str, str]:
 
 
 # ---- verdict ---------------------------------------------------------------------------------
-# ---- verdict ---------------------------------------------------------------------------------
-def cuda_error(text: str) -> str | None:
-    """The CUDA error a program's output names; None when it names none (never guessed)."""
-    return cuda_verdict.named_in_output(text)
-
-
-def last_lines(text: str, n: int = 15) -> str:
-    return "\n".join(text.rstrip().splitlines()[-n:])
 
 
 def _harness_problem(res: ExecResult) -> str | None:

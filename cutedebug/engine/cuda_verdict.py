@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from cutedebug.engine import verdict as V
-from cutedebug.errors import CUDA_ERRORS, driver_error_name
+from cutedebug.errors import driver_error_name, known_cuda_error
 from cutedebug.event_kinds import CudaContext
+from cutedebug.instrument.launch_context import HEALTHY as _HEALTHY_RESULTS
 
 # CUDA errors as programs print them: the runtime's message (torch, cuda-python), or the name.
 CUDA_TEXT = re.compile(
@@ -55,7 +56,7 @@ LIBRARIES = {
     "CURAND": "cuRAND",
     "CUFFT": "cuFFT",
 }
-HEALTHY = ("ok", "busy")
+HEALTHY = set(_HEALTHY_RESULTS.values())  # the context states that hold no error
 
 
 @dataclass(frozen=True)
@@ -101,13 +102,15 @@ def named_in_output(text: str) -> str | None:
         return m.group(1)
     if (m := _DRIVER_NAME.search(text)) is not None:
         return driver_error_name(m.group(1))
-    low = cuda_line(text).lower()
-    if "unknown error" in low:  # the runtime's own message for cudaErrorUnknown
+    line = cuda_line(text)
+    if "unknown error" in line.lower():  # the runtime's own message for cudaErrorUnknown
         return "cudaErrorUnknown"
-    for needle, name in CUDA_ERRORS:
-        if needle in low:
-            return name
-    return None
+    return known_cuda_error(line)
+
+
+def last_lines(text: str, n: int = 15) -> str:
+    """The output's last ``n`` lines."""
+    return "\n".join(text.rstrip().splitlines()[-n:])
 
 
 def readings(procs: dict[int, dict[str, Any]]) -> list[tuple[int, CudaContext]]:
@@ -190,16 +193,23 @@ def classify_cuda(res: Any) -> bool:
             f"the CUDA context held no error (read at exit in pid {pid}): a library error, "
             "not a kernel fault"
         )
-        res.evidence["library_error"] = {"library": lib.library, "status": lib.status}
-        res.evidence["library_error"].update(call=lib.call, line=lib.line)
-        res.evidence["last_lines"] = "\n".join(tail.rstrip().splitlines()[-15:])
+        res.evidence["library_error"] = {
+            "library": lib.library,
+            "status": lib.status,
+            "call": lib.call,
+            "line": lib.line,
+        }
+        res.evidence["last_lines"] = last_lines(tail)
         return True
     if lib is not None or line:
         why = _not_read(reads)
         shown = f"{lib.where()} returned {lib.status}" if lib is not None else line
         res.verdict = V.Verdict.CRASH
         res.reason = f"CUDA error, name not read: {shown} ({why})"
-        res.evidence["cuda_error"] = {"name": None, "line": lib.line if lib else line}
-        res.evidence["cuda_error"]["not_read"] = why
+        res.evidence["cuda_error"] = {
+            "name": None,
+            "line": lib.line if lib else line,
+            "not_read": why,
+        }
         return True
     return False

@@ -82,8 +82,9 @@ PLACED = (
 
 
 def _clock(o: V.Outcome, facts: dict[str, Any]):
-    """A function from an event's name to its time on the runner's clock (the worker's
-    "started" event carries its own t = 0 as mono0), or None for older workers."""
+    """(a function from an event's name to its time on the runner's clock, the time of the
+    worker's last event), or None for older workers (the worker's "started" event carries its
+    own t = 0 as mono0)."""
     st = o.last(Started)
     if st is None or st.mono0 is None or "t_call" not in facts:
         return None
@@ -93,14 +94,16 @@ def _clock(o: V.Outcome, facts: dict[str, Any]):
         e = o.event(name)
         return None if e is None or e.t is None else mono0 + float(e.t)
 
-    return at
+    last = max((mono0 + float(e.t) for e in o.events if e.t is not None), default=None)
+    return at, last
 
 
 def gaps(o: V.Outcome, facts: dict[str, Any], t: dict[str, float]) -> dict[str, float]:
     """The GAPS of one attempt (``t``: its timings so far, compile_s among them)."""
-    at = _clock(o, facts)
-    if at is None:
+    clock = _clock(o, facts)
+    if clock is None:
         return {}
+    at, last = clock
     out: dict[str, float] = {}
     compiling = at("compiling")
     end = at("launched") or at("unsupported")
@@ -109,9 +112,7 @@ def gaps(o: V.Outcome, facts: dict[str, Any], t: dict[str, float]) -> dict[str, 
         waited = float(got.waited_s or 0.0) if got is not None else 0.0
         out["prelaunch_s"] = end - compiling - t["compile_s"] - waited
     ended = at("synced") or at("cuda_error")
-    if ended is not None and "kill_t" not in facts:
-        mono0 = float(o.last(Started).mono0)
-        last = max(mono0 + float(e.t) for e in o.events if e.t is not None)
+    if ended is not None and last is not None and "kill_t" not in facts:
         out["after_kernel_s"] = last - ended
     return {k: round(max(0.0, v), 3) for k, v in out.items()}
 
@@ -124,11 +125,10 @@ def unplaced(t: dict[str, float]) -> float:
 def breakdown(o: V.Outcome, facts: dict[str, Any]) -> dict[str, float]:
     """The BREAKDOWN fields of one attempt that its events let us place on the runner's clock;
     {} for older workers."""
-    at = _clock(o, facts)
-    if at is None:
+    clock = _clock(o, facts)
+    if clock is None:
         return {}
-    mono0 = float(o.last(Started).mono0)
-
+    at, last_event = clock
     out: dict[str, float] = {"spawn_s": at("started") - facts["t_call"]}
     pairs = (("imports_s", "started", "imported"), ("inputs_s", "imported", "compiling"))
     for key, a, b in pairs:
@@ -141,11 +141,7 @@ def breakdown(o: V.Outcome, facts: dict[str, Any]) -> dict[str, float]:
         end = at("synced") or at("cuda_error") or kill
         if end is not None:
             out["launch_s"] = end - launched
-    last = (
-        kill
-        if kill is not None
-        else max((mono0 + float(e.t) for e in o.events if e.t is not None), default=None)
-    )
+    last = kill if kill is not None else last_event
     if last is not None and "t_return" in facts:
         out["exit_s"] = facts["t_return"] - last
     return {k: round(max(0.0, v), 3) for k, v in out.items()}

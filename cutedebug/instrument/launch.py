@@ -489,9 +489,8 @@ def _emit_compiled(state: _State, cur: dict[str, Any], error: str | None) -> Non
             for site in (fields.get("probe_sites") or [])[cur.get("sites_before", 0) :]:
                 if site.get("kernel") and site["kernel"] not in names:
                     names.append(site["kernel"])
-            launch = getattr(cur["protocol"], "launch", None) or {}
-            if not names and launch.get("qualname"):  # no new sites (a kernel traced again,
-                names = [launch["qualname"]]  # or no waits): the launched kernel's own name
+            if not names:  # no new sites (a kernel traced again, or no waits): the kernels
+                names = list(cur.get("kernel_names") or [])  # the trace generated (_name_kernels)
             summary = summary.with_kernel_names(names)
         fields["protocol"] = summary.to_json()
     state.events.emit("compiled", **fields)

@@ -120,9 +120,7 @@ def _guard_launches(state: Any) -> None:
 
             def guarded(self, *a, _orig=fn, **kw):
                 _ensure_gpu(state)
-                launches = getattr(state, "launches", None)
-                if launches is not None:
-                    note_launch(launches, kernel_names(self, state.current))
+                note_launch(state.launches, kernel_names(self, state.current))
                 return _orig(self, *a, **kw)
 
             setattr(guarded, _GUARDED, True)

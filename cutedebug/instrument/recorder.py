@@ -501,10 +501,8 @@ def _conditions(rec: _Recorder) -> dict[str, Callable[[Call], Any]]:
             if call.kwargs.get(k) is not None
         }
         where = call.layer.kernel_site()
-        body = call.self_obj.funcBody
         entry.update(
-            kernel=getattr(body, "__name__", "?"),
-            qualname=getattr(body, "__qualname__", None),
+            kernel=getattr(call.self_obj.funcBody, "__name__", "?"),
             file=where.file,
             line=where.line,
         )
