@@ -209,6 +209,7 @@ class Compiled(Payload):
     wait_sites: list[Json] | None = None
     static_findings: list[Json] | None = None
     pipelines: list[Json] | None = None  # instrument/protocol: pipeline_table
+    compile_cache: Json | None = None  # engine/compile_cache: whether the back end was reused
     # cutedebug exec
     index: int | None = None
     function: str | None = None

@@ -101,10 +101,19 @@ def test_pool_stop_all_tidies_what_idle_servers_left(tmp_path, monkeypatch, caps
     d.mkdir(mode=0o700)
     for name in ("pool-0123456789abcdef.lock", "pool-0123456789abcdef.log", "unrelated.txt"):
         (d / name).write_text("")
+    # compile caches (engine/compile_cache.py): a server that was killed leaves its folder;
+    # a running server's stays
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    for pid in (gone.pid, os.getpid()):
+        (d / f"pool-0123456789abcdef.{pid}.compiled" / "entry").mkdir(parents=True)
     monkeypatch.setenv(pool.DIR_VAR, str(d))
     assert cli.main(["pool", "stop", "--all"]) == 0
     assert "no server running" in capsys.readouterr().out
-    assert sorted(p.name for p in d.iterdir()) == ["unrelated.txt"]
+    assert sorted(p.name for p in d.iterdir()) == [
+        f"pool-0123456789abcdef.{os.getpid()}.compiled",
+        "unrelated.txt",
+    ]
     monkeypatch.setenv(pool.DIR_VAR, str(tmp_path / "none"))
     assert cli.main(["pool", "status"]) == 0 and not (tmp_path / "none").exists()
 
@@ -257,6 +266,15 @@ def test_two_runs_reuse_one_server_and_skip_the_imports(pool_env, tmp_path):
     assert second["timings"]["spawn_s"] < fresh["timings"]["spawn_s"] + 1.0
     ptx = [(Path(r["run_dir"]) / "kernel.ptx").read_text() for r in runs]
     assert ptx[0] == ptx[1] == ptx[2]
+    # the second run traced the same IR: its compile reused the first's (engine/compile_cache)
+    cache = [r["evidence"]["compiled"]["compile_cache"] for r in runs]
+    assert [c["reused"] for c in cache] == [False, True, None], cache
+    assert cache[0]["key"] == cache[1]["key"]
+    assert "warm pool workers only" in cache[2]["why"]
+    folder = pool.compiled_folder(
+        pool.Paths.of(pool.pool_dir(), pool.key_of(pool.fingerprint())).meta, p1["pid"]
+    )
+    assert len([e for e in folder.iterdir() if not e.name.startswith(".")]) == 1
     st = cli("pool", "status", "--json")
     rows = [r for r in json.loads(st.stdout) if r["this_env"]]
     assert len(rows) == 1 and rows[0]["answers"] and rows[0]["runs"] >= 2

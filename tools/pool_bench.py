@@ -2,12 +2,15 @@
 from the warm pool's resident server), alternated in one loop.
 
     python3 tools/pool_bench.py [SCENARIO] [--rounds N] [--compile-only] [--overlap]
-                                [--json OUT]
+                                [--reuse] [--no-cold] [--json OUT]
 
 Each round runs the same command twice, as a user would type it (a new `cutedebug` process
 each time), `--no-warm` then `--warm`, so machine load drifts over both sides alike
 (``--overlap``: a third side between them, cold with CUTEDEBUG_OVERLAP_IMPORTS=1, the worker's
-GPU lookup in a thread beside cutlass's import). The pool's server is started before the
+GPU lookup in a thread beside cutlass's import; ``--reuse``: a side warm_fresh, warm with
+``--no-compile-cache``, so the warm side's compile reuse (engine/compile_cache.py) is measured
+against a fresh compile in the same pool, after one untimed warm run that stores the entry;
+``--no-cold``: no cold side). The pool's server is started before the
 first round (`cutedebug pool start`, its start reported apart) and stopped after the last
 (`cutedebug pool stop`, with the processes it left). Prints each round, then per side the
 median, min and max wall and the report's phases (report.json timings: the command's own
@@ -59,7 +62,7 @@ PHASES = (
     "cli_s",
 )
 # Issue 22's targets for a probed HANG on the H200 (wall of one `cutedebug run`)
-TARGETS = {"cold": 5.0, "cold_overlap": 5.0, "warm": 2.0}
+TARGETS = {"cold": 5.0, "cold_overlap": 5.0, "warm": 2.0, "warm_fresh": 2.0}
 
 
 def bytecode_state() -> dict:
@@ -100,6 +103,29 @@ def report(stdout: str) -> dict:
     return {}
 
 
+def row_of(wall: float, r: subprocess.CompletedProcess) -> dict:
+    """One run's wall, report.json phases, verdict, and whether its compile was reused."""
+    rep = report(r.stdout)
+    t = dict(rep.get("timings", {}))
+    if "wall_s" in t:
+        t["cli_s"] = round(wall - t["wall_s"], 3)
+        # what report.json cannot hold: writing it, printing, the interpreter's exit
+        if "cli_start_s" in t:
+            t["rest_s"] = round(
+                wall - t["wall_s"] - t["cli_start_s"] - t.get("cli_after_s", 0.0), 3
+            )
+    row = {"wall_s": round(wall, 3), **{k: t[k] for k in PHASES if k in t}}
+    row["verdict"] = rep.get("verdict")
+    row["health_via"] = (rep.get("health") or {}).get("via")
+    ev = rep.get("evidence", {})
+    row["pool_pid"] = (ev.get("pool") or {}).get("pid")
+    cache = (ev.get("compiled") or {}).get("compile_cache") or {}
+    row["compile_reused"] = cache.get("reused")
+    if cache.get("why") or cache.get("probe_buffer", "fixed") != "fixed":
+        row["compile_cache"] = cache  # why it was not reused (or the probe buffer's miss)
+    return row
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("scenario", nargs="?", default=str(DEFAULT))
@@ -112,6 +138,13 @@ def main() -> int:
         help="a third side, cold_overlap: cold with CUTEDEBUG_OVERLAP_IMPORTS=1 (the worker "
         "looks for the GPU in a thread beside cutlass's import)",
     )
+    ap.add_argument(
+        "--reuse",
+        action="store_true",
+        help="a side warm_fresh: warm with --no-compile-cache (the warm side reuses the "
+        "compile of an identical traced IR; one untimed warm run stores it first)",
+    )
+    ap.add_argument("--no-cold", action="store_true", help="no cold side")
     args = ap.parse_args()
     runs_dir = tempfile.mkdtemp(prefix="pool-bench-")
     common = ["--runs-dir", runs_dir] + (["--compile-only"] if args.compile_only else [])
@@ -119,35 +152,29 @@ def main() -> int:
     print(f"bytecode: {state}")
     wall, r = cutedebug("pool", "start")
     print(f"pool start: {wall:.2f} s wall: {r.stdout.strip().splitlines()[0] if r.stdout else ''}")
-    kinds = [("cold", "--no-warm", {OVERLAP: "0"})]
-    if args.overlap:
-        kinds.append(("cold_overlap", "--no-warm", {OVERLAP: "1"}))
-    kinds.append(("warm", "--warm", None))
+    kinds: list[tuple[str, list[str], dict[str, str] | None]] = []
+    if not args.no_cold:
+        kinds.append(("cold", ["--no-warm"], {OVERLAP: "0"}))
+        if args.overlap:
+            kinds.append(("cold_overlap", ["--no-warm"], {OVERLAP: "1"}))
+    if args.reuse:
+        kinds.append(("warm_fresh", ["--warm", "--no-compile-cache"], None))
+    kinds.append(("warm", ["--warm"], None))
     sides: dict[str, list[dict]] = {side: [] for side, _, _ in kinds}
     ok = r.returncode == 0
+    if args.reuse:  # stores the entry the warm side's runs reuse
+        wall, r = cutedebug("run", "--warm", *common, args.scenario)
+        print(f"prime warm: {row_of(wall, r)}", flush=True)
     for i in range(args.rounds):
-        for side, flag, env in kinds:
-            wall, r = cutedebug("run", flag, *common, args.scenario, env=env)
-            rep = report(r.stdout)
-            t = dict(rep.get("timings", {}))
-            if "wall_s" in t:
-                t["cli_s"] = round(wall - t["wall_s"], 3)
-                # what report.json cannot hold: writing it, printing, the interpreter's exit
-                if "cli_start_s" in t:
-                    t["rest_s"] = round(
-                        wall - t["wall_s"] - t["cli_start_s"] - t.get("cli_after_s", 0.0), 3
-                    )
-            row = {"wall_s": round(wall, 3), **{k: t[k] for k in PHASES if k in t}}
-            row["verdict"] = rep.get("verdict")
-            row["health_via"] = (rep.get("health") or {}).get("via")
-            row["pool_pid"] = (rep.get("evidence", {}).get("pool") or {}).get("pid")
+        for side, flags, env in kinds:
+            wall, r = cutedebug("run", *flags, *common, args.scenario, env=env)
+            row = row_of(wall, r)
             ok = ok and r.returncode in (0, 4)
             sides[side].append(row)
             print(f"round {i + 1} {side}: {row}", flush=True)
     _, r = cutedebug("pool", "stop")
     print(r.stdout.strip())
     ok = ok and r.returncode == 0
-    ratios = [w["wall_s"] / c["wall_s"] for c, w in zip(sides["cold"], sides["warm"])]
     for side, rows in sides.items():
         walls = [x["wall_s"] for x in rows]
         phases = {
@@ -170,11 +197,32 @@ def main() -> int:
         else:
             verdict = f"NOT met by {med - goal:.2f} s"
         print(f"target {side}: median {med:.2f} s vs <= {goal:.0f} s: {verdict}")
-    print(
-        f"warm/cold wall per round: median {statistics.median(ratios):.2f} "
-        f"(min {min(ratios):.2f}, max {max(ratios):.2f}); load {os.getloadavg()[0]:.1f}"
-    )
-    if args.overlap:
+    ratios: dict[str, list[float]] = {}
+    for base in ("cold", "warm_fresh"):
+        if base not in sides:
+            continue
+        ratios[base] = r = [w["wall_s"] / c["wall_s"] for c, w in zip(sides[base], sides["warm"])]
+        print(
+            f"warm/{base} wall per round: median {statistics.median(r):.2f} "
+            f"(min {min(r):.2f}, max {max(r):.2f}); load {os.getloadavg()[0]:.1f}"
+        )
+    if "warm_fresh" in sides:
+        reused = [x.get("compile_reused") for x in sides["warm"]]
+        saved = [
+            f["compile_s"] - w["compile_s"]
+            for f, w in zip(sides["warm_fresh"], sides["warm"])
+            if "compile_s" in f and "compile_s" in w
+        ]
+        print(
+            f"warm compile reused in {sum(x is True for x in reused)} of {len(reused)} runs; "
+            + (
+                f"compile_s fresh - reused per round: median {statistics.median(saved):.3f} s "
+                f"(min {min(saved):.3f}, max {max(saved):.3f})"
+                if saved
+                else "no compile_s to compare"
+            )
+        )
+    if "cold_overlap" in sides:
         over = [o["wall_s"] / c["wall_s"] for c, o in zip(sides["cold"], sides["cold_overlap"])]
         print(
             f"cold_overlap/cold wall per round: median {statistics.median(over):.2f} "

@@ -198,6 +198,7 @@ def _run_one(args, sc, mode, fs, single: bool):
         command=command_line() if single else "",
         forkserver=fs,
         compile_checks=[lint.static_findings],
+        compile_cache=getattr(args, "compile_cache", True),
         **({"core": core} if core else {}),
         **({"perturb": pert} if (pert := perturb_args.request_field(args)) else {}),
     )
@@ -246,6 +247,10 @@ def _run_one(args, sc, mode, fs, single: bool):
         print("  " + line)
     if res.verdict.value == "UNSUPPORTED":
         state = f"compiled for {comp['arch']} in {comp['secs']} s" if comp else "did not compile"
+        from cutedebug.engine.compile_cache import reused
+
+        if reused(comp):
+            state += " (compiled kernel reused: the warm pool had this traced IR)"
         print(f"  {state}; the kernel was not run")
     print(f"  report: {md}", flush=True)
     return res
@@ -442,6 +447,13 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
             help="fork workers from the warm pool's resident server, starting it if none runs "
             "(--no-warm: never; default: CUTEDEBUG_WARM, else a running server only; "
             "`cutedebug pool` starts, lists and stops servers)",
+        )
+        r.add_argument(
+            "--compile-cache",
+            action=argparse.BooleanOptionalAction,
+            default=True,
+            help="in a warm pool worker, reuse the compiled kernel when the traced IR is one "
+            "the pool compiled before (--no-compile-cache: always compile afresh)",
         )
         from cutedebug.commands import perturb_args  # --perturb N [--policy ...] [--replay S]
 

@@ -35,6 +35,7 @@ import contextlib
 import fcntl
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -58,7 +59,7 @@ from cutedebug.engine.pool_key import (  # noqa: F401  (pool.X for the commands 
     key_of,
     superseded,
 )
-from cutedebug.engine.pool_server import POOL_TAG_VAR
+from cutedebug.engine.pool_server import POOL_TAG_VAR, compiled_folder, remove_compiled
 
 DEFAULT_IDLE_S = 900.0
 MAX_IDLE_S = 24 * 3600.0
@@ -513,6 +514,8 @@ def stop(key: str, timeout: float = 10.0) -> dict[str, Any]:
             p.unlink(missing_ok=True)
         for p in (paths.lock, paths.log):  # nothing of this server stays behind
             p.unlink(missing_ok=True)
+        if pid and not _running(int(pid)):
+            shutil.rmtree(compiled_folder(paths.meta, int(pid)), ignore_errors=True)
     left = [p.pid for p in lifeline.processes(tag)] if tag else []
     return {"key": key, "pid": pid, "how": how, "left": left}
 
@@ -526,4 +529,4 @@ def tidy() -> list[str]:
         if not path.with_suffix(".sock").exists():  # (no Paths.of: a long folder is fine here)
             path.unlink(missing_ok=True)
             gone.append(path.name)
-    return gone
+    return gone + remove_compiled(d)  # compile caches of servers that did not end cleanly

@@ -38,14 +38,17 @@ import contextlib
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from cutedebug.engine import forkserver, lifeline
+from cutedebug.engine import compile_cache, forkserver, lifeline
+from cutedebug.instrument import probe_memory
 
 POOL_TAG_VAR = "CUTEDEBUG_POOL_TAG"  # in the server's environment and every worker's
 SELECT_S = 0.05
@@ -86,6 +89,7 @@ class Server:
         self.listener: socket.socket | None = None
         self.inode = 0
         self.wakeup: tuple[int, int] | None = None  # wake_on_child_exit's pipe (read, write)
+        self.compiled: Path | None = None  # prepare_reuse: the compile cache's folder
 
     # ---- life ----
     def bind(self) -> None:
@@ -112,6 +116,17 @@ class Server:
         with open(tmp_meta, "w") as f:
             json.dump(meta, f)
         os.replace(tmp_meta, self.meta_path)
+
+    def prepare_reuse(self) -> None:
+        """Before any fork: the probe buffer's address reserved (one address for every worker:
+        instrument/probe_memory.py) and this server's compile cache folder
+        (engine/compile_cache.py), beside its socket; folders of servers no longer running
+        are removed first."""
+        probe_memory.reserve()
+        remove_compiled(Path(self.meta_path).parent)
+        self.compiled = compiled_folder(self.meta_path, self.pid)
+        shutil.rmtree(self.compiled, ignore_errors=True)
+        self.compiled.mkdir(mode=0o700)
 
     def ours(self) -> bool:
         """Is the socket path still ours (not removed, not replaced by a newer server)?"""
@@ -236,6 +251,8 @@ class Server:
                 for fd in self.wakeup:
                     os.close(fd)
             lifeline.adopt_session_tags(mine + tags)
+            if self.compiled is not None:  # the worker's compile reuses this server's
+                os.environ[compile_cache.CACHE_VAR] = str(self.compiled)
 
         pid = forkserver.fork_worker(req, self.pid, in_child)
         self.workers[pid] = _Worker(
@@ -287,6 +304,36 @@ class Server:
                 c.sock.close()
         if self.listener is not None:
             self.listener.close()
+        if self.compiled is not None:
+            shutil.rmtree(self.compiled, ignore_errors=True)
+
+
+def compiled_folder(meta_path: str | Path, pid: int) -> Path:
+    """The compile cache folder of the server of ``meta_path`` (pool-KEY.json) and ``pid``."""
+    meta = Path(meta_path)
+    return meta.parent / f"{meta.name.removesuffix('.json')}.{pid}.compiled"
+
+
+def remove_compiled(folder: Path, only_dead: bool = True) -> list[str]:
+    """Remove the compile cache folders in ``folder`` of servers no longer running (all of
+    them: ``only_dead`` False); returns their names."""
+    gone = []
+    for path in sorted(folder.glob("pool-*.compiled")):
+        pid = path.suffixes[-2].lstrip(".") if len(path.suffixes) >= 2 else ""
+        if not only_dead or (pid.isdigit() and not _alive(int(pid))):
+            shutil.rmtree(path, ignore_errors=True)
+            gone.append(path.name)
+    return gone
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def main(argv: list[str]) -> int:
@@ -301,6 +348,7 @@ def main(argv: list[str]) -> int:
         signal.signal(sig, stop)
     t0 = time.monotonic()
     forkserver.preload()
+    server.prepare_reuse()
     server.bind()
     server.wake_on_child_exit()
     print(

@@ -386,8 +386,12 @@ def run_scenario(
     perturb: dict[str, Any] | None = None,
     compile_checks: Sequence[CompileCheck] = (),
     gpu_token: str | None = None,
+    compile_cache: bool = True,
 ) -> RunResult:
     """Run a scenario (``repeat`` times) and return its classified result.
+
+    ``compile_cache`` False: the worker compiles afresh even where the warm pool offers the
+    back end's output of an identical traced IR (engine/compile_cache.py).
 
     ``gpu_token``: a GPU token file (one per GPU; instrument/launch_gpu.py). Each worker
     compiles without it and takes it before its launch; it is given back after the worker
@@ -413,6 +417,7 @@ def run_scenario(
         probe_cfg = {"budget_ns": int(budget) * 1_000_000}
     attempts = []
     core_evidence: dict[str, Any] = {}
+    no_reuse = {} if compile_cache else {"compile_cache": False}
     for i in range(max(1, repeat)):
         use_core = core is not None and probe_cfg is None and i == 0 and mode == "run"
         classified, outcome, facts, health = _attempt(
@@ -426,6 +431,7 @@ def run_scenario(
                 "compile_checks": compile_checks,
                 **(core.request_fields(run_dir) if use_core else {}),
                 **({"perturb": perturb} if perturb else {}),
+                **no_reuse,
             },
             gpu_token=gpu_token,
         )
@@ -460,7 +466,7 @@ def run_scenario(
                 mode=mode,
                 probes=probe_cfg,
                 forkserver=forkserver,
-                request_extra={"compile_checks": compile_checks}
+                request_extra={"compile_checks": compile_checks, **no_reuse}
                 | perturb_runs.rerun_fields(perturb, outcome),
                 gpu_token=gpu_token,
             )

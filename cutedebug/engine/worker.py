@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from cutedebug import devices
-from cutedebug.engine import blame, compile_checks, lifeline
+from cutedebug.engine import blame, compile_cache, compile_checks, lifeline
 from cutedebug.engine import events as events_mod
 from cutedebug.engine.health import ARCH_BY_CC  # stdlib only: the arch names by capability
 from cutedebug.engine.launching import (  # noqa: F401  (names other modules import from here)
@@ -260,6 +260,8 @@ def run(request: dict[str, Any], events: Events) -> None:
             from cutedebug.instrument import checkpoint
 
             stack.enter_context(checkpoint.session(request["bisect"], events, runnable))
+        # the back end reused when the traced IR is one the warm pool compiled before
+        reuse = stack.enter_context(compile_cache.reuse(*cache_folder(request)))
         try:
             options = [
                 cute.GPUArch(target),
@@ -322,6 +324,7 @@ def run(request: dict[str, Any], events: Events) -> None:
         wait_sites=[w.to_json() for w in wait_sites] if wait_sites is not None else None,
         static_findings=compile_checks.run(request.get("compile_checks"), protocol),
         pipelines=protocol.pipeline_table(),  # instrument/recorder: pipeline=N
+        compile_cache=cache_report(reuse, site_table, runnable),
     )
     # the lines a wrong-value diagnosis can point at
     events.emit(
@@ -353,6 +356,31 @@ def run(request: dict[str, Any], events: Events) -> None:
         return
     run.once(events.emit, live=events)
     check_gpu_after(run, events.emit)
+
+
+def cache_report(reuse: compile_cache.Reuse, site_table: Any, runnable: bool) -> dict[str, Any]:
+    """The compiled event's ``compile_cache``: whether the back end was reused and, in a pool
+    worker that ran probes, whether its buffer sat at the pool's fixed address (without it the
+    IR differs each run: instrument/probe_memory.py)."""
+    out = reuse.to_json()
+    from cutedebug.instrument import probe_memory
+
+    if site_table is not None and runnable and probe_memory.reserved() is not None:
+        out["probe_buffer"] = probe_memory.last_miss or "fixed"
+    return out
+
+
+def cache_folder(request: dict[str, Any]) -> tuple[Path | None, str]:
+    """Where this compile may reuse the back end's output (engine/compile_cache.py): the warm
+    pool's folder, unless the request says no (``--no-compile-cache``) or its IR embeds a
+    table address of its own (perturbation, printf-bisection: never the same twice); else
+    None and why."""
+    if request.get("compile_cache") is False:
+        return None, "turned off (--no-compile-cache)"
+    if request.get("perturb") or request.get("bisect") is not None:
+        return None, "not for perturbed or bisecting runs (their IR holds a table address)"
+    folder = compile_cache.folder_from_env()
+    return folder, "" if folder else "no compile cache offered (warm pool workers only)"
 
 
 def check_gpu_after(run: Launch, emit: Any) -> None:

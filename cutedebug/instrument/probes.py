@@ -250,14 +250,23 @@ def _where(call: Call) -> dict[str, Any]:
 
 def pinned_allocator(runnable: bool) -> Callable[[ProbeConfig], tuple[Any, int]]:
     """``allocate`` for ``instrument``: a zeroed, pinned (host-mapped) torch buffer of the
-    layout sized at the launch, header written; on a machine that will not run the kernel the
-    address only has to be a plausible constant (and the buffer is a bytearray)."""
+    layout sized at the launch, header written; in a warm pool worker, at the address the pool
+    reserved (instrument/probe_memory.py) where the driver allows; on a machine that will not
+    run the kernel the address only has to be a plausible constant (and the buffer is a
+    bytearray)."""
 
     def allocate(cfg: ProbeConfig) -> tuple[Any, int]:
         if not runnable:  # never read by a kernel: no torch import (1.7 s of CPU) for it
             host = bytearray(buffer_nbytes(cfg))
             init_buffer(host, cfg)
             return host, 0x7F0000000000
+        from cutedebug.instrument import probe_memory
+
+        if probe_memory.reserved() is not None:  # a warm pool worker: the same address each
+            fixed = probe_memory.fixed_buffer(buffer_nbytes(cfg))  # run, so the same IR
+            if fixed is not None:
+                init_buffer(fixed[0].numpy(), cfg)
+                return fixed
         import torch
 
         buf = torch.zeros(buffer_nbytes(cfg), dtype=torch.uint8, pin_memory=runnable)

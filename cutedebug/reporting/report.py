@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from cutedebug.engine.compile_cache import reused
 from cutedebug.engine.run_report import (
     SCHEMA_VERSION,
     RunReport,
@@ -214,6 +215,7 @@ def _md_evidence(result: RunResult) -> list[str]:
         out.append(
             f"- compiled for {md_text(c.get('arch'))} in {c.get('secs')} s, PTX "
             f"{c.get('ptx_bytes')} bytes; fault applied at {count} site(s)"
+            + ("; compiled kernel reused (traced IR seen before)" if reused(c) else "")
         )
     static = (c or {}).get("static_findings")
     if static is not None:
