@@ -104,7 +104,10 @@ def test_a_changed_kernel_source_misses_and_a_damaged_entry_is_compiled_afresh(t
     )
     cache = tmp_path / "cache"
     sc = S.load(toml)
-    before = compile_steps(tmp_path, [{"request": request(tmp_path, "a", sc)}], cache)[0]
+    keep_ir = {"request": request(tmp_path, "a", sc), "env": {compile_cache.IR_VAR: "1"}}
+    before = compile_steps(tmp_path, [keep_ir], cache)[0]
+    (kept,) = [p for p in cache.iterdir() if not p.name.startswith(".")]
+    assert "2.000000e+00" in (kept / "traced.mlir").read_text()  # the traced IR, kept as text
     # the same lines, another constant: only the IR's content tells them apart
     assert "cutlass.Float32(2.0)" in source
     kernel.write_text(source.replace("cutlass.Float32(2.0)", "cutlass.Float32(3.0)"))

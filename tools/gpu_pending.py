@@ -515,6 +515,29 @@ STEPS = [
         "2048): plain, 16 random seeds, and the second consumer warpgroup slowed throughout",
     ),
     Step(
+        "warm_reuse",
+        "22",
+        # compileall (5-10 s, as warm_lite), then two pool_bench calls, each a pool start (~5 s)
+        # and one untimed warm run storing the entry (~2.8 s): the probed HANG, 6 rounds of
+        # warm_fresh (~2.5 s: s3 call4's warm) and warm (~2 s, estimated) ~27 s; the clean
+        # tma_stream scenario (a reused kernel's output checked), 2 rounds ~9 s: ~60 s
+        75,
+        False,
+        "python3 -m compileall -q -j 0 $(python3 -c 'import importlib.util as u, os; "
+        'print(*(os.path.dirname(s.origin) for s in map(u.find_spec, ("cutlass", "iket")) '
+        "if s and s.origin))') cutedebug kernels "
+        "> /dev/null; echo compileall rc=$?; "
+        "python3 tools/pool_bench.py --reuse --no-cold --rounds 6 --keep-cache $STEP_OUT/cache "
+        "--json $STEP_OUT/pool.json; "
+        "python3 tools/pool_bench.py scenarios/tma_stream/clean.toml --reuse --no-cold "
+        "--rounds 2 --json $STEP_OUT/pool_clean.json",
+        "cutedebug run of a probed HANG in the warm pool, its compile reused (the traced IR "
+        "seen before: engine/compile_cache.py, the probe buffer at the pool's fixed address) "
+        "against a fresh compile (--no-compile-cache), alternated in one pool, each side's "
+        "median against the 2 s target, every row saying whether it reused and why not; then "
+        "the clean tma_stream scenario the same way (PASS: a reused kernel's output checked)",
+    ),
+    Step(
         "warm_lite",
         "22",
         # compileall with -j 0 on 16 cores (est. 5-10 s; the DSL found without importing it),
@@ -856,6 +879,7 @@ PRIORITY = (  # after 2026-12-02-h200-s3's four calls: what is left, by value
     "perturb_init_history",  # #20: the residue hypothesis FA-4's missing_init_fence note rests on
     "coredump_field",  # #25: the field hangs no call has dumped yet
     "mutate_all",  # #19: done in s3 call1 (73/73 applied); again for the own-time baseline
+    "warm_reuse",  # #22: warm with the compile reused vs fresh, against the 2 s target
     "warm_lite",  # #22: done in s3 call4 (warm 2.50 s, cold 7.11 s); again after a cut
     "pytest_gpu_only",  # after any GPU-facing change (s3 call4: 11 passed on aa5f557)
     "triage",  # done in s3 call4 (114/114, 131.4 s)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -40,6 +41,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from cutedebug.engine import compile_cache  # noqa: E402  (stdlib only at import)
+
 DEFAULT = ROOT / "scenarios" / "tma_stream" / "wrong_expect_tx_plus.toml"
 OVERLAP = "CUTEDEBUG_OVERLAP_IMPORTS"  # engine/worker.py: DeviceLookup
 PHASES = (
@@ -103,6 +107,17 @@ def report(stdout: str) -> dict:
     return {}
 
 
+def keep_cache(dest: Path) -> None:
+    """Copy this environment's pool server's compile cache folder(s) to ``dest``."""
+    from cutedebug.engine import pool
+
+    d = pool.pool_dir_path()
+    key = pool.key_of(pool.fingerprint())
+    for folder in sorted(d.glob(f"pool-{key}.*.compiled")):
+        shutil.copytree(folder, dest / folder.name, dirs_exist_ok=True)
+        print(f"compile cache kept: {dest / folder.name} ({len(list(folder.iterdir()))} entries)")
+
+
 def row_of(wall: float, r: subprocess.CompletedProcess) -> dict:
     """One run's wall, report.json phases, verdict, and whether its compile was reused."""
     rep = report(r.stdout)
@@ -145,11 +160,20 @@ def main() -> int:
         "compile of an identical traced IR; one untimed warm run stores it first)",
     )
     ap.add_argument("--no-cold", action="store_true", help="no cold side")
+    ap.add_argument(
+        "--keep-cache",
+        metavar="DIR",
+        help="copy the pool's compile cache here before stopping it, each entry with its "
+        "traced IR as text (CUTEDEBUG_COMPILE_CACHE_IR=1 for the pool: what differed when a "
+        "warm run did not reuse the compile)",
+    )
     args = ap.parse_args()
     runs_dir = tempfile.mkdtemp(prefix="pool-bench-")
     common = ["--runs-dir", runs_dir] + (["--compile-only"] if args.compile_only else [])
     state = bytecode_state()
     print(f"bytecode: {state}")
+    if args.keep_cache:  # before the server starts: its workers inherit it
+        os.environ[compile_cache.IR_VAR] = "1"
     wall, r = cutedebug("pool", "start")
     print(f"pool start: {wall:.2f} s wall: {r.stdout.strip().splitlines()[0] if r.stdout else ''}")
     kinds: list[tuple[str, list[str], dict[str, str] | None]] = []
@@ -172,6 +196,8 @@ def main() -> int:
             ok = ok and r.returncode in (0, 4)
             sides[side].append(row)
             print(f"round {i + 1} {side}: {row}", flush=True)
+    if args.keep_cache:
+        keep_cache(Path(args.keep_cache))
     _, r = cutedebug("pool", "stop")
     print(r.stdout.strip())
     ok = ok and r.returncode == 0

@@ -46,6 +46,9 @@ from pathlib import Path
 from typing import Any
 
 CACHE_VAR = "CUTEDEBUG_COMPILE_CACHE"  # the folder; set by the pool server in its workers
+# "1": each stored entry keeps its traced IR as text (traced.mlir), to tell what differed
+# between two traces of one scenario that did not share an entry (tools/pool_bench.py)
+IR_VAR = "CUTEDEBUG_COMPILE_CACHE_IR"
 FORMAT = "cutedebug-compile-cache-1"
 MAX_ENTRIES = 64
 ENV_PREFIXES = ("CUTE_DSL_", "CUTLASS_", "NVVM", "PTXAS")
@@ -141,10 +144,11 @@ def _build(original, backend, ctx, arch, cache_state, folder: Path, outcome: Reu
         except Exception as e:  # noqa: BLE001  (the DSL refused the entry: compile afresh)
             outcome.why = f"entry not usable, compiled afresh: {type(e).__name__}: {e}"
             shutil.rmtree(entry, ignore_errors=True)
+    traced = str(ctx.module) if os.environ.get(IR_VAR) == "1" else None  # before the passes
     fn = original(backend, ctx, arch, cache_state)
     outcome.reused = False
     try:
-        outcome.entries = _store(folder, entry, fn, paths)
+        outcome.entries = _store(folder, entry, fn, paths, traced)
     except Exception as e:  # noqa: BLE001  (a full disk costs the next run its reuse only)
         outcome.why = f"not stored: {type(e).__name__}: {e}"
     return fn
@@ -281,7 +285,7 @@ def _load(entry: Path, paths: _Paths) -> Any | None:
     return module
 
 
-def _store(folder: Path, entry: Path, fn: Any, paths: _Paths) -> int:
+def _store(folder: Path, entry: Path, fn: Any, paths: _Paths, traced: str | None = None) -> int:
     """Write the entry (a temporary folder renamed into place: readers see all of it or
     none); returns the entries left after pruning."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -299,6 +303,8 @@ def _store(folder: Path, entry: Path, fn: Any, paths: _Paths) -> int:
         fn.ir_module.operation.write_bytecode(buf)
         body = buf.getvalue()
         (tmp / "module.mlirbc").write_bytes(body + zlib.crc32(body).to_bytes(4, "little"))
+        if traced is not None:
+            (tmp / "traced.mlir").write_text(traced)
         (tmp / "meta.json").write_text(json.dumps(meta))
         try:
             os.rename(tmp, entry)
