@@ -59,3 +59,36 @@ def test_an_original_given_twice_is_refused(mods):
     with pytest.raises(ValueError, match="appears twice"):
         Patcher().replace_many_everywhere([(f, len), (f, abs)])
     assert all(m.f is f for m in made)
+
+
+def test_a_fork_servers_freeze_skips_only_modules_that_held_no_hooked_function(mods):
+    from cutedebug.instrument import patching
+
+    f, g, made = mods
+    bystander = _module("_patch_test_bystander", other=len)  # holds neither f nor g
+    try:
+        assert patching.freeze([f, g]) >= 1
+        assert patching._skip.get("_patch_test_bystander") is bystander
+        assert all(m.__name__ not in patching._skip for m in made)  # holders: scanned
+        late = _module("_patch_test_late", f=f)  # imported after the freeze: scanned
+        f2 = lambda: "f2"  # noqa: E731
+        p = Patcher()
+        assert p.replace_everywhere(f, f2) == len(made) + 1
+        assert all(m.f is f2 for m in [*made, late])
+        # a replacement bound by a module imported inside the context goes back too
+        later = _module("_patch_test_later", f=f2)
+        p.restore()
+        assert all(m.f is f for m in [*made, late, later])
+        # an original the freeze did not look for: every module is scanned, as without it
+        other, other2 = (lambda: "o"), (lambda: "o2")
+        bystander.h = other
+        p2 = Patcher()
+        assert p2.replace_everywhere(other, other2) == 1
+        assert bystander.h is other2
+        p2.restore()
+        assert bystander.h is other
+    finally:
+        patching.thaw()
+        for name in ("_patch_test_bystander", "_patch_test_later"):
+            sys.modules.pop(name, None)
+    assert patching._skip == {}

@@ -333,5 +333,20 @@ def resolve(entry: Entry) -> tuple[Any, str, Any]:
     return owner, attr, original
 
 
+def rebound_everywhere() -> list[Any]:
+    """The functions the layer rebinds in every module that holds them (entries hooked
+    neither per class nor per module): what a fork server freezes its modules against
+    (patching.freeze). Entries this DSL lacks are left out."""
+    out = []
+    for entry in ENTRY_POINTS:
+        if entry.kind in PER_CLASS or entry.kind == "module_function":
+            continue
+        try:
+            out.append(resolve(entry)[2])
+        except Unsupported:
+            continue
+    return out
+
+
 def describe_entry_points() -> list[dict[str, Any]]:
     return [e.describe() for e in ENTRY_POINTS]
