@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from cutedebug.engine import lifeline, pool, pool_key, runner
+from cutedebug.engine import lifeline, pool, pool_key, pool_spare, runner
 from cutedebug.engine import scenario as S
 from cutedebug.engine.verdict import Verdict
 
@@ -188,7 +188,10 @@ def pool_env():
     saved = os.environ.get(pool.DIR_VAR)
     os.environ[pool.DIR_VAR] = d
     os.environ[pool.IDLE_VAR] = "300"
+    # no spare worker (tests/test_pool_spare.py): these count the server's children
+    os.environ[pool_spare.SPARE_VAR] = "0"
     yield d
+    os.environ.pop(pool_spare.SPARE_VAR, None)
     left = []
     for r in pool.servers():
         left += pool.stop(r["key"])["left"]

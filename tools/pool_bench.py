@@ -2,7 +2,8 @@
 from the warm pool's resident server), alternated in one loop.
 
     python3 tools/pool_bench.py [SCENARIO] [--rounds N] [--compile-only] [--overlap]
-                                [--reuse] [--no-cold] [--json OUT]
+                                [--reuse] [--spare] [--no-cold] [--keep-cache DIR]
+                                [--json OUT]
 
 Each round runs the same command twice, as a user would type it (a new `cutedebug` process
 each time), `--no-warm` then `--warm`, so machine load drifts over both sides alike
@@ -10,7 +11,9 @@ each time), `--no-warm` then `--warm`, so machine load drifts over both sides al
 GPU lookup in a thread beside cutlass's import; ``--reuse``: a side warm_fresh, warm with
 ``--no-compile-cache``, so the warm side's compile reuse (engine/compile_cache.py) is measured
 against a fresh compile in the same pool, after one untimed warm run that stores the entry;
-``--no-cold``: no cold side). The pool's server is started before the
+``--spare``: a side warm_nospare, warm from a second pool started without a spare worker
+(CUTEDEBUG_POOL_SPARE=0: each run forks and makes its own CUDA context, engine/pool_spare.py),
+after one untimed run there; ``--no-cold``: no cold side). The pool's server is started before the
 first round (`cutedebug pool start`, its start reported apart) and stopped after the last
 (`cutedebug pool stop`, with the processes it left). Prints each round, then per side the
 median, min and max wall and the report's phases (report.json timings: the command's own
@@ -66,7 +69,8 @@ PHASES = (
     "cli_s",
 )
 # Issue 22's targets for a probed HANG on the H200 (wall of one `cutedebug run`)
-TARGETS = {"cold": 5.0, "cold_overlap": 5.0, "warm": 2.0, "warm_fresh": 2.0}
+TARGETS = {"cold": 5.0, "cold_overlap": 5.0, "warm": 2.0, "warm_fresh": 2.0, "warm_nospare": 2.0}
+NOSPARE = {"CUTEDEBUG_POOL_SPARE": "0"}  # engine/pool_spare.py: SPARE_VAR
 
 
 def bytecode_state() -> dict:
@@ -134,6 +138,7 @@ def row_of(wall: float, r: subprocess.CompletedProcess) -> dict:
     row["health_via"] = (rep.get("health") or {}).get("via")
     ev = rep.get("evidence", {})
     row["pool_pid"] = (ev.get("pool") or {}).get("pid")
+    row["spare"] = (ev.get("pool") or {}).get("spare")  # its CUDA context made ahead
     cache = (ev.get("compiled") or {}).get("compile_cache") or {}
     row["compile_reused"] = cache.get("reused")
     if cache.get("why") or cache.get("probe_buffer", "fixed") != "fixed":
@@ -158,6 +163,11 @@ def main() -> int:
         action="store_true",
         help="a side warm_fresh: warm with --no-compile-cache (the warm side reuses the "
         "compile of an identical traced IR; one untimed warm run stores it first)",
+    )
+    ap.add_argument(
+        "--spare",
+        action="store_true",
+        help="a side warm_nospare: warm from a second pool without a spare worker",
     )
     ap.add_argument("--no-cold", action="store_true", help="no cold side")
     ap.add_argument(
@@ -184,11 +194,16 @@ def main() -> int:
     if args.reuse:
         kinds.append(("warm_fresh", ["--warm", "--no-compile-cache"], None))
     kinds.append(("warm", ["--warm"], None))
+    if args.spare:
+        kinds.append(("warm_nospare", ["--warm"], NOSPARE))
     sides: dict[str, list[dict]] = {side: [] for side, _, _ in kinds}
     ok = r.returncode == 0
     if args.reuse:  # stores the entry the warm side's runs reuse
         wall, r = cutedebug("run", "--warm", *common, args.scenario)
         print(f"prime warm: {row_of(wall, r)}", flush=True)
+    if args.spare:  # starts the second pool (and stores its entry)
+        wall, r = cutedebug("run", "--warm", *common, args.scenario, env=NOSPARE)
+        print(f"prime warm_nospare: {row_of(wall, r)}", flush=True)
     for i in range(args.rounds):
         for side, flags, env in kinds:
             wall, r = cutedebug("run", *flags, *common, args.scenario, env=env)
@@ -201,6 +216,10 @@ def main() -> int:
     _, r = cutedebug("pool", "stop")
     print(r.stdout.strip())
     ok = ok and r.returncode == 0
+    if args.spare:
+        _, r = cutedebug("pool", "stop", env=NOSPARE)
+        print(r.stdout.strip())
+        ok = ok and r.returncode == 0
     for side, rows in sides.items():
         walls = [x["wall_s"] for x in rows]
         phases = {
@@ -224,7 +243,7 @@ def main() -> int:
             verdict = f"NOT met by {med - goal:.2f} s"
         print(f"target {side}: median {med:.2f} s vs <= {goal:.0f} s: {verdict}")
     ratios: dict[str, list[float]] = {}
-    for base in ("cold", "warm_fresh"):
+    for base in ("cold", "warm_fresh", "warm_nospare"):
         if base not in sides:
             continue
         ratios[base] = r = [w["wall_s"] / c["wall_s"] for c, w in zip(sides[base], sides["warm"])]
@@ -232,6 +251,10 @@ def main() -> int:
             f"warm/{base} wall per round: median {statistics.median(r):.2f} "
             f"(min {min(r):.2f}, max {max(r):.2f}); load {os.getloadavg()[0]:.1f}"
         )
+    for side in ("warm", "warm_fresh", "warm_nospare"):
+        if side in sides:
+            n = sum(x.get("spare") is True for x in sides[side])
+            print(f"{side}: {n} of {len(sides[side])} runs in a spare worker (context made ahead)")
     if "warm_fresh" in sides:
         reused = [x.get("compile_reused") for x in sides["warm"]]
         saved = [

@@ -287,6 +287,7 @@ class PoolClient:
                 raise ForkServerError(f"pool server did not fork: {answer or 'no answer'}")
             child = ForkedChild(int(answer["pid"]), status, self)
             child.generation = self.generation
+            child.spare = bool(answer.get("spare"))  # engine/pool_spare.py
         return child
 
     def close(self, timeout: float = 0.0) -> None:

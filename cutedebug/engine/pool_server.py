@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cutedebug.engine import compile_cache, forkserver, lifeline
+from cutedebug.engine import compile_cache, forkserver, lifeline, pool_spare
 from cutedebug.instrument import probe_memory
 
 POOL_TAG_VAR = "CUTEDEBUG_POOL_TAG"  # in the server's environment and every worker's
@@ -66,6 +66,7 @@ class _Worker:
     status: str
     run_tag: str
     client: _Client | None
+    request: str = ""  # its request file (the events it wrote: ended_well)
 
 
 class Server:
@@ -90,6 +91,10 @@ class Server:
         self.inode = 0
         self.wakeup: tuple[int, int] | None = None  # wake_on_child_exit's pipe (read, write)
         self.compiled: Path | None = None  # prepare_reuse: the compile cache's folder
+        self.spare: pool_spare.Spare | None = None  # a worker forked ahead, context ready
+        self.spare_wanted = False  # main: pool_spare.wanted()
+        self.spare_ok = True  # the last worker ended well (or none ran yet)
+        self.spare_failed = ""  # why a spare could not start: no more spares
 
     # ---- life ----
     def bind(self) -> None:
@@ -160,6 +165,9 @@ class Server:
             socks: list[Any] = [self.listener] + [c.sock for c in self.clients.values()]
             if self.wakeup is not None:
                 socks.append(self.wakeup[0])
+            spare_fd = self.spare.ready_fd if self.spare and not self.spare.ready else None
+            if spare_fd is not None:
+                socks.append(spare_fd)
             try:
                 ready, _, _ = select.select(socks, [], [], SELECT_S)
             except InterruptedError:
@@ -167,13 +175,20 @@ class Server:
             if self.wakeup is not None and self.wakeup[0] in ready:
                 self._drain_wakeup()
             self.reap()
+            if spare_fd is not None and spare_fd in ready and self.spare is not None:
+                why = self.spare.read_ready()
+                if why:
+                    self.spare_failed = why
+                    print(f"pool server {self.pid}: no spare worker: {why}", flush=True)
+                    self.drop_spare()
             for s in ready:
-                if self.wakeup is not None and s == self.wakeup[0]:
+                if s == spare_fd or (self.wakeup is not None and s == self.wakeup[0]):
                     continue
                 if s is self.listener:
                     self.accept()
                 else:
                     self.read(self.clients.get(s.fileno()))
+            self.keep_spare()
             now = time.monotonic()
             if self.workers:
                 last_busy = now
@@ -235,6 +250,7 @@ class Server:
             return {"ok": True, "pid": self.pid}
         if op == "retire":
             self.retired = str(req.get("why") or "replaced by a newer server")
+            self.drop_spare()  # no run of this server's key is to come
             return {"ok": True, "pid": self.pid, "workers": len(self.workers)}
         if op != "spawn":
             raise ValueError(f"unknown op {op!r}")
@@ -254,18 +270,103 @@ class Server:
             if self.compiled is not None:  # the worker's compile reuses this server's
                 os.environ[compile_cache.CACHE_VAR] = str(self.compiled)
 
+        spare, self.spare = self.spare, None
+        if spare is not None and pool_spare.takes(req):
+            if spare.hand(req, mine + tags):  # its context is (being) made: the run goes there
+                spare.close()
+                return self.started(spare.pid, req, client, spare=True)
+            spare = None  # gone: hand() closed its pipes, a worker's exit reaps it
+        if spare is not None:  # not taken: kept for the next run
+            self.spare = spare
         pid = forkserver.fork_worker(req, self.pid, in_child)
+        return self.started(pid, req, client)
+
+    def started(
+        self, pid: int, req: dict[str, Any], client: _Client, spare: bool = False
+    ) -> dict[str, Any]:
         self.workers[pid] = _Worker(
-            req["status"], (req.get("env") or {}).get(lifeline.RUN_TAG_VAR, ""), client
+            req["status"],
+            (req.get("env") or {}).get(lifeline.RUN_TAG_VAR, ""),
+            client,
+            str(req.get("request") or ""),
         )
         client.pids.add(pid)
         self.runs += 1
-        return {"pid": pid}
+        return {"pid": pid, "spare": spare}
+
+    # ---- the spare worker (engine/pool_spare.py) ----
+    def keep_spare(self) -> None:
+        """Fork a spare when one is wanted and none is there: no worker running, the last
+        one ended well, no spare failed to start, the server not on its way out."""
+        if self.spare is not None:
+            try:
+                done, _ = os.waitpid(self.spare.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped with the workers' exits: it is gone
+                done = self.spare.pid
+            if done:
+                print(f"pool server {self.pid}: spare {self.spare.pid} ended", flush=True)
+                self.spare.close()
+                self.spare, self.spare_ok = None, False
+            return
+        if (
+            not self.spare_wanted
+            or self.workers
+            or not self.spare_ok
+            or self.spare_failed
+            or self.stopping
+            or self.retired
+        ):
+            return
+        socks = [self.listener] + [c.sock for c in self.clients.values()]
+        request_r, request_w = os.pipe()
+        ready_r, ready_w = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            rc = 70
+            try:
+                os.close(request_w)
+                os.close(ready_r)
+                for sock in socks:
+                    sock.close()
+                if self.wakeup is not None:
+                    signal.set_wakeup_fd(-1)
+                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                    for fd in self.wakeup:
+                        os.close(fd)
+                if self.compiled is not None:
+                    os.environ[compile_cache.CACHE_VAR] = str(self.compiled)
+                rc = pool_spare.child_main(request_r, ready_w, self.pid)
+            except BaseException:
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                try:
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                finally:
+                    os._exit(rc)
+        os.close(request_r)
+        os.close(ready_w)
+        self.spare = pool_spare.Spare(pid, request_w, ready_r)
+
+    def drop_spare(self) -> None:
+        spare, self.spare = self.spare, None
+        if spare is None:
+            return
+        spare.close()
+        with contextlib.suppress(OSError):
+            os.kill(spare.pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(spare.pid, 0)
 
     def reap(self) -> None:
         def ended(pid: int, w: _Worker, returncode: int) -> None:
             if w.client is not None:
                 w.client.pids.discard(pid)
+            self.spare_ok = pool_spare.ended_well(returncode, w.request)  # else no spare
             forkserver._write_status(w.status, returncode)
 
         forkserver.reap_exited(self.workers, ended)
@@ -287,6 +388,7 @@ class Server:
             lifeline.sweep(w.run_tag, timeout=1.0)
 
     def shutdown(self) -> None:
+        self.drop_spare()
         for pid in list(self.workers):
             self.kill(pid)
         end = time.monotonic() + 5
@@ -349,6 +451,7 @@ def main(argv: list[str]) -> int:
     t0 = time.monotonic()
     forkserver.preload()
     server.prepare_reuse()
+    server.spare_wanted = pool_spare.wanted()
     server.bind()
     server.wake_on_child_exit()
     print(

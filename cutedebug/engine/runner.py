@@ -316,6 +316,7 @@ def run_once(
     facts["t_call"], facts["t_return"] = t_call, time.monotonic()
     if facts.get("forked") and hasattr(forkserver, "pool_info"):
         facts["pool"] = forkserver.pool_info()  # forked by the warm pool (engine/pool.py)
+        facts["pool"]["spare"] = bool(facts.get("spare"))  # its context ready (pool_spare.py)
     if (ke := outcome.last(KernelError)) is not None:
         raise ScenarioError(
             (ke.message or "kernel could not be loaded") + f"\n(worker log: {log_path})"

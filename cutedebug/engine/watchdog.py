@@ -190,6 +190,8 @@ def _spawn(
         try:
             child = forkserver.spawn(Path(argv[-1]), log_path, {lifeline.RUN_TAG_VAR: tag}, job=job)
             facts["forked"] = True
+            if getattr(child, "spare", False):  # the warm pool's spare: its context was ready
+                facts["spare"] = True
             return child
         except RuntimeError as e:  # ForkServerError: not restartable; a fresh interpreter then
             facts["forkserver_error"] = str(e)[:500]
