@@ -517,25 +517,27 @@ STEPS = [
     Step(
         "warm_reuse",
         "22",
-        # compileall (5-10 s, as warm_lite), then two pool_bench calls, each a pool start (~5 s)
-        # and one untimed warm run storing the entry (~2.8 s): the probed HANG, 6 rounds of
-        # warm_fresh (~2.5 s: s3 call4's warm) and warm (~2 s, estimated) ~27 s; the clean
-        # tma_stream scenario (a reused kernel's output checked), 2 rounds ~9 s: ~60 s
-        75,
+        # compileall (5-10 s, as warm_lite); the HANG: a pool start (~5 s), one untimed warm
+        # run (~2.8 s), a second pool's start inside its untimed run (~7 s), 6 rounds of
+        # warm_fresh (~2.5 s: s3 call4's warm), warm and warm_nospare (~2 s each, estimated)
+        # ~39 s; the clean scenario: a pool start, an untimed run, 2 rounds of two sides ~17 s
+        90,
         False,
         "python3 -m compileall -q -j 0 $(python3 -c 'import importlib.util as u, os; "
         'print(*(os.path.dirname(s.origin) for s in map(u.find_spec, ("cutlass", "iket")) '
         "if s and s.origin))') cutedebug kernels "
         "> /dev/null; echo compileall rc=$?; "
-        "python3 tools/pool_bench.py --reuse --no-cold --rounds 6 --keep-cache $STEP_OUT/cache "
-        "--json $STEP_OUT/pool.json; "
+        "python3 tools/pool_bench.py --reuse --spare --no-cold --rounds 6 "
+        "--keep-cache $STEP_OUT/cache --json $STEP_OUT/pool.json; "
         "python3 tools/pool_bench.py scenarios/tma_stream/clean.toml --reuse --no-cold "
         "--rounds 2 --json $STEP_OUT/pool_clean.json",
-        "cutedebug run of a probed HANG in the warm pool, its compile reused (the traced IR "
-        "seen before: engine/compile_cache.py, the probe buffer at the pool's fixed address) "
-        "against a fresh compile (--no-compile-cache), alternated in one pool, each side's "
-        "median against the 2 s target, every row saying whether it reused and why not; then "
-        "the clean tma_stream scenario the same way (PASS: a reused kernel's output checked)",
+        "cutedebug run of a probed HANG in the warm pool, alternated in one loop: warm (the "
+        "compile reused: the same traced IR, engine/compile_cache.py, the probe buffer at the "
+        "pool's fixed address; the run in the spare worker whose CUDA context was made ahead, "
+        "engine/pool_spare.py), warm_fresh (--no-compile-cache) and warm_nospare (a second pool "
+        "without the spare), each side's median against the 2 s target, every row saying "
+        "whether it reused, why not, and whether a spare ran it; then tma_stream/clean the same "
+        "way (PASS: a reused kernel's output checked)",
     ),
     Step(
         "warm_lite",
