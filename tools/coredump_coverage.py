@@ -45,6 +45,7 @@ RUNS = [
     ("s2/call2 light", "reports/2026-12-02-h200-s2/call2/coredump/rows_light.json", "light"),
     ("s2/call4", "reports/2026-12-02-h200-s2/call4/coredump_rest/rows.json", "default"),
     ("s3/call3", "reports/2026-12-02-h200-s3/call3/coredump_rest/rows.json.gz", "default"),
+    ("12-02 s4/call1", "reports/2026-12-02-h200-s4/call1/coredump_rest/rows.json.gz", "default"),
 ]
 # printf-bisection of the same scenarios on the H200 (reports/2026-11-30-h200-s3): wall seconds
 BISECT_TABLE = "reports/2026-11-30-h200-s3/bisect-table.txt"

@@ -825,6 +825,21 @@ STEPS.append(
         "(as perturb_field_quack)",
     )
 )
+# the two quack latent faults perturb_field_quack's 220 s budget left (2026-12-02-h200-s4 call2:
+# "skipped (budget)"); both predicted benign by construction. rmsnorm_bwd's drop_sync_warp took
+# 63 s for its run and 32 seeds there, rmsnorm_fwd runs shorter (ESTIMATE).
+STEPS.append(
+    Step(
+        "perturb_field_rest",
+        "20",
+        130,
+        True,
+        f"python3 tools/perturb_table.py --seeds 32 --replays 2 --budget-s 110 "
+        f"--json $STEP_OUT/latent.json {_toml(LATENT_FIELD_QUACK[-2:])}; echo rc=$?",
+        "the quack latent faults perturb_field_quack's budget left (rmsnorm_bwd's and "
+        "rmsnorm_fwd's missing_init_fence) under 32 random seeds each",
+    )
+)
 STEPS.append(
     Step(
         "perturb_field_checks",
@@ -873,18 +888,20 @@ BY_NAME = {s.name: s for s in STEPS}
 # half of #23's; with xdist #23 is done; pytest_gpu is owed whenever GPU code changed; perturb
 # and coredump each close one issue; warm + bench finish #22 (with the triage); the field and
 # exec steps (#17, #19) carry the wheels and come last.
-PRIORITY = (  # after 2026-12-02-h200-s3's four calls: what is left, by value
-    "coredump_rest",  # #25: quack GEMM's named-barrier hangs with the role rule, softmax
-    "perturb_field_checks",  # #20: each field latent fault's predicted schedule (never run)
-    "perturb_field_quack",  # #20: the field's latent faults x 32 seeds (never perturbed)
-    "perturb_field_fa4",
-    "perturb_init_history",  # #20: the residue hypothesis FA-4's missing_init_fence note rests on
+PRIORITY = (  # after 2026-12-02-h200-s4's calls 1-2: what is left, by value
+    "warm_reuse",  # #22: warm with the compile reused vs fresh, against the 2 s target
+    "pytest_gpu_only",  # after any GPU-facing change (s3 call4: 11 passed on aa5f557)
+    "perturb_field_rest",  # #20: the two quack latent faults s4 call2's budget left
     "coredump_field",  # #25: the field hangs no call has dumped yet
     "mutate_all",  # #19: done in s3 call1 (73/73 applied); again for the own-time baseline
-    "warm_reuse",  # #22: warm with the compile reused vs fresh, against the 2 s target
     "warm_lite",  # #22: done in s3 call4 (warm 2.50 s, cold 7.11 s); again after a cut
     "pytest_gpu_only",  # after any GPU-facing change (s3 call4: 11 passed on aa5f557)
     "triage",  # done in s3 call4 (114/114, 131.4 s)
+    "coredump_rest",  # done in s4 call1 (4/4 localized as expected, quack GEMM's named barriers)
+    "perturb_field_checks",  # done in s4 call1 (4 of 5 predicted schedules exposed)
+    "perturb_field_quack",  # done in s4 call2 (3/6 exposed, 2 left by the budget)
+    "perturb_field_fa4",  # done in s4 call2 (1/4 exposed)
+    "perturb_init_history",  # done in s4 call1 (both exposed at seed 1, with history only)
     "crash_name",  # done in s3 call4 (cudaErrorIllegalAddress / cudaErrorLaunchFailure named)
     "tail_cluster",  # done in s3 call4 (CRASH, seed 0 of its schedule, seed 8 random)
     "sanitize_rest",  # done in s3 call2 (CLEAN, pipeline-ordered / tma filtered)
