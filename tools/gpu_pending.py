@@ -895,7 +895,6 @@ PRIORITY = (  # after 2026-12-02-h200-s4's calls 1-2: what is left, by value
     "coredump_field",  # #25: the field hangs no call has dumped yet
     "mutate_all",  # #19: done in s3 call1 (73/73 applied); again for the own-time baseline
     "warm_lite",  # #22: done in s3 call4 (warm 2.50 s, cold 7.11 s); again after a cut
-    "pytest_gpu_only",  # after any GPU-facing change (s3 call4: 11 passed on aa5f557)
     "triage",  # done in s3 call4 (114/114, 131.4 s)
     "coredump_rest",  # done in s4 call1 (4/4 localized as expected, quack GEMM's named barriers)
     "perturb_field_checks",  # done in s4 call1 (4 of 5 predicted schedules exposed)
