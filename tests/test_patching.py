@@ -92,3 +92,38 @@ def test_a_fork_servers_freeze_skips_only_modules_that_held_no_hooked_function(m
         for name in ("_patch_test_bystander", "_patch_test_later"):
             sys.modules.pop(name, None)
     assert patching._skip == {}
+
+
+def test_a_fork_servers_preload_freezes_its_modules_and_objects():
+    import json
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    program = (
+        "import gc, json, sys\n"
+        "from cutedebug.engine import forkserver\n"
+        "forkserver.preload()\n"
+        "from cutedebug.instrument import entry_points, patching\n"
+        "fns = entry_points.rebound_everywhere()\n"
+        "holders = sorted(n for n, m in sys.modules.items()\n"
+        "                 if any(v is f for v in vars(m).values() for f in fns))\n"
+        "print(json.dumps({'frozen_objects': gc.get_freeze_count(), 'fns': len(fns),\n"
+        "  'skipped_holders': [h for h in holders if h in patching._skip],\n"
+        "  'holders': len(holders), 'skipped': len(patching._skip),\n"
+        "  'modules': len(sys.modules)}))\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", program],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["fns"] >= 10 and out["holders"] >= 1
+    assert out["skipped_holders"] == []  # a module holding a hooked function is scanned
+    assert out["skipped"] + out["holders"] >= out["modules"] - 5
+    assert out["frozen_objects"] > 10_000  # the server's objects: out of the collector's reach

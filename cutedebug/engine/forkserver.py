@@ -105,16 +105,16 @@ def preload() -> None:
         import torch  # noqa: F401
 
     from cutedebug import kernel_api  # noqa: F401
-    from cutedebug.engine import worker  # noqa: F401
+    from cutedebug.engine import (
+        preloads,
+        worker,  # noqa: F401
+    )
     from cutedebug.instrument import (
-        entry_points,
         faults,  # noqa: F401
-        patching,
         probes,  # noqa: F401
     )
 
-    # the modules loaded so far that hold no hooked function: a worker's patcher skips them
-    patching.freeze(entry_points.rebound_everywhere())
+    preloads.freeze()
 
 
 def serve(parent_pid: int | None = None, libraries: bool = True) -> int:
