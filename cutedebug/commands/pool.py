@@ -81,6 +81,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"{r.get('runs') if r.get('runs') is not None else '?'} run(s), up {age:.0f} s, "
             f"exits after {r.get('idle_s', '?')} s without a run; {r.get('python')}"
         )
+        if r.get("spare") is not None or r.get("compiled") is not None:
+            print(f"  spare worker: {r.get('spare')}; compile cache: {r.get('compiled')} entries")
         print(f"  log: {r['log']}")
     return exits.EXIT_OK
 

@@ -485,6 +485,8 @@ def servers() -> list[dict[str, Any]]:
                 "runs": (answer or {}).get("runs"),
                 "workers": (answer or {}).get("workers"),
                 "retired": (answer or {}).get("retired") or "",
+                "spare": (answer or {}).get("spare"),  # engine/pool_spare.py
+                "compiled": (answer or {}).get("compiled"),  # entries: engine/compile_cache.py
                 "log": str(Paths.of(d, key).log),
             }
         )

@@ -244,6 +244,8 @@ class Server:
                 "workers": len(self.workers),
                 "runs": self.runs,
                 "retired": self.retired,
+                "spare": self.spare_state(),
+                "compiled": self.compiled_entries(),
             }
         if op == "stop":
             self.stopping = "stopped by a client"
@@ -294,7 +296,25 @@ class Server:
         self.runs += 1
         return {"pid": pid, "spare": spare}
 
+    def compiled_entries(self) -> int | None:
+        """Entries in this server's compile cache (engine/compile_cache.py)."""
+        if self.compiled is None:
+            return None
+        try:
+            return sum(1 for e in self.compiled.iterdir() if not e.name.startswith("."))
+        except OSError:
+            return None
+
     # ---- the spare worker (engine/pool_spare.py) ----
+    def spare_state(self) -> str:
+        if self.spare is not None:
+            return "ready" if self.spare.ready else "starting"
+        if not self.spare_wanted:
+            return "off"
+        if self.spare_failed:
+            return f"none: {self.spare_failed}"
+        return "none until a run ends well" if not self.spare_ok else "none"
+
     def keep_spare(self) -> None:
         """Fork a spare when one is wanted and none is there: no worker running, the last
         one ended well, no spare failed to start, the server not on its way out."""
