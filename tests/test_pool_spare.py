@@ -6,6 +6,7 @@ is checked is the mechanism: who ran each run, and which processes are left."""
 import json
 import os
 import shutil
+import signal
 import tempfile
 import time
 from pathlib import Path
@@ -91,6 +92,20 @@ def test_the_spare_takes_runs_and_none_follows_a_run_that_did_not_end_well(spare
     assert pool.stop(meta["key"])["left"] == []
     assert not psutil.pid_exists(server) or psutil.Process(server).status() == "zombie"
     assert [p.pid for p in lifeline.processes(meta["tag"])] == []
+
+
+@pytest.mark.slow
+def test_a_spare_that_ends_while_waiting_is_replaced_only_after_a_run(spare_pool, tmp_path):
+    c = spare_pool
+    server = c.info["pid"]
+    (spare,) = wait_spare(server, True)
+    os.kill(spare, signal.SIGTERM)  # the default action: not the server's stop handler
+    wait_spare(server, False)
+    time.sleep(0.3)  # several turns of the server's loop: no spare forked meanwhile
+    assert children(server) == []
+    res = runner.run_scenario(S.load(CLEAN), runs_root=tmp_path, forkserver=c)
+    assert res.evidence["pool"]["spare"] is False and res.verdict is Verdict.UNSUPPORTED
+    wait_spare(server, True)
 
 
 def test_only_a_run_without_its_own_environment_goes_to_a_spare(tmp_path):

@@ -352,9 +352,10 @@ class Server:
                     sock.close()
                 if self.wakeup is not None:
                     signal.set_wakeup_fd(-1)
-                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                     for fd in self.wakeup:
                         os.close(fd)
+                for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                    signal.signal(sig, signal.SIG_DFL)  # not the server's stop handler
                 if self.compiled is not None:
                     os.environ[compile_cache.CACHE_VAR] = str(self.compiled)
                 rc = pool_spare.child_main(request_r, ready_w, self.pid)
