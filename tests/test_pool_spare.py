@@ -155,3 +155,43 @@ def test_a_spare_follows_only_a_worker_that_ended_well(tmp_path):
     healthy = request({"event": "gpu_check", "healthy": True}, {"event": "done"})
     assert pool_spare.ended_well(0, healthy)
     assert pool_spare.ended_well(0, str(tmp_path / "health-job-without-events.json"))
+
+
+HANG = ROOT / "scenarios" / "tma_stream" / "wrong_expect_tx_plus.toml"
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_on_the_gpu_a_spare_with_a_reused_compile_still_localizes_the_hang(tmp_path, monkeypatch):
+    """The README's probed HANG twice through a pool on the GPU: both runs in a spare (context
+    made ahead), the second with the compile reused (its probe buffer at the pool's fixed
+    address, the same traced IR), both HANG where expected, the same PTX."""
+    d = tempfile.mkdtemp(prefix="cdspare-gpu-", dir="/tmp")
+    monkeypatch.setenv(pool.DIR_VAR, d)
+    monkeypatch.setenv(pool.IDLE_VAR, "300")
+    monkeypatch.delenv(pool_spare.SPARE_VAR, raising=False)  # on: a GPU device node is here
+    c = pool.client(start=True)
+    assert c is not None
+    try:
+        server = c.info["pid"]
+        runs = []
+        for _ in range(2):
+            wait_spare(server, True, timeout=60)
+            runs.append(runner.run_scenario(S.load(HANG), runs_root=tmp_path, forkserver=c))
+    finally:
+        c.close()
+        left = []
+        for r in pool.servers():
+            left += pool.stop(r["key"])["left"]
+        shutil.rmtree(d, ignore_errors=True)
+    assert left == []
+    for res in runs:
+        assert res.verdict is Verdict.HANG, res.reason
+        assert res.localization["ok"] is True, res.localization
+        assert res.evidence["pool"]["spare"] is True
+    cache = [r.evidence["compiled"]["compile_cache"] for r in runs]
+    assert cache[0]["reused"] is False and cache[1]["reused"] is True, cache
+    assert cache[1].get("probe_buffer") == "fixed", cache
+    ptx = [(r.run_dir / "kernel.ptx").read_text() for r in runs]
+    assert ptx[0] == ptx[1]
+    print({"timings": [r.timings for r in runs], "compile_cache": cache})

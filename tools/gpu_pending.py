@@ -309,8 +309,9 @@ STEPS = [
         "pytest_gpu",
         "18",
         # s4: 199 s (8 GPU tests + the lifeline attacks); + 2 cold runs (test_run_seconds);
-        # + ~20 s: test_exec_names_a_fault_that_surfaces_in_cublas (two execs, estimated)
-        260,
+        # + ~20 s: test_exec_names_a_fault_that_surfaces_in_cublas (two execs, estimated);
+        # + ~15 s: test_pool_spare's GPU test (a pool start, two warm HANG runs, estimated)
+        275,
         False,
         "python3 -m pytest -m gpu -q -p no:cacheprovider -rfEs --durations=15; echo rc=$?; "
         "python3 tools/gpu_trust_check.py --out $STEP_OUT/trust; echo rc=$?",
@@ -320,8 +321,8 @@ STEPS = [
         "pytest_gpu_only",
         "18",
         # 2026-12-02 call5: 165.96 s for the 10 GPU tests; + ~20 s for the exec fault-naming
-        # test (two execs of minimal, estimated)
-        200,
+        # test (two execs of minimal, estimated); + ~15 s for test_pool_spare's (estimated)
+        215,
         False,
         # for a call short of device time when the lifeline's code did not change: the GPU
         # tests alone, without pytest_gpu's attacks on a real GPU hang (tools/gpu_trust_check.py)
@@ -520,8 +521,9 @@ STEPS = [
         # compileall (5-10 s, as warm_lite); the HANG: a pool start (~5 s), one untimed warm
         # run (~2.8 s), a second pool's start inside its untimed run (~7 s), 6 rounds of
         # warm_fresh (~2.5 s: s3 call4's warm), warm and warm_nospare (~2 s each, estimated)
-        # ~39 s; the clean scenario: a pool start, an untimed run, 2 rounds of two sides ~17 s
-        90,
+        # ~39 s; the clean scenario: a pool start, an untimed run, 2 rounds of two sides ~17 s;
+        # the GPU test of tests/test_pool_spare.py: a pool start and two HANG runs ~15 s
+        105,
         False,
         "python3 -m compileall -q -j 0 $(python3 -c 'import importlib.util as u, os; "
         'print(*(os.path.dirname(s.origin) for s in map(u.find_spec, ("cutlass", "iket")) '
@@ -530,14 +532,18 @@ STEPS = [
         "python3 tools/pool_bench.py --reuse --spare --no-cold --rounds 6 "
         "--keep-cache $STEP_OUT/cache --json $STEP_OUT/pool.json; "
         "python3 tools/pool_bench.py scenarios/tma_stream/clean.toml --reuse --no-cold "
-        "--rounds 2 --json $STEP_OUT/pool_clean.json",
+        "--rounds 2 --json $STEP_OUT/pool_clean.json; "
+        "python3 -m pytest -m gpu -q -p no:cacheprovider -rfEs -s tests/test_pool_spare.py; "
+        "echo rc=$?",
         "cutedebug run of a probed HANG in the warm pool, alternated in one loop: warm (the "
         "compile reused: the same traced IR, engine/compile_cache.py, the probe buffer at the "
         "pool's fixed address; the run in the spare worker whose CUDA context was made ahead, "
         "engine/pool_spare.py), warm_fresh (--no-compile-cache) and warm_nospare (a second pool "
         "without the spare), each side's median against the 2 s target, every row saying "
         "whether it reused, why not, and whether a spare ran it; then tma_stream/clean the same "
-        "way (PASS: a reused kernel's output checked)",
+        "way (PASS: a reused kernel's output checked); then the GPU test of "
+        "tests/test_pool_spare.py (two HANG runs in spares, the second reused with its probe "
+        "buffer at the fixed address, both localized, the same PTX)",
     ),
     Step(
         "warm_lite",

@@ -161,7 +161,7 @@ def _context() -> str:
         device = worker.detect_device()
         if not device.get("present"):
             return f"no GPU: {device.get('reason')}"
-        torch.empty(1, device="cuda")
+        torch.ones(1).to("cuda")  # the context, the allocator, a host-to-device copy
         torch.cuda.synchronize()
         mode = _compute_mode()
         if mode:
