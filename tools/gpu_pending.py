@@ -894,10 +894,9 @@ BY_NAME = {s.name: s for s in STEPS}
 # half of #23's; with xdist #23 is done; pytest_gpu is owed whenever GPU code changed; perturb
 # and coredump each close one issue; warm + bench finish #22 (with the triage); the field and
 # exec steps (#17, #19) carry the wheels and come last.
-PRIORITY = (  # after 2026-12-02-h200-s4's calls 1-2: what is left, by value
-    "warm_reuse",  # #22: warm with the compile reused vs fresh, against the 2 s target
-    "pytest_gpu_only",  # after any GPU-facing change (s3 call4: 11 passed on aa5f557)
-    "perturb_field_rest",  # #20: the two quack latent faults s4 call2's budget left
+PRIORITY = (  # after 2026-12-02-h200-s4's calls 1-3: what is left, by value
+    "pytest_gpu_only",  # after any GPU-facing change (s4 call3: 11 passed on 0e50477)
+    "warm_reuse",  # #22: done in s4 call3 (warm 1.59 s, fresh 1.88 s, no spare 1.94 s)
     "coredump_field",  # #25: the field hangs no call has dumped yet
     "mutate_all",  # #19: done in s3 call1 (73/73 applied); again for the own-time baseline
     "warm_lite",  # #22: done in s3 call4 (warm 2.50 s, cold 7.11 s); again after a cut
@@ -906,6 +905,7 @@ PRIORITY = (  # after 2026-12-02-h200-s4's calls 1-2: what is left, by value
     "perturb_field_checks",  # done in s4 call1 (4 of 5 predicted schedules exposed)
     "perturb_field_quack",  # done in s4 call2 (3/6 exposed, 2 left by the budget)
     "perturb_field_fa4",  # done in s4 call2 (1/4 exposed)
+    "perturb_field_rest",  # done in s4 call3 (both PASS over 32 seeds, as predicted)
     "perturb_init_history",  # done in s4 call1 (both exposed at seed 1, with history only)
     "crash_name",  # done in s3 call4 (cudaErrorIllegalAddress / cudaErrorLaunchFailure named)
     "tail_cluster",  # done in s3 call4 (CRASH, seed 0 of its schedule, seed 8 random)
