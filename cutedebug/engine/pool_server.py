@@ -95,6 +95,7 @@ class Server:
         self.spare_wanted = False  # main: pool_spare.wanted()
         self.spare_ok = True  # the last worker ended well (or none ran yet)
         self.spare_failed = ""  # why a spare could not start: no more spares
+        self.last_exit = 0.0  # when a worker was last reaped (monotonic)
 
     # ---- life ----
     def bind(self) -> None:
@@ -331,6 +332,7 @@ class Server:
         if (
             not self.spare_wanted
             or self.workers
+            or time.monotonic() - self.last_exit < pool_spare.AFTER_EXIT_S
             or not self.spare_ok
             or self.spare_failed
             or self.stopping
@@ -342,7 +344,11 @@ class Server:
         ready_r, ready_w = os.pipe()
         sys.stdout.flush()
         sys.stderr.flush()
+        stops = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, stops)  # until the spare's own
         pid = os.fork()
+        if pid != 0:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         if pid == 0:
             rc = 70
             try:
@@ -354,8 +360,9 @@ class Server:
                     signal.set_wakeup_fd(-1)
                     for fd in self.wakeup:
                         os.close(fd)
-                for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                for sig in (signal.SIGCHLD, *stops):
                     signal.signal(sig, signal.SIG_DFL)  # not the server's stop handler
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
                 if self.compiled is not None:
                     os.environ[compile_cache.CACHE_VAR] = str(self.compiled)
                 rc = pool_spare.child_main(request_r, ready_w, self.pid)
@@ -388,6 +395,7 @@ class Server:
             if w.client is not None:
                 w.client.pids.discard(pid)
             self.spare_ok = pool_spare.ended_well(returncode, w.request)  # else no spare
+            self.last_exit = time.monotonic()
             forkserver._write_status(w.status, returncode)
 
         forkserver.reap_exited(self.workers, ended)

@@ -6,7 +6,8 @@ The server (engine/pool_server.py) forks a spare only
 
 - where a GPU device node exists (``SPARE_VAR``: "0" never, "1" also without one, the spare
   then skipping CUDA: what the CPU tests exercise),
-- while no worker of its runs and the last one ended with exit status 0 (a worker killed at
+- while no worker of its runs, ``AFTER_EXIT_S`` after the last one ended, and only when that
+  one ended with exit status 0 (a worker killed at
   its deadline, or one that failed, leaves none until a run ends well again: a context is
   never made ready just after a run that may have left the GPU in a bad state), and
 - when the previous spare did not fail to start (its reason stays in the server's log).
@@ -36,6 +37,11 @@ from typing import Any
 
 SPARE_VAR = "CUTEDEBUG_POOL_SPARE"
 NO_CONTEXT_WAIT_S = 2.0
+# A spare is forked this long after a worker's exit, not at once: its CUDA start (mmaps under
+# the process's memory lock) overlapped the finished run's sweep, which reads every process's
+# /proc/PID/environ (lifeline.sweep), on the H200: exit_s 0.13 s with the spare against 0.08 s
+# without (reports/2026-12-02-h200-s4/call3/warm_reuse, 6 runs a side).
+AFTER_EXIT_S = 0.15
 
 
 def wanted() -> bool:
