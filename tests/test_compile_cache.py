@@ -88,8 +88,6 @@ def test_the_same_trace_reuses_the_compile_and_anything_else_misses(tmp_path):
     # what changed the IR changed the PTX too: a stale entry would have shown the old one
     assert runs[2]["ptx"] != first["ptx"] and runs[3]["ptx"] != first["ptx"]
     assert runs[4]["ptx"] != first["ptx"] and runs[5]["ptx"] != first["ptx"]
-    # the back end skipped: the reused compile is the trace plus a load
-    assert second["secs"] < first["secs"]
 
 
 @pytest.mark.slow
