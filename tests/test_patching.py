@@ -5,6 +5,7 @@ import sys
 import types
 
 import pytest
+from helpers.program_json import program_json
 
 from cutedebug.instrument.patching import Patcher
 
@@ -95,8 +96,6 @@ def test_a_fork_servers_freeze_skips_only_modules_that_held_no_hooked_function(m
 
 
 def test_a_fork_servers_preload_freezes_its_modules_and_objects():
-    import json
-    import subprocess
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
@@ -113,16 +112,7 @@ def test_a_fork_servers_preload_freezes_its_modules_and_objects():
         "  'holders': len(holders), 'skipped': len(patching._skip),\n"
         "  'modules': len(sys.modules)}))\n"
     )
-    r = subprocess.run(
-        [sys.executable, "-c", program],
-        capture_output=True,
-        text=True,
-        cwd=root,
-        env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
-        timeout=300,
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = program_json(program, root, timeout=300)
     assert out["fns"] >= 10 and out["holders"] >= 1
     assert out["skipped_holders"] == []  # a module holding a hooked function is scanned
     assert out["skipped"] + out["holders"] >= out["modules"] - 5

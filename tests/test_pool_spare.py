@@ -32,11 +32,17 @@ def spare_pool(monkeypatch):
     assert c is not None
     yield c
     c.close()
+    assert stop_all(d) == []
+
+
+def stop_all(d: str) -> list:
+    """Stop every pool server (the test's folder): the processes of ours left; the folder
+    removed."""
     left = []
     for r in pool.servers():
         left += pool.stop(r["key"])["left"]
     shutil.rmtree(d, ignore_errors=True)
-    assert left == []
+    return left
 
 
 def children(server: int) -> list[int]:
@@ -180,10 +186,7 @@ def test_on_the_gpu_a_spare_with_a_reused_compile_still_localizes_the_hang(tmp_p
             runs.append(runner.run_scenario(S.load(HANG), runs_root=tmp_path, forkserver=c))
     finally:
         c.close()
-        left = []
-        for r in pool.servers():
-            left += pool.stop(r["key"])["left"]
-        shutil.rmtree(d, ignore_errors=True)
+        left = stop_all(d)
     assert left == []
     for res in runs:
         assert res.verdict is Verdict.HANG, res.reason

@@ -4,10 +4,9 @@ where the driver's device address is not the host address (or it refuses), the p
 and the caller takes today's pinned buffer. The driver's registration is faked here (no GPU):
 what it returns is the input under test."""
 
-import json
-import subprocess
-import sys
 from pathlib import Path
+
+from helpers.program_json import program_json
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -53,16 +52,7 @@ print(json.dumps(out))
 
 
 def test_every_forked_worker_gets_its_own_pages_at_the_one_reserved_address():
-    r = subprocess.run(
-        [sys.executable, "-c", PROGRAM],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-        timeout=120,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = program_json(PROGRAM, ROOT, timeout=120)
     assert out["before"] is None and "no reservation" in out["before_why"]
     base = out["base"]
     assert base and base % 4096 == 0

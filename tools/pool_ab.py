@@ -26,6 +26,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pool_bench import phase_medians  # noqa: E402
+
 PHASES = ("cli_start_s", "spawn_s", "imports_s", "inputs_s", "compile_s", "launch_s", "exit_s")
 
 
@@ -91,11 +94,7 @@ def main() -> int:
         ok = ok and r.returncode == 0 and "0 process(es) left" in r.stdout
     for name, rs in rows.items():
         walls = [x["wall_s"] for x in rs]
-        med = {
-            k: round(statistics.median(x[k] for x in rs if k in x), 3)
-            for k in PHASES
-            if any(k in x for x in rs)
-        }
+        med = phase_medians(rs, PHASES)
         print(
             f"{name}: wall median {statistics.median(walls):.3f} s (min {min(walls):.3f}, "
             f"max {max(walls):.3f}, n={len(walls)}); phases {med}; verdicts "

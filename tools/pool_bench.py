@@ -122,6 +122,15 @@ def keep_cache(dest: Path) -> None:
         print(f"compile cache kept: {dest / folder.name} ({len(list(folder.iterdir()))} entries)")
 
 
+def phase_medians(rows: list[dict], phases=PHASES) -> dict[str, float]:
+    """Each phase's median over the rows that have it (seconds, 3 decimals)."""
+    return {
+        k: round(statistics.median(x[k] for x in rows if k in x), 3)
+        for k in phases
+        if any(k in x for x in rows)
+    }
+
+
 def row_of(wall: float, r: subprocess.CompletedProcess) -> dict:
     """One run's wall, report.json phases, verdict, and whether its compile was reused."""
     rep = report(r.stdout)
@@ -222,11 +231,7 @@ def main() -> int:
         ok = ok and r.returncode == 0
     for side, rows in sides.items():
         walls = [x["wall_s"] for x in rows]
-        phases = {
-            k: round(statistics.median(x[k] for x in rows if k in x), 3)
-            for k in PHASES
-            if any(k in x for x in rows)
-        }
+        phases = phase_medians(rows)
         print(
             f"{side}: wall median {statistics.median(walls):.2f} s "
             f"(min {min(walls):.2f}, max {max(walls):.2f}, n={len(walls)}); phases {phases}"
