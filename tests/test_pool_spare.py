@@ -59,6 +59,16 @@ def wait_spare(server: int, present: bool, timeout: float = 10.0) -> list[int]:
     raise AssertionError(f"spare present={present} not seen: children {children(server)}")
 
 
+def wait_ready(timeout: float = 10.0) -> None:
+    """Until the pool's one server says its spare is ready (pool status)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if [r["spare"] for r in pool.servers()] == ["ready"]:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"spare not ready: {[r['spare'] for r in pool.servers()]}")
+
+
 @pytest.mark.slow
 def test_the_spare_takes_runs_and_none_follows_a_run_that_did_not_end_well(spare_pool, tmp_path):
     c = spare_pool
@@ -105,6 +115,10 @@ def test_a_spare_that_ends_while_waiting_is_replaced_only_after_a_run(spare_pool
     c = spare_pool
     server = c.info["pid"]
     (spare,) = wait_spare(server, True)
+    # killed once it is ready and waiting: one killed before it said so is a spare that could
+    # not start, after which its server forks none (spare_failed; under load the kill could
+    # land first, and the spare after the run below never came)
+    wait_ready()
     os.kill(spare, signal.SIGTERM)  # the default action: not the server's stop handler
     wait_spare(server, False)
     time.sleep(0.3)  # several turns of the server's loop: no spare forked meanwhile
