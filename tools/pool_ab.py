@@ -23,26 +23,18 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import pool_bench  # noqa: E402
 from pool_bench import phase_medians  # noqa: E402
 
 PHASES = ("cli_start_s", "spawn_s", "imports_s", "inputs_s", "compile_s", "launch_s", "exit_s")
 
 
 def cutedebug(root: Path, *args: str) -> tuple[float, subprocess.CompletedProcess]:
-    env = {**os.environ, "PYTHONPATH": str(root)}
-    t0 = time.monotonic()
-    r = subprocess.run(
-        [sys.executable, "-m", "cutedebug", *args],
-        capture_output=True,
-        text=True,
-        cwd=root,
-        env=env,
-    )
-    return time.monotonic() - t0, r
+    """The checkout ``root``'s cutedebug, from its own folder and path."""
+    return pool_bench.cutedebug(*args, env={"PYTHONPATH": str(root)}, root=root)
 
 
 def row(wall: float, r: subprocess.CompletedProcess) -> dict:

@@ -91,13 +91,15 @@ def bytecode_state() -> dict:
     }
 
 
-def cutedebug(*args: str, env: dict[str, str] | None = None):
+def cutedebug(*args: str, env: dict[str, str] | None = None, root: Path = ROOT):
+    """``python -m cutedebug ARGS`` in ``root`` (this checkout unless told), ``env`` over this
+    process's environment: (wall seconds, the completed process)."""
     t0 = time.monotonic()
     r = subprocess.run(
         [sys.executable, "-m", "cutedebug", *args],
         capture_output=True,
         text=True,
-        cwd=ROOT,
+        cwd=root,
         env=None if env is None else {**os.environ, **env},
     )
     return time.monotonic() - t0, r
