@@ -639,15 +639,30 @@ STEPS = [
         "False before the role rule 8040c07), then quack softmax; tma_stream's small core kept "
         "as a fixture",
     ),
+    # the 25 field hangs no call has dumped, in two steps of one call each: spawn to verdict
+    # ~16-17 s a FA-4 forward hang and ~15 s an RMSNorm one (2026-12-02-h200-s2 call4, s3
+    # call3), 20-34 s a quack GEMM one (its own compile; 2026-12-02-h200-s4 call1)
     Step(
         "coredump_field",
         "25",
         300,
         True,
-        f"python3 tools/gpu_coredump_table.py --deadline 2 --budget-s 260 --out /tmp/corf "
-        f"--json $STEP_OUT/rows.json {_toml(CORE_FIELD_REST)}",
-        "the field libraries' HANG scenarios coredump_rest leaves, localized from the core "
-        "alone (no probes): 25 x ~16 s, more than one call's 260 s budget: ~15 run",
+        f"python3 tools/gpu_coredump_table.py --deadline 2 --budget-s 270 --out /tmp/corf "
+        f"--json $STEP_OUT/rows.json "
+        f"{_toml([n for n in CORE_FIELD_REST if 'quack_gemm' not in n])}",
+        "the field libraries' HANG scenarios no call has dumped yet, FA-4's and quack "
+        "RMSNorm's (16), localized from the core alone (no probes); coredump_field_gemm has "
+        "the rest",
+    ),
+    Step(
+        "coredump_field_gemm",
+        "25",
+        280,
+        True,
+        f"python3 tools/gpu_coredump_table.py --deadline 2 --budget-s 260 --out /tmp/corg "
+        f"--json $STEP_OUT/rows.json "
+        f"{_toml([n for n in CORE_FIELD_REST if 'quack_gemm' in n])}",
+        "quack GEMM's HANG scenarios no call has dumped yet (9), localized from the core alone",
     ),
     Step(
         "field_quack",
@@ -897,7 +912,8 @@ BY_NAME = {s.name: s for s in STEPS}
 PRIORITY = (  # after 2026-12-02-h200-s4's calls 1-3: what is left, by value
     "pytest_gpu_only",  # after any GPU-facing change (s4 call3: 11 passed on 0e50477)
     "warm_reuse",  # #22: done in s4 call3 (warm 1.59 s, fresh 1.88 s, no spare 1.94 s)
-    "coredump_field",  # #25: the field hangs no call has dumped yet
+    "coredump_field",  # #25: the field hangs no call has dumped yet (FA-4, RMSNorm)
+    "coredump_field_gemm",  # #25: and quack GEMM's
     "mutate_all",  # #19: done in s3 call1 (73/73 applied); again for the own-time baseline
     "warm_lite",  # #22: done in s3 call4 (warm 2.50 s, cold 7.11 s); again after a cut
     "triage",  # done in s3 call4 (114/114, 131.4 s)
