@@ -566,6 +566,30 @@ STEPS = [
         "(cli_start_s) to its exit (rest_s), each side's median against the 5 s / 2 s targets",
     ),
     Step(
+        "cold_parts",
+        "22",
+        # compileall of cutlass, torch and ours on 16 cores (ESTIMATE ~30 s with torch's ~2000
+        # files), cold_breakdown's 3 reps of its pieces (~45 s), pool_bench's 2 rounds of cold
+        # and warm with the pool's start (~35 s). 2026-12-02-h200-s4 call4 ran cold_breakdown
+        # without the bytecode and got nothing in 45 s: the compileall comes first here
+        130,
+        False,
+        # the state before (does the machine's torch have its bytecode? the cold runs' 3.2-4.9 s
+        # of torch import and context rest on it), then everything compiled as a pip install
+        # leaves it, then a fresh interpreter's pieces and the cold run itself
+        'python3 -c \'import sys; sys.path.insert(0, "tools"); import pool_bench; '
+        'print("before:", pool_bench.bytecode_state())\'; '
+        "python3 -m compileall -q -j 0 $(python3 -c 'import importlib.util as u, os; "
+        'print(*(os.path.dirname(s.origin) for s in map(u.find_spec, ("cutlass", "iket", '
+        '"torch")) if s and s.origin))\') cutedebug kernels > /dev/null; echo compileall rc=$?; '
+        "timeout 100 python3 tools/cold_breakdown.py --reps 3 --json $STEP_OUT/parts.json; "
+        "echo rc=$?; python3 tools/pool_bench.py --rounds 2 --json $STEP_OUT/pool.json",
+        "where a cold run's seconds go on the H200 with the DSL's, torch's and our bytecode "
+        "cached: whether the machine's torch had it, a fresh interpreter's pieces (torch, a "
+        "CUDA context, cutlass, in turn and side by side), then cold and warm alternated "
+        "against the 5 s / 2 s targets",
+    ),
+    Step(
         "perturb_keys",
         "20",
         45,  # ESTIMATE: one small compile, 10 launches; a run refused before launch; health
@@ -912,6 +936,7 @@ BY_NAME = {s.name: s for s in STEPS}
 PRIORITY = (  # after 2026-12-02-h200-s4's calls 1-3: what is left, by value
     "pytest_gpu_only",  # after any GPU-facing change (s4 call3: 11 passed on 0e50477)
     "warm_reuse",  # #22: done in s4 call3 (warm 1.59 s, fresh 1.88 s, no spare 1.94 s)
+    "cold_parts",  # #22: the cold run with torch's bytecode state known (s4 call4: no result)
     "coredump_field",  # #25: the field hangs no call has dumped yet (FA-4, RMSNorm)
     "coredump_field_gemm",  # #25: and quack GEMM's
     "mutate_all",  # #19: done in s3 call1 (73/73 applied); again for the own-time baseline

@@ -74,20 +74,28 @@ NOSPARE = {"CUTEDEBUG_POOL_SPARE": "0"}  # engine/pool_spare.py: SPARE_VAR
 
 
 def bytecode_state() -> dict:
-    """Whether a fresh interpreter here writes bytecode, and whether the DSL's sources have it
-    cached (without it every fresh interpreter compiles cutlass's ~290 modules again)."""
+    """Whether a fresh interpreter here writes bytecode, and whether the DSL's and torch's
+    sources have it cached (without it every fresh interpreter compiles cutlass's ~290 modules,
+    or torch's, again). Nothing is imported: the packages are found, not loaded."""
     import importlib.util
 
-    spec = importlib.util.find_spec("cutlass")
-    init = spec.origin if spec and spec.origin else None
-    cached = bool(init) and Path(importlib.util.cache_from_source(init)).is_file()
-    ours = ROOT / "cutedebug" / "commands" / "cli.py"
+    def origin(name: str) -> str | None:
+        spec = importlib.util.find_spec(name)
+        return spec.origin if spec and spec.origin else None
+
+    def cached(path: str | None) -> bool:
+        return bool(path) and Path(importlib.util.cache_from_source(path)).is_file()
+
+    init, torch_init = origin("cutlass"), origin("torch")
+    ours = str(ROOT / "cutedebug" / "commands" / "cli.py")
     return {
         "dont_write_bytecode": sys.flags.dont_write_bytecode,
-        "cutedebug_bytecode_cached": Path(importlib.util.cache_from_source(str(ours))).is_file(),
+        "cutedebug_bytecode_cached": cached(ours),
         "pycache_prefix": sys.pycache_prefix,
         "cutlass": init,
-        "cutlass_bytecode_cached": cached,
+        "cutlass_bytecode_cached": cached(init),
+        "torch": torch_init,
+        "torch_bytecode_cached": cached(torch_init),
     }
 
 
