@@ -19,6 +19,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from helpers.exec_results import exec_result
 
 from cutedebug.engine.run_report import ExecReport
 
@@ -485,19 +486,8 @@ def test_a_cuda_error_seen_by_the_probe_monitor_is_the_programs_crash_not_ours(t
     assert bug["event"] == "instrument_error" and bug["type"] == "KeyError"
 
     def classify(events, rc):
-        tree = X._Tree()
-        for e in [{"event": "instrumented", "probes": {"budget_ns": 1}}, *events]:
-            tree.add({**e, "pid": 7})
-        res = X.ExecResult(
-            settings=X.Settings(argv=["python", "-m", "pytest"], probes={"budget_ns": 1}),
-            verdict=V.Verdict.PASS,
-            reason="",
-            run_dir=tmp_path,
-            returncode=rc,
-            killed_by=None,
-            elapsed_s=3.0,
-            processes=tree.procs,
-        )
+        watched = [{"event": "instrumented", "probes": {"budget_ns": 1}}, *events]
+        res = exec_result(tmp_path, [{**e, "pid": 7} for e in watched], rc, probes={"budget_ns": 1})
         X.classify(res)
         return res
 

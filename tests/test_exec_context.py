@@ -20,6 +20,7 @@ import types
 from pathlib import Path
 
 import pytest
+from helpers.exec_results import exec_result
 
 from cutedebug.engine import command as C
 from cutedebug.engine import cuda_verdict as CV
@@ -45,20 +46,7 @@ def h200_line(rec):
 
 def result(tmp_path, tail, rc=1, events=()):
     """An exec result of one watched process (pid 7) with these events and this output."""
-    tree = C._Tree()
-    for e in events:
-        tree.add({"pid": 7, **e})
-    return C.ExecResult(
-        settings=C.Settings(argv=["python", "-m", "pytest"]),
-        verdict=V.Verdict.PASS,
-        reason="",
-        run_dir=tmp_path,
-        returncode=rc,
-        killed_by=None,
-        elapsed_s=3.0,
-        processes=tree.procs,
-        log_tail=tail,
-    )
+    return exec_result(tmp_path, events, rc, log_tail=tail)
 
 
 def reading(state, kernel, error=None, **kw):

@@ -28,38 +28,40 @@ def line_of(code: str) -> int:
     return hits[0]
 
 
-def test_exec_localizes_a_hang_in_a_plain_script(tmp_path):
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join(
-            [str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
-        ),
-    )
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "cutedebug",
-            "exec",
-            "--runs-dir",
-            str(tmp_path),
-            "--probes",
-            "--fault",
-            "wrong_expect_tx:delta_bytes=16",
-            "--deadline",
-            "60",
-            "--",
-            sys.executable,
-            str(TARGET),
-        ],
+def cutedebug(*args: str, timeout: float) -> subprocess.CompletedProcess:
+    """``python -m cutedebug ARGS`` from the repository, this tree first on its path."""
+    path = [str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
+    return subprocess.run(
+        [sys.executable, "-m", "cutedebug", *args],
         capture_output=True,
         text=True,
-        timeout=180,
-        env=env,
+        timeout=timeout,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(path)),
         cwd=str(ROOT),
     )
+
+
+def exec_run(runs_dir: Path, *args: str) -> tuple[subprocess.CompletedProcess, ExecReport]:
+    """``cutedebug exec --runs-dir RUNS_DIR ARGS``: the process and the report it wrote."""
+    out = cutedebug("exec", "--runs-dir", str(runs_dir), *args, timeout=180)
     report = re.search(r"report: (\S+)", out.stdout).group(1)
-    rep = ExecReport.from_json(json.loads((Path(report).parent / "report.json").read_text()))
+    print(out.stdout[-2000:])
+    js = json.loads((Path(report).parent / "report.json").read_text())
+    return out, ExecReport.from_json(js)
+
+
+def test_exec_localizes_a_hang_in_a_plain_script(tmp_path):
+    out, rep = exec_run(
+        tmp_path,
+        "--probes",
+        "--fault",
+        "wrong_expect_tx:delta_bytes=16",
+        "--deadline",
+        "60",
+        "--",
+        sys.executable,
+        str(TARGET),
+    )
     assert out.returncode == 1 and rep.verdict == "HANG", out.stdout + out.stderr
     ev = rep.evidence
     assert ev["kernel"] == "TmaStream.kernel"
@@ -78,34 +80,19 @@ def test_mutate_two_mutants_at_once_share_the_gpu(tmp_path):
     """mutate --jobs 2 over the plain repro: the two mutants compile at once and take turns on
     the GPU (token); both faults hang the kernel (as exec-1 measured on the H200), nothing is
     left behind and the GPU is healthy after the kills."""
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join(
-            [str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
-        ),
-    )
     out_dir = tmp_path / "m"
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "cutedebug",
-            "mutate",
-            "--out",
-            str(out_dir),
-            "--jobs",
-            "2",
-            "--faults",
-            "skip_consumer_release,wrong_expect_tx",
-            "--",
-            sys.executable,
-            str(TARGET),
-        ],
-        capture_output=True,
-        text=True,
+    out = cutedebug(
+        "mutate",
+        "--out",
+        str(out_dir),
+        "--jobs",
+        "2",
+        "--faults",
+        "skip_consumer_release,wrong_expect_tx",
+        "--",
+        sys.executable,
+        str(TARGET),
         timeout=300,
-        env=env,
-        cwd=str(ROOT),
     )
     assert out.returncode == 0, out.stdout + out.stderr
     m = json.loads((out_dir / "matrix.json").read_text())
@@ -121,28 +108,10 @@ def test_exec_names_a_fault_that_surfaces_in_cublas(tmp_path):
     """A kernel's illegal address first heard of in torch's cuBLAS: exec reads the context at
     the process's exit (cuStreamQuery, no wait) and names the error and the kernel; the same
     program without the fault reads a healthy context and passes."""
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join(
-            [str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
-        ),
-    )
     target = ROOT / "tests" / "exec_targets" / "gpu_fault_surfaces_in_cublas.py"
 
     def run(*extra):
-        out = subprocess.run(
-            [sys.executable, "-m", "cutedebug", "exec", "--runs-dir", str(tmp_path)]
-            + ["--deadline", "60", "--", sys.executable, str(target), *extra],
-            capture_output=True,
-            text=True,
-            timeout=180,
-            env=env,
-            cwd=str(ROOT),
-        )
-        report = re.search(r"report: (\S+)", out.stdout).group(1)
-        print(out.stdout[-2000:])
-        js = json.loads((Path(report).parent / "report.json").read_text())
-        return out, ExecReport.from_json(js)
+        return exec_run(tmp_path, "--deadline", "60", "--", sys.executable, str(target), *extra)
 
     out, rep = run()
     assert out.returncode == 1 and rep.verdict == "CRASH", out.stdout + out.stderr
