@@ -34,7 +34,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 T = TypeVar("T")
 READY_TIMEOUT_S = 120.0
@@ -170,20 +170,31 @@ def fork_worker(req: dict[str, Any], server_pid: int, in_child=None) -> int:
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
-        rc = 70
-        try:
+
+        def body() -> int:
             if in_child is not None:
                 in_child()
-            rc = _child(req, server_pid)
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            try:
-                sys.stdout.flush()
-                sys.stderr.flush()
-            finally:
-                os._exit(rc)
+            return _child(req, server_pid)
+
+        child_exit(body)
     return pid
+
+
+def child_exit(body: Callable[[], int]) -> NoReturn:
+    """In a forked child: run ``body`` and leave the process with its return code (70 when it
+    raised, the traceback on stderr), the output flushed first; never returns to the caller's
+    frames (the fork server's and the pool's loops live there)."""
+    rc = 70
+    try:
+        rc = body()
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(rc)
 
 
 def reap_exited(children: dict[int, T], ended: Callable[[int, T, int], None]) -> None:

@@ -350,8 +350,8 @@ class Server:
         if pid != 0:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         if pid == 0:
-            rc = 70
-            try:
+
+            def body() -> int:
                 os.close(request_w)
                 os.close(ready_r)
                 for sock in socks:
@@ -365,17 +365,9 @@ class Server:
                 signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
                 if self.compiled is not None:
                     os.environ[compile_cache.CACHE_VAR] = str(self.compiled)
-                rc = pool_spare.child_main(request_r, ready_w, self.pid)
-            except BaseException:
-                import traceback
+                return pool_spare.child_main(request_r, ready_w, self.pid)
 
-                traceback.print_exc()
-            finally:
-                try:
-                    sys.stdout.flush()
-                    sys.stderr.flush()
-                finally:
-                    os._exit(rc)
+            forkserver.child_exit(body)
         os.close(request_r)
         os.close(ready_w)
         self.spare = pool_spare.Spare(pid, request_w, ready_r)
