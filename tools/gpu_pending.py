@@ -548,21 +548,21 @@ STEPS = [
     Step(
         "warm_lite",
         "22",
-        # compileall with -j 0 on 16 cores (est. 5-10 s; the DSL found without importing it),
-        # the pool's start ~5 s (s4: 5.1 s), 2 rounds of cold (~8.6 s: 2026-12-02-h200 call5's
-        # test_run_seconds), cold_overlap (~10 s) and warm (~2.3 s, estimated): ~52 s
-        60,
+        # compileall with -j 0 on 16 cores (cold_parts in 2026-12-02-h200-s5 call1: cutlass,
+        # torch and ours in ~15 s), the pool's start ~2.3 s, 5 rounds of cold (4.69 s) and warm
+        # (1.72 s) alternated: ~50 s
+        70,
         False,
         # Bytecode first, as a pip install leaves it (the tree and the DSL bundle travel without
-        # it; where PYTHONDONTWRITEBYTECODE is set every interpreter compiles them again):
+        # it and the machine's torch is installed without it; where PYTHONDONTWRITEBYTECODE is
+        # set every interpreter compiles them again: s3's cold 7.11 s against s5's 4.69 s):
         # pool_bench's first line says whether it is cached. It stays for the machine's life.
         "python3 -m compileall -q -j 0 $(python3 -c 'import importlib.util as u, os; "
-        'print(*(os.path.dirname(s.origin) for s in map(u.find_spec, ("cutlass", "iket")) '
-        "if s and s.origin))') cutedebug kernels "
-        "> /dev/null; echo compileall rc=$?; "
-        "python3 tools/pool_bench.py --rounds 2 --overlap --json $STEP_OUT/pool.json",
-        "cutedebug run of a probed HANG with bytecode cached (as pip leaves it): cold, "
-        "cold_overlap and warm alternated, 2 rounds, every phase from the process's start "
+        'print(*(os.path.dirname(s.origin) for s in map(u.find_spec, ("cutlass", "iket", '
+        '"torch")) if s and s.origin))\') cutedebug kernels > /dev/null; echo compileall rc=$?; '
+        "python3 tools/pool_bench.py --rounds 5 --json $STEP_OUT/pool.json",
+        "cutedebug run of a probed HANG with bytecode cached (as pip leaves it, torch's too): "
+        "cold and warm alternated, 5 rounds, every phase from the process's start "
         "(cli_start_s) to its exit (rest_s), each side's median against the 5 s / 2 s targets",
     ),
     Step(
@@ -940,7 +940,7 @@ PRIORITY = (  # after 2026-12-02-h200-s4's calls 1-3: what is left, by value
     "coredump_field",  # #25: the field hangs no call has dumped yet (FA-4, RMSNorm)
     "coredump_field_gemm",  # #25: and quack GEMM's
     "mutate_all",  # #19: done in s3 call1 (73/73 applied); again for the own-time baseline
-    "warm_lite",  # #22: done in s3 call4 (warm 2.50 s, cold 7.11 s); again after a cut
+    "warm_lite",  # #22: cold 4.69 s in s5 call1 (cold_parts, 2 rounds); 5 rounds
     "triage",  # done in s3 call4 (114/114, 131.4 s)
     "coredump_rest",  # done in s4 call1 (4/4 localized as expected, quack GEMM's named barriers)
     "perturb_field_checks",  # done in s4 call1 (4 of 5 predicted schedules exposed)
