@@ -36,12 +36,17 @@ def _hang_ids_from_toml() -> set[str]:
 def test_every_hang_scenario_has_one_row_and_each_row_is_the_newest_run_of_it():
     cov = C.coverage()
     assert {r["scenario"] for r in cov} == _hang_ids_from_toml()
-    ran: dict[str, tuple[str, dict]] = {}  # newest default-flags row that executed, by hand
+    ran: dict[str, tuple[str, dict]] = {}  # newest default-flags row with a core, by hand
+    no_core: dict[str, list[str]] = {}  # and the rows that ran but dumped nothing
     for label, rel, flags in C.RUNS:
         for i, r in enumerate(_raw(rel)):
             if flags == "default" and "skipped" not in r and r["verdict"] != "UNSUPPORTED":
-                ran[r["scenario"]] = (f"{label}#{i}", r)
+                if r.get("dump_s") is None:
+                    no_core.setdefault(r["scenario"], []).append(f"{r['verdict']} ({label}#{i})")
+                else:
+                    ran[r["scenario"]] = (f"{label}#{i}", r)
     for r in cov:
+        assert r["ran_without_core"] == no_core.get(r["scenario"], []), r["scenario"]
         if r["scenario"] not in ran:
             assert not r["measured"], r["scenario"]
             continue
@@ -83,13 +88,20 @@ def test_the_summary_counts_what_the_h200_rows_say():
 def test_seconds_added_small_grids_within_target_and_the_big_grid_over_it():
     s = C.summary(C.coverage())
     a = s["added_small"]
-    # under 1000 warps, two did not make it (reports/2026-12-02-h200-s3/call3): quack RMSNorm
-    # backward's persistent clusters (960 warps, a 133 MB core: dump 5.20 s) and FA-4
-    # backward (640 warps, 214 MB: dump 4.70 s); the warp count is no proxy for the dump
-    over = {r["scenario"]: r["added_s"] for r in C.coverage() if r["measured"]}
-    assert a["n"] - a["within_target"] == 2 and a["max"] == 6.001
+    # under 1000 warps, nine did not make it, all quack RMSNorm backward's persistent clusters
+    # (960 warps, a 132-133 MB core: 5.68-7.19 s added, the dump 4.85-6.30 s of it;
+    # reports/2026-12-02-h200-s3/call3 and -s5/call2) or FA-4 backward (640 warps, a 214 MB
+    # core: 5.77 and 4.82 s added); the warp count is no proxy for the dump
+    cov = C.coverage()
+    over = {r["scenario"]: r["added_s"] for r in cov if r["measured"] and r["added_s"] > 5}
+    small = {
+        n: x for n, x in over.items() if next(r for r in cov if r["scenario"] == n)["warps"] < 1000
+    }
+    assert a["n"] - a["within_target"] == len(small) == 9 and a["max"] == 7.194
+    assert all("quack_rmsnorm_bwd" in n or "fa4_bwd" in n for n in small), small
     assert over["field/quack_rmsnorm_bwd/skip_consumer_release"] == 6.001
     assert over["field/fa4_bwd_sm90/wrong_expect_tx_plus"] == 5.765
+    assert over["field/quack_rmsnorm_bwd/extra_consumer_release"] == 7.194
     big = s["added_big"]
     assert {"minimal/spin_hang", "field/fa4_fwd_sm90/wrong_barrier_threads_plus"} <= {
         b["scenario"] for b in big
@@ -150,7 +162,7 @@ def test_a_newer_run_added_on_the_command_line_counts(tmp_path, capsys):
     new_rows = [
         {**old, "scenario": "field/quack_softmax/wrong_expect_tx_plus", "added_s": 2.5},
         {**old, "added_s": 0.9},  # sm90_gemm/early_exit_consumer again
-        {"scenario": "field/fa4_fwd_sm90/skip_consumer_release", "skipped": "budget"},
+        {"scenario": "field/fa4_fwd_sm90/extra_consumer_release", "skipped": "budget"},
         {**old, "scenario": "minimal/oob_store", "verdict": "CRASH", "core": "X at minimal.py:64"},
     ]
     f = tmp_path / "rows.json"
@@ -158,17 +170,16 @@ def test_a_newer_run_added_on_the_command_line_counts(tmp_path, capsys):
     assert C.main(["--pending", "--add", f"next={f}"]) == 0
     pending = capsys.readouterr().out.split()
     assert "field/quack_softmax/wrong_expect_tx_plus" not in pending
-    assert "field/fa4_fwd_sm90/skip_consumer_release" in pending  # skipped: not measured
+    # skipped: not measured (its one run on the H200 read MISMATCH: no hang, no core)
+    assert "field/fa4_fwd_sm90/extra_consumer_release" in pending
     runs = [*C.RUNS, ("next", str(f), "default")]
     rows = {r["scenario"]: r for r in C.coverage(runs=runs)}
     assert rows["sm90_gemm/early_exit_consumer"]["source"] == "next#1"
     assert rows["sm90_gemm/early_exit_consumer"]["added_s"] == 0.9
     crashes = C.summary(list(rows.values()), runs=runs)["crash_rows"]
-    assert [(x["scenario"], x["source"], x["core"]) for x in crashes][-1] == (
-        "minimal/oob_store",
-        "next#3",
-        "X at minimal.py:64",
-    )
+    assert [(x["scenario"], x["core"]) for x in crashes if x["source"] == "next#3"] == [
+        ("minimal/oob_store", "X at minimal.py:64")
+    ]
     assert C.main(["--add", "no-equals-sign"]) == 2
     assert "LABEL=PATH" in capsys.readouterr().err
 

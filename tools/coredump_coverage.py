@@ -46,6 +46,12 @@ RUNS = [
     ("s2/call4", "reports/2026-12-02-h200-s2/call4/coredump_rest/rows.json", "default"),
     ("s3/call3", "reports/2026-12-02-h200-s3/call3/coredump_rest/rows.json.gz", "default"),
     ("12-02 s4/call1", "reports/2026-12-02-h200-s4/call1/coredump_rest/rows.json.gz", "default"),
+    ("12-02 s5/call2", "reports/2026-12-02-h200-s5/call2/coredump_field/rows.json.gz", "default"),
+    (
+        "12-02 s5/call3",
+        "reports/2026-12-02-h200-s5/call3/coredump_field_gemm/rows.json.gz",
+        "default",
+    ),
 ]
 # printf-bisection of the same scenarios on the H200 (reports/2026-11-30-h200-s3): wall seconds
 BISECT_TABLE = "reports/2026-11-30-h200-s3/bisect-table.txt"
@@ -105,13 +111,16 @@ def _place(d: dict[str, Any] | None) -> dict[str, Any]:
 def coverage(
     root: Path = ROOT, runs: list[tuple[str, str, str]] | None = None
 ) -> list[dict[str, Any]]:
-    """One row per HANG scenario: the newest default-flags run of it (or None)."""
+    """One row per HANG scenario: the newest default-flags run of it that left a core (or
+    None). A run whose kernel did not hang that time (a timing-dependent fault read MISMATCH
+    or CRASH, nothing dumped) localizes nothing: it is named in ``ran_without_core``."""
     rows = measured_rows(root, runs)
     out = []
     for sc in hang_scenarios(root / "scenarios"):
         runs = rows.get(sc.id, [])
         default = [r for r in runs if r["flags"] == "default"]
-        best = default[-1] if default else None
+        dumped = [r for r in default if r.get("dump_s") is not None]
+        best = dumped[-1] if dumped else None
         want = _place(sc.expect.localization())
         row: dict[str, Any] = {
             "scenario": sc.id,
@@ -121,6 +130,9 @@ def coverage(
             "expected_place": want,
             "runs": len(runs),
             "measured": best is not None,
+            "ran_without_core": [
+                f"{r['verdict']} ({r['source']})" for r in default if r not in dumped
+            ],
         }
         if best is not None:
             then = _place(best.get("expected"))
@@ -188,6 +200,7 @@ def summary(
     bisect_rows = [r for r in cov if r["localized_by"] == "bisect"]
     small = [r["added_s"] for r in done if (r["warps"] or 0) < BIG_GRID_WARPS]
     every = [x for rs in measured_rows(root, runs).values() for x in rs]
+    cores = [x for x in every if x.get("dump_s") is not None]
     big = [x for x in every if (x.get("warps") or 0) >= BIG_GRID_WARPS]
     return {
         "hang_scenarios": len(cov),
@@ -222,8 +235,11 @@ def summary(
             | {k: x.get(k) for k in ("dump_s", "core_s", "added_s")}
             for x in big
         ],
-        "dumps": len(every),
-        "healthy_after_every_dump": all(x.get("healthy") is True for x in every),
+        "ran_without_core": {
+            r["scenario"]: r["ran_without_core"] for r in cov if r["ran_without_core"]
+        },
+        "dumps": len(cores),
+        "healthy_after_every_dump": all(x.get("healthy") is True for x in cores),
         "leftovers": sum(x.get("leftovers") or 0 for x in every),
         "crash": crash_pair(root),
         "crash_scenarios": (crashes := [sc.id for sc in crash_scenarios(root / "scenarios")]),
@@ -265,6 +281,8 @@ def print_report(cov: list[dict[str, Any]], s: dict[str, Any]) -> None:
     if s["expectation_changed"]:
         print(f"  * graded against an expectation changed since: {s['expectation_changed']}")
     print(f"not measured ({len(s['not_measured'])}): {', '.join(s['not_measured'])}")
+    for name, verdicts in s["ran_without_core"].items():
+        print(f"  ran without a hang, no core: {name}: {', '.join(verdicts)}")
     print(f"\nbisection-only scenarios (target: <= {BISECT_TARGET_S:g} s from spawn to verdict):")
     for b in s["bisect_only"]:
         print(

@@ -182,6 +182,45 @@ CORE_DONE_FIELD = [
     "field/quack_rmsnorm_bwd/skip_consumer_release",
     "field/fa4_bwd_sm90/wrong_expect_tx_plus",
     "field/fa4_fwd_sm90/wrong_expect_tx_plus",
+    # reports/2026-12-02-h200-s5/calls 2-3 (coredump_field, coredump_field_gemm): 24 dumped,
+    # localized as expected 22/22 graded (the other two name no place: a CRASH and a HANG
+    # whose TOML gives none)
+    *(
+        f"field/{k}/{n}"
+        for k, names in {
+            "fa4_bwd_sm90": ["skip_consumer_release"],
+            "fa4_fwd_sm90": [
+                "early_exit_consumer",
+                "early_exit_producer",
+                "missing_phase_flip_consumer",
+                "skip_consumer_release",
+                "wrong_arrive_count_empty_plus",
+                "wrong_arrive_count_full_plus",
+                "wrong_expect_tx_minus",
+            ],
+            "quack_gemm_sm90": [
+                "early_exit_consumer",
+                "early_exit_producer",
+                "extra_consumer_release",
+                "missing_phase_flip_consumer",
+                "missing_phase_flip_producer",
+                "wrong_arrive_count_empty_plus",
+                "wrong_arrive_count_full_plus",
+                "wrong_expect_tx_minus",
+                "wrong_expect_tx_plus",
+            ],
+            "quack_rmsnorm_bwd": [
+                "extra_consumer_release",
+                "missing_phase_flip_consumer",
+                "missing_phase_flip_producer",
+                "wrong_arrive_count_empty_plus",
+                "wrong_arrive_count_full_plus",
+                "wrong_expect_tx_minus",
+                "wrong_expect_tx_plus",
+            ],
+        }.items()
+        for n in names
+    ),
 ]
 # Next by value: quack GEMM's two named-barrier hangs, graded False in s2/call4 (the core named
 # the epilogue's warp role `epilogue_split_k`; 8040c07 names it consumer, confirmed on a quack
@@ -669,14 +708,18 @@ STEPS = [
     Step(
         "coredump_field",
         "25",
-        300,
+        # each run ~13 s when the kernel does not hang (s5 call2: MISMATCH, 12.7 s), ~20 s with
+        # FA-4 forward's dump (1152 warps: 7-8 s) and its reading
+        90,
         True,
-        f"python3 tools/gpu_coredump_table.py --deadline 2 --budget-s 270 --out /tmp/corf "
-        f"--json $STEP_OUT/rows.json "
-        f"{_toml([n for n in CORE_FIELD_REST if 'quack_gemm' not in n])}",
-        "the field libraries' HANG scenarios no call has dumped yet, FA-4's and quack "
-        "RMSNorm's (16), localized from the core alone (no probes); coredump_field_gemm has "
-        "the rest",
+        # up to four runs of each: a timing-dependent HANG that read otherwise once (FA-4
+        # forward's extra_consumer_release: HANG with probes, MISMATCH in s5 call2 without);
+        # coredump_coverage takes the newest run that left a core
+        f"python3 tools/gpu_coredump_table.py --deadline 2 --budget-s 80 --out /tmp/corf "
+        f"--json $STEP_OUT/rows.json {' '.join([_toml(CORE_FIELD_REST)] * 4)}",
+        "the field libraries' HANG scenarios no call has dumped yet (FA-4 forward's "
+        "extra_consumer_release: MISMATCH in its one unprobed run, s5 call2), each run up to "
+        "four times, localized from the core alone (no probes)",
     ),
     Step(
         "coredump_field_gemm",
@@ -685,8 +728,9 @@ STEPS = [
         True,
         f"python3 tools/gpu_coredump_table.py --deadline 2 --budget-s 260 --out /tmp/corg "
         f"--json $STEP_OUT/rows.json "
-        f"{_toml([n for n in CORE_FIELD_REST if 'quack_gemm' in n])}",
-        "quack GEMM's HANG scenarios no call has dumped yet (9), localized from the core alone",
+        f"{_toml([n for n in _field_hangs() if 'quack_gemm' in n and n not in CORE_REST])}",
+        "quack GEMM's HANG scenarios (but the two named-barrier ones, coredump_rest's) again, "
+        "localized from the core alone (done in s5 call3: 7/7 graded as expected)",
     ),
     Step(
         "field_quack",
@@ -933,15 +977,15 @@ BY_NAME = {s.name: s for s in STEPS}
 # half of #23's; with xdist #23 is done; pytest_gpu is owed whenever GPU code changed; perturb
 # and coredump each close one issue; warm + bench finish #22 (with the triage); the field and
 # exec steps (#17, #19) carry the wheels and come last.
-PRIORITY = (  # after 2026-12-02-h200-s4's calls 1-3: what is left, by value
-    "pytest_gpu_only",  # after any GPU-facing change (s4 call3: 11 passed on 0e50477)
-    "warm_reuse",  # #22: done in s4 call3 (warm 1.59 s, fresh 1.88 s, no spare 1.94 s)
-    "cold_parts",  # #22: the cold run with torch's bytecode state known (s4 call4: no result)
-    "coredump_field",  # #25: the field hangs no call has dumped yet (FA-4, RMSNorm)
-    "coredump_field_gemm",  # #25: and quack GEMM's
+PRIORITY = (  # after 2026-12-02-h200-s5's calls 1-5: what is left, by value
+    "coredump_field",  # #25: FA-4 fwd's extra_consumer_release (MISMATCH in s5), up to 4 runs
+    "warm_lite",  # #22: s5 call3, 5 rounds: cold 5.39 s median (4.42-5.45), warm 1.61 s
+    "pytest_gpu_only",  # after any GPU-facing change (s5 call1: 12 passed on fe2e73c)
     "mutate_all",  # #19: done in s3 call1 (73/73 applied); again for the own-time baseline
-    "warm_lite",  # #22: cold 4.69 s in s5 call1 (cold_parts, 2 rounds); 5 rounds
-    "triage",  # done in s3 call4 (114/114, 131.4 s)
+    "triage",  # done in s5 call4 (142.5 s; missing_phase_flip_consumer CRASH, now accepted)
+    "warm_reuse",  # #22: done in s5 call1 (warm 1.62 s, fresh 1.74 s, no spare 1.66 s)
+    "cold_parts",  # #22: done in s5 call1 (torch had no bytecode; with it cold 4.69 s, n=2)
+    "coredump_field_gemm",  # #25: done in s5 call3 (7/7 graded as expected)
     "coredump_rest",  # done in s4 call1 (4/4 localized as expected, quack GEMM's named barriers)
     "perturb_field_checks",  # done in s4 call1 (4 of 5 predicted schedules exposed)
     "perturb_field_quack",  # done in s4 call2 (3/6 exposed, 2 left by the budget)
