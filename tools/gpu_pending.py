@@ -971,6 +971,23 @@ STEPS.append(
         "seed 0 alone did not, replaying with its history only",
     )
 )
+STEPS.append(
+    Step(
+        "dump_resume",
+        "25",
+        # torch and cutlass's import, one compile (~1 s), two sides of 0.5 s spin + at most
+        # 15 s each; the dump of 8 CTAs ~0.5 s (tma_stream's 16: 0.2-0.55 s)
+        45,
+        False,
+        "timeout 60 python3 tools/dump_resume.py --out /tmp/dr --json $STEP_OUT/rows.json; "
+        "echo rc=$?",
+        "does a user-triggered coredump (skip_abort) leave a running kernel running: "
+        "flag_spin's never_set consumers spinning, released from the host after the dump "
+        "(control: released without one); resumed with the right values, a CUDA error, or "
+        "halted: whether a dump can be taken before the kill decision, off the verdict's "
+        "seconds",
+    )
+)
 BY_NAME = {s.name: s for s in STEPS}
 # The order a session with device time runs them in (--plan without steps): the checks that
 # close the most issues per device second first. The triage alone is what #21 still needs and
@@ -979,6 +996,7 @@ BY_NAME = {s.name: s for s in STEPS}
 # exec steps (#17, #19) carry the wheels and come last.
 PRIORITY = (  # after 2026-12-02-h200-s5's calls 1-5: what is left, by value
     "coredump_field",  # #25: FA-4 fwd's extra_consumer_release (MISMATCH in s5), up to 4 runs
+    "dump_resume",  # #25: is a dump harmless to a running kernel (a dump before the kill)
     "warm_lite",  # #22: s5 call3, 5 rounds: cold 5.39 s median (4.42-5.45), warm 1.61 s
     "pytest_gpu_only",  # after any GPU-facing change (s5 call1: 12 passed on fe2e73c)
     "mutate_all",  # #19: done in s3 call1 (73/73 applied); again for the own-time baseline

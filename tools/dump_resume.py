@@ -1,0 +1,153 @@
+"""Does a user-triggered GPU coredump leave a running kernel running? (issue #25)
+
+    python3 tools/dump_resume.py --out /tmp/dr --json rows.json     # on a GPU machine
+
+The seconds a coredump adds to a hang's verdict are the driver's: it collects the GPU's state
+SM by SM (45-67 ms for each SM holding warps on the H200), 7-10 s for a kernel that fills the
+GPU. Those seconds could be spent *before* the kill decision, while the watchdog still waits
+(a dump at, say, half the stall window or the deadline, kept only if the run is then called a
+hang), but only if the dump is harmless to a kernel that was about to finish: with
+``skip_abort`` the process is not aborted, and what happens to the kernel is not documented.
+
+This measures it with ``kernels/flag_spin.py`` under ``never_set``: its consumers spin on
+flags in global memory that the producer never stores, a kernel that waits until someone else
+lets it go. Two sides in one process, with the coredump settings a run's worker gets
+(:func:`cutedebug.analyses.coredump_capture.worker_env`):
+
+- ``control``: launch, wait ``--hold-s``, store the flags from the host (a pinned
+  host-to-device copy on a second, non-blocking stream: no SM needed), then the kernel must end
+  within ``--limit-s`` with y = 2 x + 1 everywhere: the experiment itself works.
+- ``dump``: launch, wait, dump through the pipe (:func:`coredump_capture.trigger`, in this
+  process), then whether the kernel is still running and the context sane, then the flags as
+  in ``control``: did the kernel resume and end with the right values (the dump harmless), end
+  with a CUDA error, or never end (halted by the dump)?
+
+One JSON row per side (--json), printed as it comes; rc 0 when both sides ran to an answer,
+1 when the control did not end (the experiment, not the dump, failed).
+A side that never ends is reported and the process exits at once (``os._exit``: a spinning
+kernel's context is torn down by the driver; the caller's ``timeout`` is the backstop).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from cutedebug.analyses import coredump_capture  # noqa: E402
+
+
+def _flag_spin():
+    spec = importlib.util.spec_from_file_location("flag_spin", ROOT / "kernels" / "flag_spin.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.FlagSpin
+
+
+def _poll(event, limit_s: float) -> tuple[bool | None, str | None]:
+    """(ended, CUDA error) of ``event`` within ``limit_s``: True / False (still running), or
+    None with the error's text when asking raised."""
+    t_end = time.monotonic() + limit_s
+    while True:
+        try:
+            if event.query():
+                return True, None
+        except Exception as e:  # noqa: BLE001  (a CUDA error: the answer)
+            return None, f"{type(e).__name__}: {str(e).splitlines()[0]}"
+        if time.monotonic() >= t_end:
+            return False, None
+        time.sleep(0.005)
+
+
+def side(name: str, k, compiled, torch, run_dir: Path, hold_s: float, limit_s: float):
+    row: dict[str, Any] = {"side": name}
+    t = k.make_inputs("cuda")
+    ones = torch.ones_like(t["flags"], device="cpu").pin_memory()
+    torch.cuda.synchronize()
+    done = torch.cuda.Event()
+    t0 = time.monotonic()
+    compiled(*k.cute_args(t))
+    done.record()
+    time.sleep(hold_s)
+    ended, err = _poll(done, 0.0)
+    row["before_release"] = {"ended": ended, "error": err}  # must be False: it spins
+    if name == "dump":
+        facts = coredump_capture.trigger(os.getpid(), run_dir, coredump_capture.DUMP_LIMIT_S)
+        row["dump"] = {k_: facts.get(k_) for k_ in ("dump_s", "complete", "core_bytes", "error")}
+        ended, err = _poll(done, 0.0)
+        row["after_dump"] = {"ended": ended, "error": err}
+    side_stream = torch.cuda.Stream()
+    with torch.cuda.stream(side_stream):
+        t["flags"].copy_(ones, non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record(side_stream)
+    c_ended, c_err = _poll(copied, limit_s)
+    row["flags_stored"] = {"ended": c_ended, "error": c_err}
+    t_release = time.monotonic()
+    ended, err = _poll(done, limit_s)
+    row["kernel"] = {
+        "ended": ended,
+        "error": err,
+        "after_release_s": round(time.monotonic() - t_release, 3),
+        "wall_s": round(time.monotonic() - t0, 3),
+    }
+    if ended:
+        y, want = k.output(t), k.reference(t)
+        bad = int((~torch.isclose(y, want, rtol=1e-6, atol=1e-6)).sum().item())
+        row["kernel"]["wrong_elements"] = bad
+        row["answer"] = "resumed, right values" if bad == 0 else f"resumed, {bad} wrong values"
+    elif ended is None:
+        row["answer"] = f"CUDA error: {err}"
+    else:
+        row["answer"] = f"did not end within {limit_s:g} s of the flags"
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="runs/dump_resume", help="the run folder (pipe, core)")
+    ap.add_argument("--json", help="write the rows here too")
+    ap.add_argument("--hold-s", type=float, default=0.5, help="spin this long before (0.5)")
+    ap.add_argument("--limit-s", type=float, default=15.0, help="wait at most this (15)")
+    args = ap.parse_args(argv)
+    run_dir = Path(args.out).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    os.environ.update(coredump_capture.worker_env(run_dir))  # before CUDA initializes
+    import torch
+
+    if not torch.cuda.is_available():
+        print("no GPU")
+        return 0
+    import cutlass.cute as cute
+
+    k = _flag_spin()(never_set=True, ctas=8)
+    compiled = cute.compile(k, *k.cute_args(k.make_inputs("cuda")))
+    rows = []
+
+    def out(row: dict[str, Any]) -> None:
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=1))
+
+    for name in ("control", "dump"):
+        row = side(name, k, compiled, torch, run_dir, args.hold_s, args.limit_s)
+        out(row)
+        if row["kernel"]["ended"] is not True:
+            print(f"{name}: {row['answer']}; exiting without tearing the context down", flush=True)
+            coredump_capture.remove_pipes(run_dir)
+            os._exit(0 if name == "dump" else 1)
+    coredump_capture.remove_pipes(run_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
