@@ -173,6 +173,15 @@ def _toml(names: list[str]) -> str:
 # FA-4 bwd and fwd and softmax - and tma_stream's small hang last, whose 2.6 MB core comes back
 # as a fixture (the field cores are 15-120 MB). ~16-25 s each on the H200 (call4: field compile
 # 8-10 s, 2 s deadline, dump 1.6-7.8 s: the driver spends 45-65 ms per SM holding warps).
+# the phase-flip, arrive-count and expect_tx faults whose hangs both quack kernels dumped in s5
+_PROTOCOL_HANGS = [
+    "missing_phase_flip_consumer",
+    "missing_phase_flip_producer",
+    "wrong_arrive_count_empty_plus",
+    "wrong_arrive_count_full_plus",
+    "wrong_expect_tx_minus",
+    "wrong_expect_tx_plus",
+]
 CORE_DONE_FIELD = [
     "field/fa4_fwd_sm90/wrong_barrier_threads_plus",
     "field/fa4_fwd_sm90/wrong_barrier_threads_minus",
@@ -202,22 +211,9 @@ CORE_DONE_FIELD = [
                 "early_exit_consumer",
                 "early_exit_producer",
                 "extra_consumer_release",
-                "missing_phase_flip_consumer",
-                "missing_phase_flip_producer",
-                "wrong_arrive_count_empty_plus",
-                "wrong_arrive_count_full_plus",
-                "wrong_expect_tx_minus",
-                "wrong_expect_tx_plus",
+                *_PROTOCOL_HANGS,
             ],
-            "quack_rmsnorm_bwd": [
-                "extra_consumer_release",
-                "missing_phase_flip_consumer",
-                "missing_phase_flip_producer",
-                "wrong_arrive_count_empty_plus",
-                "wrong_arrive_count_full_plus",
-                "wrong_expect_tx_minus",
-                "wrong_expect_tx_plus",
-            ],
+            "quack_rmsnorm_bwd": ["extra_consumer_release", *_PROTOCOL_HANGS],
         }.items()
         for n in names
     ),
