@@ -300,3 +300,72 @@ def test_through_the_watchdog_cuda_gdb_is_loading_the_core_before_the_kill(
         assert len(pids(starts)) == 1 and coredump._SESSIONS == {}
     finally:
         coredump.close_prefetched()
+
+
+@pytest.fixture
+def ahead(monkeypatch, hooked):
+    """The ahead-of-kill hook registered with a 0.9 s lead (CUTEDEBUG_COREDUMP_AHEAD_S)."""
+    hooks: list = []
+    monkeypatch.setattr(watchdog, "AHEAD_OF_KILL", hooks)
+    monkeypatch.setenv(coredump_capture.AHEAD_VAR, "0.9")
+    coredump.register_hook()
+    assert hooks == [(0.9, coredump.ahead_of_kill)]
+    return hooks
+
+
+def test_a_dump_asked_ahead_of_the_kill_is_written_while_the_watchdog_waits(tmp_path, ahead):
+    """With a 0.9 s lead on a 1 s deadline the pipe is written 0.5 s after the launch (no
+    sooner: AHEAD_AFTER_LAUNCH_S); most of the driver's 0.6 s dump is done before the kill, so
+    the before-kill hook only waits for its end (no second pipe write: the fake driver reads the pipe once, a second write would fail)
+    where without the lead it waits the whole 0.6 s after the kill decision."""
+    outcome, facts, wall = run_fake(tmp_path, "dump_pause")
+    assert outcome.killed_by_watchdog.startswith("deadline:launched")
+    (req,) = facts["ahead_of_kill"]
+    assert Path(req["coredump_requested"]).parent == tmp_path
+    assert 0 < req["left_s"] <= 0.9 and req["at_s"] < facts["kill_t"]
+    assert req["at_s"] >= watchdog.AHEAD_AFTER_LAUNCH_S  # not at the launch itself
+    dump = facts["before_kill"][0]["coredump"]
+    assert dump["requested_ahead"] and "error" not in dump, dump
+    assert dump["core_bytes"] == 64 * 1024 and dump["dump_s"] < 0.3, dump
+    assert coredump_capture._REQUESTED == set()
+    assert runner.tagged_processes(facts["tag"]) == []
+
+
+def test_without_the_lead_the_same_dump_comes_after_the_kill_decision(tmp_path, hooked):
+    outcome, facts, _ = run_fake(tmp_path, "dump_pause")
+    assert "ahead_of_kill" not in facts
+    dump = facts["before_kill"][0]["coredump"]
+    assert "requested_ahead" not in dump and dump["dump_s"] >= 0.6, dump
+
+
+def test_a_core_asked_ahead_of_a_kill_that_never_came_is_dropped(tmp_path, monkeypatch):
+    core = tmp_path / "coredump.123.nvcudmp"
+    core.write_bytes(b"x")
+    pipe = str(tmp_path / "coredump.pipe.123")
+    monkeypatch.setattr(coredump_capture, "_REQUESTED", {pipe})
+    assert coredump.discard_ahead(tmp_path, {"before_kill": []}) == []  # nothing asked ahead
+    assert core.exists()
+    facts = {"ahead_of_kill": [{"at_s": 0.1, "left_s": 0.9, "coredump_requested": pipe}]}
+    assert coredump.discard_ahead(tmp_path, facts) == [core.name]
+    assert not core.exists() and facts["ahead_core_discarded"] == [core.name]
+    assert coredump_capture._REQUESTED == set()
+
+
+def test_the_lead_by_environment(monkeypatch):
+    monkeypatch.delenv(coredump_capture.AHEAD_VAR, raising=False)
+    assert coredump_capture.ahead_s() is None
+    monkeypatch.setenv(coredump_capture.AHEAD_VAR, " 7.5 ")
+    assert coredump_capture.ahead_s() == 7.5
+    for bad in ("0", "-1", "soon", "nan", "inf"):
+        monkeypatch.setenv(coredump_capture.AHEAD_VAR, bad)
+        with pytest.raises(coredump_capture.UsageError, match="CUTEDEBUG_COREDUMP_AHEAD_S"):
+            coredump_capture.ahead_s()
+
+
+def test_unset_the_hook_is_not_registered(monkeypatch, hooked):
+    hooks = [(1.0, coredump.ahead_of_kill), (2.0, print)]
+    monkeypatch.setattr(watchdog, "AHEAD_OF_KILL", hooks)
+    monkeypatch.delenv(coredump_capture.AHEAD_VAR, raising=False)
+    coredump.register_hook()
+    assert hooks == [(2.0, print)]  # ours removed, others' kept
+    assert coredump.ahead_of_kill({"phase": "compiling", "pid": 1, "events_path": "x"}) is None
