@@ -22,6 +22,7 @@ user-triggered dump through the driver's named pipe, and the wait until the core
 
 from __future__ import annotations
 
+import math
 import os
 import struct
 import time
@@ -221,8 +222,8 @@ def ahead_s() -> float | None:
     try:
         lead = float(raw)
     except ValueError:
-        lead = -1.0
-    if not lead > 0 or lead != lead or lead == float("inf"):
+        lead = math.nan
+    if not 0 < lead < math.inf:  # nan compares False
         raise UsageError(f"{AHEAD_VAR}={raw!r}: not allowed; a number of seconds > 0, or unset")
     return lead
 

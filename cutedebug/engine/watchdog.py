@@ -308,6 +308,18 @@ def watch(
     waited = 0.0
     interrupted = False
     ahead = list(AHEAD_OF_KILL)  # the hooks not yet called for this child
+
+    def hook_ctx(**more: Any) -> dict[str, Any]:
+        """What the ahead- and before-kill hooks are told of the child."""
+        return {
+            "pid": proc.pid,
+            "tag": tag,
+            "phase": outcome.phase,
+            **more,
+            "log_path": log_path,
+            "events_path": events_path,
+        }
+
     try:
         while True:
             exited = proc.poll() is not None
@@ -357,14 +369,7 @@ def watch(
                     left = min(left, stall_s - (now - counter_t))
                 if total_s is not None:
                     left = min(left, total_s - (now - t_start - paused))
-                ctx = {
-                    "pid": proc.pid,
-                    "tag": tag,
-                    "phase": outcome.phase,
-                    "log_path": log_path,
-                    "events_path": events_path,
-                }
-                _ahead_of_kill(ahead, left, ctx, facts, now - t_start)
+                _ahead_of_kill(ahead, left, hook_ctx(), facts, now - t_start)
             if (
                 outcome.phase == "launched"
                 and stall_s is not None
@@ -383,14 +388,7 @@ def watch(
             if outcome.killed_by_watchdog:
                 facts["kill_t"] = round(now - t_start, 3)
                 _before_kill(
-                    {
-                        "pid": proc.pid,
-                        "tag": tag,
-                        "phase": outcome.phase,
-                        "reason": outcome.killed_by_watchdog,
-                        "log_path": log_path,
-                        "events_path": events_path,
-                    },
+                    hook_ctx(reason=outcome.killed_by_watchdog),
                     facts,
                     [before_kill] if before_kill else [],
                 )
