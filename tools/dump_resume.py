@@ -31,6 +31,7 @@ kernel's context is torn down by the driver; the caller's ``timeout`` is the bac
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import importlib.util
 import json
 import os
@@ -52,6 +53,15 @@ def _flag_spin():
     return mod.FlagSpin
 
 
+T0 = time.monotonic()
+
+
+def step(what: str) -> None:
+    """One line on stderr per step, with the seconds since the start: where a side that never
+    answers stopped (with faulthandler's stacks, --stacks-after-s)."""
+    print(f"[{time.monotonic() - T0:7.3f} s] {what}", file=sys.stderr, flush=True)
+
+
 def _poll(event, limit_s: float) -> tuple[bool | None, str | None]:
     """(ended, CUDA error) of ``event`` within ``limit_s``: True / False (still running), or
     None with the error's text when asking raised."""
@@ -69,28 +79,37 @@ def _poll(event, limit_s: float) -> tuple[bool | None, str | None]:
 
 def side(name: str, k, compiled, torch, run_dir: Path, hold_s: float, limit_s: float):
     row: dict[str, Any] = {"side": name}
+    step(f"{name}: inputs")
     t = k.make_inputs("cuda")
     ones = torch.ones_like(t["flags"], device="cpu").pin_memory()
     torch.cuda.synchronize()
     done = torch.cuda.Event()
+    step(f"{name}: launch")
     t0 = time.monotonic()
     compiled(*k.cute_args(t))
+    row["launch_returned_s"] = round(time.monotonic() - t0, 3)
+    step(f"{name}: launch returned")
     done.record()
     time.sleep(hold_s)
     ended, err = _poll(done, 0.0)
     row["before_release"] = {"ended": ended, "error": err}  # must be False: it spins
+    step(f"{name}: before the release, ended={ended} error={err}")
     if name == "dump":
+        step(f"{name}: dump")
         facts = coredump_capture.trigger(os.getpid(), run_dir, coredump_capture.DUMP_LIMIT_S)
         row["dump"] = {k_: facts.get(k_) for k_ in ("dump_s", "complete", "core_bytes", "error")}
         ended, err = _poll(done, 0.0)
         row["after_dump"] = {"ended": ended, "error": err}
+        step(f"{name}: after the dump {row['dump']}, ended={ended} error={err}")
     side_stream = torch.cuda.Stream()
+    step(f"{name}: store the flags")
     with torch.cuda.stream(side_stream):
         t["flags"].copy_(ones, non_blocking=True)
     copied = torch.cuda.Event()
     copied.record(side_stream)
     c_ended, c_err = _poll(copied, limit_s)
     row["flags_stored"] = {"ended": c_ended, "error": c_err}
+    step(f"{name}: flags stored={c_ended} error={c_err}")
     t_release = time.monotonic()
     ended, err = _poll(done, limit_s)
     row["kernel"] = {
@@ -99,6 +118,7 @@ def side(name: str, k, compiled, torch, run_dir: Path, hold_s: float, limit_s: f
         "after_release_s": round(time.monotonic() - t_release, 3),
         "wall_s": round(time.monotonic() - t0, 3),
     }
+    step(f"{name}: kernel ended={ended} error={err}")
     if ended:
         y, want = k.output(t), k.reference(t)
         bad = int((~torch.isclose(y, want, rtol=1e-6, atol=1e-6)).sum().item())
@@ -117,18 +137,41 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write the rows here too")
     ap.add_argument("--hold-s", type=float, default=0.5, help="spin this long before (0.5)")
     ap.add_argument("--limit-s", type=float, default=15.0, help="wait at most this (15)")
+    ap.add_argument("--sides", default="control,dump", help="which sides, in order (control,dump)")
+    ap.add_argument(
+        "--plain",
+        action="store_true",
+        help="without the coredump settings (the control alone: does the experiment need them)",
+    )
+    ap.add_argument(
+        "--stacks-after-s",
+        type=float,
+        default=0.0,
+        help="print every thread's Python stack to stderr after this many seconds (0: never)",
+    )
     args = ap.parse_args(argv)
+    sides = [x.strip() for x in args.sides.split(",") if x.strip()]
+    if not sides or any(x not in ("control", "dump") for x in sides):
+        ap.error(f"--sides: {args.sides!r}; allowed: control, dump (comma-separated)")
+    if args.plain and "dump" in sides:
+        ap.error("--plain: without the coredump settings there is no dump; use --sides control")
+    if args.stacks_after_s > 0:
+        faulthandler.dump_traceback_later(args.stacks_after_s, exit=False)
     run_dir = Path(args.out).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
-    os.environ.update(coredump_capture.worker_env(run_dir))  # before CUDA initializes
+    if not args.plain:
+        os.environ.update(coredump_capture.worker_env(run_dir))  # before CUDA initializes
+    step("import torch")
     import torch
 
     if not torch.cuda.is_available():
         print("no GPU")
         return 0
+    step("import cutlass")
     import cutlass.cute as cute
 
     k = _flag_spin()(never_set=True, ctas=8)
+    step("compile")
     compiled = cute.compile(k, *k.cute_args(k.make_inputs("cuda")))
     rows = []
 
@@ -138,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             Path(args.json).write_text(json.dumps(rows, indent=1))
 
-    for name in ("control", "dump"):
+    for name in sides:
         row = side(name, k, compiled, torch, run_dir, args.hold_s, args.limit_s)
         out(row)
         if row["kernel"]["ended"] is not True:
