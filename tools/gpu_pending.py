@@ -329,6 +329,15 @@ REPLAY_CRASH = [
     "sm90_attention/missing_init_fence",
 ]
 
+# Bytecode first, as a pip install leaves it (the tree and the DSL bundle travel without it and
+# the machine's torch is installed without it; where PYTHONDONTWRITEBYTECODE is set every
+# interpreter compiles them again: s3's cold 7.11 s against s5's 4.69 s): pool_bench's first
+# line says whether it is cached. It stays for the machine's life.
+BYTECODE = (
+    "python3 -m compileall -q -j 0 $(python3 -c 'import importlib.util as u, os; "
+    'print(*(os.path.dirname(s.origin) for s in map(u.find_spec, ("cutlass", "iket", '
+    '"torch")) if s and s.origin))\') cutedebug kernels > /dev/null; echo compileall rc=$?; '
+)
 STEPS = [
     Step(
         "smoke",
@@ -592,13 +601,24 @@ STEPS = [
         # it and the machine's torch is installed without it; where PYTHONDONTWRITEBYTECODE is
         # set every interpreter compiles them again: s3's cold 7.11 s against s5's 4.69 s):
         # pool_bench's first line says whether it is cached. It stays for the machine's life.
-        "python3 -m compileall -q -j 0 $(python3 -c 'import importlib.util as u, os; "
-        'print(*(os.path.dirname(s.origin) for s in map(u.find_spec, ("cutlass", "iket", '
-        '"torch")) if s and s.origin))\') cutedebug kernels > /dev/null; echo compileall rc=$?; '
-        "python3 tools/pool_bench.py --rounds 5 --json $STEP_OUT/pool.json",
+        BYTECODE + "python3 tools/pool_bench.py --rounds 5 --json $STEP_OUT/pool.json",
         "cutedebug run of a probed HANG with bytecode cached (as pip leaves it, torch's too): "
         "cold and warm alternated, 5 rounds, every phase from the process's start "
         "(cli_start_s) to its exit (rest_s), each side's median against the 5 s / 2 s targets",
+    ),
+    Step(
+        "cold_ctx",
+        "22",
+        # compileall as warm_lite's (~15 s), the pool's start ~3 s, 6 rounds of cold (4.74 s in
+        # s6 call1), cold_ctx and warm (1.61 s) alternated: ~85 s
+        85,
+        False,
+        BYTECODE
+        + "python3 tools/pool_bench.py --rounds 6 --early-context --json $STEP_OUT/pool.json",
+        "cutedebug run of a probed HANG, cold with the worker's CUDA context made through "
+        "libcuda in a thread beside its import of torch (CUTEDEBUG_EARLY_CONTEXT=1, "
+        "devices.EarlyContext) against plain cold and warm, alternated, 6 rounds: each side's "
+        "median, cold_ctx/cold per round, whether the early context was made",
     ),
     Step(
         "cold_parts",
@@ -614,10 +634,8 @@ STEPS = [
         # leaves it, then a fresh interpreter's pieces and the cold run itself
         'python3 -c \'import sys; sys.path.insert(0, "tools"); import pool_bench; '
         'print("before:", pool_bench.bytecode_state())\'; '
-        "python3 -m compileall -q -j 0 $(python3 -c 'import importlib.util as u, os; "
-        'print(*(os.path.dirname(s.origin) for s in map(u.find_spec, ("cutlass", "iket", '
-        '"torch")) if s and s.origin))\') cutedebug kernels > /dev/null; echo compileall rc=$?; '
-        "timeout 100 python3 tools/cold_breakdown.py --reps 3 --json $STEP_OUT/parts.json; "
+        + BYTECODE
+        + "timeout 100 python3 tools/cold_breakdown.py --reps 3 --json $STEP_OUT/parts.json; "
         "echo rc=$?; python3 tools/pool_bench.py --rounds 2 --json $STEP_OUT/pool.json",
         "where a cold run's seconds go on the H200 with the DSL's, torch's and our bytecode "
         "cached: whether the machine's torch had it, a fresh interpreter's pieces (torch, a "
@@ -1029,6 +1047,7 @@ PRIORITY = (  # after 2026-12-02-h200-s5's calls 1-5: what is left, by value
     "dump_resume",  # #25: is a dump harmless to a running kernel (a dump before the kill)
     "coredump_ahead",  # #25: if so, the dump asked ahead of the kill on full-grid hangs
     "warm_lite",  # #22: s5 call3, 5 rounds: cold 5.39 s median (4.42-5.45), warm 1.61 s
+    "cold_ctx",  # #22: the context made beside torch's import (devices.EarlyContext)
     "pytest_gpu_only",  # after any GPU-facing change (s5 call1: 12 passed on fe2e73c)
     "mutate_all",  # #19: done in s3 call1 (73/73 applied); again for the own-time baseline
     "triage",  # done in s5 call4 (142.5 s; missing_phase_flip_consumer CRASH, now accepted)

@@ -148,6 +148,8 @@ def run(request: dict[str, Any], events: Events) -> None:
 
     # A compile-only run never touches the GPU: it does not import torch to look for one (the
     # 1.7 s of CPU a fresh interpreter would spend on it; the kernels import torch lazily).
+    # opt-in: the driver's init and the context through libcuda, beside torch's import
+    early = devices.EarlyContext.start(mode)
     lookup = DeviceLookup.start(mode)  # opt-in: torch and CUDA beside cutlass's import
     if lookup is None:
         device = (
@@ -155,6 +157,8 @@ def run(request: dict[str, Any], events: Events) -> None:
             if mode == "run"
             else {"present": None, "reason": "compile-only run: no GPU looked for"}
         )
+        if early is not None:
+            device.update(early.join(timeout=0.0))
         events.emit("device", **device)
     if request.get("lineinfo"):
         os.environ["CUTE_DSL_LINEINFO"] = "1"
@@ -166,6 +170,8 @@ def run(request: dict[str, Any], events: Events) -> None:
 
     if lookup is not None:
         device = lookup.join()
+        if early is not None:
+            device.update(early.join(timeout=0.0))
         events.emit("device", **device)
     archs = sc["archs"]
     runnable = mode == "run" and device["present"] and device["arch"] in archs
