@@ -52,6 +52,7 @@ RUNS = [
         "reports/2026-12-02-h200-s5/call3/coredump_field_gemm/rows.json.gz",
         "default",
     ),
+    ("12-02 s6/call1", "reports/2026-12-02-h200-s6/call1/coredump_field/rows.json", "default"),
 ]
 # printf-bisection of the same scenarios on the H200 (reports/2026-11-30-h200-s3): wall seconds
 BISECT_TABLE = "reports/2026-11-30-h200-s3/bisect-table.txt"

@@ -44,6 +44,9 @@ def targets(paths: list[str], arch: str) -> list[S.Scenario]:
     return out
 
 
+PHASES = ("spawn_s", "imports_s", "inputs_s", "compile_s", "launch_s", "launch_to_kill_s")
+
+
 def row(res: runner.RunResult, wall: float, leftovers: int) -> dict:
     ev, t = res.evidence, res.timings
     core = ev.get("coredump") or {}
@@ -95,6 +98,9 @@ def row(res: runner.RunResult, wall: float, leftovers: int) -> dict:
         "health_s": t.get("health_s"),
         "healthy": (res.health or {}).get("healthy"),
         "wall_s": round(wall, 2),
+        # where the wall went (report.json timings): the library's import and compile against
+        # the launch until the kill, so "from the launch to the verdict" can be told apart
+        "phases": {k: t[k] for k in PHASES if t.get(k) is not None},
         "leftovers": leftovers,
         "rerun_with_probes": bool(ev.get("rerun_with_probes")),
     }
