@@ -90,7 +90,7 @@ class Kernel:
 
 def _side(monkeypatch, tmp_path, name, **kw):
     gpu = FakeGpu(**kw)
-    monkeypatch.setattr(D.coredump_capture, "trigger", gpu.trigger)
+    monkeypatch.setattr(D, "ask_dump", gpu.trigger)
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: self)
     return D.side(name, Kernel(gpu), lambda *a: None, gpu.torch, tmp_path, 0.0, 0.05)
 
@@ -130,3 +130,10 @@ def test_without_a_gpu_it_says_so_and_sets_the_workers_coredump_settings(
     step = gpu_pending.BY_NAME["dump_resume"]
     assert "tools/dump_resume.py" in step.command and step.command.startswith("timeout ")
     assert "dump_resume" in gpu_pending.PRIORITY
+
+
+def test_the_dump_is_asked_from_another_process(tmp_path):
+    """ask_dump runs coredump_capture.trigger in a helper process, as the watchdog does: here
+    no driver made the pipe, so the helper's answer is trigger's error, not an exception."""
+    facts = D.ask_dump(os.getpid(), tmp_path, 0.5)
+    assert "error" in facts and facts["pipe"].endswith(f".{os.getpid()}"), facts

@@ -35,6 +35,7 @@ import faulthandler
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -77,6 +78,81 @@ def _poll(event, limit_s: float) -> tuple[bool | None, str | None]:
         time.sleep(0.005)
 
 
+def ask_dump(pid: int, run_dir: Path, limit_s: float) -> dict[str, Any]:
+    """The dump of process ``pid`` asked from another process, as the watchdog asks it of a
+    worker (:func:`coredump_capture.trigger` there): its facts, or {"error": ...}."""
+    code = (
+        "import json, sys; from pathlib import Path; "
+        "from cutedebug.analyses import coredump_capture as c; "
+        "print(json.dumps(c.trigger(int(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3]))))"
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    try:
+        r = subprocess.run(
+            [sys.executable, "-c", code, str(pid), str(run_dir), str(limit_s)],
+            capture_output=True,
+            text=True,
+            timeout=limit_s + 30,
+            env=env,
+        )
+        return json.loads(r.stdout.strip().splitlines()[-1])
+    except (subprocess.TimeoutExpired, ValueError, IndexError) as e:
+        return {"error": f"the helper that asks the dump: {type(e).__name__}: {e}"}
+
+
+def pause(torch, run_dir: Path, work_s: float, dump_at_s: float) -> dict[str, Any]:
+    """Does a dump pause the GPU's work? The same queue of matmuls (about ``work_s`` of them)
+    alone, then with a dump asked ``dump_at_s`` after it started: the wall seconds of each, the
+    difference against the dump's seconds, and the last product checked against a fresh one
+    (the work's values after the dump)."""
+    step("pause: matmuls")
+    a = torch.randn(16384, 16384, device="cuda", dtype=torch.bfloat16)
+    c = torch.empty_like(a)
+    torch.matmul(a, a, out=c)
+    torch.cuda.synchronize()
+    t = time.monotonic()
+    for _ in range(5):
+        torch.matmul(a, a, out=c)
+    torch.cuda.synchronize()
+    each = (time.monotonic() - t) / 5
+    n = max(10, int(work_s / each))
+    row: dict[str, Any] = {"side": "pause", "matmul_s": round(each, 4), "matmuls": n}
+    for name in ("alone", "dump"):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t0 = time.monotonic()
+        start.record()
+        for _ in range(n):
+            torch.matmul(a, a, out=c)
+        end.record()
+        got: dict[str, Any] = {"queued_s": round(time.monotonic() - t0, 3)}
+        if name == "dump":
+            time.sleep(max(0.0, dump_at_s - (time.monotonic() - t0)))
+            got["dump_asked_at_s"] = round(time.monotonic() - t0, 3)
+            step("pause: dump")
+            facts = ask_dump(os.getpid(), run_dir, coredump_capture.DUMP_LIMIT_S)
+            got["dump"] = {k: facts.get(k) for k in ("dump_s", "complete", "core_bytes", "error")}
+        ended, err = _poll(end, 60.0)
+        got.update(ended=ended, error=err, wall_s=round(time.monotonic() - t0, 3))
+        if ended:
+            got["gpu_s"] = round(start.elapsed_time(end) / 1000, 3)
+        row[name] = got
+        step(f"pause: {name} {got}")
+        if not ended:
+            return row
+    want = torch.matmul(a, a)
+    row["last_product_right"] = bool(torch.equal(c, want))
+    dump_s = (row["dump"].get("dump") or {}).get("dump_s")
+    extra = row["dump"]["wall_s"] - row["alone"]["wall_s"]
+    row["extra_s"] = round(extra, 3)
+    row["answer"] = f"the work took {extra:.2f} s longer with a dump of {dump_s} s" + (
+        "" if row["last_product_right"] else "; the last product is WRONG"
+    )
+    return row
+
+
 def side(name: str, k, compiled, torch, run_dir: Path, hold_s: float, limit_s: float):
     row: dict[str, Any] = {"side": name}
     step(f"{name}: inputs")
@@ -96,7 +172,7 @@ def side(name: str, k, compiled, torch, run_dir: Path, hold_s: float, limit_s: f
     step(f"{name}: before the release, ended={ended} error={err}")
     if name == "dump":
         step(f"{name}: dump")
-        facts = coredump_capture.trigger(os.getpid(), run_dir, coredump_capture.DUMP_LIMIT_S)
+        facts = ask_dump(os.getpid(), run_dir, coredump_capture.DUMP_LIMIT_S)
         row["dump"] = {k_: facts.get(k_) for k_ in ("dump_s", "complete", "core_bytes", "error")}
         ended, err = _poll(done, 0.0)
         row["after_dump"] = {"ended": ended, "error": err}
@@ -151,9 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     sides = [x.strip() for x in args.sides.split(",") if x.strip()]
-    if not sides or any(x not in ("control", "dump") for x in sides):
-        ap.error(f"--sides: {args.sides!r}; allowed: control, dump (comma-separated)")
-    if args.plain and "dump" in sides:
+    if not sides or any(x not in ("control", "dump", "pause") for x in sides):
+        ap.error(f"--sides: {args.sides!r}; allowed: control, dump, pause (comma-separated)")
+    if args.plain and ("dump" in sides or "pause" in sides):
         ap.error("--plain: without the coredump settings there is no dump; use --sides control")
     if args.stacks_after_s > 0:
         faulthandler.dump_traceback_later(args.stacks_after_s, exit=False)
@@ -167,12 +243,14 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("no GPU")
         return 0
-    step("import cutlass")
-    import cutlass.cute as cute
+    k = compiled = None
+    if set(sides) & {"control", "dump"}:
+        step("import cutlass")
+        import cutlass.cute as cute
 
-    k = _flag_spin()(never_set=True, ctas=8)
-    step("compile")
-    compiled = cute.compile(k, *k.cute_args(k.make_inputs("cuda")))
+        k = _flag_spin()(never_set=True, ctas=8)
+        step("compile")
+        compiled = cute.compile(k, *k.cute_args(k.make_inputs("cuda")))
     rows = []
 
     def out(row: dict[str, Any]) -> None:
@@ -182,6 +260,9 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.json).write_text(json.dumps(rows, indent=1))
 
     for name in sides:
+        if name == "pause":
+            out(pause(torch, run_dir, args.work_s, dump_at_s=0.5))
+            continue
         row = side(name, k, compiled, torch, run_dir, args.hold_s, args.limit_s)
         out(row)
         if row["kernel"]["ended"] is not True:

@@ -990,20 +990,24 @@ STEPS.append(
         "dump_resume",
         "25",
         # torch and cutlass's import, one compile (~1 s), two sides of 0.5 s spin + at most
-        # 15 s each; the dump of 8 CTAs ~0.5 s (tma_stream's 16: 0.2-0.55 s); the plain control
-        60,
+        # 15 s each; the dump of 8 CTAs ~0.5 s (tma_stream's 16: 0.2-0.55 s); the plain control;
+        # the pause: 3 s of matmuls twice, one dump of a full GPU (7-10 s)
+        80,
         False,
         # s6 call 1: the first try printed nothing in 60 s; each step now says where it is, a
         # plain control (no coredump settings) first, stacks before the timeout
         "timeout 40 python3 tools/dump_resume.py --plain --sides control --stacks-after-s 32 "
         "--out /tmp/drp --json $STEP_OUT/plain.json; echo rc=$?; "
         "timeout 60 python3 tools/dump_resume.py --stacks-after-s 50 --out /tmp/dr "
-        "--json $STEP_OUT/rows.json; echo rc=$?",
+        "--json $STEP_OUT/rows.json; echo rc=$?; "
+        "timeout 60 python3 tools/dump_resume.py --sides pause --stacks-after-s 50 "
+        "--out /tmp/drq --json $STEP_OUT/pause.json; echo rc=$?",
         "does a user-triggered coredump (skip_abort) leave a running kernel running: "
         "flag_spin's never_set consumers spinning, released from the host after the dump "
         "(control: released without one); resumed with the right values, a CUDA error, or "
         "halted: whether a dump can be taken before the kill decision, off the verdict's "
-        "seconds",
+        "seconds; then whether a dump pauses running work (3 s of matmuls alone and with a "
+        "dump: the extra seconds against the dump's)",
     )
 )
 STEPS.append(
