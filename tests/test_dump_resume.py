@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -137,3 +138,13 @@ def test_the_dump_is_asked_from_another_process(tmp_path):
     no driver made the pipe, so the helper's answer is trigger's error, not an exception."""
     facts = D.ask_dump(os.getpid(), tmp_path, 0.5)
     assert "error" in facts and facts["pipe"].endswith(f".{os.getpid()}"), facts
+
+
+def test_every_side_is_accepted_and_a_wrong_one_named(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(os, "environ", dict(os.environ))
+    for sides in ("control,dump", "pause", "dump,pause"):
+        assert D.main(["--out", str(tmp_path / "dr"), "--sides", sides, "--work-s", "1"]) == 0
+    with pytest.raises(SystemExit):
+        D.main(["--out", str(tmp_path / "dr"), "--sides", "control,nap"])
+    assert "--sides: 'control,nap'; allowed: control, dump, pause" in capsys.readouterr().err

@@ -158,6 +158,9 @@ def side(name: str, k, compiled, torch, run_dir: Path, hold_s: float, limit_s: f
     step(f"{name}: inputs")
     t = k.make_inputs("cuda")
     ones = torch.ones_like(t["flags"], device="cpu").pin_memory()
+    # made before the launch: creating a stream waited for the spinning kernel on the H200
+    # (2026-12-02-h200-s6 call3: torch/cuda/streams.py __new__ until the timeout)
+    side_stream = torch.cuda.Stream()
     torch.cuda.synchronize()
     done = torch.cuda.Event()
     step(f"{name}: launch")
@@ -177,7 +180,6 @@ def side(name: str, k, compiled, torch, run_dir: Path, hold_s: float, limit_s: f
         ended, err = _poll(done, 0.0)
         row["after_dump"] = {"ended": ended, "error": err}
         step(f"{name}: after the dump {row['dump']}, ended={ended} error={err}")
-    side_stream = torch.cuda.Stream()
     step(f"{name}: store the flags")
     with torch.cuda.stream(side_stream):
         t["flags"].copy_(ones, non_blocking=True)
@@ -213,7 +215,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write the rows here too")
     ap.add_argument("--hold-s", type=float, default=0.5, help="spin this long before (0.5)")
     ap.add_argument("--limit-s", type=float, default=15.0, help="wait at most this (15)")
-    ap.add_argument("--sides", default="control,dump", help="which sides, in order (control,dump)")
+    ap.add_argument(
+        "--sides",
+        default="control,dump",
+        help="which sides, in order (control,dump; pause: does a dump pause running work)",
+    )
+    ap.add_argument("--work-s", type=float, default=3.0, help="pause: seconds of matmuls (3)")
     ap.add_argument(
         "--plain",
         action="store_true",

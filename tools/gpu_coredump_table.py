@@ -75,10 +75,6 @@ def row(res: runner.RunResult, wall: float, leftovers: int) -> dict:
         "warps": core.get("warps"),
         "dump_s": dump.get("dump_s"),
         "dump_complete": dump.get("complete"),  # closed / stable / exited / limit
-        # CUTEDEBUG_COREDUMP_AHEAD_S: the pipe written before the kill (at_s, left_s), and the
-        # before-kill hook then only waited for that dump (dump_s counts from the kill)
-        "ahead_of_kill": core.get("ahead_of_kill"),
-        "requested_ahead": dump.get("requested_ahead"),
         "driver_progress": driver_progress(res.run_dir),
         "flags": coredump.generation_flags(),
         "core_mb": round((core.get("core_bytes") or 0) / 2**20, 2),

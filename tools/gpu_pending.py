@@ -1010,36 +1010,6 @@ STEPS.append(
         "dump: the extra seconds against the dump's)",
     )
 )
-STEPS.append(
-    Step(
-        "coredump_ahead",
-        "25",
-        # 3 scenarios x 2 sides, each ~10-12 s of FA-4 / tma_stream compile in the fork server
-        # (the first one imports flash_attn), the 10 s deadline, the dump (FA-4: 7-8 s, before or
-        # after the kill) and the reading (~1 s): ~6 x 22 s
-        150,
-        True,
-        # after dump_resume says a dump leaves a running kernel running: the same hangs with a
-        # plain kill and with the dump asked 8.5 s before it (the 10 s deadline: at 1.5 s);
-        # FA-4 forward fills the H200 (1152 warps, 7-8 s of dump after the kill in s5 call2)
-        "for side in plain ahead; do if [ $side = ahead ]; then export "
-        "CUTEDEBUG_COREDUMP_AHEAD_S=8.5; fi; python3 tools/gpu_coredump_table.py --deadline 10 "
-        "--budget-s 65 --out /tmp/cora_$side --json $STEP_OUT/$side.json "
-        + _toml(
-            [
-                "field/fa4_fwd_sm90/skip_consumer_release",
-                "field/fa4_fwd_sm90/wrong_expect_tx_minus",
-                "tma_stream/wrong_expect_tx_plus",
-            ]
-        )
-        + "; done; unset CUTEDEBUG_COREDUMP_AHEAD_S",
-        "the dump asked ahead of the kill (CUTEDEBUG_COREDUMP_AHEAD_S=8.5, 10 s deadline) "
-        "against the plain before-kill dump, on FA-4 forward's full-grid hangs and a small one: "
-        "seconds added after the kill decision (target <= 5 s), the same localization from "
-        "the core, healthy after every dump, 0 left; run only after dump_resume's answer is "
-        "'resumed, right values'",
-    )
-)
 BY_NAME = {s.name: s for s in STEPS}
 # The order a session with device time runs them in (--plan without steps): the checks that
 # close the most issues per device second first. The triage alone is what #21 still needs and
@@ -1048,8 +1018,8 @@ BY_NAME = {s.name: s for s in STEPS}
 # exec steps (#17, #19) carry the wheels and come last.
 PRIORITY = (  # after 2026-12-02-h200-s5's calls 1-5: what is left, by value
     "coredump_field",  # #25: FA-4 fwd's extra_consumer_release (MISMATCH in s5), up to 4 runs
-    "dump_resume",  # #25: is a dump harmless to a running kernel (a dump before the kill)
-    "coredump_ahead",  # #25: if so, the dump asked ahead of the kill on full-grid hangs
+    "dump_resume",  # #25: s6 call3 stopped at a stream made under the spin (now before it);
+    # coredump_ahead (s6 call3) already read CRASH 3/3: a dump ends the kernel it dumps
     "warm_lite",  # #22: s5 call3, 5 rounds: cold 5.39 s median (4.42-5.45), warm 1.61 s
     "cold_ctx",  # #22: the context made beside torch's import (devices.EarlyContext)
     "pytest_gpu_only",  # after any GPU-facing change (s5 call1: 12 passed on fe2e73c)

@@ -40,11 +40,8 @@ from cutedebug.analyses.coredump_capture import (  # noqa: F401  (the capture ha
     PIPE_NAME,
     SKIP_FLAGS,
     SKIP_MEMORY,
-    ahead_of_kill,
-    ahead_s,
     before_kill,
     cores,
-    discard_ahead,
     dump_all,
     elf_complete,
     generation_flags,
@@ -423,12 +420,6 @@ def register_hook() -> None:
         hooks.insert(hooks.index(before_kill), prefetch_sass)
     if prefetch_core not in hooks:
         hooks.insert(hooks.index(before_kill) + 1, prefetch_core)
-    # opt-in: the dump requested $CUTEDEBUG_COREDUMP_AHEAD_S before the kill (its lead read now)
-    ahead = getattr(W, "AHEAD_OF_KILL", None)
-    if ahead is not None:
-        ahead[:] = [x for x in ahead if x[1] is not ahead_of_kill]
-        if (lead := ahead_s()) is not None:
-            ahead.append((lead, ahead_of_kill))
 
 
 def analyse(
@@ -447,8 +438,6 @@ def analyse(
     remove_pipes(d)
     found = cores(d)
     info: dict[str, Any] = {"dump": dump}
-    if ahead := facts.get("ahead_of_kill"):  # the dump requested before the kill was decided
-        info["ahead_of_kill"] = ahead
     prefetch = next((f["cuda_gdb_prefetch"] for f in hooks if "cuda_gdb_prefetch" in f), None)
     if prefetch:  # whether cuda-gdb loaded the core during the kill and the health check
         info["prefetch"] = prefetch
@@ -533,11 +522,6 @@ class Localizer:
 
     def request_fields(self, run_dir: Path | str) -> dict[str, Any]:
         return request_fields(run_dir)
-
-    def discard_ahead(self, run_dir: Path | str, facts: dict[str, Any]) -> list[str]:
-        """A run that was not a hang nor a crash: the cores requested ahead of a kill that
-        did not come are removed (:func:`coredump_capture.discard_ahead`)."""
-        return discard_ahead(run_dir, facts)
 
     def evidence(
         self, run_dir: Path | str, outcome: Any, facts: dict[str, Any], scenario: Any

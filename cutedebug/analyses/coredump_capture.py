@@ -10,19 +10,10 @@ user-triggered dump through the driver's named pipe, and the wait until the core
   (:data:`DUMP_LIMIT_S`), until the core is complete (:func:`trigger`); then the child is
   killed as usual, and falls back to the plain kill when no core comes.
 - :func:`dump_all`: every live process of a run folder (``cutedebug exec --coredump``).
-- :func:`ahead_of_kill` (opt-in, ``CUTEDEBUG_COREDUMP_AHEAD_S`` = a lead in seconds): the
-  watchdog's hook that lead before the kill its deadline or stall window would decide: the
-  pipe is written then, so that the driver's dump (SM by SM: 7-10 s for a kernel that fills
-  an H200) runs while the watchdog still waits and the before-kill hook only waits for the
-  rest. Its cost: a kernel still running that close to its deadline is paused for the dump
-  inside its deadline, and its core is dropped when it then ends by itself
-  (:func:`discard_ahead`). Whether the driver's user-triggered dump leaves a running kernel
-  running is measured by ``tools/dump_resume.py`` (not yet on a GPU: the reason this is off).
 """
 
 from __future__ import annotations
 
-import math
 import os
 import struct
 import time
@@ -46,8 +37,6 @@ SKIP_FLAGS = (
 PIPE_NAME = "coredump.pipe"  # the driver creates <run dir>/coredump.pipe.<pid>
 CORE_NAME = "coredump"  # the driver writes <run dir>/coredump.<pid>.nvcudmp
 DUMP_LIMIT_S = 10.0
-AHEAD_VAR = "CUTEDEBUG_COREDUMP_AHEAD_S"
-_REQUESTED: set[str] = set()  # pipes written ahead of the kill, until trigger() waits on them
 
 
 # ---- capture --------------------------------------------------------------------------------
@@ -164,14 +153,18 @@ def trigger(
     pipe = d / f"{PIPE_NAME}.{pid}"
     t0 = time.monotonic()
     facts: dict[str, Any] = {"pipe": str(pipe)}
-    if str(pipe) in _REQUESTED:  # ahead of the kill: the driver may not have a file yet
-        _REQUESTED.discard(str(pipe))
-        facts["requested_ahead"] = True
-    elif cores(d, pid):
+    if cores(d, pid):
         facts["exception_core_in_progress"] = True
-    elif err := request(pipe):
-        facts["error"] = err
-        return facts
+    else:
+        try:
+            fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)
+            try:
+                os.write(fd, b"1")
+            finally:
+                os.close(fd)
+        except OSError as e:
+            facts["error"] = f"could not write the coredump pipe: {type(e).__name__}: {e}"
+            return facts
     last, since, how = -1, None, "limit"  # "limit": the core was still being written
     while time.monotonic() - t0 < limit_s:
         found = cores(d, pid)
@@ -198,70 +191,6 @@ def trigger(
     facts.update(core=str(found[0]), core_bytes=found[0].stat().st_size, complete=how)
     facts["pipe_after_dump"] = pipe.exists()  # the driver's pipe, still there after its dump?
     return facts
-
-
-def request(pipe: Path) -> str | None:
-    """Write the driver's coredump pipe (not waiting for the dump); the error's text, or None."""
-    try:
-        fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)
-        try:
-            os.write(fd, b"1")
-        finally:
-            os.close(fd)
-    except OSError as e:
-        return f"could not write the coredump pipe: {type(e).__name__}: {e}"
-    return None
-
-
-def ahead_s() -> float | None:
-    """The lead of :func:`ahead_of_kill` ($CUTEDEBUG_COREDUMP_AHEAD_S, seconds > 0), or None
-    (unset or empty: off). Raises UsageError on anything else."""
-    raw = os.environ.get(AHEAD_VAR, "").strip()
-    if not raw:
-        return None
-    try:
-        lead = float(raw)
-    except ValueError:
-        lead = math.nan
-    if not 0 < lead < math.inf:  # nan compares False
-        raise UsageError(f"{AHEAD_VAR}={raw!r}: not allowed; a number of seconds > 0, or unset")
-    return lead
-
-
-def _worker_pipe(ctx: dict[str, Any]) -> Path | None:
-    """The coredump pipe of the watched worker in ``ctx`` (a launched child whose run folder
-    holds it), else None."""
-    if ctx.get("phase") != "launched" or not ctx.get("events_path") or not ctx.get("pid"):
-        return None
-    pipe = Path(ctx["events_path"]).parent / f"{PIPE_NAME}.{ctx['pid']}"
-    return pipe if pipe.exists() else None
-
-
-def ahead_of_kill(ctx: dict[str, Any]) -> dict[str, Any] | None:
-    """Watchdog hook (AHEAD_OF_KILL): request the worker's dump before the kill is decided."""
-    if (pipe := _worker_pipe(ctx)) is None:
-        return None
-    if err := request(pipe):
-        return {"coredump_error": err}
-    _REQUESTED.add(str(pipe))
-    return {"coredump_requested": str(pipe)}
-
-
-def discard_ahead(run_dir: Path | str, facts: dict[str, Any]) -> list[str]:
-    """After a run whose child ended by itself (no kill): remove the cores an ahead-of-kill
-    request left (they show a kernel that went on), saying so in ``facts``; the names."""
-    asked = [
-        f["coredump_requested"] for f in facts.get("ahead_of_kill", []) if "coredump_requested" in f
-    ]
-    if not asked:
-        return []
-    _REQUESTED.difference_update(asked)
-    gone = []
-    for p in cores(run_dir):
-        p.unlink(missing_ok=True)
-        gone.append(p.name)
-    facts["ahead_core_discarded"] = gone
-    return gone
 
 
 def _size(p: Path) -> int:
@@ -299,9 +228,11 @@ def dump_all(run_dir: Path | str, limit_s: float = DUMP_LIMIT_S) -> list[dict[st
 def before_kill(ctx: dict[str, Any]) -> dict[str, Any] | None:
     """Watchdog hook (before the SIGKILL of a hung child): dump the GPU state of a worker that
     runs with :func:`worker_env`, i.e. whose run folder holds its coredump pipe."""
-    if (pipe := _worker_pipe(ctx)) is None:
+    if ctx.get("phase") != "launched" or not ctx.get("events_path") or not ctx.get("pid"):
         return None
-    run_dir = pipe.parent
+    run_dir = Path(ctx["events_path"]).parent
+    if not (run_dir / f"{PIPE_NAME}.{ctx['pid']}").exists():
+        return None
 
     def alive() -> bool:
         try:

@@ -450,8 +450,6 @@ def run_scenario(
                     f"the exception's core)",
                     classified.evidence,
                 )
-        elif use_core and hasattr(core, "discard_ahead"):
-            core.discard_ahead(run_dir, facts)  # a dump asked ahead of a kill that never came
         if (
             classified.verdict is V.Verdict.HANG
             and probe_cfg is None

@@ -68,16 +68,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # decided to kill (deadline or stall) and before the SIGKILL; may return a dict of facts
 # (kept under facts["before_kill"]). Not called on interrupts (those must end in < 2 s).
 BEFORE_KILL: list[Callable[[dict[str, Any]], dict[str, Any] | None]] = []
-# (lead_s, hook): called once per watched child, with the same context less "reason", when a
-# launched child is lead_s seconds or less from the kill its deadline or stall window would
-# decide if nothing changed; may return a dict of facts (kept under facts["ahead_of_kill"],
-# with "at_s" and "left_s"). For work that takes seconds and is wanted only at a kill: a GPU
-# coredump requested there is written while the watchdog still waits (analyses/
-# coredump_capture.py, CUTEDEBUG_COREDUMP_AHEAD_S), and the before-kill dump only waits for it.
-AHEAD_OF_KILL: list[tuple[float, Callable[[dict[str, Any]], dict[str, Any] | None]]] = []
-# ... but never before the child has been launched this long: what a hung kernel's warps wait
-# on is in place within its first milliseconds, and a dump at the launch would catch it running
-AHEAD_AFTER_LAUNCH_S = 0.5
 
 
 class Interrupted(KeyboardInterrupt):
@@ -245,29 +235,14 @@ def signal_tree(pid: int, tag: str, sig: int) -> None:
             pass
 
 
-def _call_hook(hook: Callable, ctx: dict[str, Any]) -> dict[str, Any] | None:
-    try:
-        return hook(ctx)
-    except Exception as e:  # noqa: BLE001  (a hook must never stop the watch nor the kill)
-        return {"error": f"{getattr(hook, '__name__', hook)}: {type(e).__name__}: {e}"}
-
-
 def _before_kill(ctx: dict[str, Any], facts: dict[str, Any], extra: list) -> None:
     for hook in list(BEFORE_KILL) + extra:
-        if got := _call_hook(hook, ctx):
+        try:
+            got = hook(ctx)
+        except Exception as e:  # noqa: BLE001  (a hook must never stop the kill)
+            got = {"error": f"{getattr(hook, '__name__', hook)}: {type(e).__name__}: {e}"}
+        if got:
             facts.setdefault("before_kill", []).append(got)
-
-
-def _ahead_of_kill(
-    pending: list, left: float, ctx: dict[str, Any], facts: dict[str, Any], at: float
-) -> None:
-    """Call (and drop from ``pending``) the AHEAD_OF_KILL hooks whose lead reaches ``left``,
-    the seconds until the watchdog's kill if nothing changes."""
-    for item in [x for x in pending if left <= x[0]]:
-        pending.remove(item)
-        if got := _call_hook(item[1], ctx):
-            rec = {"at_s": round(at, 3), "left_s": round(left, 3), **got}
-            facts.setdefault("ahead_of_kill", []).append(rec)
 
 
 def watch(
@@ -307,19 +282,6 @@ def watch(
     waiting_since: float | None = None  # since when one of them waits: no clock runs
     waited = 0.0
     interrupted = False
-    ahead = list(AHEAD_OF_KILL)  # the hooks not yet called for this child
-
-    def hook_ctx(**more: Any) -> dict[str, Any]:
-        """What the ahead- and before-kill hooks are told of the child."""
-        return {
-            "pid": proc.pid,
-            "tag": tag,
-            "phase": outcome.phase,
-            **more,
-            "log_path": log_path,
-            "events_path": events_path,
-        }
-
     try:
         while True:
             exited = proc.poll() is not None
@@ -359,18 +321,6 @@ def watch(
                 phase_t = counter_t = now
             paused = waited + (now - waiting_since if waiting_since is not None else 0.0)
             if (
-                ahead
-                and outcome.phase == "launched"
-                and waiting_since is None
-                and now - phase_t >= AHEAD_AFTER_LAUNCH_S
-            ):
-                left = limit - (now - phase_t)
-                if stall_s is not None and counter_t is not None and last_counter is not None:
-                    left = min(left, stall_s - (now - counter_t))
-                if total_s is not None:
-                    left = min(left, total_s - (now - t_start - paused))
-                _ahead_of_kill(ahead, left, hook_ctx(), facts, now - t_start)
-            if (
                 outcome.phase == "launched"
                 and stall_s is not None
                 and counter_t is not None
@@ -388,7 +338,14 @@ def watch(
             if outcome.killed_by_watchdog:
                 facts["kill_t"] = round(now - t_start, 3)
                 _before_kill(
-                    hook_ctx(reason=outcome.killed_by_watchdog),
+                    {
+                        "pid": proc.pid,
+                        "tag": tag,
+                        "phase": outcome.phase,
+                        "reason": outcome.killed_by_watchdog,
+                        "log_path": log_path,
+                        "events_path": events_path,
+                    },
                     facts,
                     [before_kill] if before_kill else [],
                 )
