@@ -181,15 +181,18 @@ def side(name: str, k, compiled, torch, run_dir: Path, hold_s: float, limit_s: f
         row["after_dump"] = {"ended": ended, "error": err}
         step(f"{name}: after the dump {row['dump']}, ended={ended} error={err}")
     step(f"{name}: store the flags")
-    with torch.cuda.stream(side_stream):
-        t["flags"].copy_(ones, non_blocking=True)
-    copied = torch.cuda.Event()
-    copied.record(side_stream)
-    c_ended, c_err = _poll(copied, limit_s)
+    try:  # after a dump the context has the dumped kernel's error (s6 call4): it raises here
+        with torch.cuda.stream(side_stream):
+            t["flags"].copy_(ones, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record(side_stream)
+        c_ended, c_err = _poll(copied, limit_s)
+    except Exception as e:  # noqa: BLE001  (a CUDA error: the answer)
+        c_ended, c_err = None, f"{type(e).__name__}: {str(e).splitlines()[0]}"
     row["flags_stored"] = {"ended": c_ended, "error": c_err}
     step(f"{name}: flags stored={c_ended} error={c_err}")
     t_release = time.monotonic()
-    ended, err = _poll(done, limit_s)
+    ended, err = _poll(done, limit_s) if c_ended is not None else (None, c_err)
     row["kernel"] = {
         "ended": ended,
         "error": err,
