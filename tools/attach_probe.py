@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import select
-import shutil
 import signal
 import subprocess
 import sys
@@ -31,6 +30,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from cutedebug.analyses import cudagdb  # noqa: E402
 
 CHILD = r"""
 import ctypes, importlib.util, os, sys, time
@@ -72,13 +74,21 @@ def _wait_line(proc: subprocess.Popen, want: str, limit_s: float) -> bool:
     return False
 
 
-def attach(pid: int, solib: bool, limit_s: float) -> dict[str, Any]:
-    gdb = shutil.which("cuda-gdb") or "/usr/local/cuda/bin/cuda-gdb"
-    cmd = [gdb, "-batch", "-nx"]
+# What each attach asks: "focus", the focused SM's warps; "round1", the core reader's first
+# round (cutedebug.analyses.cudagdb.ROUND1: every SM's warps, the focused frame and instruction)
+ASKS = {
+    "focus": ["info cuda kernels", "info cuda sms", "info cuda warps"],
+    "round1": list(cudagdb.ROUND1),
+}
+
+
+def attach(pid: int, solib: bool, limit_s: float, ask: str = "focus") -> dict[str, Any]:
+    gdb = cudagdb.find_cuda_gdb() or "cuda-gdb"
+    cmd = [gdb, "-batch", "-nx", "-ex", "set pagination off", "-ex", "set width 0"]
     if not solib:  # the host's shared libraries' symbols are not needed for the GPU's state
         cmd += ["-iex", "set auto-solib-add off"]
     cmd += ["-p", str(pid)]
-    for c in ("info cuda kernels", "info cuda sms", "info cuda warps", "detach"):
+    for c in [*ASKS[ask], "detach"]:
         cmd += ["-ex", c]
     t0 = time.monotonic()
     try:
@@ -92,18 +102,22 @@ def attach(pid: int, solib: bool, limit_s: float) -> dict[str, Any]:
         )
         rc = "timeout"
     lines = out.splitlines()
+    warps = cudagdb.parse_warps(out)
     return {
+        "ask": ask,
         "solib": solib,
+        "warps": len(warps),
+        "sms": len({w.sm for w in warps}),
+        "pcs": len({w.pc for w in warps}),
         "wall_s": round(time.monotonic() - t0, 3),
         "rc": rc,
         "lines": len(lines),
-        "warp_lines": sum(1 for x in lines if x.strip().startswith(("*", " ")) and "0x" in x),
         "head": "\n".join(lines[:60])[:6000],
         "tail": "\n".join(lines[-30:])[:4000],
     }
 
 
-def probe(kind: str, variants: list[bool], limit_s: float) -> dict[str, Any]:
+def probe(kind: str, variants: list[tuple[str, bool]], limit_s: float) -> dict[str, Any]:
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
@@ -125,15 +139,12 @@ def probe(kind: str, variants: list[bool], limit_s: float) -> dict[str, Any]:
         row["launched_after_s"] = round(time.monotonic() - t0, 2)
         time.sleep(1.0)
         row["attaches"] = []
-        for solib in variants:
-            a = attach(proc.pid, solib, limit_s)
+        for ask, solib in variants:
+            a = attach(proc.pid, solib, limit_s, ask)
             a["child_running_after"] = proc.poll() is None
             row["attaches"].append(a)
-            print(
-                json.dumps({k: a[k] for k in ("solib", "wall_s", "rc", "lines", "warp_lines")}),
-                flush=True,
-            )
-            print(a["head"], flush=True)
+            keys = ("ask", "solib", "wall_s", "rc", "warps", "sms", "pcs", "child_running_after")
+            print(json.dumps({k: a[k] for k in keys}), flush=True)
             if proc.poll() is not None:
                 break
     finally:
@@ -162,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ptrace_scope: {scope}", flush=True)
     rows = []
     for kind in kinds:
-        rows.append(probe(kind, [False, True] if kind == "flag" else [False], args.limit_s))
+        asks = [("focus", False), ("round1", False), ("focus", False)]
+        rows.append(probe(kind, asks, args.limit_s))
         if args.json:
             Path(args.json).write_text(json.dumps({"ptrace_scope": scope, "rows": rows}, indent=1))
     return 0
