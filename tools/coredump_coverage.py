@@ -53,6 +53,12 @@ RUNS = [
         "default",
     ),
     ("12-02 s6/call1", "reports/2026-12-02-h200-s6/call1/coredump_field/rows.json", "default"),
+    # the plain side of coredump_ahead (its ahead side read CRASH: a dump ends the kernel)
+    (
+        "12-02 s6/call3",
+        "reports/2026-12-02-h200-s6/call3/coredump_ahead/plain.json.gz",
+        "default",
+    ),
 ]
 # printf-bisection of the same scenarios on the H200 (reports/2026-11-30-h200-s3): wall seconds
 BISECT_TABLE = "reports/2026-11-30-h200-s3/bisect-table.txt"
