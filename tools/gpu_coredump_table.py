@@ -54,7 +54,9 @@ def row(res: runner.RunResult, wall: float, leftovers: int) -> dict:
     loc = res.localization
     answers = ev.get("role_answers") or {}
     crash = ev.get("crash") or {}
-    added = (t.get("dump_s") or 0.0) + (t.get("core_s") or 0.0)
+    # between the kill decision and the verdict: the dump or the attached reading (or both,
+    # when the attach failed), then the core's reading
+    added = (t.get("dump_s") or 0.0) + (t.get("attach_s") or 0.0) + (t.get("core_s") or 0.0)
     return {
         "scenario": res.scenario.id,
         "verdict": res.verdict.value,
@@ -73,6 +75,9 @@ def row(res: runner.RunResult, wall: float, leftovers: int) -> dict:
         ),
         "site_map": core.get("site_map"),
         "warps": core.get("warps"),
+        # CUTEDEBUG_COREDUMP_READ=attach: the attached reading's seconds and warps, or why it
+        # failed (then the dump was taken)
+        "attach": core.get("attach"),
         "dump_s": dump.get("dump_s"),
         "dump_complete": dump.get("complete"),  # closed / stable / exited / limit
         "driver_progress": driver_progress(res.run_dir),

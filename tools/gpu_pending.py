@@ -1010,19 +1010,46 @@ STEPS.append(
         "dump: the extra seconds against the dump's)",
     )
 )
+STEPS.append(
+    Step(
+        "coredump_attach",
+        "25",
+        # 4 scenarios x 2 sides: FA-4's compile in the fork server (~10 s the first), the 2 s
+        # deadline, the dump (FA-4 7-8 s, spin_hang 5-6 s) or the attach (0.9 s in call5), the
+        # reading (~1-4 s): ~8 x 15 s
+        150,
+        True,
+        "for side in dump attach; do python3 tools/gpu_coredump_table.py --deadline 2 "
+        "--budget-s 70 --out /tmp/coa_$side --json $STEP_OUT/$side.json "
+        + _toml(
+            [
+                "field/fa4_fwd_sm90/skip_consumer_release",
+                "field/fa4_fwd_sm90/wrong_expect_tx_minus",
+                "minimal/spin_hang",
+                "tma_stream/wrong_expect_tx_plus",
+            ]
+        )
+        + "; export CUTEDEBUG_COREDUMP_READ=attach; done; unset CUTEDEBUG_COREDUMP_READ",
+        "the hung worker read through cuda-gdb attached to it before the kill "
+        "(CUTEDEBUG_COREDUMP_READ=attach) against the driver's dump, on hangs that fill the "
+        "H200 and a small one: seconds added after the kill decision (target <= 5 s), the same "
+        "localization, the attach's own seconds or why it fell back, healthy, 0 left",
+    )
+)
 BY_NAME = {s.name: s for s in STEPS}
 # The order a session with device time runs them in (--plan without steps): the checks that
 # close the most issues per device second first. The triage alone is what #21 still needs and
 # half of #23's; with xdist #23 is done; pytest_gpu is owed whenever GPU code changed; perturb
 # and coredump each close one issue; warm + bench finish #22 (with the triage); the field and
 # exec steps (#17, #19) carry the wheels and come last.
-PRIORITY = (  # after 2026-12-02-h200-s5's calls 1-5: what is left, by value
+PRIORITY = (  # after 2026-12-02-h200-s6's calls 1-5: what is left, by value
+    "coredump_attach",  # #25: the attached reading integrated (s6 call5: attach 0.9 s, full GPU)
+    "pytest_gpu_only",  # after coredump_attach's code (s6 call4: 12 passed on 4e2fcdd)
     "coredump_field",  # #25: FA-4 fwd's extra_consumer_release (MISMATCH in s5), up to 4 runs
     "dump_resume",  # #25: s6 call3 stopped at a stream made under the spin (now before it);
     # coredump_ahead (s6 call3) already read CRASH 3/3: a dump ends the kernel it dumps
     "warm_lite",  # #22: s5 call3, 5 rounds: cold 5.39 s median (4.42-5.45), warm 1.61 s
     "cold_ctx",  # #22: the context made beside torch's import (devices.EarlyContext)
-    "pytest_gpu_only",  # after any GPU-facing change (s5 call1: 12 passed on fe2e73c)
     "mutate_all",  # #19: done in s3 call1 (73/73 applied); again for the own-time baseline
     "triage",  # done in s5 call4 (142.5 s; missing_phase_flip_consumer CRASH, now accepted)
     "warm_reuse",  # #22: done in s5 call1 (warm 1.62 s, fresh 1.74 s, no spare 1.66 s)

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from cutedebug.analyses import coredump_attach
 from cutedebug.analyses import sass as S
 from cutedebug.analyses.coredump_capture import (  # noqa: F401  (the capture half, re-exported)
     CORE_NAME,
@@ -342,6 +343,31 @@ def _prefetched_sass(run_dir: Path, info: dict[str, Any]) -> Callable[[], str | 
     return sass
 
 
+# A hung worker read through an attached cuda-gdb before the kill (coredump_attach), by run
+# folder, taken by analyse
+_ATTACHED: dict[str, tuple[float, CoreReport]] = {}
+
+
+def keep_attached(run_dir: Path | str, rep: CoreReport) -> None:
+    now = time.monotonic()
+    with _SASS_LOCK:
+        for k in [k for k, v in _ATTACHED.items() if now - v[0] > SASS_KEEP_S]:
+            del _ATTACHED[k]  # a run nobody analysed
+        _ATTACHED[str(Path(run_dir).resolve())] = (now, rep)
+
+
+def take_attached(run_dir: Path | str) -> CoreReport | None:
+    with _SASS_LOCK:
+        got = _ATTACHED.pop(str(Path(run_dir).resolve()), None)
+    return got[1] if got else None
+
+
+def attach_or_dump(ctx: dict[str, Any]) -> dict[str, Any] | None:
+    """Watchdog hook (CUTEDEBUG_COREDUMP_READ=attach): this module's reader over cuda-gdb
+    attached to the hung worker, the dump when that fails (coredump_attach.read_or_dump)."""
+    return coredump_attach.read_or_dump(ctx, _read, _prefetched_sass, keep_attached)
+
+
 # cuda-gdb sessions a prefetch started on a complete core (round 1 sent), taken by read_core
 _SESSIONS: dict[str, tuple[float, Any]] = {}
 
@@ -403,10 +429,13 @@ def close_prefetched() -> None:
         g.close(kill=True)
 
 
-def register_hook() -> None:
-    """Put :func:`prefetch_sass`, :func:`before_kill` and :func:`prefetch_core` in the
-    watchdog's before-kill hooks (once, in that order: nvdisasm runs while the driver dumps,
-    cuda-gdb loads the core while the worker is killed and the GPU checked)."""
+def register_hook(read: str = "dump") -> None:
+    """Put :func:`prefetch_sass`, the hook that takes the hung worker's GPU state and
+    :func:`prefetch_core` in the watchdog's before-kill hooks, in that order (nvdisasm runs
+    while the state is taken, cuda-gdb loads a core while the worker is killed and the GPU
+    checked). ``read`` "dump": :func:`before_kill`, the driver's dump; "attach":
+    :func:`attach_or_dump`, cuda-gdb attached to the live worker first, the dump when that
+    fails. The other taker leaves the list."""
     try:
         from cutedebug.engine import watchdog as W
     except ImportError:  # the watchdog still lives in the runner
@@ -414,12 +443,11 @@ def register_hook() -> None:
     hooks = getattr(W, "BEFORE_KILL", None)
     if hooks is None:
         raise RuntimeError("this engine has no before-kill hook: coredumps cannot be taken")
-    if before_kill not in hooks:
-        hooks.append(before_kill)
-    if prefetch_sass not in hooks:
-        hooks.insert(hooks.index(before_kill), prefetch_sass)
-    if prefetch_core not in hooks:
-        hooks.insert(hooks.index(before_kill) + 1, prefetch_core)
+    take = attach_or_dump if read == "attach" else before_kill
+    for h in (prefetch_sass, before_kill, attach_or_dump, prefetch_core):
+        while h in hooks:
+            hooks.remove(h)
+    hooks += [prefetch_sass, take, prefetch_core]
 
 
 def analyse(
@@ -443,7 +471,11 @@ def analyse(
         info["prefetch"] = prefetch
     if errors := [f["error"] for f in hooks if "error" in f]:
         info["hook_errors"] = errors  # a before-kill hook that raised
-    if not found:
+    attach = next((f["attach"] for f in hooks if "attach" in f), None)
+    if attach is not None:  # CUTEDEBUG_COREDUMP_READ=attach: what the attached reading did
+        info["attach"] = attach
+    attached = take_attached(d)
+    if not found and attached is None:
         info["error"] = (dump or {}).get("error") or "no core was written"
         return {"coredump": info}
     # no outcome (`cutedebug exec`: any program): no trace-time tables, the SASS alone
@@ -456,23 +488,25 @@ def analyse(
     )
     cp_sites = cp_table.sites or []
     t0 = time.monotonic()
-    sass = _prefetched_sass(d, info)  # read_core calls it while cuda-gdb loads the core
-    try:
-        rep = read_core(
-            found[0],
-            sass_text=sass,
-            wait_sites=wait_sites,
-            checkpoint_sites=cp_sites,
-            timeout_s=timeout_s,
-        )
-    except (RuntimeError, OSError, subprocess.SubprocessError) as e:
-        info["error"] = f"reading the core failed: {e}"
-        return {"coredump": info}
+    if attached is not None:  # read from the live worker before the kill: no core to read
+        rep = attached
+    else:
+        sass = _prefetched_sass(d, info)  # read_core calls it while cuda-gdb loads the core
+        try:
+            rep = read_core(
+                found[0],
+                sass_text=sass,
+                wait_sites=wait_sites,
+                checkpoint_sites=cp_sites,
+                timeout_s=timeout_s,
+            )
+        except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+            info["error"] = f"reading the core failed: {e}"
+            return {"coredump": info}
+        info.update(core=found[0].name, core_bytes=found[0].stat().st_size)
     for name, text in rep.raw.items():
         (d / f"coredump_gdb_{name}.txt").write_text(text)
     info.update(
-        core=found[0].name,
-        core_bytes=found[0].stat().st_size,
         gdb_s=rep.gdb_s,
         gdb_passes=rep.passes,
         gdb_rounds_s=rep.rounds_s,
@@ -486,7 +520,7 @@ def analyse(
         warps=len(rep.warps),
         analysis_s=round(time.monotonic() - t0, 3),
     )
-    if info["core_bytes"] > KEEP_CORE_MAX:  # e.g. 130 MB for 8,448 warps of a big grid
+    if info.get("core_bytes", 0) > KEEP_CORE_MAX:  # e.g. 130 MB for 8,448 warps of a big grid
         found[0].unlink()
         info["core_removed"] = f"over {KEEP_CORE_MAX >> 20} MB: removed after reading"
     out: dict[str, Any] = {"coredump": info}
@@ -497,7 +531,11 @@ def analyse(
     # kind of place among them; the diagnosis and the per-role answers count them all
     sites, unlisted = bounded(stuck_sites(rep, cp_sites))
     out.update(
-        probe_source="coredump (cuda-gdb on the GPU core taken before the kill; no probes)",
+        probe_source=(
+            "coredump (cuda-gdb attached to the hung worker before the kill; no probes, no dump)"
+            if attached is not None
+            else "coredump (cuda-gdb on the GPU core taken before the kill; no probes)"
+        ),
         stuck_sites=sites,
         diagnosis=diagnosis(rep, cp_sites),
         role_answers=role_answers(rep, cp_sites),
@@ -515,13 +553,18 @@ class Localizer:
     """What ``runner.run_scenario(core=...)`` needs to localize a hang (or a crash) from its GPU
     core: the worker's request fields and, after the run, the evidence."""
 
-    def __init__(self, timeout_s: float = GDB_LIMIT_S):
+    def __init__(self, timeout_s: float = GDB_LIMIT_S, read: str | None = None):
         self.timeout_s = timeout_s
         generation_flags()  # a bad $CUTEDEBUG_COREDUMP_FLAGS is a usage error, before any run
-        register_hook()
+        # a bad $CUTEDEBUG_COREDUMP_READ too: "dump" (the default) or "attach"
+        self.read = read or coredump_attach.read_mode()
+        register_hook(self.read)
 
     def request_fields(self, run_dir: Path | str) -> dict[str, Any]:
-        return request_fields(run_dir)
+        fields = request_fields(run_dir)
+        if self.read == "attach":  # a debugger that is not its ancestor may attach (Yama)
+            fields["allow_ptrace"] = True
+        return fields
 
     def evidence(
         self, run_dir: Path | str, outcome: Any, facts: dict[str, Any], scenario: Any

@@ -94,21 +94,26 @@ SENTINEL = "@@@done"  # echoed after round N as "@@@done N" (a third @: never an
 
 
 class GdbSession:
-    """cuda-gdb on one core, interactive on pipes: :meth:`send` a round of commands (its end
-    marked by an echoed sentinel), :meth:`receive` its output (everything printed up to the
-    sentinel; the first round's includes what ``target cudacore`` printed), :meth:`close`.
+    """cuda-gdb on one core (or attached to a live process: ``pid``), interactive on pipes:
+    :meth:`send` a round of commands (its end marked by an echoed sentinel), :meth:`receive`
+    its output (everything printed up to the sentinel; the first round's includes what
+    ``target cudacore`` or ``attach`` printed), :meth:`close` (its quit detaches).
     Tied like :func:`lifeline.run_tool`'s tools (run tag, PDEATHSIG, own process group; swept
     on close). A round past its time limit kills the process and raises RuntimeError; a
     cuda-gdb that exits returns what it printed (the caller's parsers find what is there)."""
 
-    def __init__(self, core: Path | str, cuda_gdb: str | None = None):
+    def __init__(self, core: Path | str, cuda_gdb: str | None = None, pid: int | None = None):
         exe = cuda_gdb or find_cuda_gdb()
         if not exe:
             raise RuntimeError("cuda-gdb not found (PATH, /usr/local/cuda*/bin)")
         self.argv = [exe, "-nx", "-q"]
+        if pid is not None:  # the GPU's state needs none of the host libraries' symbols
+            self.argv += ["-iex", "set auto-solib-add off"]
         for c in ("set prompt", "set pagination off", "set width 0", "set height 0"):
             self.argv += ["-ex", c]
-        self.argv += ["-ex", "set confirm off", "-ex", f"target cudacore {core}"]
+        # a live process (pid: attached, detached again by close's quit) or a GPU core
+        target = f"attach {pid}" if pid is not None else f"target cudacore {core}"
+        self.argv += ["-ex", "set confirm off", "-ex", target]
         self.proc: subprocess.Popen | None = None
         self.tag = lifeline.new_run_tag()
         self.rounds = 0

@@ -45,6 +45,8 @@ SESSION_VAR = "CUTEDEBUG_SESSION_TAGS"
 PLACEHOLDER_TAG = "0" * 32  # a fork server's own run tag, overwritten per worker
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
+PR_SET_PTRACER = 0x59616D61  # Yama
+PR_SET_PTRACER_ANY = (1 << 64) - 1  # (unsigned long) -1
 
 # The keeper runs with -I -S: stdlib only, no site, nothing of cutedebug (it must start in
 # milliseconds and work where cutedebug is not importable by a bare interpreter).
@@ -350,6 +352,18 @@ def adopt_session_tags(tags: list[str]) -> bool:
     except OSError:
         pass
     return False
+
+
+def allow_ptrace() -> bool:
+    """PR_SET_PTRACER_ANY: any process of ours may attach a debugger to this one (Yama's
+    ptrace_scope 1 allows only ancestors: the harness's cuda-gdb is a sibling of its worker).
+    False where it could not be set; without Yama there is nothing to set (also False)."""
+    try:
+        prctl = _libc().prctl
+        prctl.restype = ctypes.c_int
+        return prctl(PR_SET_PTRACER, ctypes.c_ulong(PR_SET_PTRACER_ANY), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 def become_subreaper() -> bool:

@@ -186,6 +186,11 @@ def run_timings(
         dump = (core_evidence.get("coredump") or {}).get("dump") or {}
         if dump.get("dump_s") is not None:
             t["dump_s"] = dump["dump_s"]
+        # CUTEDEBUG_COREDUMP_READ=attach: the attached reading before the kill (like dump_s,
+        # within launch_s), a failed one's too (the dump then followed it)
+        attach = (core_evidence.get("coredump") or {}).get("attach") or {}
+        if attach.get("attach_s") is not None:
+            t["attach_s"] = attach["attach_s"]
     if "pool" in facts:  # getting the warm pool's server: before this run's clock started
         t["pool_s"] = facts["pool"]["connect_s"]
     waited = sum(

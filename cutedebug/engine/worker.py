@@ -140,6 +140,8 @@ def run(request: dict[str, Any], events: Events) -> None:
     mode = request.get("mode", "run")
     # Before anything initializes CUDA: settings the driver reads once (e.g. coredumps).
     os.environ.update({str(k): str(v) for k, v in (request.get("env") or {}).items()})
+    if request.get("allow_ptrace"):  # CUTEDEBUG_COREDUMP_READ=attach: the harness's cuda-gdb
+        lifeline.allow_ptrace()
     # mono0: this process's t = 0 on the system-wide monotonic clock, so the runner can place
     # the worker's event times on its own clock (the time breakdown in report.json)
     events.emit(

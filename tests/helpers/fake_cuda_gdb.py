@@ -3,7 +3,7 @@
 usage: fake_cuda_gdb.py [-batch] [-ex CMD ...]   (FAKE_GDB: a JSON file, below)
 
 FAKE_GDB = {"rounds": [text, ...], "starts": path, "hang_round": N, "exit_round": N,
-"no_session": bool}. Each start appends its pid and mode (session / batch) to ``starts``. Interactive (no -batch), as GdbSession drives
+"no_session": bool, "argv": path}. Each start appends its pid and mode (session / batch) to ``starts``. Interactive (no -batch), as GdbSession drives
 it: commands are read from stdin a round at a time (a round ends with the echo of its marker,
 ``echo @@@xxx N\\n``); at a round's first line it prints ``rounds[N-1]`` (what cuda-gdb printed
 for that round's commands on the H200), at its end the marker. Round ``hang_round`` never
@@ -22,6 +22,9 @@ cfg = json.load(open(os.environ["FAKE_GDB"]))
 batch = "-batch" in sys.argv
 with open(cfg["starts"], "a") as f:
     f.write(f"{os.getpid()} {'batch' if batch else 'session'}\n")
+if cfg.get("argv"):  # the command line it was started with (one JSON list per start)
+    with open(cfg["argv"], "a") as f:
+        f.write(json.dumps(sys.argv[1:]) + "\n")
 rounds = cfg["rounds"]
 if batch:
     n = open(cfg["starts"]).read().count(" batch\n")
