@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -143,7 +144,10 @@ def test_a_failed_attach_takes_the_dump_and_says_why(tmp_path, monkeypatch, how)
     d, ctx = run_folder(tmp_path, doc)
     if how == "too slow":
         monkeypatch.setattr(coredump_attach, "ATTACH_LIMIT_S", 1.0)
+    sent = []
+    monkeypatch.setattr(os, "kill", lambda pid, sig: sent.append((pid, sig)))
     got = coredump.attach_or_dump(ctx)
+    assert sent[-1] == (4242, signal.SIGCONT), "the worker runs again before its dump"
     assert got["coredump"] == {"dump_s": 0.4}
     why = got["attach"]["error"]
     assert {

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -134,6 +135,11 @@ def read_or_dump(
     got = attach_read(ctx, read, sass_of, keep)
     if got is not None and "error" not in got["attach"]:
         return got
+    if got is not None:  # a debugger killed mid-attach can leave the worker stopped (its
+        try:  # SIGSTOP delivered on the automatic detach): the driver's dump needs it running
+            os.kill(int(ctx["pid"]), signal.SIGCONT)
+        except OSError:
+            pass
     dumped = coredump_capture.before_kill(ctx)
     if got is None:
         return dumped

@@ -148,10 +148,10 @@ def run(request: dict[str, Any], events: Events) -> None:
         "started", pid=os.getpid(), python=sys.version.split()[0], mono0=round(events.t0, 6)
     )
 
-    # A compile-only run never touches the GPU: it does not import torch to look for one (the
-    # 1.7 s of CPU a fresh interpreter would spend on it; the kernels import torch lazily).
     # opt-in: the driver's init and the context through libcuda, beside torch's import
     early = devices.EarlyContext.start(mode)
+    # A compile-only run never touches the GPU: it does not import torch to look for one (the
+    # 1.7 s of CPU a fresh interpreter would spend on it; the kernels import torch lazily).
     lookup = DeviceLookup.start(mode)  # opt-in: torch and CUDA beside cutlass's import
     if lookup is None:
         device = (
