@@ -43,7 +43,7 @@ RUNS = [
     ("12-02/call5 light", "reports/2026-12-02-h200/call5/coredump_lite/rows_light.json", "light"),
     ("s2/call2", "reports/2026-12-02-h200-s2/call2/coredump/rows.json.gz", "default"),
     ("s2/call2 light", "reports/2026-12-02-h200-s2/call2/coredump/rows_light.json", "light"),
-    ("s2/call4", "reports/2026-12-02-h200-s2/call4/coredump_rest/rows.json", "default"),
+    ("s2/call4", "reports/2026-12-02-h200-s2/call4/coredump_rest/rows.json.gz", "default"),
     ("s3/call3", "reports/2026-12-02-h200-s3/call3/coredump_rest/rows.json.gz", "default"),
     ("12-02 s4/call1", "reports/2026-12-02-h200-s4/call1/coredump_rest/rows.json.gz", "default"),
     ("12-02 s5/call2", "reports/2026-12-02-h200-s5/call2/coredump_field/rows.json.gz", "default"),
