@@ -130,11 +130,15 @@ def test_attached_reading_gives_the_cores_evidence(tmp_path, monkeypatch, attach
     assert ev["stuck_sites"] == E.bounded(E.stuck_sites(ref, cps))[0]
 
 
-@pytest.mark.parametrize("how", ["no warp", "no cuda-gdb", "too slow"])
+@pytest.mark.parametrize("how", ["no warp", "no cuda-gdb", "too slow", "a reader bug"])
 def test_a_failed_attach_takes_the_dump_and_says_why(tmp_path, monkeypatch, how):
     doc = recorded()
     if how == "no cuda-gdb":
         monkeypatch.setattr(cudagdb, "find_cuda_gdb", lambda: None)
+    elif how == "a reader bug":  # an exception no reader should raise: still the dump
+        exe, starts = fake_gdb(tmp_path, doc["passes"])
+        monkeypatch.setattr(cudagdb, "find_cuda_gdb", lambda: exe)
+        monkeypatch.setattr(coredump, "parse_warps", lambda text: {}["no such key"])
     else:
         text = "ptrace: Operation not permitted.\n" if how == "no warp" else ""
         exe, starts = fake_gdb(tmp_path, [text], hang_round=1 if how == "too slow" else None)
@@ -154,6 +158,7 @@ def test_a_failed_attach_takes_the_dump_and_says_why(tmp_path, monkeypatch, how)
         "no warp": "listed no warp",
         "no cuda-gdb": "cuda-gdb not found",
         "too slow": "did not finish in",
+        "a reader bug": "KeyError: 'no such key'",
     }[how] in why
     assert coredump.take_attached(d) is None
     if how != "no cuda-gdb":
