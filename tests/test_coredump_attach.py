@@ -230,3 +230,72 @@ def test_the_attached_readings_seconds_are_in_the_timings():
     assert t["attach_s"] == 1.2 and "dump_s" not in t and t["core_s"] == 0.7
     t = run({"coredump": {"attach": {"error": "x", "attach_s": 0.3}, "dump": {"dump_s": 5.0}}})
     assert (t["attach_s"], t["dump_s"]) == (0.3, 5.0)  # a failed attach, then the dump
+
+
+def test_through_the_watchdog_the_worker_is_read_attached_then_killed(tmp_path, monkeypatch):
+    """The real watchdog on a hung worker that answers the coredump pipe like the driver
+    (tests/helpers/fake_core_worker.py): in attach mode the hook reads it through cuda-gdb
+    (the fake one, the H200's rounds) before the kill, the pipe is never written (no core),
+    nothing is left, and analyse gives the attached evidence."""
+    import sys
+
+    from cutedebug.engine import runner
+    from cutedebug.engine.scenario import Limits
+
+    doc = recorded()
+    hooks: list = []
+    monkeypatch.setattr(W, "BEFORE_KILL", hooks)
+    monkeypatch.setattr(runner, "BEFORE_KILL", hooks)
+    coredump.register_hook("attach")
+    gdb_dir = tmp_path / "gdb"
+    gdb_dir.mkdir()
+    exe, starts = fake_gdb(gdb_dir, doc["passes"], argv=str(gdb_dir / "argv.jsonl"))
+    monkeypatch.setattr(cudagdb, "find_cuda_gdb", lambda: exe)
+    monkeypatch.setattr(coredump, "sass_of_cubin", lambda cubin, nvdisasm=None: doc["sass"])
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "kernel.cubin").write_bytes(b"\x7fELF")
+    events, log = run / "events.jsonl", run / "worker.log"
+    events.write_text(
+        json.dumps(Event.of("compiled", 0.5, wait_sites=doc["wait_sites"]).to_json())
+        + "\n"
+        + json.dumps(Event.of("checkpoint_sites", 0.6, sites=doc["checkpoint_sites"]).to_json())
+        + "\n"
+    )
+    fake = Path(__file__).parent / "helpers" / "fake_core_worker.py"
+    limits = Limits(compile_s=30.0, deadline_s=1.0, stall_s=0.3, import_s=30.0, check_s=30.0)
+    outcome, facts = runner.watch(
+        [sys.executable, str(fake), str(events), "dump"], events, log, limits
+    )
+    try:
+        assert outcome.killed_by_watchdog.startswith("deadline:launched")
+        got = [f for f in facts["before_kill"] if "attach" in f]
+        assert len(got) == 1 and "error" not in got[0]["attach"], facts["before_kill"]
+        assert not any("coredump" in f for f in facts["before_kill"]), "no dump was asked"
+        assert coredump.cores(run) == [] and not list(run.glob("closed.*"))
+        worker = int(next(run.glob("coredump.pipe.*")).name.rsplit(".", 1)[1])
+        argv = json.loads((gdb_dir / "argv.jsonl").read_text().splitlines()[0])
+        assert f"attach {worker}" in argv  # the hung worker itself, by its pid
+        assert runner.tagged_processes(facts["tag"]) == []
+        assert all(gone(p) for p in pids(starts))
+        ev = coredump.analyse(run, outcome, facts, {"role": "consumer"})
+        assert ev["probe_source"].startswith("coredump (cuda-gdb attached")
+        monkeypatch.setattr(coredump, "gdb_session", PassReplay(doc["passes"]).session)
+        ref = coredump.read_core(
+            "core",
+            sass_text=doc["sass"],
+            wait_sites=waitsites.sites_from_json(doc["wait_sites"]),
+            checkpoint_sites=doc["checkpoint_sites"],
+        )
+        assert ev["role_answers"] == E.role_answers(ref, doc["checkpoint_sites"])
+    finally:
+        coredump.close_prefetched()
+
+
+def test_a_compile_without_a_wait_table_does_not_hide_the_one_before(tmp_path):
+    doc = recorded()
+    d, ctx = run_folder(tmp_path, doc)
+    with open(ctx["events_path"], "a") as f:  # after the partial line: a new, complete one
+        f.write('"}\n' + json.dumps(Event.of("compiled", 2.0).to_json()) + "\n")
+    wait, _ = coredump_attach.tables(ctx["events_path"])
+    assert len(wait) == len(doc["wait_sites"]) > 0

@@ -64,8 +64,8 @@ def tables(events_path: Path | str) -> tuple[list, list[dict[str, Any]]]:
             ev = Event.from_json(json.loads(line))
         except (ValueError, TypeError):
             continue  # a partial last line, or one the runner reports as malformed itself
-        if isinstance(ev.payload, Compiled):
-            compiled = ev.payload
+        if isinstance(ev.payload, Compiled) and ev.payload.wait_sites is not None:
+            compiled = ev.payload  # the last compile that wrote a wait table
         elif isinstance(ev.payload, CheckpointSites):
             checkpoints = ev.payload
     return waitsites.sites_from_json(compiled.wait_sites), list(checkpoints.sites or [])
