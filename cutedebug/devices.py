@@ -9,6 +9,8 @@ health check ask this first. Stdlib only.
 from __future__ import annotations
 
 import os
+import sys
+import threading
 
 GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg", "/dev/nvhost-ctrl-gpu")
 NO_DEVICE_NODE = "no NVIDIA GPU device node on this machine"
@@ -32,16 +34,12 @@ class EarlyContext:
     is left for torch to meet and report; ``result`` says what happened ("made" or why not)."""
 
     def __init__(self) -> None:
-        import threading
-
         self.result: str | None = None
         self.seconds: float | None = None
         self._thread = threading.Thread(target=self._make, name="cutedebug-context", daemon=True)
 
     @classmethod
     def start(cls, mode: str) -> EarlyContext | None:
-        import sys
-
         if mode != "run" or os.environ.get(EARLY_CONTEXT_VAR) != "1" or "torch" in sys.modules:
             return None
         if gpu_device_node() is None:

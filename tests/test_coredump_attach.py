@@ -26,7 +26,7 @@ from cutedebug.errors import UsageError
 from cutedebug.event import Event
 from cutedebug.instrument import waitsites
 from tests.helpers.replay_gdb import PassReplay
-from tests.test_gdb_session import fake_gdb, gone, pids
+from tests.test_gdb_session import fake_gdb, gone, pids, read
 
 RUNS = Path(__file__).parent / "data" / "coredump" / "h200-runs"
 NAME = "tma_stream__wrong_expect_tx_plus"
@@ -34,6 +34,12 @@ NAME = "tma_stream__wrong_expect_tx_plus"
 
 def recorded(name: str = NAME) -> dict:
     return json.loads(gzip.open(RUNS / f"{name}.json.gz", "rt").read())
+
+
+def core_reading(doc: dict, monkeypatch):
+    """The reference: the same recorded rounds read as a core's (no process, PassReplay)."""
+    monkeypatch.setattr(coredump, "gdb_session", PassReplay(doc["passes"]).session)
+    return read(doc)
 
 
 def run_folder(tmp_path: Path, doc: dict) -> tuple[Path, dict]:
@@ -118,13 +124,7 @@ def test_attached_reading_gives_the_cores_evidence(tmp_path, monkeypatch, attach
     assert coredump.take_attached(d) is None, "analyse took it"
     assert (d / "coredump_gdb_pass1.txt").exists()
 
-    monkeypatch.setattr(coredump, "gdb_session", PassReplay(doc["passes"]).session)
-    ref = coredump.read_core(
-        "core",
-        sass_text=doc["sass"],
-        wait_sites=waitsites.sites_from_json(doc["wait_sites"]),
-        checkpoint_sites=doc["checkpoint_sites"],
-    )
+    ref = core_reading(doc, monkeypatch)
     cps = doc["checkpoint_sites"]
     assert ev["role_answers"] == E.role_answers(ref, cps)
     assert ev["stuck_sites"] == E.bounded(E.stuck_sites(ref, cps))[0]
@@ -280,13 +280,7 @@ def test_through_the_watchdog_the_worker_is_read_attached_then_killed(tmp_path, 
         assert all(gone(p) for p in pids(starts))
         ev = coredump.analyse(run, outcome, facts, {"role": "consumer"})
         assert ev["probe_source"].startswith("coredump (cuda-gdb attached")
-        monkeypatch.setattr(coredump, "gdb_session", PassReplay(doc["passes"]).session)
-        ref = coredump.read_core(
-            "core",
-            sass_text=doc["sass"],
-            wait_sites=waitsites.sites_from_json(doc["wait_sites"]),
-            checkpoint_sites=doc["checkpoint_sites"],
-        )
+        ref = core_reading(doc, monkeypatch)
         assert ev["role_answers"] == E.role_answers(ref, doc["checkpoint_sites"])
     finally:
         coredump.close_prefetched()
