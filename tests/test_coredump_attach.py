@@ -68,11 +68,13 @@ def attach_env(tmp_path, monkeypatch):
     return doc, starts, tmp_path / "argv.jsonl"
 
 
-def test_the_mode_is_dump_unless_attach_is_asked(monkeypatch):
+def test_the_mode_is_attach_unless_dump_is_asked(monkeypatch):
     monkeypatch.delenv(coredump_attach.READ_VAR, raising=False)
-    assert coredump_attach.read_mode() == "dump"
-    monkeypatch.setenv(coredump_attach.READ_VAR, "attach")
     assert coredump_attach.read_mode() == "attach"
+    monkeypatch.setenv(coredump_attach.READ_VAR, "")
+    assert coredump_attach.read_mode() == "attach"
+    monkeypatch.setenv(coredump_attach.READ_VAR, "dump")
+    assert coredump_attach.read_mode() == "dump"
     monkeypatch.setenv(coredump_attach.READ_VAR, "gdb")
     with pytest.raises(UsageError, match=r"CUTEDEBUG_COREDUMP_READ='gdb': allowed values are"):
         coredump_attach.read_mode()

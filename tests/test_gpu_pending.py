@@ -272,8 +272,14 @@ def test_pack_keeps_every_step_in_one_archive_rewritten_after_each(tmp_path, mon
     monkeypatch.setattr(gpu_pending, "BY_NAME", steps)
     monkeypatch.setattr(gpu_pending, "ours_left", lambda grace: [])
     pack = tmp_path / "call.tgz"
+    # an earlier call's step left in the same folder (the device kept /tmp), and the clocks
+    # the call's command wrote before the tool
+    (tmp_path / "out" / "old").mkdir(parents=True)
+    (tmp_path / "out" / "old" / "log.txt").write_text("an earlier call's\n")
+    (tmp_path / "out" / "clocks.txt").write_text("NVIDIA H200, 345 MHz\n")
     assert gpu_pending.run(["one", "two"], tmp_path / "out", budget_s=60, pack=pack) == 0
     with tarfile.open(pack) as tar:
         names = set(tar.getnames())
     assert {f"out/{n}/f{i}" for n in ("one", "two") for i in range(1, 6)} <= names
-    assert {"out/summary.md", "out/one/log.txt", "out/two/log.txt"} <= names
+    assert {"out/summary.md", "out/clocks.txt", "out/one/log.txt", "out/two/log.txt"} <= names
+    assert not any(n.startswith("out/old") for n in names), names

@@ -59,6 +59,17 @@ RUNS = [
         "reports/2026-12-02-h200-s6/call3/coredump_ahead/plain.json.gz",
         "default",
     ),
+    # the driver's dump against cuda-gdb attached to the live worker, the same four hangs
+    (
+        "12-02 s7/call1 dump",
+        "reports/2026-12-02-h200-s7/call1/coredump_attach/dump.json.gz",
+        "default",
+    ),
+    (
+        "12-02 s7/call1 attach",
+        "reports/2026-12-02-h200-s7/call1/coredump_attach/attach.json.gz",
+        "default",
+    ),
 ]
 # printf-bisection of the same scenarios on the H200 (reports/2026-11-30-h200-s3): wall seconds
 BISECT_TABLE = "reports/2026-11-30-h200-s3/bisect-table.txt"
@@ -69,6 +80,15 @@ CRASH_MEMCHECK = "reports/2026-11-30-h200-s2/sanitize-table-minimal.txt"
 BISECT_TARGET_S = 10.0
 ADDED_TARGET_S = 5.0
 BIG_GRID_WARPS = 1000
+
+
+def read_by(r: dict[str, Any]) -> str:
+    """How a row's hung worker was read: "attach" (cuda-gdb attached before the kill, the
+    default since 2026-12-02 s7), "dump" (the driver's core: asked, an older run, or after a
+    failed attach), "-" (nothing read: no hang, skipped)."""
+    if (r.get("attach") or {}).get("attach_s") is not None and not r["attach"].get("error"):
+        return "attach"
+    return "dump" if r.get("dump_s") is not None else "-"
 
 
 def _load(path: Path) -> Any:
@@ -118,15 +138,16 @@ def _place(d: dict[str, Any] | None) -> dict[str, Any]:
 def coverage(
     root: Path = ROOT, runs: list[tuple[str, str, str]] | None = None
 ) -> list[dict[str, Any]]:
-    """One row per HANG scenario: the newest default-flags run of it that left a core (or
-    None). A run whose kernel did not hang that time (a timing-dependent fault read MISMATCH
-    or CRASH, nothing dumped) localizes nothing: it is named in ``ran_without_core``."""
+    """One row per HANG scenario: the newest default-flags run of it that read the hung
+    worker, attached or from its core (or None). A run whose kernel did not hang that time (a
+    timing-dependent fault read MISMATCH or CRASH, nothing read) localizes nothing: it is
+    named in ``ran_without_core``."""
     rows = measured_rows(root, runs)
     out = []
     for sc in hang_scenarios(root / "scenarios"):
         runs = rows.get(sc.id, [])
         default = [r for r in runs if r["flags"] == "default"]
-        dumped = [r for r in default if r.get("dump_s") is not None]
+        dumped = [r for r in default if read_by(r) != "-"]
         best = dumped[-1] if dumped else None
         want = _place(sc.expect.localization())
         row: dict[str, Any] = {
@@ -152,6 +173,7 @@ def coverage(
                 # graded against what the scenario expected then; a changed expectation says so
                 expectation_changed=bool(then != want),
                 core=best.get("core", ""),
+                read=read_by(best),
                 warps=best.get("warps"),
                 dump_s=best.get("dump_s"),
                 core_s=best.get("core_s"),
@@ -207,8 +229,9 @@ def summary(
     bisect_rows = [r for r in cov if r["localized_by"] == "bisect"]
     small = [r["added_s"] for r in done if (r["warps"] or 0) < BIG_GRID_WARPS]
     every = [x for rs in measured_rows(root, runs).values() for x in rs]
-    cores = [x for x in every if x.get("dump_s") is not None]
+    cores = [x for x in every if read_by(x) != "-"]
     big = [x for x in every if (x.get("warps") or 0) >= BIG_GRID_WARPS]
+    newest_big = [r for r in done if (r["warps"] or 0) >= BIG_GRID_WARPS]
     return {
         "hang_scenarios": len(cov),
         "own": sum(not r["field"] for r in cov),
@@ -240,12 +263,22 @@ def summary(
         "added_big": [
             {k: x.get(k) for k in ("scenario", "source", "flags", "warps", "core_mb")}
             | {k: x.get(k) for k in ("dump_s", "core_s", "added_s")}
+            | {"read": read_by(x), "attach_s": (x.get("attach") or {}).get("attach_s")}
             for x in big
         ],
+        # the newest reading of each big-grid scenario (what a run does now) against the target
+        "added_big_newest": {
+            "n": len(newest_big),
+            "read": sorted({r["read"] for r in newest_big}),
+            "max": max((r["added_s"] for r in newest_big), default=None),
+            "within_target": sum(r["added_s"] <= ADDED_TARGET_S for r in newest_big),
+        },
+        "read": {k: sum(r.get("read") == k for r in done) for k in ("attach", "dump")},
         "ran_without_core": {
             r["scenario"]: r["ran_without_core"] for r in cov if r["ran_without_core"]
         },
-        "dumps": len(cores),
+        "dumps": sum(read_by(x) == "dump" for x in cores),
+        "attached": sum(read_by(x) == "attach" for x in cores),
         "healthy_after_every_dump": all(x.get("healthy") is True for x in cores),
         "leftovers": sum(x.get("leftovers") or 0 for x in every),
         "crash": crash_pair(root),
@@ -265,8 +298,8 @@ def _f(x: Any, fmt: str = "5.2f") -> str:
 
 def print_report(cov: list[dict[str, Any]], s: dict[str, Any]) -> None:
     print(
-        f"{'scenario':50} {'by':6} {'source':18} {'verdict':8} {'loc':5} {'added':>6} "
-        f"{'wall':>6} {'ok?':4} core says"
+        f"{'scenario':50} {'by':6} {'source':18} {'verdict':8} {'loc':5} {'read':6} "
+        f"{'added':>6} {'wall':>6} {'ok?':4} core says"
     )
     for r in cov:
         if not r["measured"]:
@@ -275,12 +308,14 @@ def print_report(cov: list[dict[str, Any]], s: dict[str, Any]) -> None:
         loc = str(r["localization_ok"]) + ("*" if r["expectation_changed"] else "")
         print(
             f"{r['scenario'][:50]:50} {r['localized_by']:6} {r['source']:18} "
-            f"{r['verdict'][:8]:8} {loc[:5]:5} {_f(r['added_s'], '6.2f')} "
+            f"{r['verdict'][:8]:8} {loc[:5]:5} {r['read']:6} {_f(r['added_s'], '6.2f')} "
             f"{_f(r['wall_s'], '6.2f')} {str(r['healthy'])[:4]:4} {r['core'][:80]}"
         )
     print(
         f"\n{s['hang_scenarios']} HANG scenarios run on {ARCH} ({s['own']} own, {s['field']} "
-        f"field); localized from the core alone on the H200: {s['measured']}; verdict as "
+        f"field); localized from the hung worker's GPU state alone (no probes) on the H200: "
+        f"{s['measured']} (attached {s['read']['attach']}, from a core {s['read']['dump']}); "
+        f"verdict as "
         f"expected {s['verdict_ok']}/{s['measured']}; role/op/barrier as expected "
         f"{s['localized_ok']}/{s['graded']} graded; no expected place "
         f"{len(s['no_expected_place'])}: {', '.join(s['no_expected_place'])}"
@@ -298,20 +333,29 @@ def print_report(cov: list[dict[str, Any]], s: dict[str, Any]) -> None:
         )
     a = s["added_small"]
     print(
-        f"\nadded between the kill decision and the verdict (dump + reading; target <= "
+        f"\nadded between the kill decision and the verdict (attach or dump + reading; target <= "
         f"{ADDED_TARGET_S:g} s): grids under {BIG_GRID_WARPS} warps: {a['n']} scenarios, "
         f"{_f(a['min'])}-{_f(a['max'])} s, median {_f(a['median'])} s, {a['within_target']} "
         f"within target"
     )
     for b in s["added_big"]:
+        how = (
+            f"attached {b['attach_s']}"
+            if b["read"] == "attach"
+            else f"dump {b['dump_s']} + reading {b['core_s']}"
+        )
         print(
             f"  {b['scenario']} ({b['source']}, {b['flags']} flags, {b['warps']} warps, "
-            f"{b['core_mb']} MB): added {b['added_s']} s = dump {b['dump_s']} + reading "
-            f"{b['core_s']}"
+            f"{b['core_mb']} MB): added {b['added_s']} s = {how}"
         )
+    g = s["added_big_newest"]
     print(
-        f"\n{s['dumps']} dumps in these runs: GPU healthy after every one "
-        f"{s['healthy_after_every_dump']}, processes left {s['leftovers']}"
+        f"grids of {BIG_GRID_WARPS} warps or more, each scenario's newest reading ({g['n']}, "
+        f"read {'/'.join(g['read'])}): {g['within_target']} within target, max {_f(g['max'])} s"
+    )
+    print(
+        f"\n{s['dumps']} dumps and {s['attached']} attached readings in these runs: GPU healthy "
+        f"after every one {s['healthy_after_every_dump']}, processes left {s['leftovers']}"
     )
     c = s["crash"]
     print(

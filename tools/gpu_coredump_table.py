@@ -32,6 +32,9 @@ from cutedebug.commands.triage import detect_gpu  # noqa: E402
 from cutedebug.engine import lifeline, runner  # noqa: E402
 from cutedebug.engine import scenario as S  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "tools"))
+from coredump_coverage import read_by  # noqa: E402  (how a row was read: attach / dump)
+
 
 def targets(paths: list[str], arch: str) -> list[S.Scenario]:
     out = []
@@ -186,8 +189,8 @@ def main() -> int:
             fs.close()
     print(f"\ndump flags: {coredump.generation_flags()}")
     print(
-        f"{'scenario':48} {'verdict':8} {'loc':5} {'dump':>5} {'gdb':>5} {'added':>6} "
-        f"{'MB':>5} {'ok?':4} core says"
+        f"{'scenario':48} {'verdict':8} {'loc':5} {'read':6} {'dump':>5} {'gdb':>5} "
+        f"{'added':>6} {'MB':>5} {'ok?':4} core says"
     )
     for r in rows:
         if "skipped" in r:
@@ -195,11 +198,18 @@ def main() -> int:
             continue
         print(
             f"{r['scenario'][:48]:48} {r['verdict'][:8]:8} {str(r['localization_ok'])[:5]:5} "
-            f"{r['dump_s'] or 0:5.2f} {r['gdb_s'] or 0:5.2f} {r['added_s']:6.2f} "
+            f"{read_by(r):6} {r['dump_s'] or 0:5.2f} {r['gdb_s'] or 0:5.2f} {r['added_s']:6.2f} "
             f"{r['core_mb']:5.1f} {str(r['healthy'])[:4]:4} {r['core'][:90]}"
         )
     for r in rows:  # where the added seconds went, per scenario of over 1,000 warps
-        if "skipped" not in r and (r.get("warps") or 0) > 1000:
+        if "skipped" not in r and (r.get("warps") or 0) > 1000 and read_by(r) == "attach":
+            print(
+                f"{r['scenario']}: {r['warps']} warps: added {r['added_s']} s = attached "
+                f"reading {r['attach']['attach_s']} s (cuda-gdb rounds "
+                f"{r['attach'].get('rounds_s')} s, nvdisasm {r['attach'].get('nvdisasm_s')} s "
+                f"beside it) + the report {r['core_s']} s"
+            )
+        elif "skipped" not in r and (r.get("warps") or 0) > 1000:
             print(
                 f"{r['scenario']}: {r['warps']} warps, {r['core_mb']} MB: added {r['added_s']} s = "
                 f"dump {r['dump_s']} s (complete: {r['dump_complete']}) + reading "
@@ -220,6 +230,9 @@ def main() -> int:
     for r in rows:
         if r.get("hook_errors"):
             print(f"{r['scenario']}: before-kill hook error(s): {r['hook_errors']}")
+    for r in rows:
+        if read_by(r) == "dump" and (r.get("attach") or {}).get("error"):
+            print(f"{r['scenario']}: attaching failed, dumped: {r['attach']['error']}")
     fell = [r["scenario"] for r in rows if r.get("gdb_fallback")]
     if fell:
         print(f"cuda-gdb -batch fallback in {len(fell)} row(s): {fell[0]}: ", end="")
@@ -229,6 +242,8 @@ def main() -> int:
     print(
         f"\n{len(done)} run, verdict as expected {sum(r['verdict_ok'] for r in done)}, "
         f"localized as expected {sum(bool(r['localization_ok']) for r in loc)}/{len(loc)}, "
+        f"read attached {sum(read_by(r) == 'attach' for r in done)}, "
+        f"dumped {sum(read_by(r) == 'dump' for r in done)}, "
         f"healthy after every dump: {all(r['healthy'] is not False for r in done)}, "
         f"leftovers {sum(r['leftovers'] for r in done)}, "
         f"wall {time.monotonic() - t_begin:.1f} s"

@@ -229,13 +229,14 @@ CORE_REST = [
 ]
 
 
-def _field_hangs() -> list[str]:
-    """The field scenarios that may HANG on sm_90a (HANG among expect.verdict / expect.also),
-    read from their TOML files as the loader reads those keys."""
+def _field_hangs(under: str = "field") -> list[str]:
+    """The field scenarios (or those of other families under ``S``) that may HANG on sm_90a
+    (HANG among expect.verdict / expect.also), read from their TOML files as the loader reads
+    those keys."""
     import tomllib
 
     out = []
-    for f in sorted((ROOT / S / "field").glob("*/*.toml")):
+    for f in sorted((ROOT / S / under).glob("*/*.toml") if under else ()):
         d = tomllib.loads(f.read_text())
         e = d.get("expect", {})
         if "HANG" in [e.get("verdict"), *e.get("also", [])] and "sm_90a" in d.get(
@@ -243,6 +244,11 @@ def _field_hangs() -> list[str]:
         ).get("arch", ["sm_90a"]):
             out.append(d["id"])
     return out
+
+
+def _own_hangs() -> list[str]:
+    """The own families' HANG scenarios on sm_90a."""
+    return [n for fam in FAMILIES for n in _field_hangs(".") if n.startswith(fam + "/")]
 
 
 # the field hangs coredump_rest leaves for coredump_field
@@ -1019,7 +1025,8 @@ STEPS.append(
         # reading (~1-4 s): ~8 x 15 s
         150,
         True,
-        "for side in dump attach; do python3 tools/gpu_coredump_table.py --deadline 2 "
+        "for side in dump attach; do CUTEDEBUG_COREDUMP_READ=$side "
+        "python3 tools/gpu_coredump_table.py --deadline 2 "
         "--budget-s 70 --out /tmp/coa_$side --json $STEP_OUT/$side.json "
         + _toml(
             [
@@ -1029,13 +1036,62 @@ STEPS.append(
                 "tma_stream/wrong_expect_tx_plus",
             ]
         )
-        + "; export CUTEDEBUG_COREDUMP_READ=attach; done; unset CUTEDEBUG_COREDUMP_READ",
+        + "; done",
         "the hung worker read through cuda-gdb attached to it before the kill "
         "(CUTEDEBUG_COREDUMP_READ=attach) against the driver's dump, on hangs that fill the "
         "H200 and a small one: seconds added after the kill decision (target <= 5 s), the same "
         "localization, the attach's own seconds or why it fell back, healthy, 0 left",
     )
 )
+# cuda-gdb attached before the kill (the default for --coredump since s7's coredump_attach:
+# 1.1-1.9 s added against the dump's 0.6-7.5 s, the same places) over the whole sm_90 HANG
+# matrix: each run ~5 s (own: the 2 s deadline, ~1.5 s attached) to ~11 s (FA-4, RMSNorm), quack
+# GEMM's with its own compile 20-34 s
+_ATTACH_RUNS = "python3 tools/gpu_coredump_table.py --deadline 2 --out /tmp/{d} --budget-s {b} "
+STEPS += [
+    Step(
+        "coredump_own_attach",
+        "25",
+        400,
+        False,
+        _ATTACH_RUNS.format(d="caown", b=370) + f"--json $STEP_OUT/rows.json {_toml(_own_hangs())}",
+        "the 60 own HANG scenarios with --coredump as it is now (cuda-gdb attached to the hung "
+        "worker before the kill): localized as expected, read attached (or why it fell back to "
+        "the dump), seconds added against the 5 s target, healthy, 0 left",
+    ),
+    Step(
+        "coredump_field_attach",
+        "25",
+        330,
+        True,
+        _ATTACH_RUNS.format(d="cafld", b=300)
+        + "--json $STEP_OUT/rows.json "
+        + _toml([n for n in _field_hangs() if "quack_gemm" not in n]),
+        "the field HANG scenarios but quack GEMM's (FA-4 forward and backward, quack RMSNorm, "
+        "softmax) with --coredump attached as it is now: as coredump_own_attach",
+    ),
+    Step(
+        "coredump_gemm_attach",
+        "25",
+        330,
+        True,
+        _ATTACH_RUNS.format(d="cagem", b=300)
+        + "--json $STEP_OUT/rows.json "
+        + _toml([n for n in _field_hangs() if "quack_gemm" in n]),
+        "quack GEMM's 12 HANG scenarios with --coredump attached as it is now: as "
+        "coredump_own_attach",
+    ),
+    Step(
+        "attach_neighbours",
+        "25",
+        90,
+        False,
+        "python3 tools/attach_neighbours.py --out /tmp/an --json $STEP_OUT/rows.json",
+        "two small hangs read by attached cuda-gdb at once while a third process runs checked "
+        "cuBLAS matmuls: both localized and read attached? the neighbour's batches right, no "
+        "CUDA error, its longest batch against its batches alone",
+    ),
+]
 BY_NAME = {s.name: s for s in STEPS}
 # The order a session with device time runs them in (--plan without steps): the checks that
 # close the most issues per device second first. The triage alone is what #21 still needs and
@@ -1043,8 +1099,12 @@ BY_NAME = {s.name: s for s in STEPS}
 # and coredump each close one issue; warm + bench finish #22 (with the triage); the field and
 # exec steps (#17, #19) carry the wheels and come last.
 PRIORITY = (  # after 2026-12-02-h200-s6's calls 1-5: what is left, by value
-    "coredump_attach",  # #25: the attached reading integrated (s6 call5: attach 0.9 s, full GPU)
-    "pytest_gpu_only",  # after coredump_attach's code (s6 call4: 12 passed on 4e2fcdd)
+    "attach_neighbours",  # #25: attaches at once, and a process beside them
+    "coredump_own_attach",  # #25: attach is --coredump's default now (s7 call1: 1.1-1.9 s)
+    "coredump_field_attach",
+    "pytest_gpu_only",  # on the final code
+    "coredump_gemm_attach",
+    "coredump_attach",  # done in s7 call1 (4/4, attach 1.07-1.88 s added, dump 0.60-7.50 s)
     "coredump_field",  # #25: FA-4 fwd's extra_consumer_release (MISMATCH in s5), up to 4 runs
     "dump_resume",  # #25: s6 call3 stopped at a stream made under the spin (now before it);
     # coredump_ahead (s6 call3) already read CRASH 3/3: a dump ends the kernel it dumps
@@ -1180,7 +1240,10 @@ def _summary(out: Path, rows: list[tuple[str, ...]], pack: Path | None) -> list[
     """OUT/summary.md, and with ``pack`` the whole OUT as one .tar.gz, rewritten after every
     step: a device call brings back at most 8 files two folders down (the device README), so a
     call that writes more (2026-12-02's call1 lost two logs) packs its folder into one, and a
-    call cut short keeps every step before the cut."""
+    call cut short keeps every step before the cut. Only this run's steps and OUT's own files
+    (clocks.txt, summary.md) go in: the device machine can keep /tmp from an earlier call, and
+    an earlier step's folder in the same OUT would read as this call's (s7 call1 brought back
+    s6 call1's three)."""
     lines = [
         "| step | result | wall s | ours left | last line |",
         "|---|---|---|---|---|",
@@ -1192,7 +1255,9 @@ def _summary(out: Path, rows: list[tuple[str, ...]], pack: Path | None) -> list[
 
         tmp = pack.with_name(pack.name + ".part")
         with tarfile.open(tmp, "w:gz") as tar:
-            tar.add(out, arcname=out.name)
+            for p in sorted(out.iterdir()):
+                if p.is_file() or p.name in {r[0] for r in rows}:
+                    tar.add(p, arcname=f"{out.name}/{p.name}")
         tmp.replace(pack)
     return lines
 

@@ -363,7 +363,7 @@ def take_attached(run_dir: Path | str) -> CoreReport | None:
 
 
 def attach_or_dump(ctx: dict[str, Any]) -> dict[str, Any] | None:
-    """Watchdog hook (CUTEDEBUG_COREDUMP_READ=attach): this module's reader over cuda-gdb
+    """Watchdog hook (CUTEDEBUG_COREDUMP_READ=attach, the default): this module's reader over cuda-gdb
     attached to the hung worker, the dump when that fails (coredump_attach.read_or_dump)."""
     return coredump_attach.read_or_dump(ctx, _read, _prefetched_sass, keep_attached)
 
@@ -556,7 +556,7 @@ class Localizer:
     def __init__(self, timeout_s: float = GDB_LIMIT_S, read: str | None = None):
         self.timeout_s = timeout_s
         generation_flags()  # a bad $CUTEDEBUG_COREDUMP_FLAGS is a usage error, before any run
-        # a bad $CUTEDEBUG_COREDUMP_READ too: "dump" (the default) or "attach"
+        # a bad $CUTEDEBUG_COREDUMP_READ too: "attach" (the default) or "dump"
         self.read = read or coredump_attach.read_mode()
         register_hook(self.read)
 

@@ -8,8 +8,8 @@ host libraries' symbols left unloaded, listed a full GPU's kernel, SMs and focus
 0.9 s and left the kernel running after it detached (tools/attach_probe.py, same reports,
 call5).
 
-With ``CUTEDEBUG_COREDUMP_READ=attach`` a coredump run (``--coredump``) takes the hung worker's
-state this way: the before-kill hook (coredump.attach_or_dump: :func:`read_or_dump` given
+A coredump run (``--coredump``) takes the hung worker's state this way by default
+(``CUTEDEBUG_COREDUMP_READ=attach``; ``dump`` takes the driver's core instead): the before-kill hook (coredump.attach_or_dump: :func:`read_or_dump` given
 the core reader's rounds, coredump._read: every warp, per-PC frames and offsets, the waiting
 warps' barrier registers) runs them over the attached process, with the trace-time tables from
 the worker's events so far and the SASS nvdisasm made of its cubin meanwhile
@@ -17,7 +17,9 @@ the worker's events so far and the SASS nvdisasm made of its cubin meanwhile
 attaching fails (no cuda-gdb, no permission, a round past its time, no warp listed) the hook
 takes the driver's dump instead, and the report says why. The worker of such a run allows any
 process to trace it (``allow_ptrace``: Yama's ptrace_scope 1 refuses a debugger that is not
-its ancestor). Off by default: the integrated path is not yet measured on a GPU.
+its ancestor). On the H200 (reports/2026-12-02-h200-s7, call1) it added 1.1-1.9 s where the
+dump added 0.6-7.5 s (FA-4 forward's two full-grid hangs: 1.9 / 1.8 s against 6.6 / 6.7 s),
+with the same localization, a healthy GPU and nothing left.
 """
 
 from __future__ import annotations
@@ -42,11 +44,11 @@ ATTACH_LIMIT_S = 20.0  # every round together; past it the dump is taken instead
 
 
 def read_mode() -> str:
-    """$CUTEDEBUG_COREDUMP_READ: "dump" (unset or empty) or "attach"; UsageError otherwise."""
+    """$CUTEDEBUG_COREDUMP_READ: "attach" (unset or empty) or "dump"; UsageError otherwise."""
     raw = os.environ.get(READ_VAR, "").strip()
     if raw and raw not in READS:
         raise UsageError(f"{READ_VAR}={raw!r}: allowed values are {', '.join(READS)}")
-    return raw or "dump"
+    return raw or "attach"
 
 
 def tables(events_path: Path | str) -> tuple[list, list[dict[str, Any]]]:

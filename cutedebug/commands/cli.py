@@ -416,8 +416,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         r.add_argument(
             "--coredump",
             action="store_true",
-            help="localize a hang (or crash) from a GPU coredump taken before the kill "
-            "(cuda-gdb on the core; probes off unless --probes)",
+            help="localize a hang (or crash) from the GPU state before the kill: cuda-gdb "
+            "attached to the hung worker, or the driver's core with "
+            "CUTEDEBUG_COREDUMP_READ=dump (and for a crash); probes off unless --probes",
         )
         r.add_argument(
             "--wait-budget-ms",

@@ -534,7 +534,8 @@ def add_parser(sub) -> None:
         "--coredump",
         action="store_true",
         help="probes off (unless --probes): "
-        "every hang localized from a GPU coredump taken before the kill (cuda-gdb)",
+        "every hang localized from the GPU state before the kill (cuda-gdb attached to the "
+        "worker; the driver's core with CUTEDEBUG_COREDUMP_READ=dump)",
     )
     t.add_argument(
         "--gpus",
