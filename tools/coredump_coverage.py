@@ -70,6 +70,22 @@ RUNS = [
         "reports/2026-12-02-h200-s7/call1/coredump_attach/attach.json.gz",
         "default",
     ),
+    # the whole sm_90 HANG matrix with --coredump as it is now (cuda-gdb attached, the default)
+    (
+        "12-02 s7/call2",
+        "reports/2026-12-02-h200-s7/call2/coredump_own_attach/rows.json.gz",
+        "default",
+    ),
+    (
+        "12-02 s7/call3",
+        "reports/2026-12-02-h200-s7/call3/coredump_field_attach/rows.json.gz",
+        "default",
+    ),
+    (
+        "12-02 s7/call4",
+        "reports/2026-12-02-h200-s7/call4/coredump_gemm_attach/rows.json.gz",
+        "default",
+    ),
 ]
 # printf-bisection of the same scenarios on the H200 (reports/2026-11-30-h200-s3): wall seconds
 BISECT_TABLE = "reports/2026-11-30-h200-s3/bisect-table.txt"
@@ -136,18 +152,19 @@ def _place(d: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def coverage(
-    root: Path = ROOT, runs: list[tuple[str, str, str]] | None = None
+    root: Path = ROOT, runs: list[tuple[str, str, str]] | None = None, read: str | None = None
 ) -> list[dict[str, Any]]:
     """One row per HANG scenario: the newest default-flags run of it that read the hung
     worker, attached or from its core (or None). A run whose kernel did not hang that time (a
     timing-dependent fault read MISMATCH or CRASH, nothing read) localizes nothing: it is
-    named in ``ran_without_core``."""
+    named in ``ran_without_core``. ``read`` ("attach" or "dump") keeps only the readings made
+    that way: the coverage of one mode of CUTEDEBUG_COREDUMP_READ."""
     rows = measured_rows(root, runs)
     out = []
     for sc in hang_scenarios(root / "scenarios"):
         runs = rows.get(sc.id, [])
         default = [r for r in runs if r["flags"] == "default"]
-        dumped = [r for r in default if read_by(r) != "-"]
+        dumped = [r for r in default if read_by(r) in ((read,) if read else ("attach", "dump"))]
         best = dumped[-1] if dumped else None
         want = _place(sc.expect.localization())
         row: dict[str, Any] = {
@@ -292,6 +309,23 @@ def summary(
     }
 
 
+def by_read(root: Path = ROOT, runs: list[tuple[str, str, str]] | None = None) -> dict:
+    """Per mode of CUTEDEBUG_COREDUMP_READ, each HANG scenario's newest reading made that way:
+    how many, localized as expected of those graded, the seconds added (max, within target)."""
+    out = {}
+    for mode in ("attach", "dump"):
+        done = [r for r in coverage(root, runs, read=mode) if r["measured"]]
+        graded = [r for r in done if r["localization_ok"] is not None]
+        out[mode] = {
+            "scenarios": len(done),
+            "localized_ok": sum(bool(r["localization_ok"]) for r in graded),
+            "graded": len(graded),
+            "added_max": max((r["added_s"] for r in done), default=None),
+            "within_target": sum(r["added_s"] <= ADDED_TARGET_S for r in done),
+        }
+    return out
+
+
 def _f(x: Any, fmt: str = "5.2f") -> str:
     return format(x, fmt) if isinstance(x, (int, float)) else "-"
 
@@ -320,6 +354,12 @@ def print_report(cov: list[dict[str, Any]], s: dict[str, Any]) -> None:
         f"{s['localized_ok']}/{s['graded']} graded; no expected place "
         f"{len(s['no_expected_place'])}: {', '.join(s['no_expected_place'])}"
     )
+    for mode, m in by_read().items():
+        print(
+            f"  newest reading made by {mode}: {m['scenarios']} scenarios, localized as "
+            f"expected {m['localized_ok']}/{m['graded']}, added at most {_f(m['added_max'])} s, "
+            f"{m['within_target']} within {ADDED_TARGET_S:g} s"
+        )
     if s["expectation_changed"]:
         print(f"  * graded against an expectation changed since: {s['expectation_changed']}")
     print(f"not measured ({len(s['not_measured'])}): {', '.join(s['not_measured'])}")
