@@ -4,6 +4,7 @@ import which initializes CUDA makes the client restart the server without preloa
 
 import json
 import os
+import sys
 import textwrap
 from pathlib import Path
 
@@ -338,3 +339,156 @@ def test_exec_probes_without_a_gpu_leave_torch_unimported(tmp_path):
     assert rep.kernels_traced == 1
     assert any(p.probe_sites for p in rep.processes)  # the waits were instrumented
     assert out.read_text() == "False"
+
+
+# ---- imports that ask the GPU, and a forked child's check (preloads.import_env, fork_probe) ----
+def _smi(monkeypatch, stdout: str | None, rc: int = 0):
+    import shutil
+    import subprocess
+
+    from cutedebug.engine import lifeline
+
+    monkeypatch.setattr(preloads, "_CC", [])
+    monkeypatch.setattr(shutil, "which", lambda n: None if stdout is None else "/bin/nvidia-smi")
+    done = subprocess.CompletedProcess(["nvidia-smi"], rc, stdout or "", "")
+    monkeypatch.setattr(lifeline, "run_tool", lambda argv, t, **kw: done)
+
+
+@pytest.mark.parametrize(
+    "listed, cc",
+    [("9.0\n9.0\n", "90"), ("10.0\n", "100"), ("9.0\n10.0\n", None), ("", None), (None, None)],
+)
+def test_quacks_arch_is_set_only_where_every_gpu_shares_one(monkeypatch, listed, cc):
+    _smi(monkeypatch, listed)
+    monkeypatch.delenv(preloads.ARCH_VAR, raising=False)
+    monkeypatch.delenv(preloads.NVML_VAR, raising=False)
+    assert preloads.uniform_cc() == cc
+    want = {preloads.NVML_VAR: "1", **({preloads.ARCH_VAR: cc} if cc else {})}
+    assert preloads.import_env() == want
+    monkeypatch.setenv(preloads.ARCH_VAR, "80")  # the user's own setting is left alone
+    monkeypatch.setenv(preloads.NVML_VAR, "0")
+    assert preloads.import_env() == {}
+
+
+def test_the_imports_see_the_settings_and_the_server_keeps_none_of_them(tmp_path, monkeypatch):
+    lib = tmp_path / "lib" / "preload_env_probe"
+    lib.mkdir(parents=True)
+    (lib / "__init__.py").write_text(
+        "import os\nSEEN = {k: os.environ.get(k) for k in ('QUACK_ARCH', "
+        "'PYTORCH_NVML_BASED_CUDA_CHECK')}\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path / "lib"))
+    monkeypatch.delenv(preloads.ARCH_VAR, raising=False)
+    monkeypatch.delenv(preloads.NVML_VAR, raising=False)
+    monkeypatch.setattr(preloads, "_CC", ["90"])
+    probes = []
+    monkeypatch.setattr(preloads, "fork_probe", lambda: probes.append(1))
+    monkeypatch.setattr(preloads, "freeze", lambda: None)
+    req = request_for(tmp_path, "import preload_env_probe\n", ["preload_env_probe"])
+    p = preloads.Preloader()
+    try:
+        assert p({"request": str(req)}) is None
+        import preload_env_probe
+
+        assert preload_env_probe.SEEN == {"QUACK_ARCH": "90", "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
+    finally:
+        sys.modules.pop("preload_env_probe", None)
+    assert preloads.ARCH_VAR not in os.environ and preloads.NVML_VAR not in os.environ
+    assert probes == [1]  # a fresh import: one forked child checked the GPU
+    assert p({"request": str(req)}) is None and probes == [1]  # nothing new: no second check
+
+
+def test_a_forked_child_that_cannot_use_the_gpu_stops_preloading(tmp_path, monkeypatch):
+    frozen = []
+    monkeypatch.setattr(preloads, "fork_probe", lambda: "a child forked after preloading x")
+    monkeypatch.setattr(preloads, "freeze", lambda: frozen.append(1))
+    req = request_for(tmp_path, "import json\n", ["json"])
+    p = preloads.Preloader()
+    assert p({"request": str(req)}) == "a child forked after preloading x"
+    assert p.cuda_error and not frozen  # the server answers no_preload: its client restarts it
+    assert p({"request": str(req)}) == p.cuda_error
+
+
+@pytest.mark.parametrize(
+    "check, why",
+    [
+        ("healthy", None),
+        ("no driver", None),
+        ("unhealthy", "could not use the GPU (health check: {'healthy': False"),
+        ("hangs", "gave no answer within 1 s"),
+        ("raises", "could not use the GPU (RuntimeError: cuInit returned CUresult 3)"),
+    ],
+)
+def test_the_forked_childs_check(monkeypatch, check, why):
+    """fork_probe forks for real; the child runs this process's (patched) driver check."""
+    import time
+
+    from cutedebug.engine import health
+
+    def driver_check():
+        if check == "no driver":
+            raise OSError("libcuda.so.1: cannot open shared object file")
+        if check == "hangs":
+            time.sleep(60)
+        if check == "raises":
+            raise RuntimeError("cuInit returned CUresult 3")
+        return {"healthy": check == "healthy"}
+
+    monkeypatch.setattr(devices, "gpu_device_node", lambda: "/dev/nvidia0")
+    monkeypatch.setattr(health, "driver_check", driver_check)
+    t0 = time.monotonic()
+    got = preloads.fork_probe(timeout_s=1.0)
+    assert (got is None) if why is None else (why in got), got
+    assert time.monotonic() - t0 < 10  # the hung child was killed, not waited for
+    monkeypatch.setattr(devices, "gpu_device_node", lambda: None)
+    assert preloads.fork_probe() is None  # no GPU here: nothing a fork could break
+
+
+FAKE_GPU = """
+import sys, traceback
+sys.path.insert(0, {root!r})
+import torch
+asked = []
+def rec(name, ret):
+    def f(*a, **k):
+        asked.append(name)
+        return ret
+    return f
+torch.cuda.is_available = rec("is_available", True)  # what the H200 answers
+torch.cuda.device_count = rec("device_count", 1)
+for name, ret in (("get_device_capability", (9, 0)), ("current_device", 0), ("_lazy_init", None)):
+    setattr(torch.cuda, name, rec(name, ret))
+from cutedebug.engine import preloads
+preloads._CC[:] = ["90"]
+import contextlib
+with (preloads._env(preloads.import_env()) if sys.argv[1] == "preload" else contextlib.nullcontext()):
+    import flash_attn.cute.flash_fwd_sm90  # noqa: F401  (FA-4 forward's kernel file imports it)
+print(sorted(set(asked) - {{"is_available", "device_count"}}))
+"""
+
+
+@pytest.mark.slow
+def test_fa4s_import_asks_the_gpu_only_without_the_preload_settings(tmp_path):
+    """FA-4's import pulls in quack.rmsnorm, whose module-level configs ask torch for the
+    GPU's capability (a CUDA context: the fork server restarted without preloads on the H200).
+    With a GPU faked in torch.cuda: asked without import_env, not asked with it."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("flash_attn.cute")
+    script = tmp_path / "fake_gpu.py"
+    script.write_text(FAKE_GPU.format(root=str(ROOT)))
+    env = {k: v for k, v in os.environ.items() if k not in (preloads.ARCH_VAR, preloads.NVML_VAR)}
+    env.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    got = {}
+    for mode in ("plain", "preload"):
+        r = subprocess.run(
+            [sys.executable, str(script), mode],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
+        assert r.returncode == 0, r.stderr[-2000:]
+        got[mode] = r.stdout.strip().splitlines()[-1]
+    assert got == {"plain": "['get_device_capability']", "preload": "[]"}

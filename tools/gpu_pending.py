@@ -1082,6 +1082,33 @@ STEPS += [
         "coredump_own_attach",
     ),
     Step(
+        "field_preload",
+        "25",
+        # the fork server's first field run imports the library (FA-4 ~5 s, quack GEMM ~8 s)
+        # and checks a forked child on the GPU; each later run of that library ~5-7 s
+        150,
+        True,
+        _ATTACH_RUNS.format(d="capre", b=130)
+        + "--json $STEP_OUT/rows.json "
+        + _toml(
+            [
+                "field/fa4_fwd_sm90/wrong_barrier_threads_minus",
+                "field/fa4_fwd_sm90/wrong_barrier_threads_plus",
+                "field/quack_gemm_sm90/wrong_barrier_threads_minus",
+                "field/quack_gemm_sm90/wrong_barrier_threads_plus",
+                "field/quack_rmsnorm_fwd/wrong_expect_tx_plus",
+                "field/quack_softmax/wrong_expect_tx_plus",
+            ]
+        )
+        + "; echo '--- the fork server log:'; grep -h 'fork server' /tmp/capre/forkserver.log "
+        "|| echo 'no fork server message (preloading kept)'",
+        "the field workers with their library imported in the fork server (preloads.import_env: "
+        "QUACK_ARCH and NVML-based is_available while it imports; a forked child checked on the "
+        "GPU): each run's imports_s (4.0-9.2 s in s7 calls 3-4, preloading stopped) and wall "
+        "from spawn (the bisection-only four: 12.7-13.6 s against the 10 s target), whether "
+        "preloading stopped and why, the localization as before",
+    ),
+    Step(
         "attach_neighbours",
         "25",
         90,
@@ -1098,18 +1125,18 @@ BY_NAME = {s.name: s for s in STEPS}
 # half of #23's; with xdist #23 is done; pytest_gpu is owed whenever GPU code changed; perturb
 # and coredump each close one issue; warm + bench finish #22 (with the triage); the field and
 # exec steps (#17, #19) carry the wheels and come last.
-PRIORITY = (  # after 2026-12-02-h200-s6's calls 1-5: what is left, by value
-    "attach_neighbours",  # #25: attaches at once, and a process beside them
-    "coredump_own_attach",  # #25: attach is --coredump's default now (s7 call1: 1.1-1.9 s)
-    "coredump_field_attach",
-    "pytest_gpu_only",  # on the final code
-    "coredump_gemm_attach",
+PRIORITY = (  # after 2026-12-02-h200-s7's calls 1-5: what is left, by value
+    "field_preload",  # #25/#22: the field library imported once per fork server (s7: not run)
+    "pytest_gpu_only",  # on the final code (s7 call4: 12 passed on 1505f91)
+    "warm_lite",  # #22: more cold rounds
+    "coredump_own_attach",  # done in s7 call2 (60/60 attached, 55/55 graded)
+    "attach_neighbours",  # done in s7 call2 (both attached, the neighbour right)
+    "coredump_field_attach",  # done in s7 call3 (22 attached, 22/22)
+    "coredump_gemm_attach",  # done in s7 call4 (11 attached, 10/10)
     "coredump_attach",  # done in s7 call1 (4/4, attach 1.07-1.88 s added, dump 0.60-7.50 s)
-    "coredump_field",  # #25: FA-4 fwd's extra_consumer_release (MISMATCH in s5), up to 4 runs
-    "dump_resume",  # #25: s6 call3 stopped at a stream made under the spin (now before it);
-    # coredump_ahead (s6 call3) already read CRASH 3/3: a dump ends the kernel it dumps
-    "warm_lite",  # #22: s5 call3, 5 rounds: cold 5.39 s median (4.42-5.45), warm 1.61 s
-    "cold_ctx",  # #22: the context made beside torch's import (devices.EarlyContext)
+    "coredump_field",  # #25: done in s6 call1 (FA-4 fwd's extra_consumer_release MISMATCH 4/4)
+    "dump_resume",  # #25: done in s6 call4 (a dump ends running work: launch failure)
+    "cold_ctx",  # #22: done in s6 call3 and s7 call5 (per round 0.98, 1.00: no gain)
     "mutate_all",  # #19: done in s3 call1 (73/73 applied); again for the own-time baseline
     "triage",  # done in s5 call4 (142.5 s; missing_phase_flip_consumer CRASH, now accepted)
     "warm_reuse",  # #22: done in s5 call1 (warm 1.62 s, fresh 1.74 s, no spare 1.66 s)

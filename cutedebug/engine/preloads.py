@@ -13,6 +13,19 @@ before any fault or probe is entered (the instrumentation patches at trace time)
 A fork server must never initialize CUDA (a context does not survive a fork): when an import
 did (``torch.cuda.is_initialized()``), the server stops preloading and says so, and its
 client restarts it without preloads (:class:`cutedebug.engine.forkserver.ForkServer`).
+
+Some libraries ask the GPU at import: quack's rmsnorm builds its autotune configs at module
+level (``rmsnorm_config._detect_arch_major``: ``torch.cuda.get_device_capability()`` unless
+``QUACK_ARCH`` names the arch), and FA-4's ``flash_attn.cute`` imports it. On the H200 that
+initialized CUDA in the server, which then restarted without preloads: every field worker
+imported FA-4 or quack itself, 4.0-9.2 s of each run (reports/2026-12-02-h200-s7, calls 3-4).
+So the imports run with :func:`import_env` set (restored after): ``QUACK_ARCH`` from
+nvidia-smi when every GPU it lists has one compute capability (the value a worker's own import
+would find, cached by quack where the worker inherits it), and torch's NVML-based
+``is_available`` (no driver call). And since an import may reach the driver some other way,
+after any fresh import the server forks one child that runs the driver's health check (a
+context, a kernel, its output compared: :func:`fork_probe`); when that child cannot, preloading
+stops exactly as for an import that initialized CUDA.
 """
 
 from __future__ import annotations
@@ -26,6 +39,12 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+# Set while the server imports a run's libraries, where the environment does not set them:
+# quack's arch (its import asks the GPU otherwise) and torch's driver-free is_available
+ARCH_VAR = "QUACK_ARCH"
+NVML_VAR = "PYTORCH_NVML_BASED_CUDA_CHECK"
+PROBE_TIMEOUT_S = 30.0
 
 
 def modules_for(request_path: str | Path) -> list[str]:
@@ -74,7 +93,7 @@ class Preloader:
             self.done.add(name)
             fresh = True
             try:
-                with _stdout_to_stderr():
+                with _stdout_to_stderr(), _env(import_env()):
                     importlib.import_module(name)
             except Exception as e:  # noqa: BLE001  (the worker imports it again and says why)
                 print(
@@ -87,9 +106,117 @@ class Preloader:
                 self.cuda_error = f"importing {name} initialized CUDA in the fork server"
                 print(f"fork server: {self.cuda_error}; preloading stops", file=sys.stderr)
                 break
+        if fresh and not self.cuda_error and (why := fork_probe()):
+            self.cuda_error = why
+            print(f"fork server: {why}; preloading stops", file=sys.stderr, flush=True)
         if fresh and not self.cuda_error:  # what they loaded, as the server's own imports
             freeze()
         return self.cuda_error
+
+
+_CC: list[str | None] = []  # nvidia-smi asked once per server
+
+
+def uniform_cc() -> str | None:
+    """The compute capability every GPU nvidia-smi lists shares, as quack writes it ("90" for
+    9.0, "100" for 10.0); None without nvidia-smi, without a GPU, or when they differ (a
+    worker may run on any of them: its own import then asks its GPU)."""
+    if not _CC:
+        _CC.append(None)
+        import shutil
+
+        from cutedebug.engine import lifeline
+
+        smi = shutil.which("nvidia-smi")
+        try:
+            out = (
+                lifeline.run_tool([smi, "--query-gpu=compute_cap", "--format=csv,noheader"], 20.0)
+                if smi
+                else None
+            )
+        except Exception:  # noqa: BLE001  (OSError, a timeout: preload as if there were none)
+            out = None
+        ccs = {ln.strip() for ln in out.stdout.splitlines() if ln.strip()} if out else set()
+        if out is not None and out.returncode == 0 and len(ccs) == 1:
+            major, _, minor = ccs.pop().partition(".")
+            if major.isdigit() and minor.isdigit():
+                _CC[0] = major + minor
+    return _CC[0]
+
+
+def import_env() -> dict[str, str]:
+    """What the environment holds while the server imports a run's libraries, for the
+    variables it does not set itself (:data:`ARCH_VAR` only where :func:`uniform_cc` knows)."""
+    want = {NVML_VAR: "1"}
+    if os.environ.get(ARCH_VAR) is None and (cc := uniform_cc()):
+        want[ARCH_VAR] = cc
+    return {k: v for k, v in want.items() if k not in os.environ}
+
+
+@contextlib.contextmanager
+def _env(values: dict[str, str]) -> Iterator[None]:
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k in values:
+            os.environ.pop(k, None)
+
+
+def fork_probe(timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
+    """Can a worker forked now use the GPU? A forked child runs the driver's health check (a
+    context, a kernel of ours, its output compared: health.driver_check). None when it can, or
+    where this machine has no GPU device node or no driver (nothing a fork could break); why
+    not otherwise, a child past ``timeout_s`` included (killed)."""
+    from cutedebug import devices
+
+    if devices.gpu_device_node() is None:
+        return None
+    import signal
+    import time
+
+    r, w = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: one line on the pipe, then out without the parent's handlers
+        os.close(r)
+        try:
+            from cutedebug.engine import health
+
+            try:
+                got = health.driver_check()
+                msg = "" if got.get("healthy") else f"health check: {got}"
+            except OSError:
+                msg = ""  # no libcuda: nothing to break
+        except BaseException as e:  # noqa: BLE001
+            msg = f"{type(e).__name__}: {e}"
+        os.write(w, msg[:500].encode() + b"\n")
+        os._exit(0)
+    os.close(w)
+    deadline = time.monotonic() + timeout_s
+    data = b""
+    try:
+        while time.monotonic() < deadline and b"\n" not in data:
+            import select
+
+            if select.select([r], [], [], 0.05)[0]:
+                chunk = os.read(r, 4096)
+                if not chunk:
+                    break
+                data += chunk
+    finally:
+        os.close(r)
+        if b"\n" not in data:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        os.waitpid(pid, 0)
+    if b"\n" not in data:
+        return f"a child forked after preloading gave no answer within {timeout_s:.0f} s"
+    msg = data.decode(errors="replace").strip()
+    return f"a child forked after preloading could not use the GPU ({msg})" if msg else None
 
 
 @contextlib.contextmanager
