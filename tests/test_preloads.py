@@ -461,7 +461,8 @@ for name, ret in (("get_device_capability", (9, 0)), ("current_device", 0), ("_l
 from cutedebug.engine import preloads
 preloads._CC[:] = ["90"]
 import contextlib
-with (preloads._env(preloads.import_env()) if sys.argv[1] == "preload" else contextlib.nullcontext()):
+preload = sys.argv[1] == "preload"
+with preloads._env(preloads.import_env()) if preload else contextlib.nullcontext():
     import flash_attn.cute.flash_fwd_sm90  # noqa: F401  (FA-4 forward's kernel file imports it)
 print(sorted(set(asked) - {{"is_available", "device_count"}}))
 """

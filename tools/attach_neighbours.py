@@ -169,10 +169,11 @@ def main(argv: list[str] | None = None) -> int:
         f"s at {beside.get('max_at_s')} s"
     )
     for h in hangs:
+        why = f", {h['attach_error']}" if h.get("attach_error") else ""
         print(
             f"{h['scenario']}: {h.get('verdict')}, read {h.get('read')} "
-            f"({h.get('attach_s')} s{', ' + str(h['attach_error']) if h.get('attach_error') else ''}),"
-            f" localized {h.get('localization_ok')}, healthy {h.get('healthy')}, {h['wall_s']} s"
+            f"({h.get('attach_s')} s{why}), localized {h.get('localization_ok')}, "
+            f"healthy {h.get('healthy')}, {h['wall_s']} s"
         )
     if a.json:
         a.json.write_text(json.dumps(rows, indent=1))

@@ -363,8 +363,9 @@ def take_attached(run_dir: Path | str) -> CoreReport | None:
 
 
 def attach_or_dump(ctx: dict[str, Any]) -> dict[str, Any] | None:
-    """Watchdog hook (CUTEDEBUG_COREDUMP_READ=attach, the default): this module's reader over cuda-gdb
-    attached to the hung worker, the dump when that fails (coredump_attach.read_or_dump)."""
+    """Watchdog hook (CUTEDEBUG_COREDUMP_READ=attach, the default): this module's reader over
+    cuda-gdb attached to the hung worker, the dump when that fails
+    (coredump_attach.read_or_dump)."""
     return coredump_attach.read_or_dump(ctx, _read, _prefetched_sass, keep_attached)
 
 

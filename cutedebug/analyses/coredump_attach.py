@@ -9,11 +9,13 @@ host libraries' symbols left unloaded, listed a full GPU's kernel, SMs and focus
 call5).
 
 A coredump run (``--coredump``) takes the hung worker's state this way by default
-(``CUTEDEBUG_COREDUMP_READ=attach``; ``dump`` takes the driver's core instead): the before-kill hook (coredump.attach_or_dump: :func:`read_or_dump` given
-the core reader's rounds, coredump._read: every warp, per-PC frames and offsets, the waiting
-warps' barrier registers) runs them over the attached process, with the trace-time tables from
-the worker's events so far and the SASS nvdisasm made of its cubin meanwhile
-(coredump.prefetch_sass), and keeps the report for coredump.analyse; cuda-gdb's quit detaches, then the watchdog kills the worker as usual. When
+(``CUTEDEBUG_COREDUMP_READ=attach``; ``dump`` takes the driver's core instead): the
+before-kill hook (coredump.attach_or_dump: :func:`read_or_dump` given the core reader's rounds,
+coredump._read: every warp, per-PC frames and offsets, the waiting warps' barrier registers)
+runs them over the attached process, with the trace-time tables from the worker's events so
+far and the SASS nvdisasm made of its cubin meanwhile (coredump.prefetch_sass), and keeps the
+report for coredump.analyse; cuda-gdb's quit detaches, then the watchdog kills the worker as
+usual. When
 attaching fails (no cuda-gdb, no permission, a round past its time, no warp listed) the hook
 takes the driver's dump instead, and the report says why. The worker of such a run allows any
 process to trace it (``allow_ptrace``: Yama's ptrace_scope 1 refuses a debugger that is not

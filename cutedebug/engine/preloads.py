@@ -35,7 +35,10 @@ import contextlib
 import importlib
 import json
 import os
+import select
+import signal
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -172,9 +175,6 @@ def fork_probe(timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
 
     if devices.gpu_device_node() is None:
         return None
-    import signal
-    import time
-
     r, w = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -198,8 +198,6 @@ def fork_probe(timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
     data = b""
     try:
         while time.monotonic() < deadline and b"\n" not in data:
-            import select
-
             if select.select([r], [], [], 0.05)[0]:
                 chunk = os.read(r, 4096)
                 if not chunk:
