@@ -46,7 +46,16 @@ def stop_all(d: str) -> list:
 
 
 def children(server: int) -> list[int]:
-    return [p.pid for p in psutil.Process(server).children() if p.status() != "zombie"]
+    """The server's live children; one that ends between the listing and its status is gone
+    (the killed spare being reaped: CI on 2026-12-02 s7 read NoSuchProcess here)."""
+    out = []
+    for p in psutil.Process(server).children():
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
 
 
 def wait_spare(server: int, present: bool, timeout: float = 10.0) -> list[int]:
