@@ -18,7 +18,8 @@ if "cutedebug.pytest_plugin" not in sys.modules:
 # scenarios cost seconds of CPU each (a probed compile of a GEMM, attention or field-library
 # kernel in a forked worker). Their faults are exercised elsewhere: test_sm90_gemm.py and
 # test_sm100_gemm.py compile each fault of their scenarios on the GEMM and check the PTX it
-# changes (in the loop), test_sm90_attention.py each on the attention kernel (slow),
+# changes (in the loop; sm90's 2-CTA cluster twins slow), test_sm90_attention.py each on the
+# attention kernel (slow),
 # test_field.py traces three faults onto each field adapter's library lines (in the loop).
 # CI (.ci/run) runs the slow part too (`-m slow`), so every scenario still compiles there.
 SLOW_FAULT_FAMILIES = ("field", "sm100_gemm", "sm90_attention", "sm90_gemm")

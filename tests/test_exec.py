@@ -354,6 +354,7 @@ def test_the_deadline_clock_stops_while_the_command_waits_for_the_gpu(tmp_path):
     assert 3.5 <= res.gpu_wait_s <= res.elapsed_s
 
 
+@pytest.mark.slow  # pytest in a subprocess, twice (~10 s)
 def test_a_pytest_command_fails_on_the_test_that_sees_the_fault(tmp_path):
     """`python -m pytest` as the command: the fault changes the barrier init count, so exactly
     the test that checks init counts fails; clean, every test passes and pytest prints no

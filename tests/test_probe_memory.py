@@ -6,6 +6,7 @@ what it returns is the input under test."""
 
 from pathlib import Path
 
+import pytest
 from helpers.program_json import program_json
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,6 +52,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow  # a program that starts a fork server and forks two workers (~8-9 s)
 def test_every_forked_worker_gets_its_own_pages_at_the_one_reserved_address():
     out = program_json(PROGRAM, ROOT, timeout=120)
     assert out["before"] is None and "no reservation" in out["before_why"]

@@ -115,6 +115,7 @@ def _field_compiled(name: str, tmp_path: Path):
         ("quack_gemm_sm90", ["PipelineTmaAsync", "PipelineAsync"]),
     ],
 )
+@pytest.mark.slow  # two field-library compiles, 10-12 s each
 def test_field_kernels_carry_their_pipelines(name, classes, tmp_path, monkeypatch):
     """The two field kernels racecheck reported a RACE on (H200): their compile records the
     pipelines the caveat names, so a RACE of theirs carries it."""

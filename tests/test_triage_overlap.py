@@ -125,6 +125,7 @@ def test_workers_compile_at_once_while_one_at_a_time_holds_the_gpu(tmp_path, fak
     assert not (out / ".gpu-default.token").exists()
 
 
+@pytest.mark.slow  # a fake kernel that holds the GPU for 6 s
 def test_a_long_wait_for_the_gpu_is_not_a_hang(tmp_path, fake_gpu):
     """(b) a worker waits for the GPU far longer than its own phase limit (import_s = 3 s
     covers the time between its compile and its launch; it also bounds the spawn, so 1 s
