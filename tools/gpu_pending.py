@@ -1127,7 +1127,7 @@ BY_NAME = {s.name: s for s in STEPS}
 # exec steps (#17, #19) carry the wheels and come last.
 PRIORITY = (  # after 2026-12-02-h200-s7's calls 1-5: what is left, by value
     "field_preload",  # #25/#22: the field library imported once per fork server (s7: not run)
-    "pytest_gpu_only",  # on the final code (s7 call4: 12 passed on 1505f91)
+    "pytest_gpu_only",  # on the final code (s7 call4: 13 passed on 1505f91)
     "warm_lite",  # #22: more cold rounds
     "coredump_own_attach",  # done in s7 call2 (60/60 attached, 55/55 graded)
     "attach_neighbours",  # done in s7 call2 (both attached, the neighbour right)
