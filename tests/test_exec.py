@@ -19,6 +19,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from helpers import recorded_runs
 from helpers.exec_results import exec_result
 
 from cutedebug.engine.run_report import ExecReport
@@ -173,8 +174,7 @@ def test_stuck_records_of_a_recorded_h200_hang_make_a_localized_hang(tmp_path):
     from cutedebug.engine import verdict as V
 
     tree = X._Tree()
-    lines = (ROOT / "tests/data/runs/wrong_expect_tx_plus/events.jsonl").read_text()
-    for line in lines.splitlines():
+    for line in recorded_runs.lines("wrong_expect_tx_plus"):
         tree.add({**json.loads(line), "pid": 4242})
     res = X.ExecResult(
         settings=X.Settings(argv=["python", "repro.py"]),
@@ -243,9 +243,7 @@ def test_a_stall_event_makes_a_hang_from_the_last_picture(tmp_path):
     from cutedebug.engine import verdict as V
 
     tree = X._Tree()
-    for line in (
-        (ROOT / "tests/data/runs/wrong_expect_tx_plus/events.jsonl").read_text().splitlines()
-    ):
+    for line in recorded_runs.lines("wrong_expect_tx_plus"):
         ev = json.loads(line)
         if ev["event"] == "compiled":
             tree.add({**ev, "pid": 7})

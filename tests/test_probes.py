@@ -556,7 +556,9 @@ RUNS = ROOT / "tests" / "data" / "runs"
 def recorded(name: str) -> tuple[ProbeSnapshot, list]:
     import json
 
-    events = [json.loads(x) for x in (RUNS / name / "events.jsonl").read_text().splitlines()]
+    from helpers import recorded_runs
+
+    events = [json.loads(x) for x in recorded_runs.lines(name)]
     compiled = next(e for e in events if e["event"] == "compiled")
     report = next(e for e in events if e["event"] == "probe_report")
     return probes.snapshot_from_json(report), compiled["probe_sites"]

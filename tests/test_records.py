@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pytest
+from helpers import recorded_runs
 from helpers.h200_captures import captures
 
 from cutedebug import records
@@ -234,7 +235,7 @@ def test_the_exec_report_of_recorded_h200_events_round_trips(tmp_path):
     from cutedebug.engine.run_report import ExecReport
 
     tree = X._Tree()
-    for line in (RUNS / "wrong_expect_tx_plus" / "events.jsonl").read_text().splitlines():
+    for line in recorded_runs.lines("wrong_expect_tx_plus"):
         tree.add({**json.loads(line), "pid": 4242})
     res = X.ExecResult(
         settings=X.Settings(argv=["python", "repro.py"]),
@@ -256,8 +257,7 @@ def test_the_exec_report_of_recorded_h200_events_round_trips(tmp_path):
 
 # ---- probe sites, stuck records, beacons --------------------------------------------------------
 def recorded_events(case: str) -> list[dict[str, Any]]:
-    lines = (RUNS / case / "events.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines]
+    return [json.loads(line) for line in recorded_runs.lines(case)]
 
 
 @pytest.mark.parametrize("case", ["wrong_expect_tx_plus", "missing_phase_flip_producer"])
@@ -500,13 +500,13 @@ def test_bisect_json_with_the_probes_answer_round_trips_and_refuses_a_bad_field(
 
 # ---- events ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("case", ["wrong_expect_tx_plus", "missing_phase_flip_producer"])
-def test_a_recorded_event_stream_round_trips_line_for_line(case):
+def test_a_recorded_event_stream_round_trips_line_for_line(case, tmp_path):
     """Every line of the H200 run's events.jsonl reads as an Event (through the watchdog's
     reader) and writes back as the same line, byte for byte as the worker wrote it."""
     from cutedebug.engine.watchdog import EventReader
     from cutedebug.event import Event
 
-    path = RUNS / case / "events.jsonl"
+    path = recorded_runs.events_file(case, tmp_path)
     events, bad = EventReader(path).poll()
     lines = path.read_text().splitlines()
     assert bad == [] and len(events) == len(lines)

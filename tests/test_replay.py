@@ -7,6 +7,8 @@ data without a GPU.
 
 from pathlib import Path
 
+from helpers import recorded_runs
+
 from cutedebug.engine import runner
 from cutedebug.engine.verdict import Verdict
 from cutedebug.reporting import report
@@ -66,7 +68,7 @@ def test_stuck_records_decide_over_a_later_fault(tmp_path):
     src = DATA / "missing_phase_flip_producer"
     dst = tmp_path / "run"
     shutil.copytree(src, dst)
-    events = [json.loads(x) for x in (dst / "events.jsonl").read_text().splitlines()]
+    events = [json.loads(x) for x in recorded_runs.lines("missing_phase_flip_producer")]
     picture = next(e["picture"] for e in reversed(events) if e.get("picture"))
     stuck = [
         {
@@ -97,3 +99,17 @@ def test_stuck_records_decide_over_a_later_fault(tmp_path):
     r = runner.replay(dst)
     assert r.verdict is Verdict.HANG
     assert "faulted (cudaErrorLaunchFailure)" in r.reason
+
+
+def test_a_run_folder_kept_gzipped_replays_as_the_plain_one(tmp_path):
+    """runner.replay reads events.jsonl.gz where the folder has no events.jsonl (the recorded
+    runs here are kept so); the plain copy gives the same verdict, reason and evidence."""
+    import shutil
+
+    for case in ("wrong_expect_tx_plus", "missing_phase_flip_producer"):
+        plain = tmp_path / case
+        recorded_runs.events_file(case, plain)
+        shutil.copy(DATA / case / "request.json", plain / "request.json")
+        a, b = runner.replay(DATA / case), runner.replay(plain)
+        assert (a.verdict, a.reason, a.evidence) == (b.verdict, b.reason, b.evidence)
+        assert len(a.outcome.events) == len(recorded_runs.lines(case)) > 10

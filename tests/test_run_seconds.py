@@ -13,13 +13,13 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from helpers import recorded_runs
 
 from cutedebug.engine import health, launching, runner, worker
 from cutedebug.engine import scenario as S
 from cutedebug.engine import verdict as V
 
 ROOT = Path(__file__).resolve().parents[1]
-RECORDED = ROOT / "tests" / "data" / "runs" / "wrong_expect_tx_plus" / "events.jsonl"
 GPU_CHECK = {"healthy": True, "device": "NVIDIA H200", "free_gib": 139.2, "via": "worker"}
 
 
@@ -27,7 +27,7 @@ def bounded_hang(gpu_check: dict | None = GPU_CHECK) -> V.Outcome:
     """The outcome of the recorded probed HANG (its worker ended by itself after the waits
     timed out), with the worker's own GPU check after its checked event."""
     o = V.Outcome()
-    for line in RECORDED.read_text().splitlines():
+    for line in recorded_runs.lines("wrong_expect_tx_plus"):
         ev = json.loads(line)
         if ev["event"] == "done" and gpu_check is not None:
             o.add({"event": "gpu_check", "t": ev["t"], **gpu_check, "secs": 0.004})

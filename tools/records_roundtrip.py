@@ -41,8 +41,18 @@ NAMES = (
 
 
 def kind(path: Path) -> str | None:
-    """Which of NAMES the file is (``X.sanitize.json`` counts as a sanitize.json)."""
-    return next((n for n in NAMES if path.name == n or path.name.endswith("." + n)), None)
+    """Which of NAMES the file is (``X.sanitize.json`` counts as a sanitize.json, and
+    ``events.jsonl.gz`` as events.jsonl: read through gzip)."""
+    name = path.name.removesuffix(".gz")
+    return next((n for n in NAMES if name == n or name.endswith("." + n)), None)
+
+
+def read_text(path: Path) -> str:
+    if path.suffix == ".gz":
+        import gzip
+
+        return gzip.decompress(path.read_bytes()).decode()
+    return path.read_text()
 
 
 def _indented(record: object) -> str:
@@ -112,7 +122,7 @@ def main(argv: list[str]) -> int:
         return 2
     bad = 0
     for f in files:
-        text = f.read_text()
+        text = read_text(f)
         try:
             got = rewrite(f, text)
         except (RecordError, ValueError) as e:

@@ -530,7 +530,8 @@ def run_scenario(
 
 
 def replay(run_dir: Path | str) -> RunResult:
-    """Re-classify a recorded run (request.json + events.jsonl) without running anything.
+    """Re-classify a recorded run (request.json + events.jsonl, or events.jsonl.gz for a run
+    kept compressed) without running anything.
 
     The watchdog's own observations (kills, exit status) are not in the events: a replay
     sees a child that ended after its last event, which is what a finished run looks like.
@@ -538,7 +539,17 @@ def replay(run_dir: Path | str) -> RunResult:
     run_dir = Path(run_dir)
     request = json.loads((run_dir / "request.json").read_text())
     scenario = Scenario.from_json(request["scenario"])
-    events, bad = EventReader(run_dir / "events.jsonl").poll()
+    path = run_dir / "events.jsonl"
+    if not path.exists() and (gz := path.with_name("events.jsonl.gz")).exists():
+        import gzip
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="cutedebug-replay-") as tmp:
+            plain = Path(tmp) / "events.jsonl"
+            plain.write_bytes(gzip.decompress(gz.read_bytes()))
+            events, bad = EventReader(plain).poll()
+    else:
+        events, bad = EventReader(path).poll()
     outcome = V.Outcome(malformed_lines=bad, returncode=0)
     for ev in events:
         outcome.add(ev)

@@ -145,13 +145,15 @@ elif behaviour in ("bounded_hang", "bounded_hang_leaves_a_child"):
     # the recorded probed HANG (tests/data/runs/wrong_expect_tx_plus), then the worker's own GPU
     # check, as a worker on the H200 writes them; exits 0 by itself
     recorded = os.path.join(
-        os.path.dirname(__file__), "..", "data", "runs", "wrong_expect_tx_plus", "events.jsonl"
+        os.path.dirname(__file__), "..", "data", "runs", "wrong_expect_tx_plus", "events.jsonl.gz"
     )
     if behaviour == "bounded_hang_leaves_a_child":  # carries the run's tag: swept after exit
         subprocess.Popen(
             [sys.executable, "-c", "import time; time.sleep(10000)"], start_new_session=True
         )
-    with open(recorded) as f:
+    import gzip
+
+    with gzip.open(recorded, "rt") as f:
         lines = f.read().splitlines()
     with open(events_path, "a") as f:
         f.write("\n".join(lines[:-1]) + "\n")  # up to its done
