@@ -97,12 +97,13 @@ def hang_row(scenario: str, rc: int, runs_dir: Path, wall: float) -> dict:
 
 
 def _neighbour_proc(seconds: float, out: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, __file__, "--neighbour", str(seconds)],
-        stdout=open(out, "w"),
-        stderr=subprocess.STDOUT,
-        cwd=ROOT,
-    )
+    with open(out, "w") as log:  # the child keeps its own copy of the file
+        return subprocess.Popen(
+            [sys.executable, __file__, "--neighbour", str(seconds)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+        )
 
 
 def _neighbour_result(p: subprocess.Popen, out: Path, limit: float) -> dict:
@@ -149,8 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         d = a.out / f"run{i}"
         cmd = [sys.executable, "-m", "cutedebug", "run", "--coredump", "--deadline"]
         cmd += [str(a.deadline), "--runs-dir", str(d), str(ROOT / "scenarios" / f"{name}.toml")]
-        log = open(a.out / f"run{i}.log", "w")
-        runs.append((name, d, subprocess.Popen(cmd, stdout=log, stderr=log, cwd=ROOT)))
+        with open(a.out / f"run{i}.log", "w") as log:
+            runs.append((name, d, subprocess.Popen(cmd, stdout=log, stderr=log, cwd=ROOT)))
     for name, d, r in runs:
         try:
             rc = r.wait(timeout=180)

@@ -197,11 +197,10 @@ def fork_probe(timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
     deadline = time.monotonic() + timeout_s
     data = b""
     try:
-        while time.monotonic() < deadline and b"\n" not in data:
-            if select.select([r], [], [], 0.05)[0]:
-                chunk = os.read(r, 4096)
-                if not chunk:
-                    break
+        while b"\n" not in data and (left := deadline - time.monotonic()) > 0:
+            if select.select([r], [], [], left)[0]:
+                if not (chunk := os.read(r, 4096)):
+                    break  # the child ended without its line
                 data += chunk
     finally:
         os.close(r)
