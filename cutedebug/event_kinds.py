@@ -130,9 +130,6 @@ class Device(Payload):
     arch: str | None = None
     torch: str | None = None
     cuda: str | None = None
-    # devices.EarlyContext (CUTEDEBUG_EARLY_CONTEXT=1): "made" or why not, and its seconds
-    early_context: str | None = None
-    early_context_s: float | None = None
 
 
 @kind("unsupported")

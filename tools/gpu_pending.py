@@ -613,20 +613,6 @@ STEPS = [
         "(cli_start_s) to its exit (rest_s), each side's median against the 5 s / 2 s targets",
     ),
     Step(
-        "cold_ctx",
-        "22",
-        # compileall as warm_lite's (~15 s), the pool's start ~3 s, 6 rounds of cold (4.74 s in
-        # s6 call1), cold_ctx and warm (1.61 s) alternated: ~85 s
-        85,
-        False,
-        BYTECODE
-        + "python3 tools/pool_bench.py --rounds 6 --early-context --json $STEP_OUT/pool.json",
-        "cutedebug run of a probed HANG, cold with the worker's CUDA context made through "
-        "libcuda in a thread beside its import of torch (CUTEDEBUG_EARLY_CONTEXT=1, "
-        "devices.EarlyContext) against plain cold and warm, alternated, 6 rounds: each side's "
-        "median, cold_ctx/cold per round, whether the early context was made",
-    ),
-    Step(
         "cold_parts",
         "22",
         # compileall of cutlass, torch and ours on 16 cores (ESTIMATE ~30 s with torch's ~2000
@@ -1136,7 +1122,6 @@ PRIORITY = (  # after 2026-12-02-h200-s7's calls 1-5: what is left, by value
     "coredump_attach",  # done in s7 call1 (4/4, attach 1.07-1.88 s added, dump 0.60-7.50 s)
     "coredump_field",  # #25: done in s6 call1 (FA-4 fwd's extra_consumer_release MISMATCH 4/4)
     "dump_resume",  # #25: done in s6 call4 (a dump ends running work: launch failure)
-    "cold_ctx",  # #22: done in s6 call3 and s7 call5 (per round 0.98, 1.00: no gain)
     "mutate_all",  # #19: done in s3 call1 (73/73 applied); again for the own-time baseline
     "triage",  # done in s5 call4 (142.5 s; missing_phase_flip_consumer CRASH, now accepted)
     "warm_reuse",  # #22: done in s5 call1 (warm 1.62 s, fresh 1.74 s, no spare 1.66 s)

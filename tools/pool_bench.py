@@ -49,7 +49,6 @@ from cutedebug.engine import compile_cache  # noqa: E402  (stdlib only at import
 
 DEFAULT = ROOT / "scenarios" / "tma_stream" / "wrong_expect_tx_plus.toml"
 OVERLAP = "CUTEDEBUG_OVERLAP_IMPORTS"  # engine/worker.py: DeviceLookup
-EARLY = "CUTEDEBUG_EARLY_CONTEXT"  # devices.EarlyContext: the context beside torch's import
 PHASES = (
     "pool_s",
     "cli_start_s",
@@ -73,7 +72,6 @@ PHASES = (
 TARGETS = {
     "cold": 5.0,
     "cold_overlap": 5.0,
-    "cold_ctx": 5.0,
     "warm": 2.0,
     "warm_fresh": 2.0,
     "warm_nospare": 2.0,
@@ -166,8 +164,6 @@ def row_of(wall: float, r: subprocess.CompletedProcess) -> dict:
     ev = rep.get("evidence", {})
     row["pool_pid"] = (ev.get("pool") or {}).get("pid")
     row["spare"] = (ev.get("pool") or {}).get("spare")  # its CUDA context made ahead
-    if (early := (ev.get("device") or {}).get("early_context")) is not None:
-        row["early_context"] = early  # devices.EarlyContext: "made" or why not
     cache = (ev.get("compiled") or {}).get("compile_cache") or {}
     row["compile_reused"] = cache.get("reused")
     if cache.get("why") or cache.get("probe_buffer", "fixed") != "fixed":
@@ -186,12 +182,6 @@ def main() -> int:
         action="store_true",
         help="a third side, cold_overlap: cold with CUTEDEBUG_OVERLAP_IMPORTS=1 (the worker "
         "looks for the GPU in a thread beside cutlass's import)",
-    )
-    ap.add_argument(
-        "--early-context",
-        action="store_true",
-        help="a side cold_ctx: cold with CUTEDEBUG_EARLY_CONTEXT=1 (the worker makes the CUDA "
-        "context through libcuda in a thread beside its import of torch)",
     )
     ap.add_argument(
         "--reuse",
@@ -223,11 +213,9 @@ def main() -> int:
     print(f"pool start: {wall:.2f} s wall: {r.stdout.strip().splitlines()[0] if r.stdout else ''}")
     kinds: list[tuple[str, list[str], dict[str, str] | None]] = []
     if not args.no_cold:
-        kinds.append(("cold", ["--no-warm"], {OVERLAP: "0", EARLY: "0"}))
+        kinds.append(("cold", ["--no-warm"], {OVERLAP: "0"}))
         if args.overlap:
-            kinds.append(("cold_overlap", ["--no-warm"], {OVERLAP: "1", EARLY: "0"}))
-        if args.early_context:
-            kinds.append(("cold_ctx", ["--no-warm"], {OVERLAP: "0", EARLY: "1"}))
+            kinds.append(("cold_overlap", ["--no-warm"], {OVERLAP: "1"}))
     if args.reuse:
         kinds.append(("warm_fresh", ["--warm", "--no-compile-cache"], None))
     kinds.append(("warm", ["--warm"], None))
@@ -304,16 +292,12 @@ def main() -> int:
                 else "no compile_s to compare"
             )
         )
-    for side in ("cold_overlap", "cold_ctx"):
-        if side in sides and "cold" in sides:
-            over = [o["wall_s"] / c["wall_s"] for c, o in zip(sides["cold"], sides[side])]
-            print(
-                f"{side}/cold wall per round: median {statistics.median(over):.2f} "
-                f"(min {min(over):.2f}, max {max(over):.2f})"
-            )
-    if "cold_ctx" in sides:
-        made = [x.get("early_context") for x in sides["cold_ctx"]]
-        print(f"cold_ctx: the early context {made}")
+    if "cold_overlap" in sides and "cold" in sides:
+        over = [o["wall_s"] / c["wall_s"] for c, o in zip(sides["cold"], sides["cold_overlap"])]
+        print(
+            f"cold_overlap/cold wall per round: median {statistics.median(over):.2f} "
+            f"(min {min(over):.2f}, max {max(over):.2f})"
+        )
     if args.json:
         Path(args.json).write_text(
             json.dumps({"sides": sides, "ratios": ratios, "bytecode": state}, indent=1)

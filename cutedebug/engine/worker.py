@@ -148,8 +148,6 @@ def run(request: dict[str, Any], events: Events) -> None:
         "started", pid=os.getpid(), python=sys.version.split()[0], mono0=round(events.t0, 6)
     )
 
-    # opt-in: the driver's init and the context through libcuda, beside torch's import
-    early = devices.EarlyContext.start(mode)
     # A compile-only run never touches the GPU: it does not import torch to look for one (the
     # 1.7 s of CPU a fresh interpreter would spend on it; the kernels import torch lazily).
     lookup = DeviceLookup.start(mode)  # opt-in: torch and CUDA beside cutlass's import
@@ -159,8 +157,6 @@ def run(request: dict[str, Any], events: Events) -> None:
             if mode == "run"
             else {"present": None, "reason": "compile-only run: no GPU looked for"}
         )
-        if early is not None:
-            device.update(early.join(timeout=0.0))
         events.emit("device", **device)
     if request.get("lineinfo"):
         os.environ["CUTE_DSL_LINEINFO"] = "1"
@@ -172,8 +168,6 @@ def run(request: dict[str, Any], events: Events) -> None:
 
     if lookup is not None:
         device = lookup.join()
-        if early is not None:
-            device.update(early.join(timeout=0.0))
         events.emit("device", **device)
     archs = sc["archs"]
     runnable = mode == "run" and device["present"] and device["arch"] in archs
