@@ -4,6 +4,7 @@ import which initializes CUDA makes the client restart the server without preloa
 
 import json
 import os
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -342,24 +343,35 @@ def test_exec_probes_without_a_gpu_leave_torch_unimported(tmp_path):
 
 
 # ---- imports that ask the GPU, and a forked child's check (preloads.import_env, fork_probe) ----
-def _smi(monkeypatch, stdout: str | None, rc: int = 0):
-    import shutil
-    import subprocess
+def _fake_smi(folder: Path, stdout: str, rc: int = 0) -> Path:
+    """An nvidia-smi that prints ``stdout`` and exits ``rc``, alone on a PATH folder."""
+    folder.mkdir(exist_ok=True)
+    (folder / "out.txt").write_text(stdout)
+    smi = folder / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\ncat {folder / 'out.txt'}\nexit {rc}\n")
+    smi.chmod(0o755)
+    return folder
 
-    from cutedebug.engine import lifeline
 
+def _smi(monkeypatch, tmp_path, stdout: str | None, rc: int = 0):
     monkeypatch.setattr(preloads, "_CC", [])
-    monkeypatch.setattr(shutil, "which", lambda n: None if stdout is None else "/bin/nvidia-smi")
-    done = subprocess.CompletedProcess(["nvidia-smi"], rc, stdout or "", "")
-    monkeypatch.setattr(lifeline, "run_tool", lambda argv, t, **kw: done)
+    empty = tmp_path / "empty"
+    empty.mkdir(exist_ok=True)
+    # where there is none, PATH holds nothing else: a machine's own nvidia-smi stays unseen
+    path = (
+        f"{_fake_smi(tmp_path / 'smi', stdout, rc)}:{os.environ['PATH']}"
+        if stdout is not None
+        else empty
+    )
+    monkeypatch.setenv("PATH", str(path))
 
 
 @pytest.mark.parametrize(
     "listed, cc",
     [("9.0\n9.0\n", "90"), ("10.0\n", "100"), ("9.0\n10.0\n", None), ("", None), (None, None)],
 )
-def test_quacks_arch_is_set_only_where_every_gpu_shares_one(monkeypatch, listed, cc):
-    _smi(monkeypatch, listed)
+def test_quacks_arch_is_set_only_where_every_gpu_shares_one(monkeypatch, tmp_path, listed, cc):
+    _smi(monkeypatch, tmp_path, listed)
     monkeypatch.delenv(preloads.ARCH_VAR, raising=False)
     monkeypatch.delenv(preloads.NVML_VAR, raising=False)
     assert preloads.uniform_cc() == cc
@@ -368,6 +380,22 @@ def test_quacks_arch_is_set_only_where_every_gpu_shares_one(monkeypatch, listed,
     monkeypatch.setenv(preloads.ARCH_VAR, "80")  # the user's own setting is left alone
     monkeypatch.setenv(preloads.NVML_VAR, "0")
     assert preloads.import_env() == {}
+
+
+def test_asking_nvidia_smi_leaves_no_process_beside_the_fork_servers_workers(tmp_path):
+    """The server asks nvidia-smi once; nothing it starts for that (no keeper of its own, as
+    lifeline.run_tool would start) lives on beside the workers it forks."""
+    smi = _fake_smi(tmp_path / "smi", "9.0\n")
+    code = (
+        "import psutil\n"
+        "from cutedebug.engine import preloads\n"
+        "print(preloads.uniform_cc(), len(psutil.Process().children(recursive=True)))\n"
+    )
+    env = dict(os.environ, PATH=f"{smi}:{os.environ['PATH']}")
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert out.stdout.split() == ["90", "0"], out.stderr
 
 
 def test_the_imports_see_the_settings_and_the_server_keeps_none_of_them(tmp_path, monkeypatch):

@@ -127,13 +127,19 @@ def uniform_cc() -> str | None:
     if not _CC:
         _CC.append(None)
         import shutil
-
-        from cutedebug.engine import lifeline
+        import subprocess
 
         smi = shutil.which("nvidia-smi")
+        # A plain child with a timeout, not lifeline.run_tool: that starts the calling process's
+        # keeper, and in the fork server it would live beside the workers as long as the server
         try:
             out = (
-                lifeline.run_tool([smi, "--query-gpu=compute_cap", "--format=csv,noheader"], 20.0)
+                subprocess.run(
+                    [smi, "--query-gpu=compute_cap", "--format=csv,noheader"],
+                    capture_output=True,
+                    text=True,
+                    timeout=20.0,
+                )
                 if smi
                 else None
             )
