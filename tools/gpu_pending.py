@@ -1095,6 +1095,33 @@ STEPS += [
         "preloading stopped and why, the localization as before",
     ),
     Step(
+        "core_vs_bisect",
+        "25",
+        # BYTECODE ~15 s; per scenario a cold `run --coredump` (FA-4 ~14 s, own ~6 s) and a cold
+        # `cutedebug bisect` (ESTIMATE 20-40 s: its fork server with the library, a probed
+        # baseline, 4-8 checkpoint reruns, each a compile); then the warm side (~8 s each)
+        360,
+        True,
+        BYTECODE
+        + "python3 tools/core_vs_bisect.py --deadline 2 --warm --json $STEP_OUT/rows.json "
+        + _toml(
+            [
+                "field/fa4_fwd_sm90/wrong_barrier_threads_minus",
+                "field/quack_gemm_sm90/wrong_barrier_threads_plus",
+                "field/fa4_fwd_sm90/wrong_barrier_threads_plus",
+                "field/quack_gemm_sm90/wrong_barrier_threads_minus",
+                "sm90_gemm/wrong_barrier_threads_minus",
+                "bisect/flag_spin_never_set",
+            ]
+        ),
+        "the bisection-only hangs as a user runs them, each command a fresh process, alternated "
+        "per scenario: `cutedebug run --coredump --no-warm` (cuda-gdb attached to the hung "
+        "worker) against `cutedebug bisect` (its checkpoint reruns): the whole wall of each, "
+        "the verdict, the localization against the expected one, bisect/core per scenario; "
+        "then `run --coredump --warm` through one pool (the library imported once in its fork "
+        "server); processes left after each",
+    ),
+    Step(
         "attach_neighbours",
         "25",
         90,
@@ -1111,10 +1138,11 @@ BY_NAME = {s.name: s for s in STEPS}
 # half of #23's; with xdist #23 is done; pytest_gpu is owed whenever GPU code changed; perturb
 # and coredump each close one issue; warm + bench finish #22 (with the triage); the field and
 # exec steps (#17, #19) carry the wheels and come last.
-PRIORITY = (  # after 2026-12-02-h200-s7's calls 1-5: what is left, by value
-    "field_preload",  # #25/#22: the field library imported once per fork server (s7: not run)
-    "pytest_gpu_only",  # on the final code (s7 call4: 13 passed on 1505f91)
-    "warm_lite",  # #22: more cold rounds
+PRIORITY = (  # after 2026-12-02-h200-s8's calls 1-2: what is left, by value
+    "core_vs_bisect",  # #25: the bisection-only hangs, coredump against bisection, cold + warm
+    "field_preload",  # #25: done in s8 call1 (preloading kept; again: no keeper in the server)
+    "pytest_gpu_only",  # on the final code (s8 call1: 13 passed on 6bc0264)
+    "warm_lite",  # #22: more cold rounds (s8 call2: 5 more)
     "coredump_own_attach",  # done in s7 call2 (60/60 attached, 55/55 graded)
     "attach_neighbours",  # done in s7 call2 (both attached, the neighbour right)
     "coredump_field_attach",  # done in s7 call3 (22 attached, 22/22)
@@ -1201,7 +1229,9 @@ def run(names: list[str], out: Path, budget_s: float, pack: Path | None = None) 
     have_wheels = bundle.is_file() or bool(wheels)
     if any(BY_NAME[n].wheels for n in names) and have_wheels:
         install = (
-            f"mkdir -p /tmp/site && tar -C /tmp/site -xJf {bundle}"
+            # bytecode compiled as a pip install leaves it (the bundle carries none)
+            f"mkdir -p /tmp/site && tar -C /tmp/site -xJf {bundle} && "
+            "python3 -m compileall -q -j 0 /tmp/site > /dev/null"
             if bundle.is_file()
             else "python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir "
             "--upgrade --target /tmp/site .whl/*.whl"
