@@ -14,6 +14,7 @@ import pytest
 from cutedebug import devices
 from cutedebug.engine import preloads, runner
 from cutedebug.engine import scenario as S
+from tests.helpers.preload_lib import make_probe_lib
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -63,42 +64,9 @@ def test_health_checks_and_cuda_free_imports_fork(monkeypatch):
     assert p({"request": "/nowhere"}) is None and p.cuda_error is None
 
 
-LIB = """
-import os
-with open(os.environ["PRELOAD_PROBE_OUT"], "a") as f:
-    f.write(f"{os.getpid()}\\n")
-if os.environ.get("PRELOAD_PROBE_PRINT") == "1":  # a chatty library: Python and C level
-    print("preload_probe_lib: hello")
-    os.write(1, b"preload_probe_lib: hello from fd 1\\n")
-if os.environ.get("PRELOAD_PROBE_CUDA") == "1":
-    import torch
-    torch.cuda._initialized = True  # what an import that touched the GPU leaves behind
-"""
-
-KERNEL = f"""
-import importlib.util
-
-import preload_probe_lib  # noqa: F401  (the library the scenario declares)
-
-_spec = importlib.util.spec_from_file_location("_preload_minimal", {str(ROOT / "kernels" / "minimal.py")!r})
-_mod = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_mod)
-Minimal = _mod.Minimal
-"""
-
-
 @pytest.fixture
 def probe_lib(tmp_path, monkeypatch):
-    lib = tmp_path / "lib"
-    (lib / "preload_probe_lib").mkdir(parents=True)
-    (lib / "preload_probe_lib" / "__init__.py").write_text(LIB)
-    (tmp_path / "kernel_file.py").write_text(KERNEL)
-    out = tmp_path / "imported_in.txt"
-    monkeypatch.setenv("PRELOAD_PROBE_OUT", str(out))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(lib), os.environ.get("PYTHONPATH", "")]))
-    sc = S.adhoc(str(tmp_path / "kernel_file.py") + ":Minimal", {}, None, {}, "PASS")
-    sc = sc.with_overrides(modules=("preload_probe_lib",))
-    return sc, out
+    return make_probe_lib(tmp_path, monkeypatch)
 
 
 @pytest.mark.slow

@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 from gpu_scale_run import ours_left  # noqa: E402  (cutedebug processes of this checkout)
@@ -67,6 +69,7 @@ def core_row(scenario: str, deadline: float, warm: bool) -> dict:
         "localized_ok": loc.get("ok"),
         "found": (loc.get("matched") or {}).get("how")
         or (loc.get("matched") or {}).get("location"),
+        "pool_preload": ((rep.get("evidence") or {}).get("pool") or {}).get("preload"),
         "read": "attach" if core.get("attach") and not (core.get("dump") or {}) else "dump",
         "phases": {
             k: t.get(k)
@@ -116,18 +119,26 @@ def main() -> int:
     ap.add_argument("scenarios", nargs="+")
     ap.add_argument("--deadline", type=float, default=2.0)
     ap.add_argument("--warm", action="store_true", help="a third side through one warm pool")
+    ap.add_argument(
+        "--warm-rounds", type=int, default=1, help="the warm side's rounds over the scenarios"
+    )
+    ap.add_argument("--no-cold", action="store_true", help="the warm side only")
     ap.add_argument("--json")
     args = ap.parse_args()
     rows: list[dict] = []
 
     def add(sc: str, row: dict) -> None:
         row = {"scenario": Path(sc).parent.name + "/" + Path(sc).stem, **row}
-        # the warm pool's own server and its fork server stay until the pool is stopped
-        row["left"] = len([x for x in ours_left() if "pool" not in x and "forkserver" not in x])
+        # the warm pool's server stays until the pool is stopped; the shell that started this
+        # script (its command line names cutedebug) is not a leftover
+        mine = {str(p.pid) for p in psutil.Process().parents()}
+        row["left"] = len(
+            [x for x in ours_left() if "pool_server" not in x and x.split()[0] not in mine]
+        )
         rows.append(row)
         print(json.dumps(row), flush=True)
 
-    for i, sc in enumerate(args.scenarios):
+    for i, sc in enumerate([] if args.no_cold else args.scenarios):
         sides = [
             functools.partial(core_row, sc, args.deadline, False),
             functools.partial(bisect_row, sc),
@@ -138,11 +149,14 @@ def main() -> int:
         wall, r = _cmd(["pool", "start"])
         print(f"pool start: {wall} s rc={r.returncode}", flush=True)
         try:
-            for sc in args.scenarios:
-                add(sc, core_row(sc, args.deadline, True))
+            for _ in range(args.warm_rounds):
+                for sc in args.scenarios:
+                    add(sc, core_row(sc, args.deadline, True))
         finally:
             _cmd(["pool", "stop"])
-        print(f"after the pool stopped: {len(ours_left())} processes of ours left", flush=True)
+        mine = {str(p.pid) for p in psutil.Process().parents()}
+        left = [x for x in ours_left() if x.split()[0] not in mine]
+        print(f"after the pool stopped: {len(left)} processes of ours left {left}", flush=True)
     print()
     print("| scenario | side | wall s | verdict | localized as expected | found | left |")
     print("|---|---|---|---|---|---|---|")

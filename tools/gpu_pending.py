@@ -1033,6 +1033,16 @@ STEPS.append(
 # 1.1-1.9 s added against the dump's 0.6-7.5 s, the same places) over the whole sm_90 HANG
 # matrix: each run ~5 s (own: the 2 s deadline, ~1.5 s attached) to ~11 s (FA-4, RMSNorm), quack
 # GEMM's with its own compile 20-34 s
+# the bisection-only hangs timed against bisection (FA-4's and quack GEMM's named barriers, two
+# of ours), alternated library by library
+BISECT_ONLY = [
+    "field/fa4_fwd_sm90/wrong_barrier_threads_minus",
+    "field/quack_gemm_sm90/wrong_barrier_threads_plus",
+    "field/fa4_fwd_sm90/wrong_barrier_threads_plus",
+    "field/quack_gemm_sm90/wrong_barrier_threads_minus",
+    "sm90_gemm/wrong_barrier_threads_minus",
+    "bisect/flag_spin_never_set",
+]
 _ATTACH_RUNS = "python3 tools/gpu_coredump_table.py --deadline 2 --out /tmp/{d} --budget-s {b} "
 STEPS += [
     Step(
@@ -1095,6 +1105,20 @@ STEPS += [
         "preloading stopped and why, the localization as before",
     ),
     Step(
+        "pool_preload",
+        "25",
+        # BYTECODE ~15 s, the pool's start ~3 s, 12 warm runs (~6-10 s each): ~120 s
+        120,
+        True,
+        BYTECODE + "python3 tools/core_vs_bisect.py --no-cold --warm --warm-rounds 2 --deadline 2 "
+        "--json $STEP_OUT/rows.json " + _toml(BISECT_ONLY),
+        "the bisection-only hangs through the warm pool whose server now imports each run's "
+        "library once (engine/pool_server.py: preloads.Preloader, the spare dropped when a "
+        "library came in): `run --coredump --warm`, two rounds over the six; each run's wall, "
+        "imports_s (2.5-4.1 s in s8 call3, the worker importing FA-4 or quack itself), the "
+        "verdict and localization, the pool's preload on or why off, processes left",
+    ),
+    Step(
         "core_vs_bisect",
         "25",
         # BYTECODE ~15 s; per scenario a cold `run --coredump` (FA-4 ~14 s, own ~6 s) and a cold
@@ -1104,16 +1128,7 @@ STEPS += [
         True,
         BYTECODE
         + "python3 tools/core_vs_bisect.py --deadline 2 --warm --json $STEP_OUT/rows.json "
-        + _toml(
-            [
-                "field/fa4_fwd_sm90/wrong_barrier_threads_minus",
-                "field/quack_gemm_sm90/wrong_barrier_threads_plus",
-                "field/fa4_fwd_sm90/wrong_barrier_threads_plus",
-                "field/quack_gemm_sm90/wrong_barrier_threads_minus",
-                "sm90_gemm/wrong_barrier_threads_minus",
-                "bisect/flag_spin_never_set",
-            ]
-        ),
+        + _toml(BISECT_ONLY),
         "the bisection-only hangs as a user runs them, each command a fresh process, alternated "
         "per scenario: `cutedebug run --coredump --no-warm` (cuda-gdb attached to the hung "
         "worker) against `cutedebug bisect` (its checkpoint reruns): the whole wall of each, "
@@ -1139,9 +1154,10 @@ BY_NAME = {s.name: s for s in STEPS}
 # and coredump each close one issue; warm + bench finish #22 (with the triage); the field and
 # exec steps (#17, #19) carry the wheels and come last.
 PRIORITY = (  # after 2026-12-02-h200-s8's calls 1-2: what is left, by value
-    "core_vs_bisect",  # #25: the bisection-only hangs, coredump against bisection, cold + warm
-    "field_preload",  # #25: done in s8 call1 (preloading kept; again: no keeper in the server)
-    "pytest_gpu_only",  # on the final code (s8 call1: 13 passed on 6bc0264)
+    "pool_preload",  # #25: the warm pool's server imports the field library once
+    "pytest_gpu_only",  # on the final code (s8 call4: 13 passed on eafcc2c)
+    "core_vs_bisect",  # #25: done in s8 call3 (core 7.3-16.6 s cold, bisect 9.3-47.9 s)
+    "field_preload",  # #25: done in s8 calls 1 and 3 (preloading kept)
     "warm_lite",  # #22: more cold rounds (s8 call2: 5 more)
     "coredump_own_attach",  # done in s7 call2 (60/60 attached, 55/55 graded)
     "attach_neighbours",  # done in s7 call2 (both attached, the neighbour right)

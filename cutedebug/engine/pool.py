@@ -59,7 +59,12 @@ from cutedebug.engine.pool_key import (  # noqa: F401  (pool.X for the commands 
     key_of,
     superseded,
 )
-from cutedebug.engine.pool_server import POOL_TAG_VAR, compiled_folder, remove_compiled
+from cutedebug.engine.pool_server import (
+    NO_PRELOAD_VAR,
+    POOL_TAG_VAR,
+    compiled_folder,
+    remove_compiled,
+)
 
 DEFAULT_IDLE_S = 900.0
 MAX_IDLE_S = 24 * 3600.0
@@ -155,6 +160,8 @@ class PoolClient:
         self.replacements = 0
         self.closed = False
         self.started_now = False  # this command started the server it first got
+        self.preload = True  # off once a server's library import made it unsafe to fork from
+        self.preload_off = ""  # why
         self.connect_s = 0.0
         self._reported_s = 0.0
         self._lock = threading.Lock()
@@ -166,6 +173,8 @@ class PoolClient:
             "key": self.key,
             "started_now": self.started_now,
             "connect_s": round(self.connect_s, 3),
+            # the run's library modules imported in the server (engine/preloads.py), or why not
+            "preload": "on" if self.preload else f"off: {self.preload_off}",
         }
 
     def pool_info(self) -> dict[str, Any]:
@@ -244,7 +253,7 @@ class PoolClient:
                     start = True  # someone wanted a pool here: replace it
                 if not start:
                     return False
-                _start_server(self.paths, self.key, self.idle_s, home(self.fp))
+                _start_server(self.paths, self.key, self.idle_s, home(self.fp), self.preload)
                 self.started_now = self.started_now or self.generation == 0
                 ok = self._connect() == "ok"
             if ok:
@@ -278,6 +287,14 @@ class PoolClient:
                 if self.replacements >= MAX_REPLACEMENTS:
                     raise ForkServerError(f"pool server replaced {self.replacements} times")
                 self.replacements += 1
+                self._drop_socket()
+                if not self.acquire(start=True):
+                    raise ForkServerError(f"no pool server could be had (log: {self.paths.log})")
+                answer = self._ask(msg, SPAWN_TIMEOUT_S)
+            if answer and answer.get("no_preload") and self.preload:
+                # a library import made that server unsafe to fork from (it gave up its socket
+                # path): one without preloads, whose workers import the library themselves
+                self.preload, self.preload_off = False, str(answer.get("error"))
                 self._drop_socket()
                 if not self.acquire(start=True):
                     raise ForkServerError(f"no pool server could be had (log: {self.paths.log})")
@@ -325,7 +342,11 @@ def _start_lock(path: Path, timeout: float = READY_TIMEOUT_S + 10) -> Iterator[N
 
 
 def _start_server(
-    paths: Paths, key: str, idle_s: float, home_: dict[str, Any] | None = None
+    paths: Paths,
+    key: str,
+    idle_s: float,
+    home_: dict[str, Any] | None = None,
+    preload: bool = True,
 ) -> None:
     """Start a server for ``key`` detached from this command (its own session, no parent tie,
     none of this command's session tags: the command's keeper must not take it along) and
@@ -339,6 +360,10 @@ def _start_server(
     env[lifeline.SESSION_VAR] = lifeline.padded_session_tags(outer + [tag])
     env[lifeline.RUN_TAG_VAR] = lifeline.PLACEHOLDER_TAG
     env[POOL_TAG_VAR] = tag
+    if preload:
+        env.pop(NO_PRELOAD_VAR, None)
+    else:  # its workers import their libraries themselves
+        env[NO_PRELOAD_VAR] = "1"
     env["PYTHONPATH"] = os.pathsep.join(
         [str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
     )

@@ -47,10 +47,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cutedebug.engine import compile_cache, forkserver, lifeline, pool_spare
+from cutedebug.engine import compile_cache, forkserver, lifeline, pool_spare, preloads
 from cutedebug.instrument import probe_memory
 
 POOL_TAG_VAR = "CUTEDEBUG_POOL_TAG"  # in the server's environment and every worker's
+# "1": this server imports no run's library modules (its client asked after an import made
+# a server unsafe to fork from: engine/preloads.py)
+NO_PRELOAD_VAR = "CUTEDEBUG_POOL_NO_PRELOAD"
 SELECT_S = 0.05
 
 
@@ -96,6 +99,8 @@ class Server:
         self.spare_ok = True  # the last worker ended well (or none ran yet)
         self.spare_failed = ""  # why a spare could not start: no more spares
         self.last_exit = 0.0  # when a worker was last reaped (monotonic)
+        # each run's declared library modules, imported here once (engine/preloads.py)
+        self.libs = None if os.environ.get(NO_PRELOAD_VAR) == "1" else preloads.Preloader()
 
     # ---- life ----
     def bind(self) -> None:
@@ -197,8 +202,8 @@ class Server:
                 self.stopping = f"retired: {self.retired}"
             elif now - last_busy > self.idle_s:
                 self.stopping = f"idle for {self.idle_s:g} s"
-            if now - last_check > 1.0:
-                last_check = now
+            if now - last_check > 1.0 and not (self.libs and self.libs.cuda_error):
+                last_check = now  # (a server that gave up its socket path waits for its runs)
                 if not self.ours():
                     self.stopping = "its socket was removed or taken over"
         return self.stopping
@@ -273,6 +278,8 @@ class Server:
             if self.compiled is not None:  # the worker's compile reuses this server's
                 os.environ[compile_cache.CACHE_VAR] = str(self.compiled)
 
+        if (refused := self.preload(req)) is not None:
+            return refused
         spare, self.spare = self.spare, None
         if spare is not None and pool_spare.takes(req):
             if spare.hand(req, mine + tags):  # its context is (being) made: the run goes there
@@ -283,6 +290,31 @@ class Server:
             self.spare = spare
         pid = forkserver.fork_worker(req, self.pid, in_child)
         return self.started(pid, req, client)
+
+    def preload(self, req: dict[str, Any]) -> dict[str, Any] | None:
+        """Import the run's declared library modules here once, before its worker is forked;
+        the spare forked before them is dropped (a worker forked from it would import them
+        again). When an import made this server unsafe to fork from (it initialized CUDA, or
+        a child forked after it could not use the GPU), the server forks nothing more: it
+        gives up its socket path, answers ``no_preload`` (the client starts a server without
+        preloads) and exits once its running workers and its clients are gone."""
+        if self.libs is None:
+            return None
+        done = len(self.libs.done)
+        why = self.libs(req)
+        if why:
+            if not self.retired:
+                self.retired = f"preloading stopped: {why}"
+                self.drop_spare()
+                if self.ours():
+                    for path in (self.sock_path, self.meta_path):
+                        with contextlib.suppress(OSError):
+                            os.unlink(path)
+                print(f"pool server {self.pid}: {self.retired}", flush=True)
+            return {"error": why, "no_preload": True}
+        if len(self.libs.done) != done:
+            self.drop_spare()
+        return None
 
     def started(
         self, pid: int, req: dict[str, Any], client: _Client, spare: bool = False
