@@ -32,6 +32,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 from gpu_scale_run import ours_left  # noqa: E402  (cutedebug processes of this checkout)
 
+sys.path.insert(0, str(ROOT))
+from cutedebug.engine import scenario as S  # noqa: E402
+
 CLI = [sys.executable, "-m", "cutedebug"]
 LIMIT_S = 240.0  # one command; a bisection of a large kernel reruns it 4-8 times
 
@@ -128,7 +131,7 @@ def main() -> int:
     rows: list[dict] = []
 
     def add(sc: str, row: dict) -> None:
-        row = {"scenario": Path(sc).parent.name + "/" + Path(sc).stem, **row}
+        row = {"scenario": S.load(sc).id, **row}
         # the warm pool's server stays until the pool is stopped; the shell that started this
         # script (its command line names cutedebug) is not a leftover
         mine = {str(p.pid) for p in psutil.Process().parents()}

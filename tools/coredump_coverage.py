@@ -86,9 +86,21 @@ RUNS = [
         "reports/2026-12-02-h200-s7/call4/coredump_gemm_attach/rows.json.gz",
         "default",
     ),
+    # the field's bisection-only hangs with the library imported once in the fork server
+    # (engine/preloads.py) and its bytecode compiled as pip leaves it. (s8/call1 ran the same
+    # six first; each row counted 1 process left, the keeper preloads.uniform_cc started in
+    # the fork server, which ended with it: fixed in d2c21d8, then call3. Not counted here.)
+    (
+        "12-02 s8/call3",
+        "reports/2026-12-02-h200-s8/call3/field_preload_rows.json.gz",
+        "default",
+    ),
 ]
 # printf-bisection of the same scenarios on the H200 (reports/2026-11-30-h200-s3): wall seconds
 BISECT_TABLE = "reports/2026-11-30-h200-s3/bisect-table.txt"
+# `cutedebug bisect` against `cutedebug run --coredump`, each a fresh command, alternated
+# (tools/core_vs_bisect.py, reports/2026-12-02-h200-s8/call3): the bisection side's walls
+BISECT_VS_CORE = "reports/2026-12-02-h200-s8/call3/core_vs_bisect_rows.json.gz"
 # The one real crash core (minimal/oob_store, request core-1: the driver's core on the GPU
 # exception) as cuda-gdb printed it, and memcheck's finding for the same kernel file.
 CRASH_CORE = "tests/data/coredump/h200/minimal__oob_store/pass1.txt.gz"
@@ -210,6 +222,10 @@ def bisection_seconds(root: Path = ROOT) -> dict[str, float]:
         if line.startswith("{"):
             r = json.loads(line)
             out[r["scenario"]] = r["wall_s"]
+    for r in _load(root / BISECT_VS_CORE):
+        if r["side"] == "bisect":  # its rows name a field scenario without "field/"
+            own = (root / "scenarios" / f"{r['scenario']}.toml").is_file()
+            out[r["scenario"] if own else f"field/{r['scenario']}"] = r["wall_s"]
     return out
 
 
