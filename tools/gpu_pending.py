@@ -1153,9 +1153,12 @@ BY_NAME = {s.name: s for s in STEPS}
 # half of #23's; with xdist #23 is done; pytest_gpu is owed whenever GPU code changed; perturb
 # and coredump each close one issue; warm + bench finish #22 (with the triage); the field and
 # exec steps (#17, #19) carry the wheels and come last.
-PRIORITY = (  # after 2026-12-02-h200-s8's calls 1-2: what is left, by value
-    "pool_preload",  # #25: the warm pool's server imports the field library once
-    "pytest_gpu_only",  # on the final code (s8 call4: 13 passed on eafcc2c)
+PRIORITY = (  # after 2026-12-02-h200-s8's calls 1-5: what is left, by value
+    # #25's last 0.1 s: a fresh server's first FA-4 run (10.1 s from spawn, 3.4 s of it the
+    # library's import). Next: preload at the server's start (pool start / triage given the
+    # scenarios), then pool_preload again with it, then pytest_gpu_only
+    "pool_preload",  # #25: done in s8 call5 (4.3-11.2 s, the pool's first FA-4 run 11.2)
+    "pytest_gpu_only",  # on the final code (s8 call5: 13 passed on fea4e85)
     "core_vs_bisect",  # #25: done in s8 call3 (core 7.3-16.6 s cold, bisect 9.3-47.9 s)
     "field_preload",  # #25: done in s8 calls 1 and 3 (preloading kept)
     "warm_lite",  # #22: more cold rounds (s8 call2: 5 more)
