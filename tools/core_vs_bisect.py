@@ -37,6 +37,17 @@ from cutedebug.engine import scenario as S  # noqa: E402
 
 CLI = [sys.executable, "-m", "cutedebug"]
 LIMIT_S = 240.0  # one command; a bisection of a large kernel reruns it 4-8 times
+# report.json's timings kept per coredump row (where the command's wall went)
+PHASES = (
+    "cli_start_s",
+    "spawn_s",
+    "imports_s",
+    "compile_s",
+    "launch_s",
+    "attach_s",
+    "core_s",
+    "health_s",
+)
 
 
 def _cmd(args: list[str]) -> tuple[float, subprocess.CompletedProcess[str]]:
@@ -74,20 +85,7 @@ def core_row(scenario: str, deadline: float, warm: bool) -> dict:
         or (loc.get("matched") or {}).get("location"),
         "pool_preload": ((rep.get("evidence") or {}).get("pool") or {}).get("preload"),
         "read": "attach" if core.get("attach") and not (core.get("dump") or {}) else "dump",
-        "phases": {
-            k: t.get(k)
-            for k in (
-                "cli_start_s",
-                "spawn_s",
-                "imports_s",
-                "compile_s",
-                "launch_s",
-                "attach_s",
-                "core_s",
-                "health_s",
-            )
-            if t.get(k) is not None
-        },
+        "phases": {k: t[k] for k in PHASES if t.get(k) is not None},
     }
 
 
@@ -117,6 +115,17 @@ def bisect_row(scenario: str) -> dict:
     }
 
 
+def left(keep_pool: bool) -> list[str]:
+    """Processes of ours still running, but the shell that started this script (its command
+    line names cutedebug) and, with ``keep_pool``, the warm pool's server."""
+    mine = {str(p.pid) for p in psutil.Process().parents()}
+    return [
+        x
+        for x in ours_left()
+        if x.split()[0] not in mine and not (keep_pool and "pool_server" in x)
+    ]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("scenarios", nargs="+")
@@ -132,12 +141,7 @@ def main() -> int:
 
     def add(sc: str, row: dict) -> None:
         row = {"scenario": S.load(sc).id, **row}
-        # the warm pool's server stays until the pool is stopped; the shell that started this
-        # script (its command line names cutedebug) is not a leftover
-        mine = {str(p.pid) for p in psutil.Process().parents()}
-        row["left"] = len(
-            [x for x in ours_left() if "pool_server" not in x and x.split()[0] not in mine]
-        )
+        row["left"] = len(left(keep_pool=True))  # the pool's server stays until it is stopped
         rows.append(row)
         print(json.dumps(row), flush=True)
 
@@ -157,9 +161,8 @@ def main() -> int:
                     add(sc, core_row(sc, args.deadline, True))
         finally:
             _cmd(["pool", "stop"])
-        mine = {str(p.pid) for p in psutil.Process().parents()}
-        left = [x for x in ours_left() if x.split()[0] not in mine]
-        print(f"after the pool stopped: {len(left)} processes of ours left {left}", flush=True)
+        after = left(keep_pool=False)
+        print(f"after the pool stopped: {len(after)} processes of ours left {after}", flush=True)
     print()
     print("| scenario | side | wall s | verdict | localized as expected | found | left |")
     print("|---|---|---|---|---|---|---|")
@@ -176,16 +179,10 @@ def main() -> int:
             f"{side}: {len(walls)} runs, wall {min(walls):.2f}-{max(walls):.2f} s, "
             f"median {statistics.median(walls):.2f} s"
         )
-    pairs = [
-        (a, b)
-        for a, b in zip(rows[::2], rows[1::2])
-        if {a["side"], b["side"]} == {"core", "bisect"}
-    ]
-    ratios = [
-        next(x for x in p if x["side"] == "bisect")["wall_s"]
-        / next(x for x in p if x["side"] == "core")["wall_s"]
-        for p in pairs
-    ]
+    cold: dict[str, dict[str, float]] = {}  # scenario -> side -> wall (one cold pair each)
+    for r in rows:
+        cold.setdefault(r["scenario"], {})[r["side"]] = r["wall_s"]
+    ratios = [w["bisect"] / w["core"] for w in cold.values() if "bisect" in w and "core" in w]
     if ratios:
         print(
             f"bisect/core wall per scenario: median {statistics.median(ratios):.2f} "
