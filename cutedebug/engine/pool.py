@@ -287,12 +287,18 @@ class PoolClient:
                 if self.replacements >= MAX_REPLACEMENTS:
                     raise ForkServerError(f"pool server replaced {self.replacements} times")
                 self.replacements += 1
-                answer = self._ask_another(msg)
+                self._drop_socket()
+                if not self.acquire(start=True):
+                    raise ForkServerError(f"no pool server could be had (log: {self.paths.log})")
+                answer = self._ask(msg, SPAWN_TIMEOUT_S)
             if answer and answer.get("no_preload") and self.preload:
                 # a library import made that server unsafe to fork from (it gave up its socket
                 # path): one without preloads, whose workers import the library themselves
                 self.preload, self.preload_off = False, str(answer.get("error"))
-                answer = self._ask_another(msg)
+                self._drop_socket()
+                if not self.acquire(start=True):
+                    raise ForkServerError(f"no pool server could be had (log: {self.paths.log})")
+                answer = self._ask(msg, SPAWN_TIMEOUT_S)
             if not answer or "pid" not in answer:
                 self._drop_socket()
                 raise ForkServerError(f"pool server did not fork: {answer or 'no answer'}")
@@ -300,14 +306,6 @@ class PoolClient:
             child.generation = self.generation
             child.spare = bool(answer.get("spare"))  # engine/pool_spare.py
         return child
-
-    def _ask_another(self, msg: dict[str, Any]) -> dict[str, Any] | None:
-        """``msg`` sent again to this key's server after leaving the one we had (starting one
-        when none runs); ForkServerError when none could be had."""
-        self._drop_socket()
-        if not self.acquire(start=True):
-            raise ForkServerError(f"no pool server could be had (log: {self.paths.log})")
-        return self._ask(msg, SPAWN_TIMEOUT_S)
 
     def close(self, timeout: float = 0.0) -> None:
         self.closed = True
