@@ -9,7 +9,9 @@ row: the command's whole wall (interpreter, imports, the library's, compiles, ru
 verdict or status, where it localized the hang and whether that is the scenario's expected
 localization. ``--warm`` adds a third side after the pairs: ``cutedebug run --coredump --warm``
 through one warm pool started for it (the library imported once in its fork server; the first
-run of each library pays that import, and the row says so by its ``spawn_s``). Processes left
+run of each library pays that import, and the row says so by its ``spawn_s``; with
+``--pool-preload`` the pool is started as ``cutedebug pool start SCENARIO...``, which imports
+the scenarios' libraries before the first run and prints how long that took). Processes left
 behind are counted after every command. Exit status 1 when a command was not as expected.
 """
 
@@ -135,6 +137,11 @@ def main() -> int:
         "--warm-rounds", type=int, default=1, help="the warm side's rounds over the scenarios"
     )
     ap.add_argument("--no-cold", action="store_true", help="the warm side only")
+    ap.add_argument(
+        "--pool-preload",
+        action="store_true",
+        help="start the warm pool with the scenarios as targets (their libraries imported then)",
+    )
     ap.add_argument("--json")
     args = ap.parse_args()
     rows: list[dict] = []
@@ -153,8 +160,8 @@ def main() -> int:
         for side in sides if i % 2 == 0 else sides[::-1]:
             add(sc, side())
     if args.warm:
-        wall, r = _cmd(["pool", "start"])
-        print(f"pool start: {wall} s rc={r.returncode}", flush=True)
+        wall, r = _cmd(["pool", "start"] + (args.scenarios if args.pool_preload else []))
+        print(f"pool start: {wall} s rc={r.returncode}\n{r.stdout.strip()}", flush=True)
         try:
             for _ in range(args.warm_rounds):
                 for sc in args.scenarios:

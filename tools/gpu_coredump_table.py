@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from cutedebug.analyses import coredump, cudagdb  # noqa: E402
 from cutedebug.commands.triage import detect_gpu  # noqa: E402
-from cutedebug.engine import lifeline, runner  # noqa: E402
+from cutedebug.engine import lifeline, preloads, runner  # noqa: E402
 from cutedebug.engine import scenario as S  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "tools"))
@@ -156,7 +156,11 @@ def main() -> int:
         flush=True,
     )
     core = coredump.Localizer()
-    fs = runner.start_forkserver(args.out)
+    # the scenarios' libraries imported once, before the first run (as triage does): no
+    # row's wall counts them; the server's answer says how long they took
+    fs = runner.start_forkserver(args.out, preload=preloads.modules_of_scenarios(scs))
+    if fs is not None and fs.preloaded is not None:
+        print(f"fork server: {preloads.summary(fs.preloaded)}", flush=True)
     rows, t_begin = [], time.monotonic()
     try:
         for sc in scs:

@@ -1098,11 +1098,12 @@ STEPS += [
         )
         + "; echo '--- the fork server log:'; grep -h 'fork server' /tmp/capre/forkserver.log "
         "|| echo 'no fork server message (preloading kept)'",
-        "the field workers with their library imported in the fork server (preloads.import_env: "
-        "QUACK_ARCH and NVML-based is_available while it imports; a forked child checked on the "
-        "GPU): each run's imports_s (4.0-9.2 s in s7 calls 3-4, preloading stopped) and wall "
-        "from spawn (the bisection-only four: 12.7-13.6 s against the 10 s target), whether "
-        "preloading stopped and why, the localization as before",
+        "the field workers with their libraries imported by the fork server at its start "
+        "(gpu_coredump_table: runner.start_forkserver(preload=the scenarios' modules); the "
+        "server's answer printed with its seconds): each run's imports_s and wall from spawn "
+        "(the bisection-only four in s8 call3: 10.10 / 7.79 / 8.41 / 6.68 s, the first FA-4 run "
+        "paying the library's import, against the 10 s target), whether preloading stopped and "
+        "why, the localization as before",
     ),
     Step(
         "pool_preload",
@@ -1111,12 +1112,13 @@ STEPS += [
         120,
         True,
         BYTECODE + "python3 tools/core_vs_bisect.py --no-cold --warm --warm-rounds 2 --deadline 2 "
-        "--json $STEP_OUT/rows.json " + _toml(BISECT_ONLY),
-        "the bisection-only hangs through the warm pool whose server now imports each run's "
-        "library once (engine/pool_server.py: preloads.Preloader, the spare dropped when a "
-        "library came in): `run --coredump --warm`, two rounds over the six; each run's wall, "
-        "imports_s (2.5-4.1 s in s8 call3, the worker importing FA-4 or quack itself), the "
-        "verdict and localization, the pool's preload on or why off, processes left",
+        "--pool-preload --json $STEP_OUT/rows.json " + _toml(BISECT_ONLY),
+        "the bisection-only hangs through the warm pool started as `cutedebug pool start "
+        "SCENARIO...` (the scenarios' libraries imported in its server before the first run; "
+        "its answer says how long that took): `run --coredump --warm`, two rounds over the six; "
+        "each run's wall (s8 call5, the library imported at the pool's first run of it: 4.3-11.2 "
+        "s, the first FA-4 run 11.2 s), imports_s, the verdict and localization, the pool's "
+        "preload on or why off, processes left",
     ),
     Step(
         "core_vs_bisect",
@@ -1153,14 +1155,11 @@ BY_NAME = {s.name: s for s in STEPS}
 # half of #23's; with xdist #23 is done; pytest_gpu is owed whenever GPU code changed; perturb
 # and coredump each close one issue; warm + bench finish #22 (with the triage); the field and
 # exec steps (#17, #19) carry the wheels and come last.
-PRIORITY = (  # after 2026-12-02-h200-s8's calls 1-5: what is left, by value
-    # #25's last 0.1 s: a fresh server's first FA-4 run (10.1 s from spawn, 3.4 s of it the
-    # library's import). Next: preload at the server's start (pool start / triage given the
-    # scenarios), then pool_preload again with it, then pytest_gpu_only
-    "pool_preload",  # #25: done in s8 call5 (4.3-11.2 s, the pool's first FA-4 run 11.2)
+PRIORITY = (  # 2026-12-03: the libraries preloaded at the server's start (#25's last 0.1 s)
+    "field_preload",  # #25: the fork server preloading at its start (s8 call3: 6.68-10.10 s)
+    "pool_preload",  # #25: `pool start SCENARIO...` (s8 call5: 4.3-11.2 s, first FA-4 11.2)
     "pytest_gpu_only",  # on the final code (s8 call5: 13 passed on fea4e85)
     "core_vs_bisect",  # #25: done in s8 call3 (core 7.3-16.6 s cold, bisect 9.3-47.9 s)
-    "field_preload",  # #25: done in s8 calls 1 and 3 (preloading kept)
     "warm_lite",  # #22: more cold rounds (s8 call2: 5 more)
     "coredump_own_attach",  # done in s7 call2 (60/60 attached, 55/55 graded)
     "attach_neighbours",  # done in s7 call2 (both attached, the neighbour right)

@@ -1,7 +1,10 @@
 """`cutedebug pool start|status|stop`: the warm pool (cutedebug/engine/pool.py), a resident
 fork server that `cutedebug run` reuses across invocations.
 
-    cutedebug pool start [--idle SECONDS]   start this environment's server (or keep the running one)
+    cutedebug pool start [--idle SECONDS] [TARGET ...] [--module NAME ...]
+                                            start this environment's server (or keep the running
+                                            one); it imports the libraries of the TARGET scenarios
+                                            (requires.modules) and each NAME now, ahead of the runs
     cutedebug pool status [--json]          every server: pid, key, this environment's or not, runs
     cutedebug pool stop [--all]             stop this environment's server (--all: every one,
                                             and the files of servers that exited when idle)
@@ -13,9 +16,12 @@ import argparse
 import contextlib
 import json
 import time
+from pathlib import Path
 
 from cutedebug.commands import exits
-from cutedebug.engine import pool
+from cutedebug.engine import pool, preloads
+from cutedebug.engine import scenario as S
+from cutedebug.engine.forkserver import ForkServerError
 from cutedebug.errors import UsageError
 
 
@@ -33,10 +39,16 @@ def cmd_start(args: argparse.Namespace) -> int:
         pool.idle_seconds(args.idle)  # --idle is checked already; CUTEDEBUG_POOL_IDLE_S here
     except (pool.PoolError, ValueError) as e:
         raise UsageError(str(e)) from None
+    modules = libraries(args.targets, args.module)  # bad input refused before any start
     c = pool.client(start=True, idle_s=args.idle)
     if c is None:
         print(f"cutedebug pool: no server could be started (log: {paths.log})")
         return exits.EXIT_HARNESS
+    said = None
+    try:
+        said = c.preload_modules(modules) if modules else None
+    except ForkServerError as e:
+        said = {"preload": f"off: {e}"}
     info = c.info
     c.close()
     meta = pool.read_meta(c.paths.meta) or {}
@@ -51,8 +63,35 @@ def cmd_start(args: argparse.Namespace) -> int:
             f"pool: server {info['pid']} already runs for this environment (key {info['key']}, "
             f"exits after {meta.get('idle_s', '?')} s without a run)"
         )
+    if said is not None:
+        print(f"  {preloads.summary(said)}")
     print(f"  log: {c.paths.log}")
-    return exits.EXIT_OK
+    # a module asked for that does not import here is the caller's to fix (the server runs)
+    return exits.EXIT_USAGE if said and said.get("failed") else exits.EXIT_OK
+
+
+def libraries(targets: list[str], names: list[str]) -> list[str]:
+    """The library modules of the scenario files or folders ``targets`` (requires.modules and
+    their kernel files' imports from them) and the modules ``names``; UsageError for a target
+    that is not a scenario or a name that is not a module name."""
+    scenarios = []
+    for target in targets:
+        if not (target.endswith(".toml") or Path(target).is_dir()):
+            raise UsageError(
+                f"pool start: {target}: not a scenario file or folder (a TOML file or a "
+                "folder of them); a kernel file's libraries go with --module NAME"
+            )
+        try:
+            files = S.discover(Path(target))
+            if not files:
+                raise UsageError(f"pool start: {target}: no scenario files (*.toml) found")
+            scenarios += [S.load(f) for f in files]
+        except S.ScenarioError as e:
+            raise UsageError(str(e)) from None
+    for name in names:
+        if not all(part.isidentifier() for part in name.split(".")):
+            raise UsageError(f"pool start: --module {name!r} is not a Python module name")
+    return list(dict.fromkeys(preloads.modules_of_scenarios(scenarios) + list(names)))
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -140,6 +179,20 @@ def add_parser(sub) -> None:
         metavar="SECONDS",
         help=f"exit after this long without a run (default {pool.DEFAULT_IDLE_S:g}, "
         f"or {pool.IDLE_VAR}; at most {pool.MAX_IDLE_S:g})",
+    )
+    s.add_argument(
+        "targets",
+        nargs="*",
+        metavar="TARGET",
+        help="scenario files or folders whose libraries (requires.modules) the server imports "
+        "now, so that no run pays for them",
+    )
+    s.add_argument(
+        "--module",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a library module the server imports now (your kernel's, e.g. quack.gemm); repeatable",
     )
     s.set_defaults(func=cmd_start)
     st = verbs.add_parser("status", help="list the running servers")

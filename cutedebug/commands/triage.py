@@ -76,7 +76,7 @@ from cutedebug.commands.triage_records import (  # noqa: F401  (T.<name> for cal
     record_name,
     scenario_digest,
 )
-from cutedebug.engine import lifeline, watchdog
+from cutedebug.engine import lifeline, preloads, watchdog
 from cutedebug.engine import scenario as S
 from cutedebug.engine import verdict as V
 from cutedebug.engine.health import detect_gpu
@@ -328,8 +328,13 @@ def _triage(opts: Options, out) -> int:
     # at once (at least 2 per GPU), the one holding its GPU's token launches.
     overlap = opts.overlap and bool(gpu["present"])
     slots = max(2, -(-opts.jobs // len(opts.gpus or [None]))) if overlap else 1
-    lanes = Lanes(opts.gpus or [None], opts.out, slots=slots)
+    # the matrix's libraries (FA-4, quack: seconds each) imported once per server, up front
+    libraries = preloads.modules_of_scenarios(p.sc for p in plans)
+    lanes = Lanes(opts.gpus or [None], opts.out, slots=slots, preload=libraries)
     fs = lanes.lanes[0].forkserver
+    for lane in lanes.lanes if libraries else []:
+        if said := getattr(lane.forkserver, "preloaded", None):
+            out(f"fork server {lane.name}: {preloads.summary(said)}")
     compile_pool = ThreadPoolExecutor(max(1, opts.jobs), thread_name_prefix="compile")
     pending: dict[Future, tuple[str, _Plan]] = {}
 

@@ -10,7 +10,9 @@ Protocol (JSON lines): the runner writes {"request", "log", "status", "env"[, "j
 server's stdin (job "health": the GPU health check of cutedebug.engine.health instead of a worker);
 the server imports the run's library modules if it has not yet (engine/preloads.py) and answers
 {"pid": N} on stdout, or {"error", "no_preload": true} when an import initialized CUDA (the
-client then restarts it with --no-preload). End of stdin stops the server, which kills
+client then restarts it with --no-preload). {"job": "preload", "modules": [...]} imports those
+ahead of the runs that need them (a matrix's libraries at the server's start) and answers
+{"preloaded": [...], "preload_s": S}, forking nothing. End of stdin stops the server, which kills
 any worker still running. The parent-side handle is :class:`ForkServer`.
 
 Lifelines (:mod:`cutedebug.engine.lifeline`): the server starts with the harness's session
@@ -144,9 +146,14 @@ def serve(parent_pid: int | None = None, libraries: bool = True) -> int:
         while b"\n" in buf:
             line, buf = buf.split(b"\n", 1)
             req = json.loads(line)
+            t0 = time.monotonic()
             if libs is not None and (why := libs(req)):
                 # never fork from a process with CUDA initialized: restart me without preloads
                 print(json.dumps({"error": why, "no_preload": True}), flush=True)
+                continue
+            if req.get("job") == "preload":
+                answer = preloaded(libs, time.monotonic() - t0)
+                print(json.dumps(answer), flush=True)
                 continue
             pid = fork_worker(req, server)
             children[pid] = req["status"]
@@ -161,6 +168,16 @@ def serve(parent_pid: int | None = None, libraries: bool = True) -> int:
         _reap(children)
         time.sleep(0.01)
     return 0
+
+
+def preloaded(libs: Any, seconds: float) -> dict[str, Any]:
+    """The answer to a "preload" request: the modules a server holds, or why none."""
+    if libs is None:
+        return {"preloaded": [], "preload": "off: started without preloads"}
+    names = sorted(libs.done - set(libs.failed))
+    print(f"fork server: {len(names)} module(s) preloaded, {seconds:.2f} s", file=sys.stderr)
+    answer = {"preloaded": names, "preload_s": round(seconds, 3), "preload": "on"}
+    return answer | ({"failed": dict(libs.failed)} if libs.failed else {})
 
 
 def fork_worker(req: dict[str, Any], server_pid: int, in_child=None) -> int:
@@ -339,12 +356,7 @@ class ForkServer:
             answer = self._ask(msg)
             if answer.get("no_preload") and self.preload_libraries:
                 # a library import initialized CUDA in the server: a new one without preloads
-                self.preload_libraries = False
-                self._kill()
-                try:
-                    self.start()
-                except (OSError, ForkServerError) as e:
-                    raise ForkServerError(f"fork server could not be restarted: {e}") from e
+                self._start_without_preloads()
                 answer = self._ask(msg)
             pid = answer.get("pid")
             if not isinstance(pid, int):
@@ -353,6 +365,32 @@ class ForkServer:
             child = ForkedChild(pid, status, self)
             child.generation = self.generation
         return child
+
+    def preload_modules(self, modules: list[str]) -> dict[str, Any]:
+        """Import ``modules`` in the server now, ahead of the runs that need them; the
+        server's answer ({"preloaded", "preload_s", "preload": "on"}), or {"preload": "off:
+        why"} when they made it unsafe to fork from (it is then replaced by one without
+        preloads, as :meth:`spawn` does)."""
+        msg = {"job": "preload", "modules": list(modules)}
+        with self._lock:
+            if not self.alive:
+                self._restart()
+            answer = self._ask(msg)
+            if answer.get("no_preload") and self.preload_libraries:
+                self._start_without_preloads()
+                return {"preloaded": [], "preload": f"off: {answer.get('error')}"}
+            if "preloaded" not in answer:  # a late answer would be read as a spawn's: a new one
+                self._kill()
+                return {"preloaded": [], "preload": f"off: no answer (log: {self.log_path})"}
+        return answer
+
+    def _start_without_preloads(self) -> None:
+        self.preload_libraries = False
+        self._kill()
+        try:
+            self.start()
+        except (OSError, ForkServerError) as e:
+            raise ForkServerError(f"fork server could not be restarted: {e}") from e
 
     def _ask(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Send a request, read the answer ({} when there is none); the server may import the

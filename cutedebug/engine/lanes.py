@@ -88,9 +88,11 @@ class Lanes:
         start=None,
         slots: int = 1,
         tokens: Path | str | None = None,
+        preload: list[str] | None = None,
     ):
         """``slots``: jobs per GPU at once; above 1 each lane gets a GPU token file in
-        ``tokens`` (default ``runs_root``), removed when the lanes close."""
+        ``tokens`` (default ``runs_root``), removed when the lanes close. ``preload``: library
+        modules each lane's fork server imports before the first job (runner.start_forkserver)."""
         from cutedebug.engine import runner
 
         start = start or runner.start_forkserver
@@ -100,7 +102,8 @@ class Lanes:
         for lane in self.lanes:
             if forkserver:
                 sub = root if len(self.lanes) == 1 else root / f"gpu-{lane.name}"
-                lane.forkserver = start(sub, gpu=lane.gpu)
+                more = {"preload": preload} if preload else {}
+                lane.forkserver = start(sub, gpu=lane.gpu, **more)
             if lane.forkserver is None and lane.gpu is not None:
                 lane.forkserver = Unserved(lane.env())
             if self.slots > 1:

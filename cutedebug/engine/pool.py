@@ -287,18 +287,12 @@ class PoolClient:
                 if self.replacements >= MAX_REPLACEMENTS:
                     raise ForkServerError(f"pool server replaced {self.replacements} times")
                 self.replacements += 1
-                self._drop_socket()
-                if not self.acquire(start=True):
-                    raise ForkServerError(f"no pool server could be had (log: {self.paths.log})")
-                answer = self._ask(msg, SPAWN_TIMEOUT_S)
+                answer = self._ask_another(msg)
             if answer and answer.get("no_preload") and self.preload:
                 # a library import made that server unsafe to fork from (it gave up its socket
                 # path): one without preloads, whose workers import the library themselves
                 self.preload, self.preload_off = False, str(answer.get("error"))
-                self._drop_socket()
-                if not self.acquire(start=True):
-                    raise ForkServerError(f"no pool server could be had (log: {self.paths.log})")
-                answer = self._ask(msg, SPAWN_TIMEOUT_S)
+                answer = self._ask_another(msg)
             if not answer or "pid" not in answer:
                 self._drop_socket()
                 raise ForkServerError(f"pool server did not fork: {answer or 'no answer'}")
@@ -306,6 +300,35 @@ class PoolClient:
             child.generation = self.generation
             child.spare = bool(answer.get("spare"))  # engine/pool_spare.py
         return child
+
+    def preload_modules(self, modules: list[str]) -> dict[str, Any]:
+        """Have the server import ``modules`` now, ahead of the runs that need them (a
+        library's import then counts in no run); its answer ({"preloaded", "preload_s",
+        "preload": "on"}), or {"preload": "off: why"}: a server whose import made it unsafe
+        to fork from is replaced by one without preloads, as :meth:`spawn` does."""
+        msg = {"op": "preload", "modules": list(modules)}
+        with self._lock:
+            if self.closed:
+                raise ForkServerError("the pool connection is closed")
+            answer = self._ask(msg, READY_TIMEOUT_S) if self.alive else None
+            if answer is None:
+                answer = self._ask_another(msg, READY_TIMEOUT_S)
+            if answer and answer.get("no_preload") and self.preload:
+                self.preload, self.preload_off = False, str(answer.get("error"))
+                answer = self._ask_another(msg, READY_TIMEOUT_S)
+        if not answer or "preloaded" not in answer:
+            return {"preloaded": [], "preload": f"off: no answer (log: {self.paths.log})"}
+        return answer
+
+    def _ask_another(
+        self, msg: dict[str, Any], timeout: float = SPAWN_TIMEOUT_S
+    ) -> dict[str, Any] | None:
+        """``msg`` sent again to this key's server after leaving the one we had (starting one
+        when none runs); ForkServerError when none could be had."""
+        self._drop_socket()
+        if not self.acquire(start=True):
+            raise ForkServerError(f"no pool server could be had (log: {self.paths.log})")
+        return self._ask(msg, timeout)
 
     def close(self, timeout: float = 0.0) -> None:
         self.closed = True

@@ -260,6 +260,12 @@ class Server:
             self.retired = str(req.get("why") or "replaced by a newer server")
             self.drop_spare()  # no run of this server's key is to come
             return {"ok": True, "pid": self.pid, "workers": len(self.workers)}
+        if op == "preload":  # a client's libraries ahead of its runs (`pool start TARGET`)
+            t0 = time.monotonic()
+            modules = [m for m in req.get("modules") or [] if isinstance(m, str)]
+            if (refused := self.preload({"job": "preload", "modules": modules})) is not None:
+                return refused
+            return {"ok": True, **forkserver.preloaded(self.libs, time.monotonic() - t0)}
         if op != "spawn":
             raise ValueError(f"unknown op {op!r}")
         tags = [t for t in req.get("session_tags", []) if isinstance(t, str)]

@@ -39,7 +39,7 @@ import select
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,9 +55,17 @@ def modules_for(request_path: str | Path) -> list[str]:
     top-level imports of its kernel file from those packages; [] when it declares none."""
     try:
         sc = json.loads(Path(request_path).read_text())["scenario"]
-        declared = [m for m in sc.get("modules") or [] if isinstance(m, str)]
-        kernel_file = sc["kernel"]["file"]
     except (OSError, ValueError, KeyError, TypeError):
+        return []
+    return modules_of(sc)
+
+
+def modules_of(scenario: dict[str, Any]) -> list[str]:
+    """:func:`modules_for` of a scenario as its JSON form (``Scenario.to_json()``)."""
+    try:
+        declared = [m for m in scenario.get("modules") or [] if isinstance(m, str)]
+        kernel_file = scenario["kernel"]["file"]
+    except (AttributeError, KeyError, TypeError):
         return []
     if not declared:
         return []
@@ -78,19 +86,54 @@ def modules_for(request_path: str | Path) -> list[str]:
     return list(dict.fromkeys(found))
 
 
+def modules_of_scenarios(scenarios: Iterable[Any]) -> list[str]:
+    """Every module a fork server could preload for these scenarios (each one's
+    :func:`modules_of`), once each, in order. Nothing is looked up here (finding a module
+    imports its parent package: the caller may be a harness that imports no library); one the
+    server cannot import is reported in its log, and the worker says why."""
+    found: list[str] = []
+    for sc in scenarios:
+        found += modules_of(sc.to_json())
+    return list(dict.fromkeys(found))
+
+
+def summary(answer: dict[str, Any]) -> str:
+    """One line for a server's answer to a preload request (forkserver.preloaded)."""
+    if answer.get("preload") != "on":
+        return f"preloading {answer.get('preload') or 'off'}"
+    names = answer.get("preloaded") or []
+    line = f"{len(names)} library module(s) preloaded in {answer.get('preload_s', 0):.2f} s" + (
+        f" ({', '.join(names)})" if names else ""
+    )
+    failed = answer.get("failed") or {}
+    return line + "".join(f"; {n} not importable ({why})" for n, why in failed.items())
+
+
 class Preloader:
     """Imports each request's library modules once; ``cuda_error`` says why preloading
     stopped (an import initialized CUDA), after which the server must not fork."""
 
     def __init__(self) -> None:
         self.done: set[str] = set()
+        self.failed: dict[str, str] = {}  # a module whose import raised: why
         self.cuda_error: str | None = None
 
     def __call__(self, req: dict[str, Any]) -> str | None:
-        if self.cuda_error or req.get("job", "worker") != "worker":
+        """Before a request: a worker's modules (job "worker"), or the ``modules`` a client
+        asks for ahead of its runs (job "preload"); nothing for other jobs."""
+        job = req.get("job", "worker")
+        if job == "worker":
+            return self.load(modules_for(req.get("request", "")))
+        if job == "preload":
+            return self.load([m for m in req.get("modules") or [] if isinstance(m, str)])
+        return self.cuda_error
+
+    def load(self, names: list[str]) -> str | None:
+        """Import the modules not imported yet; why preloading stopped, or None."""
+        if self.cuda_error:
             return self.cuda_error
         fresh = False
-        for name in modules_for(req.get("request", "")):
+        for name in names:
             if name in self.done:
                 continue
             self.done.add(name)
@@ -99,6 +142,7 @@ class Preloader:
                 with _stdout_to_stderr(), _env(import_env()):
                     importlib.import_module(name)
             except Exception as e:  # noqa: BLE001  (the worker imports it again and says why)
+                self.failed[name] = f"{type(e).__name__}: {e}"
                 print(
                     f"fork server: preloading {name} failed ({type(e).__name__}: {e}); "
                     "the worker imports it itself",

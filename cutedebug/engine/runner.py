@@ -150,11 +150,16 @@ def new_run_dir(scenario: Scenario, root: Path | str = "runs") -> Path:
     return d
 
 
-def start_forkserver(runs_root: Path | str = "runs", *, gpu: str | None = None):
+def start_forkserver(
+    runs_root: Path | str = "runs", *, gpu: str | None = None, preload: Sequence[str] = ()
+):
     """A fork server for many runs in a row (each run then skips the torch/cutlass imports).
     Returns None when it cannot start; callers then spawn fresh workers. ``gpu``: bind the
     server, and so every worker and health check forked from it, to that GPU (a
-    CUDA_VISIBLE_DEVICES entry); the server's ``bind_env`` says so to fresh processes too."""
+    CUDA_VISIBLE_DEVICES entry); the server's ``bind_env`` says so to fresh processes too.
+    ``preload``: library modules the runs will need (preloads.modules_of_scenarios), imported
+    in the server before it returns, so that no run's clock counts them; the server's answer
+    is kept as ``preloaded`` (what it holds, the seconds, or why preloading is off)."""
     from cutedebug.engine.forkserver import ForkServer
 
     env = dict(os.environ)
@@ -169,6 +174,12 @@ def start_forkserver(runs_root: Path | str = "runs", *, gpu: str | None = None):
     except (OSError, RuntimeError, ValueError):
         return None
     server.bind_env = bind
+    server.preloaded = None
+    if preload:
+        try:
+            server.preloaded = server.preload_modules(list(preload))
+        except (OSError, RuntimeError, ValueError) as e:
+            server.preloaded = {"preloaded": [], "preload": f"off: {e}"}
     return server
 
 
