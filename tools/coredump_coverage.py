@@ -95,6 +95,13 @@ RUNS = [
         "reports/2026-12-02-h200-s8/call3/field_preload_rows.json.gz",
         "default",
     ),
+    # the same six with the fork server importing the scenarios' libraries at its start
+    # (runner.start_forkserver(preload=...)): no row's wall counts a library's import
+    (
+        "12-03 s9/call1",
+        "reports/2026-12-03-h200-s9/call1/field_preload_rows.json.gz",
+        "default",
+    ),
 ]
 # printf-bisection of the same scenarios on the H200 (reports/2026-11-30-h200-s3): wall seconds
 BISECT_TABLE = "reports/2026-11-30-h200-s3/bisect-table.txt"
