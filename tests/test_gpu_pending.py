@@ -8,6 +8,7 @@ call, and running a step without the wheels it needs says so instead of failing 
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -283,3 +284,29 @@ def test_pack_keeps_every_step_in_one_archive_rewritten_after_each(tmp_path, mon
     assert {f"out/{n}/f{i}" for n in ("one", "two") for i in range(1, 6)} <= names
     assert {"out/summary.md", "out/clocks.txt", "out/one/log.txt", "out/two/log.txt"} <= names
     assert not any(n.startswith("out/old") for n in names), names
+
+
+def test_the_orphan_count_leaves_out_the_shells_that_started_the_script(monkeypatch):
+    """A device command that goes on after gpu_pending keeps its shells alive, and their
+    command line names cutedebug (past any terminal width): they are the script's ancestors,
+    not processes left."""
+    monkeypatch.setenv("COLUMNS", "80")  # as pytest's own environment may have it
+    probe = (  # the module's name split: a line naming it is left out on its own
+        "import sys; sys.path.insert(0, 'tools'); m = __import__('gpu_scale' + '_run'); "
+        "print([ln.split()[0] for ln in m.ours_left(0)])"
+    )
+    shell_line = f'echo $$; {sys.executable} -c "{probe}"; : cutedebug bisect'
+    out = subprocess.run(
+        ["bash", "-c", shell_line], cwd=ROOT, capture_output=True, text=True, timeout=60
+    ).stdout.split("\n", 1)
+    shell, listed = out[0].strip(), out[1]
+    assert shell.isdigit() and f"'{shell}'" not in listed, out
+    # and a process that is no ancestor, named late in a long command line, is counted
+    other = subprocess.Popen(["bash", "-c", "sleep 30; : " + "x" * 100 + " cutedebug"], cwd=ROOT)
+    try:
+        import gpu_scale_run  # on the path with gpu_pending
+
+        assert any(ln.split()[0] == str(other.pid) for ln in gpu_scale_run.ours_left(0))
+    finally:
+        other.kill()
+        other.wait()

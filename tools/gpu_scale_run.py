@@ -36,15 +36,22 @@ HANG = "scenarios/tma_stream/wrong_expect_tx_plus.toml"
 
 
 def ours_left(grace_s: float = 3.0) -> list[str]:
-    """cutedebug processes of this checkout still running (other than this script), after a
-    short grace for the ones exiting right now: the orphan count."""
+    """cutedebug processes of this checkout still running (other than this script and the
+    shells that started it, whose command line may name cutedebug too), after a short grace
+    for the ones exiting right now: the orphan count."""
+    import psutil
+
+    mine = {str(os.getpid())} | {str(p.pid) for p in psutil.Process().parents()}
     deadline = time.monotonic() + grace_s
     while True:
-        out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+        # -ww: whole command lines (ps cuts them at $COLUMNS, and "cutedebug" may come late)
+        out = subprocess.run(
+            ["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True
+        ).stdout
         left = []
         for ln in out.splitlines()[1:]:
             pid = ln.split()[0]
-            if "cutedebug" not in ln or "gpu_scale_run" in ln or pid == str(os.getpid()):
+            if "cutedebug" not in ln or "gpu_scale_run" in ln or pid in mine:
                 continue
             try:
                 cwd = os.readlink(f"/proc/{pid}/cwd")
