@@ -1155,12 +1155,13 @@ BY_NAME = {s.name: s for s in STEPS}
 # half of #23's; with xdist #23 is done; pytest_gpu is owed whenever GPU code changed; perturb
 # and coredump each close one issue; warm + bench finish #22 (with the triage); the field and
 # exec steps (#17, #19) carry the wheels and come last.
-PRIORITY = (  # 2026-12-03: the libraries preloaded at the server's start (#25's last 0.1 s)
-    "field_preload",  # #25: the fork server preloading at its start (s8 call3: 6.68-10.10 s)
-    "pool_preload",  # #25: `pool start SCENARIO...` (s8 call5: 4.3-11.2 s, first FA-4 11.2)
-    "pytest_gpu_only",  # on the final code (s8 call5: 13 passed on fea4e85)
+PRIORITY = (  # after 2026-12-03-h200-s9's calls 1-3: #25 met; #22's cold run is host-bound
+    "pytest_gpu_only",  # on the final code (s9 call1: 13 passed on b17fc5d)
+    "warm_lite",  # #22: s9 call2 5/5 within 5 s (4.22 s), call3 0/5 (5.57 s, a slower machine)
+    "field_preload",  # #25: done in s9 call1 (preloaded at the server's start: 6.74-9.57 s)
+    "pool_preload",  # #25: done in s9 call1 (`pool start SCENARIO...`: 4.64-8.38 s)
+    "triage",  # #22: done in s9 call3 (139.3 s, 114 scenarios)
     "core_vs_bisect",  # #25: done in s8 call3 (core 7.3-16.6 s cold, bisect 9.3-47.9 s)
-    "warm_lite",  # #22: more cold rounds (s8 call2: 5 more)
     "coredump_own_attach",  # done in s7 call2 (60/60 attached, 55/55 graded)
     "attach_neighbours",  # done in s7 call2 (both attached, the neighbour right)
     "coredump_field_attach",  # done in s7 call3 (22 attached, 22/22)
@@ -1169,7 +1170,6 @@ PRIORITY = (  # 2026-12-03: the libraries preloaded at the server's start (#25's
     "coredump_field",  # #25: done in s6 call1 (FA-4 fwd's extra_consumer_release MISMATCH 4/4)
     "dump_resume",  # #25: done in s6 call4 (a dump ends running work: launch failure)
     "mutate_all",  # #19: done in s3 call1 (73/73 applied); again for the own-time baseline
-    "triage",  # done in s5 call4 (142.5 s; missing_phase_flip_consumer CRASH, now accepted)
     "warm_reuse",  # #22: done in s5 call1 (warm 1.62 s, fresh 1.74 s, no spare 1.66 s)
     "cold_parts",  # #22: done in s5 call1 (torch had no bytecode; with it cold 4.69 s, n=2)
     "coredump_field_gemm",  # #25: done in s5 call3 (7/7 graded as expected)
