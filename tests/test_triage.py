@@ -19,7 +19,7 @@ from helpers.overlap_triage import FAKE_H200
 from cutedebug.analyses import lint
 from cutedebug.commands import cli
 from cutedebug.commands import triage as T
-from cutedebug.engine import runner
+from cutedebug.engine import gpus, runner
 from cutedebug.engine import scenario as S
 from cutedebug.engine import verdict as V
 from cutedebug.reporting import matrix as M
@@ -595,6 +595,21 @@ def test_detect_gpu_with_a_broken_driver(tmp_path, monkeypatch):
     )
     g = T.detect_gpu()
     assert g["present"] is False and "could not communicate" in g["reason"]
+
+
+def test_nvidia_smi_rows_one_per_gpu_or_why_none(tmp_path, monkeypatch):
+    """gpus.smi_rows: the one way the harness asks nvidia-smi (detect_gpu, smi_gpus,
+    preloads.uniform_cc): lines with the asked fields only, stripped; else why not."""
+    fake_smi(tmp_path, monkeypatch, "Warning: a note\\n0, 9.0\\n 1 , 10.0 \\n")
+    assert gpus.smi_rows("index,compute_cap") == ([["0", "9.0"], ["1", "10.0"]], "")
+    assert gpus.smi_rows("index,compute_cap", tied=False)[0] == [["0", "9.0"], ["1", "10.0"]]
+    fake_smi(tmp_path, monkeypatch, "0\\n1\\n")
+    assert gpus.smi_gpus() == ["0", "1"]
+    fake_smi(tmp_path, monkeypatch, "")
+    assert gpus.smi_rows("index") == ([], "nvidia-smi lists no usable GPU: ")
+    monkeypatch.setenv("PATH", str(tmp_path / "none"))
+    assert gpus.smi_rows("index") == ([], "no NVIDIA GPU on this machine (nvidia-smi not found)")
+    assert gpus.smi_gpus() == []
 
 
 def test_cli_triage(tmp_path, engine, capsys):

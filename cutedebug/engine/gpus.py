@@ -27,18 +27,43 @@ class GpuSpecError(ValueError):
     """A --gpus value that names no usable GPU (the message says which are allowed)."""
 
 
-def smi_gpus(timeout_s: float = 20.0) -> list[str]:
-    """Indices of the GPUs nvidia-smi lists ("0", "1", ...); [] without nvidia-smi or GPUs."""
+def smi_rows(
+    fields: str, timeout_s: float = 20.0, *, tied: bool = True
+) -> tuple[list[list[str]], str]:
+    """What nvidia-smi lists per GPU for ``--query-gpu=FIELDS`` (a comma list): one row of
+    stripped values per GPU, and "" ; or [] and why not (no nvidia-smi, it failed, it listed
+    no GPU). The harness's one way of asking nvidia-smi (health.detect_gpu, smi_gpus,
+    preloads.uniform_cc). ``tied``: a child tied to this process (lifeline.run_tool, which
+    starts the process's keeper); False: a plain child with the same timeout, for a fork server,
+    which must leave no keeper beside its workers."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
-        return []
+        return [], "no NVIDIA GPU on this machine (nvidia-smi not found)"
+    argv = [smi, f"--query-gpu={fields}", "--format=csv,noheader"]
     try:
-        out = lifeline.run_tool([smi, "--query-gpu=index", "--format=csv,noheader"], timeout_s)
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    if out.returncode != 0:
-        return []
-    return [ln.strip() for ln in out.stdout.splitlines() if ln.strip().isdigit()]
+        out = (
+            lifeline.run_tool(argv, timeout_s)
+            if tied
+            else subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return [], f"nvidia-smi failed: {e}"
+    width = fields.count(",") + 1
+    rows = [
+        [c.strip() for c in ln.split(",")]
+        for ln in out.stdout.splitlines()
+        if ln.strip() and ln.count(",") == width - 1
+    ]
+    if out.returncode != 0 or not rows:
+        msg = (out.stderr or out.stdout).strip()[:300]
+        return [], f"nvidia-smi lists no usable GPU: {msg}"
+    return rows, ""
+
+
+def smi_gpus(timeout_s: float = 20.0) -> list[str]:
+    """Indices of the GPUs nvidia-smi lists ("0", "1", ...); [] without nvidia-smi or GPUs."""
+    rows, _ = smi_rows("index", timeout_s)
+    return [r[0] for r in rows if r[0].isdigit()]
 
 
 def visible_gpus(env: dict[str, str] | None = None) -> list[str]:

@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from cutedebug.engine import lifeline
+from cutedebug.engine import gpus, lifeline
 from cutedebug.event_kinds import CudaError, Done, GpuCheck
 
 ARCH_BY_CC = {(9, 0): "sm_90a", (10, 0): "sm_100a", (10, 3): "sm_100a"}
@@ -30,25 +28,14 @@ def detect_gpu(timeout_s: float = 20.0) -> dict[str, Any]:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None and visible.strip() in ("", "-1"):
         return {"present": False, "reason": f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU"}
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return {"present": False, "reason": "no NVIDIA GPU on this machine (nvidia-smi not found)"}
-    try:
-        out = lifeline.run_tool(
-            [smi, "--query-gpu=name,compute_cap,driver_version", "--format=csv,noheader"],
-            timeout_s,
-        )
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return {"present": False, "reason": f"nvidia-smi failed: {e}"}
-    rows = [ln for ln in out.stdout.splitlines() if ln.count(",") >= 2]
-    if out.returncode != 0 or not rows:
-        msg = (out.stderr or out.stdout).strip()[:300]
-        return {"present": False, "reason": f"nvidia-smi lists no usable GPU: {msg}"}
+    rows, why = gpus.smi_rows("name,compute_cap,driver_version", timeout_s)
+    if not rows:
+        return {"present": False, "reason": why}
     index = 0
     first = (visible or "").split(",")[0].strip()
     if first.isdigit() and int(first) < len(rows):
         index = int(first)
-    name, cc, driver = (c.strip() for c in rows[index].split(",")[:3])
+    name, cc, driver = rows[index]
     try:
         major, minor = (int(x) for x in cc.split("."))
     except ValueError:
@@ -77,7 +64,7 @@ def health_check(
     watched like any run (killed with its group and swept if it does not finish in
     ``timeout_s``).
     """
-    from cutedebug.engine import lifeline, watchdog
+    from cutedebug.engine import watchdog
     from cutedebug.engine.scenario import Limits
 
     t0 = time.monotonic()

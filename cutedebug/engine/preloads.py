@@ -43,6 +43,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from cutedebug.engine import gpus
+
 # Set while the server imports a run's libraries, where the environment does not set them:
 # quack's arch (its import asks the GPU otherwise) and torch's driver-free is_available
 ARCH_VAR = "QUACK_ARCH"
@@ -170,27 +172,11 @@ def uniform_cc() -> str | None:
     worker may run on any of them: its own import then asks its GPU)."""
     if not _CC:
         _CC.append(None)
-        import shutil
-        import subprocess
-
-        smi = shutil.which("nvidia-smi")
-        # A plain child with a timeout, not lifeline.run_tool: that starts the calling process's
-        # keeper, and in the fork server it would live beside the workers as long as the server
-        try:
-            out = (
-                subprocess.run(
-                    [smi, "--query-gpu=compute_cap", "--format=csv,noheader"],
-                    capture_output=True,
-                    text=True,
-                    timeout=20.0,
-                )
-                if smi
-                else None
-            )
-        except Exception:  # noqa: BLE001  (OSError, a timeout: preload as if there were none)
-            out = None
-        ccs = {ln.strip() for ln in out.stdout.splitlines() if ln.strip()} if out else set()
-        if out is not None and out.returncode == 0 and len(ccs) == 1:
+        # a plain child, not lifeline.run_tool: that starts the calling process's keeper, and
+        # in the fork server it would live beside the workers as long as the server
+        rows, _ = gpus.smi_rows("compute_cap", 20.0, tied=False)
+        ccs = {r[0] for r in rows}
+        if len(ccs) == 1:
             major, _, minor = ccs.pop().partition(".")
             if major.isdigit() and minor.isdigit():
                 _CC[0] = major + minor
