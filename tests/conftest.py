@@ -60,3 +60,21 @@ def fake_sanitizer(tmp_path):
     from helpers.sanitize_runs import fake_sanitizer_at
 
     return fake_sanitizer_at(tmp_path / "bin")
+
+
+@pytest.fixture
+def pool_dir(monkeypatch):
+    """A warm pool of the test's own: a short folder (a socket path's limit), no spare worker,
+    and every server stopped at the end with nothing of it left."""
+    from cutedebug.engine import pool, pool_spare
+
+    d = tempfile.mkdtemp(prefix="cdpre-", dir="/tmp")
+    monkeypatch.setenv(pool.DIR_VAR, d)
+    monkeypatch.setenv(pool.IDLE_VAR, "300")
+    monkeypatch.setenv(pool_spare.SPARE_VAR, "0")
+    yield d
+    left = []
+    for r in pool.servers():
+        left += pool.stop(r["key"])["left"]
+    shutil.rmtree(d, ignore_errors=True)
+    assert left == []

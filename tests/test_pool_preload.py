@@ -2,34 +2,18 @@
 as the fork server does): its workers find the library imported, and a server whose import
 initialized CUDA forks nothing more; its client gets a server without preloads."""
 
-import shutil
-import tempfile
 import time
 
 import psutil
 import pytest
 
-from cutedebug.engine import pool, pool_spare, runner
+from cutedebug.engine import pool, runner
 from tests.helpers.preload_lib import make_probe_lib
 
 
 @pytest.fixture
 def probe_lib(tmp_path, monkeypatch):
     return make_probe_lib(tmp_path, monkeypatch)
-
-
-@pytest.fixture
-def pool_dir(monkeypatch):
-    d = tempfile.mkdtemp(prefix="cdpre-", dir="/tmp")  # short: a socket path's limit
-    monkeypatch.setenv(pool.DIR_VAR, d)
-    monkeypatch.setenv(pool.IDLE_VAR, "300")
-    monkeypatch.setenv(pool_spare.SPARE_VAR, "0")
-    yield d
-    left = []
-    for r in pool.servers():
-        left += pool.stop(r["key"])["left"]
-    shutil.rmtree(d, ignore_errors=True)
-    assert left == []
 
 
 def _runs(sc, tmp_path, c, n):

@@ -4,17 +4,15 @@ triage, the coredump table) and the warm pool (``cutedebug pool start TARGET | -
 import then counts in no run's clock; the server's answer says what it holds and how long the
 import took, or why preloading is off."""
 
-import shutil
 import subprocess
 import sys
-import tempfile
 import textwrap
 from pathlib import Path
 
 import pytest
 
 from cutedebug.commands import cli, exits
-from cutedebug.engine import pool, pool_spare, preloads, runner
+from cutedebug.engine import pool, preloads, runner
 from cutedebug.engine import scenario as S
 from tests.helpers.preload_lib import make_probe_lib
 
@@ -72,20 +70,6 @@ def test_the_servers_answer_in_one_line():
         "1 library module(s) preloaded in 3.46 s (quack); quack.gem not importable "
         "(ModuleNotFoundError: no)"
     )
-
-
-@pytest.fixture
-def pool_dir(monkeypatch):
-    d = tempfile.mkdtemp(prefix="cdps-", dir="/tmp")  # short: a socket path's limit
-    monkeypatch.setenv(pool.DIR_VAR, d)
-    monkeypatch.setenv(pool.IDLE_VAR, "300")
-    monkeypatch.setenv(pool_spare.SPARE_VAR, "0")
-    yield d
-    left = []
-    for r in pool.servers():
-        left += pool.stop(r["key"])["left"]
-    shutil.rmtree(d, ignore_errors=True)
-    assert left == []
 
 
 @pytest.mark.parametrize(

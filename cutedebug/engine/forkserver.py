@@ -351,12 +351,8 @@ class ForkServer:
             "job": job,
         }
         with self._lock:
-            if not self.alive:
-                self._restart()
-            answer = self._ask(msg)
-            if answer.get("no_preload") and self.preload_libraries:
-                # a library import initialized CUDA in the server: a new one without preloads
-                self._start_without_preloads()
+            answer, stopped = self._ask_served(msg)
+            if stopped:  # asked again, of the server without preloads
                 answer = self._ask(msg)
             pid = answer.get("pid")
             if not isinstance(pid, int):
@@ -373,16 +369,26 @@ class ForkServer:
         preloads, as :meth:`spawn` does)."""
         msg = {"job": "preload", "modules": list(modules)}
         with self._lock:
-            if not self.alive:
-                self._restart()
-            answer = self._ask(msg)
-            if answer.get("no_preload") and self.preload_libraries:
-                self._start_without_preloads()
-                return {"preloaded": [], "preload": f"off: {answer.get('error')}"}
+            answer, stopped = self._ask_served(msg)
+            if stopped:
+                return {"preloaded": [], "preload": f"off: {stopped}"}
             if "preloaded" not in answer:  # a late answer would be read as a spawn's: a new one
                 self._kill()
                 return {"preloaded": [], "preload": f"off: no answer (log: {self.log_path})"}
         return answer
+
+    def _ask_served(self, msg: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+        """``msg``'s answer (the lock held; a dead server restarted first) and, when a library
+        import made the server unsafe to fork from, why: it is then replaced by one without
+        preloads, which has not been asked."""
+        if not self.alive:
+            self._restart()
+        answer = self._ask(msg)
+        if answer.get("no_preload") and self.preload_libraries:
+            # a library import initialized CUDA in the server: a new one without preloads
+            self._start_without_preloads()
+            return answer, str(answer.get("error"))
+        return answer, None
 
     def _start_without_preloads(self) -> None:
         self.preload_libraries = False
