@@ -30,9 +30,9 @@ class GpuSpecError(ValueError):
 def smi_rows(
     fields: str, timeout_s: float = 20.0, *, tied: bool = True
 ) -> tuple[list[list[str]], str]:
-    """What nvidia-smi lists per GPU for ``--query-gpu=FIELDS`` (a comma list): one row of
-    stripped values per GPU, and "" ; or [] and why not (no nvidia-smi, it failed, it listed
-    no GPU). The harness's one way of asking nvidia-smi (health.detect_gpu, smi_gpus,
+    """What nvidia-smi lists per GPU for ``--query-gpu=FIELDS`` (a comma list): (one row of
+    stripped values per GPU, ""), or ([], why not: no nvidia-smi, it failed, it listed no
+    GPU). The harness's one way of asking nvidia-smi (health.detect_gpu, smi_gpus,
     preloads.uniform_cc). ``tied``: a child tied to this process (lifeline.run_tool, which
     starts the process's keeper); False: a plain child with the same timeout, for a fork server,
     which must leave no keeper beside its workers."""
