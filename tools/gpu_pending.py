@@ -1156,7 +1156,7 @@ BY_NAME = {s.name: s for s in STEPS}
 # and coredump each close one issue; warm + bench finish #22 (with the triage); the field and
 # exec steps (#17, #19) carry the wheels and come last.
 PRIORITY = (  # after 2026-12-03-h200-s9's calls 1-3: #25 met; #22's cold run is host-bound
-    "pytest_gpu_only",  # on the final code (s9 call1: 13 passed on b17fc5d)
+    "pytest_gpu_only",  # on the final code (s9 call4: 13 passed on 9468c38; dc70adc: 4 files)
     "warm_lite",  # #22: s9 call2 5/5 within 5 s (4.22 s), call3 0/5 (5.57 s, a slower machine)
     "field_preload",  # #25: done in s9 call1 (preloaded at the server's start: 6.74-9.57 s)
     "pool_preload",  # #25: done in s9 call1 (`pool start SCENARIO...`: 4.64-8.38 s)
