@@ -146,19 +146,25 @@ def test_triage_imports_the_matrixs_libraries_once_before_its_first_compile(
     assert "[  2/2]" in printed
 
 
+def pool_start(*args: str) -> subprocess.CompletedProcess:
+    """`cutedebug pool start ARGS` as a user runs it, in this environment (so that the client
+    here finds the same pool)."""
+    return subprocess.run(
+        [sys.executable, "-m", "cutedebug", "pool", "start", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=240,
+    )
+
+
 @pytest.mark.slow
 def test_pool_start_with_targets_imports_their_libraries_before_the_first_run(
     tmp_path, monkeypatch, pool_dir
 ):
     sc, out = make_probe_lib(tmp_path, monkeypatch)
     toml = scenario_toml(tmp_path / "scen", tmp_path / "kernel_file.py", "a", ["preload_probe_lib"])
-    started = subprocess.run(  # this environment's pool: the same one the client finds
-        [sys.executable, "-m", "cutedebug", "pool", "start", str(toml)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=240,
-    )
+    started = pool_start(str(toml))
     assert started.returncode == 0, started.stdout + started.stderr
     assert "1 library module(s) preloaded in" in started.stdout, started.stdout
     c = pool.client(start=False)
@@ -174,13 +180,7 @@ def test_pool_start_with_targets_imports_their_libraries_before_the_first_run(
     assert res.timings["imports_s"] < 1.0
     assert again["preload"] == "on" and again["preloaded"] == ["preload_probe_lib"]
     assert out.read_text().split() == [str(server)]
-    typo = subprocess.run(
-        [sys.executable, "-m", "cutedebug", "pool", "start", "--module", "preload_probe_lip"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=240,
-    )
+    typo = pool_start("--module", "preload_probe_lip")
     assert typo.returncode == exits.EXIT_USAGE, typo.stdout + typo.stderr
     assert f"server {server} already runs" in typo.stdout
     assert "preload_probe_lip not importable (ModuleNotFoundError" in typo.stdout
