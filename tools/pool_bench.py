@@ -2,13 +2,15 @@
 from the warm pool's resident server), alternated in one loop.
 
     python3 tools/pool_bench.py [SCENARIO] [--rounds N] [--compile-only] [--overlap]
-                                [--reuse] [--spare] [--no-cold] [--keep-cache DIR]
+                                [--driver] [--reuse] [--spare] [--no-cold] [--keep-cache DIR]
                                 [--json OUT]
 
 Each round runs the same command twice, as a user would type it (a new `cutedebug` process
 each time), `--no-warm` then `--warm`, so machine load drifts over both sides alike
 (``--overlap``: a third side between them, cold with CUTEDEBUG_OVERLAP_IMPORTS=1, the worker's
-GPU lookup in a thread beside cutlass's import; ``--reuse``: a side warm_fresh, warm with
+GPU lookup in a thread beside cutlass's import; ``--driver``: a side cold_nodriver, cold with
+CUTEDEBUG_DRIVER_WARMUP=0, the driver started through torch after its import instead of beside
+the imports (engine/driver_warmup.py); ``--reuse``: a side warm_fresh, warm with
 ``--no-compile-cache``, so the warm side's compile reuse (engine/compile_cache.py) is measured
 against a fresh compile in the same pool, after one untimed warm run that stores the entry;
 ``--spare``: a side warm_nospare, warm from a second pool started without a spare worker
@@ -49,12 +51,14 @@ from cutedebug.engine import compile_cache  # noqa: E402  (stdlib only at import
 
 DEFAULT = ROOT / "scenarios" / "tma_stream" / "wrong_expect_tx_plus.toml"
 OVERLAP = "CUTEDEBUG_OVERLAP_IMPORTS"  # engine/worker.py: DeviceLookup
+DRIVER = "CUTEDEBUG_DRIVER_WARMUP"  # engine/driver_warmup.py: "0" turns it off
 PHASES = (
     "pool_s",
     "cli_start_s",
     "spawn_s",
     "imports_s",
     "device_s",
+    "driver_warmup_s",
     "inputs_s",
     "compile_s",
     "prelaunch_s",
@@ -72,6 +76,7 @@ PHASES = (
 TARGETS = {
     "cold": 5.0,
     "cold_overlap": 5.0,
+    "cold_nodriver": 5.0,
     "warm": 2.0,
     "warm_fresh": 2.0,
     "warm_nospare": 2.0,
@@ -184,6 +189,12 @@ def main() -> int:
         "looks for the GPU in a thread beside cutlass's import)",
     )
     ap.add_argument(
+        "--driver",
+        action="store_true",
+        help="a side cold_nodriver: cold with CUTEDEBUG_DRIVER_WARMUP=0 (the driver started "
+        "through torch, after its import, as before engine/driver_warmup.py)",
+    )
+    ap.add_argument(
         "--reuse",
         action="store_true",
         help="a side warm_fresh: warm with --no-compile-cache (the warm side reuses the "
@@ -216,6 +227,8 @@ def main() -> int:
         kinds.append(("cold", ["--no-warm"], {OVERLAP: "0"}))
         if args.overlap:
             kinds.append(("cold_overlap", ["--no-warm"], {OVERLAP: "1"}))
+        if args.driver:
+            kinds.append(("cold_nodriver", ["--no-warm"], {OVERLAP: "0", DRIVER: "0"}))
     if args.reuse:
         kinds.append(("warm_fresh", ["--warm", "--no-compile-cache"], None))
     kinds.append(("warm", ["--warm"], None))
@@ -297,6 +310,12 @@ def main() -> int:
         print(
             f"cold_overlap/cold wall per round: median {statistics.median(over):.2f} "
             f"(min {min(over):.2f}, max {max(over):.2f})"
+        )
+    if "cold_nodriver" in sides and "cold" in sides:
+        drv = [c["wall_s"] / n["wall_s"] for c, n in zip(sides["cold"], sides["cold_nodriver"])]
+        print(
+            f"cold/cold_nodriver wall per round: median {statistics.median(drv):.2f} "
+            f"(min {min(drv):.2f}, max {max(drv):.2f})"
         )
     if args.json:
         Path(args.json).write_text(

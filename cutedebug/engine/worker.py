@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from cutedebug import devices
-from cutedebug.engine import blame, compile_cache, compile_checks, lifeline
+from cutedebug.engine import blame, compile_cache, compile_checks, driver_warmup, lifeline
 from cutedebug.engine import events as events_mod
 from cutedebug.engine.health import ARCH_BY_CC  # stdlib only: the arch names by capability
 from cutedebug.engine.launching import (  # noqa: F401  (names other modules import from here)
@@ -148,6 +148,7 @@ def run(request: dict[str, Any], events: Events) -> None:
         "started", pid=os.getpid(), python=sys.version.split()[0], mono0=round(events.t0, 6)
     )
 
+    warmup = driver_warmup.start_for(mode)  # the driver's start beside the imports below
     # A compile-only run never touches the GPU: it does not import torch to look for one (the
     # 1.7 s of CPU a fresh interpreter would spend on it; the kernels import torch lazily).
     lookup = DeviceLookup.start(mode)  # opt-in: torch and CUDA beside cutlass's import
@@ -205,7 +206,7 @@ def run(request: dict[str, Any], events: Events) -> None:
         raise kernel_api.KernelLoadError(
             f"{where}: constructing the kernel with {params} failed: {type(e).__name__}: {e}"
         ) from e
-    events.emit("imported", params=params)
+    events.emit("imported", params=params, **driver_warmup.fields(warmup))
 
     tensors = None
     if runnable:
