@@ -162,3 +162,33 @@ def test_a_job_that_fails_on_a_gpu_retired_meanwhile_runs_again_elsewhere(tmp_pa
     assert where == [("A", "0"), ("F", "1"), ("B", "0"), ("B", "1")]
     assert summary["0"]["retired"].startswith("unhealthy after a kill: Xid 79")
     assert summary["0"]["rerun_elsewhere"] == 1
+
+
+def test_the_lanes_servers_import_their_libraries_side_by_side(tmp_path):
+    """Each lane's server imports the matrix's libraries (FA-4 and quack: ~9 s on the H200):
+    asked one after another, N GPUs would wait N imports. The servers start in the calling
+    thread (PR_SET_PDEATHSIG follows the thread that started a process), the asks go out
+    from the lanes' threads at once."""
+    inside, most, lock = [0], [0], threading.Lock()
+    all_in = threading.Barrier(3, timeout=10)  # three asks: all three in at once, or none
+    started_in = []
+
+    class Preloading(FakeServer):
+        def preload_modules(self, modules):
+            with lock:
+                inside[0] += 1
+                most[0] = max(most[0], inside[0])
+            all_in.wait()
+            with lock:
+                inside[0] -= 1
+            return {"preloaded": list(modules), "preload": "on", "gpu": self.gpu}
+
+    def start_here(root, gpu=None):
+        started_in.append(threading.current_thread().name)
+        return Preloading(root, gpu)
+
+    with L.Lanes(["0", "1", "2"], tmp_path, start=start_here, preload=["quack"]) as lanes:
+        said = [x.forkserver.preloaded for x in lanes.lanes]
+    assert most[0] == 3
+    assert said == [{"preloaded": ["quack"], "preload": "on", "gpu": g} for g in "012"]
+    assert started_in == [threading.current_thread().name] * 3

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -489,3 +490,40 @@ def test_fa4s_import_asks_the_gpu_only_without_the_preload_settings(tmp_path):
         assert r.returncode == 0, r.stderr[-2000:]
         got[mode] = r.stdout.strip().splitlines()[-1]
     assert got == {"plain": "['get_device_capability']", "preload": "[]"}
+
+
+def test_a_preload_request_takes_a_list_of_names_and_nothing_else():
+    """The pool's op preload passes the client's list through; Preloader reads it: a string
+    is no list of names (its letters are not modules), a non-string entry is left out."""
+    loaded = []
+    p = preloads.Preloader()
+    p.load = lambda names: loaded.append(names)
+    p({"job": "preload", "modules": "quack"})
+    p({"job": "preload", "modules": ["quack", 3, None, "flash_attn.cute"]})
+    p({"job": "preload"})
+    assert loaded == [[], ["quack", "flash_attn.cute"], []]
+
+
+def test_a_preload_ask_replaces_a_dead_server_as_a_spawn_does_and_counts_it(monkeypatch):
+    """PoolClient.preload_modules and spawn share one count of replacements: after
+    MAX_REPLACEMENTS of them on a connection neither replaces the server again."""
+    from cutedebug.engine import pool
+
+    client = pool.PoolClient.__new__(pool.PoolClient)
+    client.closed, client.preload, client.replacements = False, True, 0
+    client._lock = threading.Lock()
+    monkeypatch.setattr(pool.PoolClient, "alive", property(lambda self: True))
+    client._ask = lambda msg, timeout=0: None  # the server we had: no answer
+    asked = []
+    client._ask_another = lambda msg, timeout=0: (
+        asked.append(msg["op"])
+        or {
+            "preloaded": ["quack"],
+            "preload": "on",
+        }
+    )
+    for _ in range(pool.MAX_REPLACEMENTS):
+        assert client.preload_modules(["quack"])["preloaded"] == ["quack"]
+    assert client.replacements == pool.MAX_REPLACEMENTS and asked == ["preload"] * 3
+    with pytest.raises(pool.ForkServerError, match="replaced 3 times"):
+        client.preload_modules(["quack"])

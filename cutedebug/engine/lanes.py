@@ -92,25 +92,33 @@ class Lanes:
     ):
         """``slots``: jobs per GPU at once; above 1 each lane gets a GPU token file in
         ``tokens`` (default ``runs_root``), removed when the lanes close. ``preload``: library
-        modules each lane's fork server imports before the first job (runner.start_forkserver)."""
+        modules each lane's fork server imports before the first job
+        (runner.preload_forkserver), the lanes' servers side by side: N GPUs do not wait N
+        imports of the libraries one after another. The servers themselves start in this
+        thread (a process's PR_SET_PDEATHSIG follows the thread that started it: lifeline.py);
+        the preloads are asks, made from the lanes' own threads, which live until close."""
         from cutedebug.engine import runner
 
         start = start or runner.start_forkserver
         self.lanes = [Lane(g) for g in (gpus or [None])]
         self.slots = max(1, slots)
+        self._pool = ThreadPoolExecutor(len(self.lanes) * self.slots, thread_name_prefix="gpu")
         root = Path(runs_root)
         for lane in self.lanes:
             if forkserver:
                 sub = root if len(self.lanes) == 1 else root / f"gpu-{lane.name}"
-                more = {"preload": preload} if preload else {}
-                lane.forkserver = start(sub, gpu=lane.gpu, **more)
+                lane.forkserver = start(sub, gpu=lane.gpu)
             if lane.forkserver is None and lane.gpu is not None:
                 lane.forkserver = Unserved(lane.env())
             if self.slots > 1:
                 lane.token = str(Path(tokens or root) / f".gpu-{lane.name}.token")
                 remove_gpu_token(lane.token)  # left by a killed earlier run
         self._cond = threading.Condition()
-        self._pool = ThreadPoolExecutor(len(self.lanes) * self.slots, thread_name_prefix="gpu")
+        served = [x.forkserver for x in self.lanes if forkserver and x.forkserver is not None]
+        if preload and served:
+            asks = [self._pool.submit(runner.preload_forkserver, s, preload) for s in served]
+            for ask in asks:
+                ask.result()
 
     # ---- jobs ----------------------------------------------------------------------------
     def _take(self) -> Lane:

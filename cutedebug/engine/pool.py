@@ -284,10 +284,7 @@ class PoolClient:
                 raise ForkServerError("the pool connection is closed")
             answer = self._ask(msg, SPAWN_TIMEOUT_S) if self.alive else None
             if answer is None:  # dead or wedged since we connected: replace it, once per call
-                if self.replacements >= MAX_REPLACEMENTS:
-                    raise ForkServerError(f"pool server replaced {self.replacements} times")
-                self.replacements += 1
-                answer = self._ask_another(msg)
+                answer = self._replace(msg)
             if answer and answer.get("no_preload") and self.preload:
                 # a library import made that server unsafe to fork from (it gave up its socket
                 # path): one without preloads, whose workers import the library themselves
@@ -311,14 +308,24 @@ class PoolClient:
             if self.closed:
                 raise ForkServerError("the pool connection is closed")
             answer = self._ask(msg, READY_TIMEOUT_S) if self.alive else None
-            if answer is None:
-                answer = self._ask_another(msg, READY_TIMEOUT_S)
+            if answer is None:  # as spawn: replaced once per call, counted
+                answer = self._replace(msg, READY_TIMEOUT_S)
             if answer and answer.get("no_preload") and self.preload:
                 self.preload, self.preload_off = False, str(answer.get("error"))
                 answer = self._ask_another(msg, READY_TIMEOUT_S)
         if not answer or "preloaded" not in answer:
             return {"preloaded": [], "preload": f"off: no answer (log: {self.paths.log})"}
         return answer
+
+    def _replace(
+        self, msg: dict[str, Any], timeout: float = SPAWN_TIMEOUT_S
+    ) -> dict[str, Any] | None:
+        """``msg`` to a replacement of a server that died or stopped answering since we
+        connected; ForkServerError after MAX_REPLACEMENTS of them on this connection."""
+        if self.replacements >= MAX_REPLACEMENTS:
+            raise ForkServerError(f"pool server replaced {self.replacements} times")
+        self.replacements += 1
+        return self._ask_another(msg, timeout)
 
     def _ask_another(
         self, msg: dict[str, Any], timeout: float = SPAWN_TIMEOUT_S

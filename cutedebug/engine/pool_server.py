@@ -261,9 +261,8 @@ class Server:
             self.drop_spare()  # no run of this server's key is to come
             return {"ok": True, "pid": self.pid, "workers": len(self.workers)}
         if op == "preload":  # a client's libraries ahead of its runs (`pool start TARGET`)
-            t0 = time.monotonic()
-            modules = [m for m in req.get("modules") or [] if isinstance(m, str)]
-            if (refused := self.preload({"job": "preload", "modules": modules})) is not None:
+            t0 = time.monotonic()  # the request's list as given: preloads.Preloader reads it
+            if (refused := self.preload({**req, "job": "preload"})) is not None:
                 return refused
             return {"ok": True, **forkserver.preloaded(self.libs, time.monotonic() - t0)}
         if op != "spawn":

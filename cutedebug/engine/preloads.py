@@ -126,8 +126,11 @@ class Preloader:
         job = req.get("job", "worker")
         if job == "worker":
             return self.load(modules_for(req.get("request", "")))
-        if job == "preload":
-            return self.load([m for m in req.get("modules") or [] if isinstance(m, str)])
+        if job == "preload":  # a list of names; anything else in it (or no list) is ignored
+            asked = req.get("modules")
+            return self.load(
+                [m for m in asked if isinstance(m, str)] if isinstance(asked, list) else []
+            )
         return self.cuda_error
 
     def load(self, names: list[str]) -> str | None:

@@ -175,12 +175,19 @@ def start_forkserver(
         return None
     server.bind_env = bind
     server.preloaded = None
+    preload_forkserver(server, preload)
+    return server
+
+
+def preload_forkserver(server, preload: Sequence[str]) -> None:
+    """Have a started fork server import ``preload`` now; its answer is kept as the server's
+    ``preloaded`` (what it holds, the seconds, or why preloading is off). Nothing when
+    ``preload`` is empty."""
     if preload:
         try:
             server.preloaded = server.preload_modules(list(preload))
         except (OSError, RuntimeError, ValueError) as e:
             server.preloaded = {"preloaded": [], "preload": f"off: {e}"}
-    return server
 
 
 def bound_env(forkserver) -> dict[str, str]:
