@@ -753,6 +753,20 @@ STEPS = [
         "localized from the core alone (done in s5 call3: 7/7 graded as expected)",
     ),
     Step(
+        "triage_preload",
+        "22",
+        # the server's start with quack's import (~6 s), 6 scenarios (~3-5 s each): ~50 s
+        70,
+        True,
+        _field_copy("/tmp/ftp", "quack_softmax")
+        + f"; cp -r {S}/field/quack_rmsnorm_fwd /tmp/ftp/; "
+        "python3 -m cutedebug triage /tmp/ftp --out /tmp/ftpo --gpus all; echo rc=$?; "
+        "python3 tools/gpu_field_table.py /tmp/ftpo --json $STEP_OUT/rows.json",
+        "triage over quack's softmax and RMSNorm-forward scenarios: the lanes' fork server "
+        "imports quack before the first run (the lanes' asks made from their own threads, "
+        "engine/lanes.py) and says so with its seconds; verdicts as expected",
+    ),
+    Step(
         "field_quack",
         "17",
         400,  # + quack_softmax (2); quack_gemm_sm100 compiles only on an sm_90 GPU
@@ -1172,6 +1186,7 @@ BY_NAME = {s.name: s for s in STEPS}
 PRIORITY = (  # after 2026-12-03-h200-s9's calls 1-3: #25 met; #22's cold run is host-bound
     "pytest_gpu_only",  # on the final code (s9 call4: 13 passed on 9468c38; dc70adc: 4 files)
     "cold_driver",  # #22: the driver's start beside a cold worker's imports, with and without
+    "triage_preload",  # review mend: the lanes' preloads asked from their threads
     "warm_lite",  # #22: s9 call2 5/5 within 5 s (4.22 s), call3 0/5 (5.57 s, a slower machine)
     "field_preload",  # #25: done in s9 call1 (preloaded at the server's start: 6.74-9.57 s)
     "pool_preload",  # #25: done in s9 call1 (`pool start SCENARIO...`: 4.64-8.38 s)
