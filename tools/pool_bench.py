@@ -2,7 +2,7 @@
 from the warm pool's resident server), alternated in one loop.
 
     python3 tools/pool_bench.py [SCENARIO] [--rounds N] [--compile-only] [--overlap]
-                                [--driver] [--reuse] [--spare] [--no-cold] [--keep-cache DIR]
+                                [--driver] [--cold-fresh] [--reuse] [--spare] [--no-cold] [--keep-cache DIR]
                                 [--json OUT]
 
 Each round runs the same command twice, as a user would type it (a new `cutedebug` process
@@ -10,7 +10,9 @@ each time), `--no-warm` then `--warm`, so machine load drifts over both sides al
 (``--overlap``: a third side between them, cold with CUTEDEBUG_OVERLAP_IMPORTS=1, the worker's
 GPU lookup in a thread beside cutlass's import; ``--driver``: a side cold_nodriver, cold with
 CUTEDEBUG_DRIVER_WARMUP=0, the driver started through torch after its import instead of beside
-the imports (engine/driver_warmup.py); ``--reuse``: a side warm_fresh, warm with
+the imports (engine/driver_warmup.py); ``--cold-fresh``: a side cold_fresh, cold with
+``--no-compile-cache``, so the cold side's reuse of its compile from the user's folder is
+measured against a fresh compile, after one untimed cold run that stores the entry; ``--reuse``: a side warm_fresh, warm with
 ``--no-compile-cache``, so the warm side's compile reuse (engine/compile_cache.py) is measured
 against a fresh compile in the same pool, after one untimed warm run that stores the entry;
 ``--spare``: a side warm_nospare, warm from a second pool started without a spare worker
@@ -77,6 +79,7 @@ TARGETS = {
     "cold": 5.0,
     "cold_overlap": 5.0,
     "cold_nodriver": 5.0,
+    "cold_fresh": 5.0,
     "warm": 2.0,
     "warm_fresh": 2.0,
     "warm_nospare": 2.0,
@@ -195,6 +198,13 @@ def main() -> int:
         "through torch, after its import, as before engine/driver_warmup.py)",
     )
     ap.add_argument(
+        "--cold-fresh",
+        action="store_true",
+        help="a side cold_fresh: cold with --no-compile-cache (the cold side reuses its "
+        "compile from the user's folder after its first run; one untimed cold run stores it "
+        "first)",
+    )
+    ap.add_argument(
         "--reuse",
         action="store_true",
         help="a side warm_fresh: warm with --no-compile-cache (the warm side reuses the "
@@ -215,6 +225,9 @@ def main() -> int:
     )
     args = ap.parse_args()
     runs_dir = tempfile.mkdtemp(prefix="pool-bench-")
+    # the cold runs' compile cache (engine/compile_cache.py: user_folder) starts empty here:
+    # the first cold run compiles, later ones reuse it, as for a user running a scenario again
+    os.environ.setdefault(compile_cache.USER_VAR, str(Path(runs_dir) / "compile-cache"))
     common = ["--runs-dir", runs_dir] + (["--compile-only"] if args.compile_only else [])
     state = bytecode_state()
     print(f"bytecode: {state}")
@@ -229,6 +242,8 @@ def main() -> int:
             kinds.append(("cold_overlap", ["--no-warm"], {OVERLAP: "1"}))
         if args.driver:
             kinds.append(("cold_nodriver", ["--no-warm"], {OVERLAP: "0", DRIVER: "0"}))
+        if args.cold_fresh:
+            kinds.append(("cold_fresh", ["--no-warm", "--no-compile-cache"], {OVERLAP: "0"}))
     if args.reuse:
         kinds.append(("warm_fresh", ["--warm", "--no-compile-cache"], None))
     kinds.append(("warm", ["--warm"], None))
@@ -236,6 +251,9 @@ def main() -> int:
         kinds.append(("warm_nospare", ["--warm"], NOSPARE))
     sides: dict[str, list[dict]] = {side: [] for side, _, _ in kinds}
     ok = r.returncode == 0
+    if args.cold_fresh and not args.no_cold:  # stores the entry the cold side's runs reuse
+        wall, r = cutedebug("run", "--no-warm", *common, args.scenario)
+        print(f"prime cold: {row_of(wall, r)}", flush=True)
     if args.reuse:  # stores the entry the warm side's runs reuse
         wall, r = cutedebug("run", "--warm", *common, args.scenario)
         print(f"prime warm: {row_of(wall, r)}", flush=True)
@@ -310,6 +328,18 @@ def main() -> int:
         print(
             f"cold_overlap/cold wall per round: median {statistics.median(over):.2f} "
             f"(min {min(over):.2f}, max {max(over):.2f})"
+        )
+    if "cold_fresh" in sides and "cold" in sides:
+        reused = [x.get("compile_reused") for x in sides["cold"]]
+        saved = [
+            f["compile_s"] - c["compile_s"] for f, c in zip(sides["cold_fresh"], sides["cold"])
+        ]
+        fr = [c["wall_s"] / f["wall_s"] for c, f in zip(sides["cold"], sides["cold_fresh"])]
+        print(
+            f"cold compile reused in {sum(x is True for x in reused)} of {len(reused)} runs; "
+            f"compile_s fresh - reused per round: median {statistics.median(saved):.3f} s; "
+            f"cold/cold_fresh wall per round: median {statistics.median(fr):.2f} "
+            f"(min {min(fr):.2f}, max {max(fr):.2f})"
         )
     if "cold_nodriver" in sides and "cold" in sides:
         drv = [c["wall_s"] / n["wall_s"] for c, n in zip(sides["cold"], sides["cold_nodriver"])]

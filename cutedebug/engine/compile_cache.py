@@ -25,8 +25,13 @@ kernel is compiled as without the cache, never failed by it. Compiles this does 
 (TVM-FFI, SASS or IR dumps) pass through untouched.
 
 Where entries live: a folder the warm pool's server gives its workers (``CACHE_VAR``), one
-per server, removed when the server exits; at most ``MAX_ENTRIES`` entries, least recently
-used first out. Outside the pool nothing is cached.
+per server, removed when the server exits; and, for a fresh worker running a kernel on a GPU
+(a cold `cutedebug run`), the user's folder (``user_folder``: ``USER_VAR``, else
+``$XDG_CACHE_HOME/cutedebug/compile``, else ``~/.cache/cutedebug/compile``), kept across runs,
+so that running a scenario again reuses its compile (a probed run's buffer sits at one fixed
+address in every fresh worker for it: instrument/probe_memory.py). At most ``MAX_ENTRIES``
+entries a folder, least recently used first out. Compile-only runs and runs without a GPU are
+not cached.
 """
 
 from __future__ import annotations
@@ -46,6 +51,8 @@ from pathlib import Path
 from typing import Any
 
 CACHE_VAR = "CUTEDEBUG_COMPILE_CACHE"  # the folder; set by the pool server in its workers
+# the fresh run workers' folder, kept across runs; "off" (or "0"): fresh workers cache nothing
+USER_VAR = "CUTEDEBUG_USER_COMPILE_CACHE"
 # "1": each stored entry keeps its traced IR as text (traced.mlir), to tell what differed
 # between two traces of one scenario that did not share an entry (tools/pool_bench.py)
 IR_VAR = "CUTEDEBUG_COMPILE_CACHE_IR"
@@ -81,6 +88,17 @@ def reused(compiled: dict[str, Any] | None) -> bool:
 def folder_from_env() -> Path | None:
     raw = os.environ.get(CACHE_VAR)
     return Path(raw) if raw else None
+
+
+def user_folder() -> tuple[Path | None, str]:
+    """The fresh run workers' folder (kept across runs), or None and why (turned off)."""
+    raw = os.environ.get(USER_VAR, "")
+    if raw.strip().lower() in ("off", "0"):
+        return None, f"turned off ({USER_VAR}={raw})"
+    if raw:
+        return Path(raw), ""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "cutedebug" / "compile", ""
 
 
 @contextlib.contextmanager
@@ -317,11 +335,16 @@ def _store(folder: Path, entry: Path, fn: Any, paths: _Paths, traced: str | None
 
 
 def prune(folder: Path, keep: int = MAX_ENTRIES) -> int:
-    """Remove the least recently used entries beyond ``keep``; returns how many are left."""
+    """Remove the least recently used entries beyond ``keep``, and the half-written entries
+    of processes no longer running (killed while storing); returns how many are left."""
     try:
-        entries = [p for p in folder.iterdir() if not p.name.startswith(".")]
+        names = list(folder.iterdir())
     except OSError:
         return 0
+    for p in names:
+        if p.name.startswith(".tmp-") and not _pid_alive(p.name.split("-")[1]):
+            shutil.rmtree(p, ignore_errors=True)
+    entries = [p for p in names if not p.name.startswith(".")]
     if len(entries) <= keep:
         return len(entries)
 
@@ -335,3 +358,17 @@ def prune(folder: Path, keep: int = MAX_ENTRIES) -> int:
     for old in entries[: len(entries) - keep]:
         shutil.rmtree(old, ignore_errors=True)
     return keep
+
+
+def _pid_alive(pid: str) -> bool:
+    """Whether the process of a .tmp- folder's name still runs (a name that is not a pid: left
+    alone, as if it did)."""
+    if not pid.isdigit():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: running
+        return True
+    return True

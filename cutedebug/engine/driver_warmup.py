@@ -75,13 +75,17 @@ class DriverWarmup:
         return {"seconds": self.seconds, "why": self.why}
 
 
+def fresh_run_worker(mode: str) -> bool:
+    """A fresh worker about to run a kernel on a GPU: a run (a compile-only run never touches
+    the GPU), torch not imported yet (a worker forked from a server has it, and its driver
+    starts in the fork), a GPU device node here."""
+    return mode == "run" and "torch" not in sys.modules and devices.gpu_device_node() is not None
+
+
 def start_for(mode: str) -> DriverWarmup | None:
-    """The warm-up for a fresh worker about to run a kernel, or None: not a run (a compile-only
-    run never touches the GPU), torch imported already (a worker forked from a server: its
-    driver starts in the fork, nothing to overlap), no GPU device node, or ``VAR=0``."""
-    if mode != "run" or "torch" in sys.modules or os.environ.get(VAR) == "0":
-        return None
-    if devices.gpu_device_node() is None:
+    """The warm-up for a fresh run worker (``fresh_run_worker``), or None (also with
+    ``VAR=0``)."""
+    if os.environ.get(VAR) == "0" or not fresh_run_worker(mode):
         return None
     return DriverWarmup.start()
 

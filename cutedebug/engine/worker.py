@@ -148,6 +148,12 @@ def run(request: dict[str, Any], events: Events) -> None:
         "started", pid=os.getpid(), python=sys.version.split()[0], mono0=round(events.t0, 6)
     )
 
+    if request.get("probes") and driver_warmup.fresh_run_worker(mode):
+        # a fresh run worker's probe buffer at one address for every cold run, reserved
+        # before the driver maps anything: the same IR each run, its compile reusable
+        from cutedebug.instrument import probe_memory
+
+        probe_memory.reserve_fixed()
     warmup = driver_warmup.start_for(mode)  # the driver's start beside the imports below
     # A compile-only run never touches the GPU: it does not import torch to look for one (the
     # 1.7 s of CPU a fresh interpreter would spend on it; the kernels import torch lazily).
@@ -264,7 +270,7 @@ def run(request: dict[str, Any], events: Events) -> None:
 
             stack.enter_context(checkpoint.session(request["bisect"], events, runnable))
         # the back end reused when the traced IR is one the warm pool compiled before
-        reuse = stack.enter_context(compile_cache.reuse(*cache_folder(request)))
+        reuse = stack.enter_context(compile_cache.reuse(*cache_folder(request, runnable)))
         try:
             options = [
                 cute.GPUArch(target),
@@ -373,9 +379,10 @@ def cache_report(reuse: compile_cache.Reuse, site_table: Any, runnable: bool) ->
     return out
 
 
-def cache_folder(request: dict[str, Any]) -> tuple[Path | None, str]:
+def cache_folder(request: dict[str, Any], runnable: bool) -> tuple[Path | None, str]:
     """Where this compile may reuse the back end's output (engine/compile_cache.py): the warm
-    pool's folder, unless the request says no (``--no-compile-cache``) or its IR embeds a
+    pool's folder, or for a fresh worker running the kernel on a GPU the user's folder (kept
+    across runs), unless the request says no (``--no-compile-cache``) or its IR embeds a
     table address of its own (perturbation, printf-bisection: never the same twice); else
     None and why."""
     if request.get("compile_cache") is False:
@@ -383,7 +390,11 @@ def cache_folder(request: dict[str, Any]) -> tuple[Path | None, str]:
     if request.get("perturb") or request.get("bisect") is not None:
         return None, "not for perturbed or bisecting runs (their IR holds a table address)"
     folder = compile_cache.folder_from_env()
-    return folder, "" if folder else "no compile cache offered (warm pool workers only)"
+    if folder is not None:
+        return folder, ""
+    if not runnable:
+        return None, "no compile cache for a compile-only run or without a GPU"
+    return compile_cache.user_folder()
 
 
 def check_gpu_after(run: Launch, emit: Any) -> None:

@@ -15,8 +15,15 @@ probed device code) and the compile can be reused (engine/compile_cache.py).
   worker takes a pinned torch buffer as without the pool (``fixed_buffer`` returns None and
   says why in ``last_miss``): its IR then differs per run and is compiled afresh.
 
+A fresh run worker (a cold `cutedebug run`) reserves the same kind of range at one fixed
+address, ``FIXED_AT``, the same in every process (``reserve_fixed``, before CUDA starts; where
+that range is taken, no reservation: today's pinned buffer). Its probed IR is then the same
+from one cold run to the next, and the compile can be reused from the user's cache folder
+(engine/compile_cache.py: user_folder).
+
 A buffer larger than the reservation (grids beyond what sized_for_grid allows) takes the same
-fallback. Outside a pool worker there is no reservation and nothing here runs.
+fallback. Outside a pool worker or a fresh run worker there is no reservation and nothing here
+runs.
 """
 
 from __future__ import annotations
@@ -34,6 +41,12 @@ PAGE = mmap.PAGESIZE
 _PROT_NONE, _PROT_RW = 0, mmap.PROT_READ | mmap.PROT_WRITE
 _MAP_PRIVATE, _MAP_ANON, _MAP_FIXED = mmap.MAP_PRIVATE, mmap.MAP_ANONYMOUS, 0x10
 _MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)
+# Linux >= 4.17: map there or fail, never over a mapping (older kernels take it as a hint,
+# which the address check below catches)
+_MAP_FIXED_NOREPLACE = 0x100000
+# 96 TiB: far above a process's heap (PIE binaries and their brk sit near 85 TiB) and far below
+# the shared-library and mmap area that grows down from near 128 TiB
+FIXED_AT = 0x600000000000
 _MAP_FAILED = ctypes.c_void_p(-1).value
 
 _reserved: tuple[int, int] | None = None  # (address, bytes), inherited by forked workers
@@ -72,6 +85,24 @@ def reserve(nbytes: int = RESERVE_BYTES) -> int | None:
         try:
             addr = _mmap(0, nbytes, _PROT_NONE, _MAP_PRIVATE | _MAP_ANON | _MAP_NORESERVE)
         except OSError:
+            return None
+        _reserved = (addr, nbytes)
+    return _reserved[0]
+
+
+def reserve_fixed(addr: int = FIXED_AT, nbytes: int = RESERVE_BYTES) -> int | None:
+    """In a fresh run worker, before CUDA starts: reserve the address range at ``addr``, the
+    same in every process; returns it, or None where that range is taken or the kernel would
+    not place it there (the worker then takes today's pinned buffer)."""
+    global _reserved
+    if _reserved is None:
+        flags = _MAP_PRIVATE | _MAP_ANON | _MAP_NORESERVE | _MAP_FIXED_NOREPLACE
+        try:
+            got = _mmap(addr, nbytes, _PROT_NONE, flags)
+        except OSError:
+            return None
+        if got != addr:  # a kernel without MAP_FIXED_NOREPLACE placed it elsewhere
+            _libc().munmap(ctypes.c_void_p(got), nbytes)
             return None
         _reserved = (addr, nbytes)
     return _reserved[0]
