@@ -142,10 +142,6 @@ class Unsupported(Payload):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Imported(Payload):
     params: Json | None = None  # the kernel's parameters, defaults filled in
-    # a fresh run worker's driver start beside its imports (engine/driver_warmup.py): its
-    # seconds, and why it did not make the context (None: it did)
-    driver_warmup_s: float | None = None
-    driver_warmup: str | None = None
 
 
 @kind("compiling")

@@ -43,13 +43,6 @@ BESIDE = (
     "t = threading.Thread(target=gpu)\nt.start()\nimport cutlass.cute\nt.join()\n"
     "if err:\n    raise err[0]"
 )
-# The driver started through libcuda in a thread first (engine/driver_warmup.py, what a cold
-# worker does), then torch, cutlass and torch's context in turn: the driver's start beside the
-# imports, which hold the GIL while it does not.
-DRIVER_FIRST = (
-    "from cutedebug.engine.driver_warmup import DriverWarmup\nw = DriverWarmup.start()\n"
-    "import torch\nimport cutlass.cute\n" + CONTEXT.replace("; ", "\n") + "\nprint(w.join())"
-)
 PIECES = (  # name, argv after the interpreter, extra environment, needs a GPU
     ("python", ["-c", "pass"], {}, False),
     ("cli_run_imports", ["-m", "cutedebug", "run", "--help"], {}, False),
@@ -58,7 +51,6 @@ PIECES = (  # name, argv after the interpreter, extra environment, needs a GPU
     ("cutlass", ["-c", "import cutlass.cute"], {}, False),
     ("context_then_cutlass", ["-c", IN_TURN], {}, True),
     ("context_beside_cutlass", ["-c", BESIDE], {}, True),
-    ("driver_first_then_in_turn", ["-c", DRIVER_FIRST], {}, True),
 )
 
 

@@ -616,29 +616,13 @@ STEPS = [
         "cold_cuts",
         "22",
         # compileall ~15 s, the pool's start ~3 s, one cold run stored ~4.5 s, 8 rounds of cold
-        # (~4 s), cold_nodriver (~4.3 s), cold_fresh (~4.3 s) and warm (~1.5 s): ~135 s
-        150,
+        # (~4 s), cold_fresh (~4.3 s) and warm (~1.5 s): ~100 s
+        115,
         False,
-        BYTECODE + "python3 tools/pool_bench.py --rounds 8 --driver --cold-fresh "
-        "--json $STEP_OUT/pool.json",
-        "a cold run's two cuts, each against a side without it, alternated in one loop: the "
-        "driver's start beside the imports (cold_nodriver: CUTEDEBUG_DRIVER_WARMUP=0) and the "
-        "compile reused from the user's folder (cold_fresh: --no-compile-cache), with warm, 8 "
-        "rounds, against the 5 s / 2 s targets",
-    ),
-    Step(
-        "cold_driver",
-        "22",
-        # compileall ~15 s, cold_breakdown's 8 pieces x 3 reps ~45 s, the pool's start ~3 s,
-        # 5 rounds of cold (~4.2 s), cold_nodriver (~4.2 s) and warm (~1.5 s): ~115 s
-        130,
-        False,
-        BYTECODE + "timeout 80 python3 tools/cold_breakdown.py --reps 3 --json "
-        "$STEP_OUT/parts.json; echo rc=$?; "
-        "python3 tools/pool_bench.py --rounds 5 --driver --json $STEP_OUT/pool.json",
-        "the driver started beside a cold worker's imports (engine/driver_warmup.py): a fresh "
-        "interpreter's pieces with it and without, then cold, cold_nodriver (CUTEDEBUG_DRIVER_"
-        "WARMUP=0) and warm alternated, 5 rounds, against the 5 s / 2 s targets",
+        BYTECODE + "python3 tools/pool_bench.py --rounds 8 --cold-fresh --json $STEP_OUT/pool.json",
+        "the cold run's compile reused from the user's folder, against cold_fresh "
+        "(--no-compile-cache), alternated in one loop with warm, 8 rounds, against the 5 s / "
+        "2 s targets",
     ),
     Step(
         "cold_parts",
@@ -1199,8 +1183,7 @@ BY_NAME = {s.name: s for s in STEPS}
 # exec steps (#17, #19) carry the wheels and come last.
 PRIORITY = (  # after 2026-12-03-h200-s9's calls 1-3: #25 met; #22's cold run is host-bound
     "pytest_gpu_only",  # on the final code (s9 call4: 13 passed on 9468c38; dc70adc: 4 files)
-    "cold_cuts",  # #22: the driver's start and the cold compile reuse, each against without
-    "cold_driver",  # #22: done in s10 call1 (cold/cold_nodriver 1.03, n=5: no gain seen)
+    "cold_cuts",  # #22: the cold compile reuse, against a fresh compile
     "triage_preload",  # review mend: the lanes' preloads asked from their threads
     "warm_lite",  # #22: s9 call2 5/5 within 5 s (4.22 s), call3 0/5 (5.57 s, a slower machine)
     "field_preload",  # #25: done in s9 call1 (preloaded at the server's start: 6.74-9.57 s)

@@ -2,18 +2,16 @@
 from the warm pool's resident server), alternated in one loop.
 
     python3 tools/pool_bench.py [SCENARIO] [--rounds N] [--compile-only] [--overlap]
-                                [--driver] [--cold-fresh] [--reuse] [--spare] [--no-cold] [--keep-cache DIR]
-                                [--json OUT]
+                                [--cold-fresh] [--reuse] [--spare] [--no-cold]
+                                [--keep-cache DIR] [--json OUT]
 
 Each round runs the same command twice, as a user would type it (a new `cutedebug` process
 each time), `--no-warm` then `--warm`, so machine load drifts over both sides alike
 (``--overlap``: a third side between them, cold with CUTEDEBUG_OVERLAP_IMPORTS=1, the worker's
-GPU lookup in a thread beside cutlass's import; ``--driver``: a side cold_nodriver, cold with
-CUTEDEBUG_DRIVER_WARMUP=0, the driver started through torch after its import instead of beside
-the imports (engine/driver_warmup.py); ``--cold-fresh``: a side cold_fresh, cold with
+GPU lookup in a thread beside cutlass's import; ``--cold-fresh``: a side cold_fresh, cold with
 ``--no-compile-cache``, so the cold side's reuse of its compile from the user's folder is
-measured against a fresh compile, after one untimed cold run that stores the entry; ``--reuse``: a side warm_fresh, warm with
-``--no-compile-cache``, so the warm side's compile reuse (engine/compile_cache.py) is measured
+measured against a fresh compile, after one untimed cold run that stores the entry;
+``--reuse``: a side warm_fresh, warm with ``--no-compile-cache``, so the warm side's compile reuse (engine/compile_cache.py) is measured
 against a fresh compile in the same pool, after one untimed warm run that stores the entry;
 ``--spare``: a side warm_nospare, warm from a second pool started without a spare worker
 (CUTEDEBUG_POOL_SPARE=0: each run forks and makes its own CUDA context, engine/pool_spare.py),
@@ -53,14 +51,12 @@ from cutedebug.engine import compile_cache  # noqa: E402  (stdlib only at import
 
 DEFAULT = ROOT / "scenarios" / "tma_stream" / "wrong_expect_tx_plus.toml"
 OVERLAP = "CUTEDEBUG_OVERLAP_IMPORTS"  # engine/worker.py: DeviceLookup
-DRIVER = "CUTEDEBUG_DRIVER_WARMUP"  # engine/driver_warmup.py: "0" turns it off
 PHASES = (
     "pool_s",
     "cli_start_s",
     "spawn_s",
     "imports_s",
     "device_s",
-    "driver_warmup_s",
     "inputs_s",
     "compile_s",
     "prelaunch_s",
@@ -78,7 +74,6 @@ PHASES = (
 TARGETS = {
     "cold": 5.0,
     "cold_overlap": 5.0,
-    "cold_nodriver": 5.0,
     "cold_fresh": 5.0,
     "warm": 2.0,
     "warm_fresh": 2.0,
@@ -192,12 +187,6 @@ def main() -> int:
         "looks for the GPU in a thread beside cutlass's import)",
     )
     ap.add_argument(
-        "--driver",
-        action="store_true",
-        help="a side cold_nodriver: cold with CUTEDEBUG_DRIVER_WARMUP=0 (the driver started "
-        "through torch, after its import, as before engine/driver_warmup.py)",
-    )
-    ap.add_argument(
         "--cold-fresh",
         action="store_true",
         help="a side cold_fresh: cold with --no-compile-cache (the cold side reuses its "
@@ -240,8 +229,6 @@ def main() -> int:
         kinds.append(("cold", ["--no-warm"], {OVERLAP: "0"}))
         if args.overlap:
             kinds.append(("cold_overlap", ["--no-warm"], {OVERLAP: "1"}))
-        if args.driver:
-            kinds.append(("cold_nodriver", ["--no-warm"], {OVERLAP: "0", DRIVER: "0"}))
         if args.cold_fresh:
             kinds.append(("cold_fresh", ["--no-warm", "--no-compile-cache"], {OVERLAP: "0"}))
     if args.reuse:
@@ -340,12 +327,6 @@ def main() -> int:
             f"compile_s fresh - reused per round: median {statistics.median(saved):.3f} s; "
             f"cold/cold_fresh wall per round: median {statistics.median(fr):.2f} "
             f"(min {min(fr):.2f}, max {max(fr):.2f})"
-        )
-    if "cold_nodriver" in sides and "cold" in sides:
-        drv = [c["wall_s"] / n["wall_s"] for c, n in zip(sides["cold"], sides["cold_nodriver"])]
-        print(
-            f"cold/cold_nodriver wall per round: median {statistics.median(drv):.2f} "
-            f"(min {min(drv):.2f}, max {max(drv):.2f})"
         )
     if args.json:
         Path(args.json).write_text(

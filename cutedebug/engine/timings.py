@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from cutedebug.engine import verdict as V
-from cutedebug.event_kinds import Compiled, GpuAcquired, Imported, Started, Synced
+from cutedebug.event_kinds import Compiled, GpuAcquired, Started, Synced
 
 
 def timings(o: V.Outcome, facts: dict[str, Any]) -> dict[str, float]:
@@ -31,9 +31,6 @@ def timings(o: V.Outcome, facts: dict[str, Any]) -> dict[str, float]:
         # of imports_s: the GPU looked for (a run's worker imports torch and initializes CUDA
         # to learn it), before cutlass, the kernel file and its class
         t["device_s"] = round(max(0.0, dev.t - st.t), 3)
-    if (imp := o.last(Imported)) is not None and imp.driver_warmup_s is not None:
-        # of imports_s too: the driver's start in a thread beside them (engine/driver_warmup.py)
-        t["driver_warmup_s"] = imp.driver_warmup_s
     if (launched := o.event("launched")) is not None and "kill_t" in facts:
         # kill_t counts from spawn, event times from the worker's start: close enough to
         # report how long the kernel ran before the watchdog ended it.

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from cutedebug import devices
-from cutedebug.engine import blame, compile_cache, compile_checks, driver_warmup, lifeline
+from cutedebug.engine import blame, compile_cache, compile_checks, lifeline
 from cutedebug.engine import events as events_mod
 from cutedebug.engine.health import ARCH_BY_CC  # stdlib only: the arch names by capability
 from cutedebug.engine.launching import (  # noqa: F401  (names other modules import from here)
@@ -112,6 +112,13 @@ class DeviceLookup:
         return self.device or {"present": False, "reason": "the GPU lookup gave no answer"}
 
 
+def fresh_run_worker(mode: str) -> bool:
+    """A fresh worker about to run a kernel on a GPU: a run (a compile-only run never touches
+    the GPU), torch not imported yet (a worker forked from a server has it), a GPU device node
+    here."""
+    return mode == "run" and "torch" not in sys.modules and devices.gpu_device_node() is not None
+
+
 def ptx_entries(ptx: str) -> list[str]:
     """The kernel symbols of a PTX module (``.entry NAME(``): the names compute-sanitizer
     reports for this kernel's findings (other kernels of the process are told apart by them)."""
@@ -148,13 +155,12 @@ def run(request: dict[str, Any], events: Events) -> None:
         "started", pid=os.getpid(), python=sys.version.split()[0], mono0=round(events.t0, 6)
     )
 
-    if request.get("probes") and driver_warmup.fresh_run_worker(mode):
+    if request.get("probes") and fresh_run_worker(mode):
         # a fresh run worker's probe buffer at one address for every cold run, reserved
-        # before the driver maps anything: the same IR each run, its compile reusable
+        # before CUDA maps anything: the same IR each run, its compile reusable
         from cutedebug.instrument import probe_memory
 
         probe_memory.reserve_fixed()
-    warmup = driver_warmup.start_for(mode)  # the driver's start beside the imports below
     # A compile-only run never touches the GPU: it does not import torch to look for one (the
     # 1.7 s of CPU a fresh interpreter would spend on it; the kernels import torch lazily).
     lookup = DeviceLookup.start(mode)  # opt-in: torch and CUDA beside cutlass's import
@@ -212,7 +218,7 @@ def run(request: dict[str, Any], events: Events) -> None:
         raise kernel_api.KernelLoadError(
             f"{where}: constructing the kernel with {params} failed: {type(e).__name__}: {e}"
         ) from e
-    events.emit("imported", params=params, **driver_warmup.fields(warmup))
+    events.emit("imported", params=params)
 
     tensors = None
     if runnable:
