@@ -11,8 +11,9 @@ each time), `--no-warm` then `--warm`, so machine load drifts over both sides al
 GPU lookup in a thread beside cutlass's import; ``--cold-fresh``: a side cold_fresh, cold with
 ``--no-compile-cache``, so the cold side's reuse of its compile from the user's folder is
 measured against a fresh compile, after one untimed cold run that stores the entry;
-``--reuse``: a side warm_fresh, warm with ``--no-compile-cache``, so the warm side's compile reuse (engine/compile_cache.py) is measured
-against a fresh compile in the same pool, after one untimed warm run that stores the entry;
+``--reuse``: a side warm_fresh, warm with ``--no-compile-cache``, so the warm side's compile
+reuse (engine/compile_cache.py) is measured against a fresh compile in the same pool, after one
+untimed warm run that stores the entry;
 ``--spare``: a side warm_nospare, warm from a second pool started without a spare worker
 (CUTEDEBUG_POOL_SPARE=0: each run forks and makes its own CUDA context, engine/pool_spare.py),
 after one untimed run there; ``--no-cold``: no cold side). The pool's server is started before the
