@@ -275,7 +275,8 @@ def run(request: dict[str, Any], events: Events) -> None:
             from cutedebug.instrument import checkpoint
 
             stack.enter_context(checkpoint.session(request["bisect"], events, runnable))
-        # the back end reused when the traced IR is one the warm pool compiled before
+        # the back end reused when the traced IR is one compiled before (the warm pool's
+        # folder, or the user's for a fresh run worker)
         reuse = stack.enter_context(compile_cache.reuse(*cache_folder(request, runnable)))
         try:
             options = [
@@ -375,12 +376,12 @@ def run(request: dict[str, Any], events: Events) -> None:
 
 def cache_report(reuse: compile_cache.Reuse, site_table: Any, runnable: bool) -> dict[str, Any]:
     """The compiled event's ``compile_cache``: whether the back end was reused and, in a pool
-    worker that ran probes, whether its buffer sat at the pool's fixed address (without it the
-    IR differs each run: instrument/probe_memory.py)."""
+    worker or a fresh run worker that ran probes, whether its buffer sat at the fixed address
+    (without it the IR differs each run: instrument/probe_memory.py) or why not."""
     out = reuse.to_json()
     from cutedebug.instrument import probe_memory
 
-    if site_table is not None and runnable and probe_memory.reserved() is not None:
+    if site_table is not None and runnable and (probe_memory.reserved() or probe_memory.last_miss):
         out["probe_buffer"] = probe_memory.last_miss or "fixed"
     return out
 

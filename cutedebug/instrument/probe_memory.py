@@ -94,15 +94,17 @@ def reserve_fixed(addr: int = FIXED_AT, nbytes: int = RESERVE_BYTES) -> int | No
     """In a fresh run worker, before CUDA starts: reserve the address range at ``addr``, the
     same in every process; returns it, or None where that range is taken or the kernel would
     not place it there (the worker then takes today's pinned buffer)."""
-    global _reserved
+    global _reserved, last_miss
     if _reserved is None:
         flags = _MAP_PRIVATE | _MAP_ANON | _MAP_NORESERVE | _MAP_FIXED_NOREPLACE
         try:
             got = _mmap(addr, nbytes, _PROT_NONE, flags)
-        except OSError:
+        except OSError as e:
+            last_miss = f"no fixed probe buffer: the range at {addr:#x} is taken ({e})"
             return None
         if got != addr:  # a kernel without MAP_FIXED_NOREPLACE placed it elsewhere
             _libc().munmap(ctypes.c_void_p(got), nbytes)
+            last_miss = f"no fixed probe buffer: the kernel placed the range at {got:#x}"
             return None
         _reserved = (addr, nbytes)
     return _reserved[0]
