@@ -19,11 +19,10 @@ ROOT = Path(__file__).resolve().parent.parent
 HANG = ROOT / "scenarios" / "tma_stream" / "wrong_expect_tx_plus.toml"
 
 RESERVE = r"""
-import ctypes, json, mmap
+import json
 from cutedebug.instrument import probe_memory as pm
 out = {"first": pm.reserve_fixed(), "again": pm.reserve_fixed()}
-got = pm.fixed_buffer(10_000, register=lambda a, s: a)
-out["buffer_at"] = got[1] if got else pm.last_miss
+out["buffer_at"] = pm.map_pages(10_000)[0]  # the buffer's pages (fixed_buffer's first step)
 print(json.dumps(out))
 """
 

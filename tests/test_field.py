@@ -204,6 +204,7 @@ def test_fault_sites_command_line_writes_the_survey(tmp_path):
 
 
 @needs_libs
+@pytest.mark.slow  # the longest item of the not-slow part (16.3 s of a worker, 2026-12-03)
 def test_fault_sites_land_on_the_library_lines():
     """tools/field_fault_sites.py's survey of each adapter, once per fault (sm_90a, no GPU), in
     this process, which imports the libraries for the tests below anyway (its command line:
