@@ -1181,14 +1181,14 @@ BY_NAME = {s.name: s for s in STEPS}
 # half of #23's; with xdist #23 is done; pytest_gpu is owed whenever GPU code changed; perturb
 # and coredump each close one issue; warm + bench finish #22 (with the triage); the field and
 # exec steps (#17, #19) carry the wheels and come last.
-PRIORITY = (  # after 2026-12-03-h200-s9's calls 1-3: #25 met; #22's cold run is host-bound
-    "pytest_gpu_only",  # on the final code (s9 call4: 13 passed on 9468c38; dc70adc: 4 files)
-    "cold_cuts",  # #22: the cold compile reuse, against a fresh compile
-    "triage_preload",  # review mend: the lanes' preloads asked from their threads
+PRIORITY = (  # after 2026-12-03-h200-s10: #22's cold run holds in the median, 13 of 16 runs
+    "pytest_gpu_only",  # on the final code (s10 call2: 14 passed on 386594c)
+    "cold_cuts",  # #22: done in s10 calls 2-3 (cold 4.64 s median, 13/16 within 5 s)
+    "triage_preload",  # done in s10 call1 (quack preloaded in 4.50 s, 6/6)
     "warm_lite",  # #22: s9 call2 5/5 within 5 s (4.22 s), call3 0/5 (5.57 s, a slower machine)
     "field_preload",  # #25: done in s9 call1 (preloaded at the server's start: 6.74-9.57 s)
     "pool_preload",  # #25: done in s9 call1 (`pool start SCENARIO...`: 4.64-8.38 s)
-    "triage",  # #22: done in s9 call3 (139.3 s, 114 scenarios)
+    "triage",  # #22: done in s10 call4 (140.1 s, 114 scenarios; s9: 139.3 s)
     "core_vs_bisect",  # #25: done in s8 call3 (core 7.3-16.6 s cold, bisect 9.3-47.9 s)
     "coredump_own_attach",  # done in s7 call2 (60/60 attached, 55/55 graded)
     "attach_neighbours",  # done in s7 call2 (both attached, the neighbour right)
