@@ -453,8 +453,10 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
             "--compile-cache",
             action=argparse.BooleanOptionalAction,
             default=True,
-            help="in a warm pool worker, reuse the compiled kernel when the traced IR is one "
-            "the pool compiled before (--no-compile-cache: always compile afresh)",
+            help="reuse the compiled kernel when the traced IR is one compiled before: in a "
+            "warm pool worker from the pool's folder, in a fresh worker running on a GPU from "
+            "the user's (CUTEDEBUG_USER_COMPILE_CACHE, else ~/.cache/cutedebug/compile) "
+            "(--no-compile-cache: always compile afresh)",
         )
         from cutedebug.commands import perturb_args  # --perturb N [--policy ...] [--replay S]
 
