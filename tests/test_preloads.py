@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import threading
 from pathlib import Path
 
 import pytest
@@ -504,14 +503,13 @@ def test_a_preload_request_takes_a_list_of_names_and_nothing_else():
     assert loaded == [[], ["quack", "flash_attn.cute"], []]
 
 
-def test_a_preload_ask_replaces_a_dead_server_as_a_spawn_does_and_counts_it(monkeypatch):
-    """PoolClient.preload_modules and spawn share one count of replacements: after
-    MAX_REPLACEMENTS of them on a connection neither replaces the server again."""
+def test_a_preload_ask_replaces_a_dead_server_as_a_spawn_does_and_counts_it(monkeypatch, tmp_path):
+    """PoolClient.preload_modules replaces a server that stopped answering through the
+    connection's one count of replacements (spawn's): after MAX_REPLACEMENTS of them it
+    raises instead of replacing it again."""
     from cutedebug.engine import pool
 
-    client = pool.PoolClient.__new__(pool.PoolClient)
-    client.closed, client.preload, client.replacements = False, True, 0
-    client._lock = threading.Lock()
+    client = pool.PoolClient(pool.Paths.of(tmp_path, "k"), "k", {}, idle_s=60.0)
     monkeypatch.setattr(pool.PoolClient, "alive", property(lambda self: True))
     client._ask = lambda msg, timeout=0: None  # the server we had: no answer
     asked = []
