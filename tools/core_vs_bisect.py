@@ -28,8 +28,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import psutil
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 from gpu_scale_run import ours_left  # noqa: E402  (cutedebug processes of this checkout)
@@ -118,14 +116,9 @@ def bisect_row(scenario: str) -> dict:
 
 
 def left(keep_pool: bool) -> list[str]:
-    """Processes of ours still running, but the shell that started this script (its command
-    line names cutedebug) and, with ``keep_pool``, the warm pool's server."""
-    mine = {str(p.pid) for p in psutil.Process().parents()}
-    return [
-        x
-        for x in ours_left()
-        if x.split()[0] not in mine and not (keep_pool and "pool_server" in x)
-    ]
+    """Processes of ours still running (ours_left leaves out this script and the shells that
+    started it), but, with ``keep_pool``, the warm pool's server."""
+    return [x for x in ours_left() if not (keep_pool and "pool_server" in x)]
 
 
 def main() -> int:

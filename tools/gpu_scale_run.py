@@ -37,28 +37,20 @@ HANG = "scenarios/tma_stream/wrong_expect_tx_plus.toml"
 
 def ours_left(grace_s: float = 3.0) -> list[str]:
     """cutedebug processes of this checkout still running (other than this script and the
-    shells that started it, whose command line may name cutedebug too), after a short grace
-    for the ones exiting right now: the orphan count."""
+    shells that started it, whose command line may name cutedebug too), each as "PID ARGS",
+    after a short grace for the ones exiting right now: the orphan count."""
     import psutil
 
-    mine = {str(os.getpid())} | {str(p.pid) for p in psutil.Process().parents()}
+    mine = {os.getpid()} | {p.pid for p in psutil.Process().parents()}
     deadline = time.monotonic() + grace_s
     while True:
-        # -ww: whole command lines (ps cuts them at $COLUMNS, and "cutedebug" may come late)
-        out = subprocess.run(
-            ["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True
-        ).stdout
         left = []
-        for ln in out.splitlines()[1:]:
-            pid = ln.split()[0]
-            if "cutedebug" not in ln or "gpu_scale_run" in ln or pid in mine:
+        for p in psutil.process_iter(["pid", "cmdline", "cwd"]):
+            line = " ".join(p.info["cmdline"] or [])  # whole, whatever the terminal's width
+            if "cutedebug" not in line or "gpu_scale_run" in line or p.info["pid"] in mine:
                 continue
-            try:
-                cwd = os.readlink(f"/proc/{pid}/cwd")
-            except OSError:
-                continue
-            if cwd.startswith(str(ROOT)):
-                left.append(ln.strip())
+            if (p.info["cwd"] or "").startswith(str(ROOT)):  # None: gone, or not ours to read
+                left.append(f"{p.info['pid']} {line}")
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.2)
