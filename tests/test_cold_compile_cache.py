@@ -67,6 +67,17 @@ def test_the_users_folder_and_how_to_turn_it_off(monkeypatch, tmp_path):
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert compile_cache.user_folder() == (tmp_path / "home/.cache/cutedebug/compile", "")
+
+    def no_home():
+        raise RuntimeError("Could not determine home directory.")
+
+    with monkeypatch.context() as m:  # HOME unset and no passwd entry: a reason, no error
+        m.setattr(Path, "home", staticmethod(no_home))
+        assert compile_cache.user_folder() == (
+            None,
+            "no folder to keep it in: Could not determine home directory. "
+            f"(set {compile_cache.USER_VAR})",
+        )
     monkeypatch.setenv(compile_cache.USER_VAR, str(tmp_path / "mine"))
     assert compile_cache.user_folder() == (tmp_path / "mine", "")
     for off in ("off", "0", "OFF"):

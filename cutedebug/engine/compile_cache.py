@@ -97,7 +97,12 @@ def user_folder() -> tuple[Path | None, str]:
         return None, f"turned off ({USER_VAR}={raw})"
     if raw:
         return Path(raw), ""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    base = os.environ.get("XDG_CACHE_HOME")
+    if not base:
+        try:
+            base = str(Path.home() / ".cache")
+        except RuntimeError as e:  # no HOME and no passwd entry: nowhere to keep it
+            return None, f"no folder to keep it in: {e} (set {USER_VAR})"
     return Path(base) / "cutedebug" / "compile", ""
 
 
