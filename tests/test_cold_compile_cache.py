@@ -1,6 +1,6 @@
 """A cold `cutedebug run` reuses its compile from the user's folder (engine/compile_cache.py:
 user_folder): a fresh run worker reserves its probe buffer's address range at one fixed
-address (instrument/probe_memory.py: reserve_fixed), so the same scenario traces to the same
+address (instrument/probe_memory.py: reserve at FIXED_AT), so the same scenario traces to the same
 IR in every fresh worker. CPU: the address, the folder, who gets one; GPU: two cold runs of the
 README's probed HANG, the second reusing the first's compile, both localized."""
 
@@ -21,7 +21,7 @@ HANG = ROOT / "scenarios" / "tma_stream" / "wrong_expect_tx_plus.toml"
 RESERVE = r"""
 import json
 from cutedebug.instrument import probe_memory as pm
-out = {"first": pm.reserve_fixed(), "again": pm.reserve_fixed()}
+out = {"first": pm.reserve(pm.FIXED_AT), "again": pm.reserve(pm.FIXED_AT)}
 out["buffer_at"] = pm.map_pages(10_000)[0]  # the buffer's pages (fixed_buffer's first step)
 print(json.dumps(out))
 """
@@ -33,7 +33,7 @@ from cutedebug.instrument import probe_memory as pm
 pm._mmap(pm.FIXED_AT + 4096, 4096, 3, pm._MAP_PRIVATE | pm._MAP_ANON | pm._MAP_FIXED)
 view = (__import__("ctypes").c_uint8 * 1).from_address(pm.FIXED_AT + 4096)
 view[0] = 7
-print(json.dumps({"got": pm.reserve_fixed(), "still": view[0], "reserved": pm.reserved(),
+print(json.dumps({"got": pm.reserve(pm.FIXED_AT), "still": view[0], "reserved": pm.reserved(),
                   "why": pm.last_miss}))
 """
 

@@ -152,3 +152,15 @@ def test_pruning_keeps_the_most_recently_used(tmp_path):
     (tmp_path / ".tmp-1-x").mkdir()  # a store under way is not an entry
     assert compile_cache.prune(tmp_path, keep=3) == 3
     assert sorted(p.name for p in tmp_path.iterdir()) == [".tmp-1-x", "k0", "k3", "k4"]
+
+
+def test_pruning_bounds_the_folders_bytes_too_keeping_the_most_recent(tmp_path):
+    for i in range(4):
+        (tmp_path / f"k{i}").mkdir()
+        (tmp_path / f"k{i}" / "cubin").write_bytes(b"x" * 100)
+        os.utime(tmp_path / f"k{i}", (1000 + i, 1000 + i))
+    assert compile_cache.prune(tmp_path, keep=10, max_bytes=250) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["k2", "k3"]
+    (tmp_path / "k3" / "cubin").write_bytes(b"x" * 1000)  # one entry over the bound: it stays
+    assert compile_cache.prune(tmp_path, keep=10, max_bytes=250) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["k3"]

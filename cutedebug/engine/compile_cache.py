@@ -30,7 +30,7 @@ per server, removed when the server exits; and, for a fresh worker running a ker
 ``$XDG_CACHE_HOME/cutedebug/compile``, else ``~/.cache/cutedebug/compile``), kept across runs,
 so that running a scenario again reuses its compile (a probed run's buffer sits at one fixed
 address in every fresh worker for it: instrument/probe_memory.py). At most ``MAX_ENTRIES``
-entries a folder, least recently used first out. Compile-only runs and runs without a GPU are
+entries and ``MAX_BYTES`` a folder, least recently used first out. Compile-only runs and runs without a GPU are
 not cached.
 """
 
@@ -58,6 +58,7 @@ USER_VAR = "CUTEDEBUG_USER_COMPILE_CACHE"
 IR_VAR = "CUTEDEBUG_COMPILE_CACHE_IR"
 FORMAT = "cutedebug-compile-cache-1"
 MAX_ENTRIES = 64
+MAX_BYTES = 512 << 20  # a folder's entries in all (PTX, cubin, lowered module)
 ENV_PREFIXES = ("CUTE_DSL_", "CUTLASS_", "NVVM", "PTXAS")
 
 
@@ -339,19 +340,18 @@ def _store(folder: Path, entry: Path, fn: Any, paths: _Paths, traced: str | None
     return prune(folder)
 
 
-def prune(folder: Path, keep: int = MAX_ENTRIES) -> int:
-    """Remove the least recently used entries beyond ``keep``, and the half-written entries
-    of processes no longer running (killed while storing); returns how many are left."""
+def prune(folder: Path, keep: int = MAX_ENTRIES, max_bytes: int = MAX_BYTES) -> int:
+    """Remove the least recently used entries beyond ``keep`` or beyond ``max_bytes`` in all
+    (the most recent entry always stays), and the half-written entries of processes no longer
+    running (killed while storing); returns how many are left."""
     try:
         names = list(folder.iterdir())
     except OSError:
         return 0
     for p in names:
-        if p.name.startswith(".tmp-") and not _pid_alive(p.name.split("-")[1]):
+        if p.name.startswith(".tmp-") and not _writer_running(p.name.split("-")[1]):
             shutil.rmtree(p, ignore_errors=True)
     entries = [p for p in names if not p.name.startswith(".")]
-    if len(entries) <= keep:
-        return len(entries)
 
     def used(p: Path) -> float:
         try:
@@ -359,21 +359,27 @@ def prune(folder: Path, keep: int = MAX_ENTRIES) -> int:
         except OSError:
             return 0.0
 
-    entries.sort(key=used)
-    for old in entries[: len(entries) - keep]:
-        shutil.rmtree(old, ignore_errors=True)
-    return keep
+    entries.sort(key=used, reverse=True)  # the most recently used first
+    kept, total = 0, 0
+    for entry in entries:
+        total += _size(entry)
+        if kept and (kept >= keep or total > max_bytes):
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            kept += 1
+    return kept
 
 
-def _pid_alive(pid: str) -> bool:
+def _size(entry: Path) -> int:
+    try:
+        return sum(f.stat().st_size for f in entry.iterdir())
+    except OSError:
+        return 0
+
+
+def _writer_running(pid: str) -> bool:
     """Whether the process of a .tmp- folder's name still runs (a name that is not a pid: left
     alone, as if it did)."""
-    if not pid.isdigit():
-        return True
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # another user's process: running
-        return True
-    return True
+    import psutil
+
+    return not pid.isdigit() or psutil.pid_exists(int(pid))

@@ -170,12 +170,13 @@ def serve(parent_pid: int | None = None, libraries: bool = True) -> int:
     return 0
 
 
-def preloaded(libs: Any, seconds: float) -> dict[str, Any]:
-    """The answer to a "preload" request: the modules a server holds, or why none."""
+def preloaded(libs: Any, seconds: float, who: str = "fork server") -> dict[str, Any]:
+    """The answer to a "preload" request: the modules a server holds, or why none (``who``
+    names the server in its log)."""
     if libs is None:
         return {"preloaded": [], "preload": "off: started without preloads"}
     names = sorted(libs.done - set(libs.failed))
-    print(f"fork server: {len(names)} module(s) preloaded, {seconds:.2f} s", file=sys.stderr)
+    print(f"{who}: {len(names)} module(s) preloaded, {seconds:.2f} s", file=sys.stderr)
     answer = {"preloaded": names, "preload_s": round(seconds, 3), "preload": "on"}
     return answer | ({"failed": dict(libs.failed)} if libs.failed else {})
 
@@ -285,8 +286,14 @@ def _running(pid: int) -> bool:
 class ForkServer:
     """The runner's handle on a fork server process. Use as a context manager."""
 
-    def __init__(self, env: dict[str, str], cwd: str, log_path: Path):
+    def __init__(
+        self, env: dict[str, str], cwd: str, log_path: Path, bind_env: dict[str, str] | None = None
+    ):
         self.env, self.cwd, self.log_path = env, cwd, log_path
+        # the GPU binding (CUDA_VISIBLE_DEVICES) a fresh process replacing a forked one carries
+        self.bind_env: dict[str, str] = dict(bind_env or {})
+        # the server's answer to a preload request (runner.preload_forkserver), None before one
+        self.preloaded: dict[str, Any] | None = None
         self.proc: subprocess.Popen | None = None
         self._lock = threading.Lock()  # one request/answer at a time (pool threads share it)
         self.generation = 0  # +1 per (re)start: a child belongs to one server

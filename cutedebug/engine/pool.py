@@ -280,16 +280,7 @@ class PoolClient:
             "session_tags": tags.split(),
         }
         with self._lock:
-            if self.closed:
-                raise ForkServerError("the pool connection is closed")
-            answer = self._ask(msg, SPAWN_TIMEOUT_S) if self.alive else None
-            if answer is None:  # dead or wedged since we connected: replace it, once per call
-                answer = self._replace(msg)
-            if answer and answer.get("no_preload") and self.preload:
-                # a library import made that server unsafe to fork from (it gave up its socket
-                # path): one without preloads, whose workers import the library themselves
-                self.preload, self.preload_off = False, str(answer.get("error"))
-                answer = self._ask_another(msg)
+            answer = self._ask_served(msg, SPAWN_TIMEOUT_S)
             if not answer or "pid" not in answer:
                 self._drop_socket()
                 raise ForkServerError(f"pool server did not fork: {answer or 'no answer'}")
@@ -305,16 +296,24 @@ class PoolClient:
         to fork from is replaced by one without preloads, as :meth:`spawn` does."""
         msg = {"op": "preload", "modules": list(modules)}
         with self._lock:
-            if self.closed:
-                raise ForkServerError("the pool connection is closed")
-            answer = self._ask(msg, READY_TIMEOUT_S) if self.alive else None
-            if answer is None:  # as spawn: replaced once per call, counted
-                answer = self._replace(msg, READY_TIMEOUT_S)
-            if answer and answer.get("no_preload") and self.preload:
-                self.preload, self.preload_off = False, str(answer.get("error"))
-                answer = self._ask_another(msg, READY_TIMEOUT_S)
+            answer = self._ask_served(msg, READY_TIMEOUT_S)
         if not answer or "preloaded" not in answer:
             return {"preloaded": [], "preload": f"off: no answer (log: {self.paths.log})"}
+        return answer
+
+    def _ask_served(self, msg: dict[str, Any], timeout: float) -> dict[str, Any] | None:
+        """``msg`` answered by this key's server (under the lock): a server that died or
+        stopped answering since we connected is replaced, once per call and counted; one that
+        a library import made unsafe to fork from (it gave up its socket path) by one without
+        preloads, whose workers import the library themselves."""
+        if self.closed:
+            raise ForkServerError("the pool connection is closed")
+        answer = self._ask(msg, timeout) if self.alive else None
+        if answer is None:
+            answer = self._replace(msg, timeout)
+        if answer and answer.get("no_preload") and self.preload:
+            self.preload, self.preload_off = False, str(answer.get("error"))
+            answer = self._ask_another(msg, timeout)
         return answer
 
     def _replace(

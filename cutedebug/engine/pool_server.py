@@ -47,6 +47,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from cutedebug.engine import compile_cache, forkserver, lifeline, pool_spare, preloads
 from cutedebug.instrument import probe_memory
 
@@ -264,7 +266,10 @@ class Server:
             t0 = time.monotonic()  # the request's list as given: preloads.Preloader reads it
             if (refused := self.preload({**req, "job": "preload"})) is not None:
                 return refused
-            return {"ok": True, **forkserver.preloaded(self.libs, time.monotonic() - t0)}
+            return {
+                "ok": True,
+                **forkserver.preloaded(self.libs, time.monotonic() - t0, "pool server"),
+            }
         if op != "spawn":
             raise ValueError(f"unknown op {op!r}")
         tags = [t for t in req.get("session_tags", []) if isinstance(t, str)]
@@ -480,20 +485,10 @@ def remove_compiled(folder: Path, only_dead: bool = True) -> list[str]:
     gone = []
     for path in sorted(folder.glob("pool-*.compiled")):
         pid = path.suffixes[-2].lstrip(".") if len(path.suffixes) >= 2 else ""
-        if not only_dead or (pid.isdigit() and not _alive(int(pid))):
+        if not only_dead or (pid.isdigit() and not psutil.pid_exists(int(pid))):
             shutil.rmtree(path, ignore_errors=True)
             gone.append(path.name)
     return gone
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def main(argv: list[str]) -> int:

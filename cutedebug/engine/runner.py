@@ -170,11 +170,10 @@ def start_forkserver(
     bind = {} if gpu is None else {"CUDA_VISIBLE_DEVICES": gpu}
     env.update(bind)
     try:
-        server = ForkServer(env, str(REPO_ROOT), Path(runs_root) / "forkserver.log").start()
+        log = Path(runs_root) / "forkserver.log"
+        server = ForkServer(env, str(REPO_ROOT), log, bind_env=bind).start()
     except (OSError, RuntimeError, ValueError):
         return None
-    server.bind_env = bind
-    server.preloaded = None
     preload_forkserver(server, preload)
     return server
 

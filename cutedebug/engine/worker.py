@@ -160,7 +160,7 @@ def run(request: dict[str, Any], events: Events) -> None:
         # before CUDA maps anything: the same IR each run, its compile reusable
         from cutedebug.instrument import probe_memory
 
-        probe_memory.reserve_fixed()
+        probe_memory.reserve(probe_memory.FIXED_AT)
     # A compile-only run never touches the GPU: it does not import torch to look for one (the
     # 1.7 s of CPU a fresh interpreter would spend on it; the kernels import torch lazily).
     lookup = DeviceLookup.start(mode)  # opt-in: torch and CUDA beside cutlass's import

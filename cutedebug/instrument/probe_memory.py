@@ -16,7 +16,7 @@ probed device code) and the compile can be reused (engine/compile_cache.py).
   says why in ``last_miss``): its IR then differs per run and is compiled afresh.
 
 A fresh run worker (a cold `cutedebug run`) reserves the same kind of range at one fixed
-address, ``FIXED_AT``, the same in every process (``reserve_fixed``, before CUDA starts; where
+address, ``FIXED_AT``, the same in every process (``reserve(FIXED_AT)``, before CUDA starts; where
 that range is taken, no reservation: today's pinned buffer). Its probed IR is then the same
 from one cold run to the next, and the compile can be reused from the user's cache folder
 (engine/compile_cache.py: user_folder).
@@ -77,36 +77,28 @@ def _mmap(addr: int, size: int, prot: int, flags: int) -> int:
     return int(got)
 
 
-def reserve(nbytes: int = RESERVE_BYTES) -> int | None:
-    """In the pool's server, before it forks: reserve the address range; returns its address
-    (None where it could not be had: workers then take today's pinned buffer)."""
-    global _reserved
-    if _reserved is None:
-        try:
-            addr = _mmap(0, nbytes, _PROT_NONE, _MAP_PRIVATE | _MAP_ANON | _MAP_NORESERVE)
-        except OSError:
-            return None
-        _reserved = (addr, nbytes)
-    return _reserved[0]
+def reserve(at: int | None = None, nbytes: int = RESERVE_BYTES) -> int | None:
+    """Reserve the probe buffers' address range, once per process; returns its address, or
+    None where it could not be had (workers then take today's pinned buffer).
 
-
-def reserve_fixed(addr: int = FIXED_AT, nbytes: int = RESERVE_BYTES) -> int | None:
-    """In a fresh run worker, before CUDA starts: reserve the address range at ``addr``, the
-    same in every process; returns it, or None where that range is taken or the kernel would
-    not place it there (the worker then takes today's pinned buffer)."""
+    - ``at`` None: anywhere (the pool's server, before it forks: every worker inherits it).
+    - ``at`` an address (a fresh run worker, before CUDA starts: ``FIXED_AT``, the same in
+      every process): there or nowhere; ``last_miss`` says why where that range is taken or
+      the kernel would place it elsewhere."""
     global _reserved, last_miss
     if _reserved is None:
-        flags = _MAP_PRIVATE | _MAP_ANON | _MAP_NORESERVE | _MAP_FIXED_NOREPLACE
+        flags = _MAP_PRIVATE | _MAP_ANON | _MAP_NORESERVE
         try:
-            got = _mmap(addr, nbytes, _PROT_NONE, flags)
+            got = _mmap(at or 0, nbytes, _PROT_NONE, flags | (_MAP_FIXED_NOREPLACE if at else 0))
         except OSError as e:
-            last_miss = f"no fixed probe buffer: the range at {addr:#x} is taken ({e})"
+            if at:
+                last_miss = f"no fixed probe buffer: the range at {at:#x} is taken ({e})"
             return None
-        if got != addr:  # a kernel without MAP_FIXED_NOREPLACE placed it elsewhere
+        if at and got != at:  # a kernel without MAP_FIXED_NOREPLACE placed it elsewhere
             _libc().munmap(ctypes.c_void_p(got), nbytes)
             last_miss = f"no fixed probe buffer: the kernel placed the range at {got:#x}"
             return None
-        _reserved = (addr, nbytes)
+        _reserved = (got, nbytes)
     return _reserved[0]
 
 
