@@ -765,6 +765,24 @@ STEPS = [
         "engine/lanes.py) and says so with its seconds; verdicts as expected",
     ),
     Step(
+        "rmsnorm_minus",
+        "17",
+        # a fork server with quack (~8 s), 12 runs (~3-5 s each, a HANG ~4 s), 4 fresh runs
+        # with --coredump (~8-15 s each): ~130 s
+        130,
+        True,
+        _field_copy("/tmp/frm", "quack_rmsnorm_fwd")
+        + "; T=/tmp/frm/quack_rmsnorm_fwd/wrong_expect_tx_minus.toml; "
+        "python3 tools/repeat_verdicts.py -n 12 $T --out /tmp/frmr --json $STEP_OUT/repeat.json; "
+        "for i in 1 2 3 4; do python3 -m cutedebug run $T --coredump --no-warm "
+        "--runs-dir /tmp/frmc 2>&1 | head -4; done; "
+        "for d in /tmp/frmc/*/; do cp $d/report.md $STEP_OUT/coredump-$(basename $d).md; done",
+        "quack RMSNorm forward's wrong_expect_tx_minus (CRASH in 3 runs of earlier sessions, "
+        "HANG in s11 call1's triage_preload): its verdicts' frequencies over 12 runs "
+        "(tools/repeat_verdicts.py), then 4 fresh runs with --coredump (where a HANG is "
+        "stuck, from the GPU's state), their reports kept",
+    ),
+    Step(
         "field_quack",
         "17",
         400,  # + quack_softmax (2); quack_gemm_sm100 compiles only on an sm_90 GPU
@@ -1182,9 +1200,10 @@ BY_NAME = {s.name: s for s in STEPS}
 # and coredump each close one issue; warm + bench finish #22 (with the triage); the field and
 # exec steps (#17, #19) carry the wheels and come last.
 PRIORITY = (  # after 2026-12-03-h200-s10: #22's cold run holds in the median, 13 of 16 runs
-    "pytest_gpu_only",  # on the final code (s10 call2: 14 passed on 386594c)
-    "cold_cuts",  # #22: done in s10 calls 2-3 (cold 4.64 s median, 13/16 within 5 s)
-    "triage_preload",  # done in s10 call1 (quack preloaded in 4.50 s, 6/6)
+    "pytest_gpu_only",  # on the final code (s11 call1: 14 passed on a39a71f)
+    "rmsnorm_minus",  # #17: HANG in s11 call1's triage_preload, CRASH in 3 earlier runs
+    "cold_cuts",  # #22: s10 calls 2-3 (4.64 s, 13/16 within 5 s), s11 call1 (4.66 s, 6/8)
+    "triage_preload",  # s11 call1: 5/6 (rmsnorm_fwd/wrong_expect_tx_minus HANG, see above)
     "warm_lite",  # #22: s9 call2 5/5 within 5 s (4.22 s), call3 0/5 (5.57 s, a slower machine)
     "field_preload",  # #25: done in s9 call1 (preloaded at the server's start: 6.74-9.57 s)
     "pool_preload",  # #25: done in s9 call1 (`pool start SCENARIO...`: 4.64-8.38 s)
