@@ -30,8 +30,8 @@ per server, removed when the server exits; and, for a fresh worker running a ker
 ``$XDG_CACHE_HOME/cutedebug/compile``, else ``~/.cache/cutedebug/compile``), kept across runs,
 so that running a scenario again reuses its compile (a probed run's buffer sits at one fixed
 address in every fresh worker for it: instrument/probe_memory.py). At most ``MAX_ENTRIES``
-entries and ``MAX_BYTES`` a folder, least recently used first out. Compile-only runs and runs without a GPU are
-not cached.
+entries and ``MAX_BYTES`` a folder, least recently used first out. Compile-only runs and runs
+without a GPU are not cached.
 """
 
 from __future__ import annotations

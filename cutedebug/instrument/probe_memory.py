@@ -16,8 +16,8 @@ probed device code) and the compile can be reused (engine/compile_cache.py).
   says why in ``last_miss``): its IR then differs per run and is compiled afresh.
 
 A fresh run worker (a cold `cutedebug run`) reserves the same kind of range at one fixed
-address, ``FIXED_AT``, the same in every process (``reserve(FIXED_AT)``, before CUDA starts; where
-that range is taken, no reservation: today's pinned buffer). Its probed IR is then the same
+address, ``FIXED_AT``, the same in every process (``reserve(FIXED_AT)``, before CUDA starts;
+where that range is taken, no reservation: today's pinned buffer). Its probed IR is then the same
 from one cold run to the next, and the compile can be reused from the user's cache folder
 (engine/compile_cache.py: user_folder).
 
