@@ -1199,11 +1199,11 @@ BY_NAME = {s.name: s for s in STEPS}
 # half of #23's; with xdist #23 is done; pytest_gpu is owed whenever GPU code changed; perturb
 # and coredump each close one issue; warm + bench finish #22 (with the triage); the field and
 # exec steps (#17, #19) carry the wheels and come last.
-PRIORITY = (  # after 2026-12-03-h200-s10: #22's cold run holds in the median, 13 of 16 runs
+PRIORITY = (  # after 2026-12-03-h200-s11: #22's cold run 4.56 s median, 14 of 16 runs
     "pytest_gpu_only",  # on the final code (s11 call1: 14 passed on a39a71f)
-    "rmsnorm_minus",  # #17: HANG in s11 call1's triage_preload, CRASH in 3 earlier runs
-    "cold_cuts",  # #22: s10 calls 2-3 (4.64 s, 13/16 within 5 s), s11 call1 (4.66 s, 6/8)
-    "triage_preload",  # s11 call1: 5/6 (rmsnorm_fwd/wrong_expect_tx_minus HANG, see above)
+    "rmsnorm_minus",  # #17: s11 call2 CRASH 11/12, HANG 1/12 (no HANG from --coredump yet)
+    "cold_cuts",  # #22: s10 calls 2-3 (4.64 s, 13/16 within 5 s), s11 calls 1-2 (4.56 s, 14/16)
+    "triage_preload",  # s11 call1: 5/6 (rmsnorm_fwd/wrong_expect_tx_minus HANG, now expected)
     "warm_lite",  # #22: s9 call2 5/5 within 5 s (4.22 s), call3 0/5 (5.57 s, a slower machine)
     "field_preload",  # #25: done in s9 call1 (preloaded at the server's start: 6.74-9.57 s)
     "pool_preload",  # #25: done in s9 call1 (`pool start SCENARIO...`: 4.64-8.38 s)
