@@ -1,7 +1,7 @@
 """A cold `cutedebug run` reuses its compile from the user's folder (engine/compile_cache.py:
 user_folder): a fresh run worker reserves its probe buffer's address range at one fixed
-address (instrument/probe_memory.py: reserve at FIXED_AT), so the same scenario traces to the same
-IR in every fresh worker. CPU: the address, the folder, who gets one; GPU: two cold runs of the
+address (instrument/probe_memory.py: reserve at FIXED_AT), so the same scenario traces to the
+same IR in every fresh worker. CPU: the address, the folder, who gets one; GPU: two cold runs of the
 README's probed HANG, the second reusing the first's compile, both localized."""
 
 import os
